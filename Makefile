@@ -1,0 +1,29 @@
+# Two entry points (see README Quickstart): `make run` and `make test`.
+# Each creates .venv on first use. torch/torchvision are pinned first so pip
+# does not pick an unrelated build; everything else comes from pyproject.toml.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: run test bench venv clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet $(TORCH_PINS)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+run: venv
+	$(BIN)/fusebench $(ARGS)
+
+test: venv
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python scripts/bench_eval.py
+
+clean:
+	rm -rf $(VENV) outputs multirun

@@ -1,0 +1,7 @@
+"""fusebench: measure whether fusing image-text embedding models beats the best single model."""
+
+__version__ = "0.1.0"
+
+
+class FusebenchError(ValueError):
+    """A user-facing error: bad input, bad config. The message says what is wrong and what is valid."""

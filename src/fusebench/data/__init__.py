@@ -1,0 +1,30 @@
+"""Corpus loaders, one per source, behind ``load_corpus(dataset_cfg)``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fusebench import FusebenchError
+from fusebench.data.corpus import Corpus, validate_corpus
+from fusebench.data.manifest import load_manifest
+from fusebench.data.sim import make_sim_corpus
+
+DATASET_KINDS = ("manifest", "sim")
+
+
+def load_corpus(cfg: Mapping) -> Corpus:
+    kind = cfg.get("kind")
+    name = str(cfg.get("name", kind))
+    if kind == "manifest":
+        if not cfg.get("manifest"):
+            raise FusebenchError("dataset.manifest is not set: pass dataset.manifest=/path/to/manifest.jsonl.")
+        return load_manifest(cfg["manifest"], name=name)
+    if kind == "sim":
+        return make_sim_corpus(n_images=int(cfg.get("n_images", 5000)), n_captions=int(cfg.get("n_captions", 25010)),
+                               latent_dim=int(cfg.get("latent_dim", 64)),
+                               caption_noise=float(cfg.get("caption_noise", 1.9)), seed=int(cfg.get("seed", 0)),
+                               name=name)
+    raise FusebenchError(f"dataset.kind={kind!r} is not a known dataset kind; valid: {', '.join(DATASET_KINDS)}.")
+
+
+__all__ = ["Corpus", "DATASET_KINDS", "load_corpus", "validate_corpus"]

@@ -1,0 +1,74 @@
+"""The corpus every stage shares: images (ids, optional paths) and captions pointing at their image."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fusebench import FusebenchError
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Images and captions. ``caption_image[c]`` is the index (into ``image_ids``) of caption ``c``'s image.
+
+    Images without captions are distractors: t2i can retrieve them, i2t asks no query for them.
+    """
+
+    name: str
+    image_ids: list[str]
+    captions: list[str]
+    caption_image: np.ndarray  # (Q,) int64
+    image_paths: list[str | None] | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_images(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def n_captions(self) -> int:
+        return len(self.captions)
+
+    @property
+    def captions_per_image(self) -> np.ndarray:
+        return np.bincount(self.caption_image, minlength=self.n_images)
+
+    @property
+    def i2t_query_images(self) -> np.ndarray:
+        """Indices of images that ask an i2t query (those with at least one caption)."""
+        return np.flatnonzero(self.captions_per_image > 0)
+
+    def summary(self) -> dict:
+        per = self.captions_per_image
+        return {
+            "name": self.name,
+            "n_images": self.n_images,
+            "n_captions": self.n_captions,
+            "n_images_without_captions": int((per == 0).sum()),
+            "t2i_queries": self.n_captions,
+            "i2t_queries": int((per > 0).sum()),
+            **{k: v for k, v in self.meta.items() if isinstance(v, (bool, int, float, str))},
+        }
+
+
+def validate_corpus(corpus: Corpus, source: str) -> Corpus:
+    """Check the invariants every loader must give; ``source`` names the file or generator in errors."""
+    if corpus.n_images == 0:
+        raise FusebenchError(f"{source}: the corpus is empty (no images); a retrieval corpus needs at least one image.")
+    if corpus.n_captions == 0:
+        raise FusebenchError(f"{source}: the corpus has no captions, so there are no t2i queries and no i2t targets.")
+    seen: dict[str, int] = {}
+    for i, image_id in enumerate(corpus.image_ids):
+        if image_id in seen:
+            raise FusebenchError(
+                f"{source}: duplicate image id {image_id!r} (entries {seen[image_id] + 1} and {i + 1}); image ids must be unique."
+            )
+        seen[image_id] = i
+    ci = np.asarray(corpus.caption_image)
+    if ci.shape != (corpus.n_captions,) or ci.dtype.kind not in "iu":
+        raise FusebenchError(f"{source}: caption_image must be an integer array with one entry per caption.")
+    if ci.size and (ci.min() < 0 or ci.max() >= corpus.n_images):
+        raise FusebenchError(f"{source}: a caption points at an image index outside 0..{corpus.n_images - 1}.")
+    return corpus

@@ -1,0 +1,72 @@
+"""The ``manifest`` dataset: a JSONL file, one line per image, in order.
+
+``{"image_id": "...", "path": "optional/relative.jpg", "captions": ["...", ...]}``
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fusebench import FusebenchError
+from fusebench.data.corpus import Corpus, validate_corpus
+
+
+def _parse_line(text: str, where: str) -> tuple[str, str | None, list[str]]:
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise FusebenchError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); each line must be one JSON object.") from None
+    if not isinstance(record, dict):
+        raise FusebenchError(f"{where}: expected a JSON object like {{\"image_id\": ..., \"captions\": [...]}}, got {type(record).__name__}.")
+    if "image_id" not in record:
+        raise FusebenchError(f"{where}: missing key 'image_id' (valid keys: image_id, path, captions).")
+    image_id = record["image_id"]
+    if not isinstance(image_id, (str, int)) or isinstance(image_id, bool):
+        raise FusebenchError(f"{where}: 'image_id' must be a string or integer, got {type(image_id).__name__}.")
+    path = record.get("path")
+    if path is not None and not isinstance(path, str):
+        raise FusebenchError(f"{where}: 'path' must be a string or absent, got {type(path).__name__}.")
+    captions = record.get("captions", [])
+    if not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):
+        raise FusebenchError(f"{where}: 'captions' must be a list of strings (it may be empty for a distractor image).")
+    return str(image_id), path, captions
+
+
+def load_manifest(path: str | Path, name: str = "manifest") -> Corpus:
+    """Read a JSONL manifest into a :class:`Corpus`; errors name the file and the 1-based line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FusebenchError(f"manifest file not found: {path} (set dataset.manifest=/path/to/file.jsonl).")
+    image_ids: list[str] = []
+    paths: list[str | None] = []
+    captions: list[str] = []
+    caption_image: list[int] = []
+    first_line: dict[str, int] = {}
+    with path.open(encoding="utf-8") as fh:
+        for lineno, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            where = f"{path}:{lineno}"
+            image_id, image_path, caps = _parse_line(text, where)
+            if image_id in first_line:
+                raise FusebenchError(f"{where}: duplicate image_id {image_id!r} (first seen on line {first_line[image_id]}).")
+            first_line[image_id] = lineno
+            index = len(image_ids)
+            image_ids.append(image_id)
+            paths.append(image_path)
+            captions.extend(caps)
+            caption_image.extend([index] * len(caps))
+    if not image_ids:
+        raise FusebenchError(f"{path}: the manifest is empty; it needs one JSON line per image.")
+    corpus = Corpus(
+        name=name,
+        image_ids=image_ids,
+        captions=captions,
+        caption_image=np.asarray(caption_image, dtype=np.int64),
+        image_paths=paths,
+        meta={"source": str(path)},
+    )
+    return validate_corpus(corpus, str(path))

@@ -1,0 +1,72 @@
+"""A seeded synthetic corpus for the ``sim`` dataset and the ``sim`` model kind.
+
+Every image has a latent vector; each caption is its image's latent plus caption noise (what the caption
+leaves out or adds, shared by all models). A simulated model sees each image and caption through its own
+noise and its own random projection to its own dimension, so two models make partly independent errors
+and fusing them can help, as with real models. Nothing here is real data: outputs are labelled simulated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fusebench import FusebenchError
+from fusebench.data.corpus import Corpus, validate_corpus
+
+
+def caption_counts(n_images: int, n_captions: int) -> np.ndarray:
+    """Spread ``n_captions`` over ``n_images`` as evenly as possible, extra captions on the first images
+    (COCO 5k: 5,000 images, 25,010 captions -> ten images get a sixth caption)."""
+    if n_images < 1 or n_captions < 1:
+        raise FusebenchError(f"sim dataset needs n_images >= 1 and n_captions >= 1, got {n_images} and {n_captions}.")
+    base, extra = divmod(n_captions, n_images)
+    counts = np.full(n_images, base, dtype=np.int64)
+    counts[:extra] += 1
+    return counts
+
+
+def make_sim_corpus(n_images: int = 5000, n_captions: int = 25010, latent_dim: int = 64,
+                    caption_noise: float = 1.9, seed: int = 0, name: str = "sim") -> Corpus:
+    counts = caption_counts(n_images, n_captions)
+    caption_image = np.repeat(np.arange(n_images, dtype=np.int64), counts)
+    rank_in_image = np.arange(n_captions) - np.repeat(np.cumsum(counts) - counts, counts)
+    corpus = Corpus(
+        name=name,
+        image_ids=[f"sim{i:06d}" for i in range(n_images)],
+        captions=[f"simulated caption {r + 1} of image {i}" for i, r in zip(caption_image, rank_in_image)],
+        caption_image=caption_image,
+        image_paths=None,
+        meta={"simulated": True, "sim_seed": int(seed), "sim_latent_dim": int(latent_dim),
+              "sim_caption_noise": float(caption_noise)},
+    )
+    return validate_corpus(corpus, "sim dataset")
+
+
+def sim_latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
+    """The shared latents of a sim corpus: (image latents (N, L), caption latents (Q, L)), float32."""
+    if not corpus.meta.get("simulated"):
+        raise FusebenchError(
+            f"model kind 'sim' needs dataset=sim (it simulates embeddings of a synthetic corpus); "
+            f"dataset {corpus.name!r} is real data: use kind 'vectors' or a real encoder."
+        )
+    rng = np.random.default_rng([int(corpus.meta["sim_seed"]), 0])
+    dim = int(corpus.meta["sim_latent_dim"])
+    images = rng.standard_normal((corpus.n_images, dim), dtype=np.float32)
+    noise = rng.standard_normal((corpus.n_captions, dim), dtype=np.float32)
+    captions = images[corpus.caption_image] + np.float32(corpus.meta["sim_caption_noise"]) * noise
+    return images, captions
+
+
+def sim_model_embeddings(corpus: Corpus, dim: int, image_noise: float, text_noise: float,
+                         seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """One simulated model's (image, text) embeddings: its own noise, then its own projection to ``dim``."""
+    if dim < 1:
+        raise FusebenchError(f"sim model: dim must be >= 1, got {dim}.")
+    images, captions = sim_latents(corpus)
+    rng = np.random.default_rng([int(corpus.meta["sim_seed"]), 1, int(seed)])
+    latent_dim = images.shape[1]
+    gaussian = rng.standard_normal((max(dim, latent_dim), latent_dim))
+    proj = np.linalg.qr(gaussian)[0][:dim].T.astype(np.float32)  # orthonormal rows when dim >= latent_dim
+    seen_images = images + np.float32(image_noise) * rng.standard_normal(images.shape, dtype=np.float32)
+    seen_captions = captions + np.float32(text_noise) * rng.standard_normal(captions.shape, dtype=np.float32)
+    return seen_images @ proj, seen_captions @ proj

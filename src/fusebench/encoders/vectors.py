@@ -1,0 +1,31 @@
+"""Model kind ``vectors``: embeddings the user already has, as .npy files in manifest order."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from fusebench import FusebenchError
+from fusebench.data.corpus import Corpus
+from fusebench.encoders.base import ModelEmbeddings, check_embeddings
+
+
+def _load_npy(path_value, key: str, name: str) -> tuple[np.ndarray, str]:
+    if not path_value:
+        raise FusebenchError(f"models.{name}.{key} is not set; kind 'vectors' needs image_embeddings and text_embeddings (.npy files).")
+    path = Path(str(path_value)).expanduser()
+    if not path.is_file():
+        raise FusebenchError(f"models.{name}.{key}: file not found: {path}")
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as err:
+        raise FusebenchError(f"models.{name}.{key}: {path} is not a readable .npy array ({err}).") from None
+    return array, str(path)
+
+
+def embed_vectors(name: str, spec: Mapping, corpus: Corpus) -> ModelEmbeddings:
+    image, image_src = _load_npy(spec.get("image_embeddings"), "image_embeddings", name)
+    text, text_src = _load_npy(spec.get("text_embeddings"), "text_embeddings", name)
+    return check_embeddings(name, image, text, corpus.n_images, corpus.n_captions, image_src, text_src, dict(spec))

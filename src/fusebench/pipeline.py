@@ -1,0 +1,120 @@
+"""One run, as data flowing through it: config -> corpus -> embeddings -> lists -> fusion -> metrics -> files.
+
+``run(cfg, out_dir)`` is the whole flow; every stage is a call into a pure module except the two edges
+(loading inputs, writing outputs).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from fusebench import FusebenchError, __version__
+from fusebench.comparisons import oracle_metrics, paired_comparisons, retriever_metrics
+from fusebench.data import load_corpus
+from fusebench.encoders import embed
+from fusebench.fusion import FusionConfig
+from fusebench.report.outputs import write_run_outputs
+from fusebench.report.table import format_table
+from fusebench.retrieval import ModelInput, retrieve
+from fusebench.search import resolve_device
+
+log = logging.getLogger(__name__)
+FUSED = "fused"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _plain(cfg) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+
+
+def eval_settings(cfg: Mapping) -> dict:
+    ks = list(cfg.get("ks", [1, 5, 10]))
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+        raise FusebenchError(f"eval.ks={ks!r} must be a non-empty list of positive integers, e.g. [1,5,10].")
+    boot = cfg.get("bootstrap", {}) or {}
+    draws, level = int(boot.get("draws", 2000)), float(boot.get("level", 0.95))
+    if draws < 1 or not 0 < level < 1:
+        raise FusebenchError(f"eval.bootstrap: draws must be >= 1 and level in (0, 1); got {draws} and {level}.")
+    save_topk = cfg.get("save_topk", 25)
+    chunk = int(cfg.get("chunk_size", 4096))
+    if chunk < 1:
+        raise FusebenchError(f"eval.chunk_size={chunk} must be >= 1.")
+    return {"ks": sorted(set(ks)), "draws": draws, "level": level, "seed": int(boot.get("seed", 0)),
+            "save_topk": None if save_topk is None else int(save_topk), "chunk_size": chunk,
+            "device": str(cfg.get("device", "auto"))}
+
+
+def fusion_settings(cfg: Mapping, ks: list[int]) -> FusionConfig:
+    known = set(FusionConfig.__dataclass_fields__)
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise FusebenchError(f"fusion: unknown key(s) {unknown}; valid keys: {sorted(known)}.")
+    fusion = FusionConfig(**{k: cfg[k] for k in cfg})
+    fusion.check_ks(ks)
+    return fusion
+
+
+def model_specs(cfg: Mapping) -> dict[str, dict]:
+    specs = {str(name): dict(spec) for name, spec in (cfg or {}).items()}
+    if not specs:
+        raise FusebenchError("no models selected: pick some with models=[a,b] or +models.NAME.kind=... overrides.")
+    for name, spec in specs.items():
+        if name == FUSED or not _NAME.match(name):
+            raise FusebenchError(f"model name {name!r} is not allowed: use letters, digits, '_', '.', '-' "
+                                 f"(and not {FUSED!r}, the fused retriever's name).")
+        weight = spec.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
+            raise FusebenchError(f"models.{name}.weight={weight!r} must be a number >= 0.")
+    return specs
+
+
+def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
+    """Evaluate every selected model and their fusion on the dataset; write outputs into ``out_dir``."""
+    started = time.perf_counter()
+    settings = eval_settings(_plain(cfg["eval"]))
+    fusion = fusion_settings(_plain(cfg["fusion"]), settings["ks"])
+    specs = model_specs(_plain(cfg["models"]))
+    corpus = load_corpus(_plain(cfg["dataset"]))
+    log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
+
+    embeddings = [embed(name, spec, corpus) for name, spec in specs.items()]
+    device = resolve_device(settings["device"])
+    inputs = [ModelInput(e.name, e.image, e.text, float(specs[e.name].get("weight", 1.0))) for e in embeddings]
+    with tqdm(total=corpus.n_captions, desc="search+fuse", unit="query", leave=False) as bar:
+        lists = retrieve(inputs, corpus.caption_image, fusion, keep_k=settings["save_topk"],
+                         chunk_size=settings["chunk_size"], device=device, progress=bar.update)
+
+    ranks = {name: {d: lists[name][d].ranks for d in ("t2i", "i2t")} for name in lists}
+    singles = [e.name for e in embeddings]
+    clusters = {"t2i": corpus.caption_image, "i2t": corpus.i2t_query_images}
+    retrievers = {}
+    for name in lists:
+        retrievers[name] = retriever_metrics(ranks[name], settings["ks"])
+        if name == FUSED:
+            retrievers[name]["spec"] = {"kind": "fusion", "members": singles, **fusion.__dict__}
+        else:
+            spec = dict(specs[name])
+            retrievers[name]["spec"] = {**spec, "dim": next(e.dim for e in embeddings if e.name == name)}
+    metrics = {
+        "dataset": corpus.summary(),
+        "retrievers": retrievers,
+        "comparisons": paired_comparisons(ranks, [FUSED] if FUSED in lists else [], singles, clusters,
+                                          settings["ks"], settings["draws"], settings["level"], settings["seed"]),
+        "oracle": oracle_metrics({n: ranks[n] for n in singles}, settings["ks"]) if len(singles) > 1 else None,
+        "fusion": fusion.__dict__,
+        "eval": settings,
+        "run": {"device": str(device), "seconds": round(time.perf_counter() - started, 3),
+                "versions": {"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}},
+    }
+    write_run_outputs(out_dir, lists, metrics, settings["save_topk"])
+    print(format_table(metrics))
+    log.info("outputs written to %s", out_dir)
+    return metrics

@@ -1,0 +1,1 @@
+"""Run outputs: files in the run dir and the printed table."""

@@ -1,0 +1,70 @@
+"""Write a run's outputs: ranks/, topk/ and metrics.json, all or nothing.
+
+Everything is first written into a hidden staging folder inside the run dir and moved into place only
+once complete; metrics.json is written last, via a temp file and an atomic rename, so its presence means
+the run finished.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def _clean(value):
+    """JSON-safe: numpy scalars to Python, non-finite floats to None."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_run_outputs(out_dir: str | Path, lists: dict, metrics: dict, save_topk: int | None) -> None:
+    """``lists``: {retriever: {direction: RankedLists}}; ``save_topk`` caps the saved list length (None = all)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
+    try:
+        for sub in ("ranks", "topk"):
+            (staging / sub).mkdir()
+        for name, by_direction in lists.items():
+            for direction, ranked in by_direction.items():
+                np.save(staging / "ranks" / f"{name}.{direction}.npy", np.asarray(ranked.ranks, dtype=np.int64))
+                cut = slice(None) if save_topk is None else slice(0, save_topk)
+                arrays = {"ids": ranked.ids[:, cut].numpy().astype(np.int32),
+                          "scores": ranked.scores[:, cut].numpy().astype(np.float32)}
+                if ranked.contributors is not None:
+                    arrays["contributors"] = ranked.contributors[:, cut].numpy().astype(np.int32)
+                np.savez(staging / "topk" / f"{name}.{direction}.npz", **arrays)
+        for sub in ("ranks", "topk"):
+            target = out_dir / sub
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging / sub, target)
+        atomic_write_text(out_dir / "metrics.json", json.dumps(_clean(metrics), indent=2) + "\n")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

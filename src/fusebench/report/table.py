@@ -1,0 +1,32 @@
+"""The short human-readable table printed at the end of a run."""
+
+from __future__ import annotations
+
+
+def _fmt(value) -> str:
+    return "   -  " if value is None else f"{value:6.2f}"
+
+
+def format_table(metrics: dict) -> str:
+    ks = metrics["eval"]["ks"]
+    dataset = metrics["dataset"]
+    title = f"{dataset['name']}: {dataset['n_images']} images, {dataset['n_captions']} captions"
+    if dataset.get("simulated"):
+        title += "  [SIMULATED DATA: synthetic embeddings, not real model results]"
+    header = f"{'retriever':<22}" + "".join(f"{d + ' R@' + str(k):>11}" for d in ("t2i", "i2t") for k in ks)
+    header += f"{'mean R@1':>10}" if 1 in ks else ""
+    lines = [title, header, "-" * len(header)]
+    for name, entry in metrics["retrievers"].items():
+        row = f"{name:<22}" + "".join(f"{_fmt(entry[d]['R@' + str(k)]):>11}" for d in ("t2i", "i2t") for k in ks)
+        row += f"{_fmt(entry['mean']['R@1']):>10}" if 1 in ks else ""
+        lines.append(row)
+    gains = [c for c in metrics["comparisons"] if c["k"] == ks[0]]
+    if gains:
+        lines.append("")
+        lines.append(f"paired gains at R@{ks[0]} (95% bootstrap interval over queries; wins/losses):")
+        for c in gains:
+            lines.append(
+                f"  {c['candidate']} vs {c['baseline']:<14} {c['direction']}: {c['gain']:+6.2f} "
+                f"[{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]  {c['wins']} won / {c['losses']} lost  p={c['p_value']:.2g}"
+            )
+    return "\n".join(lines)

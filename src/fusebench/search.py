@@ -1,0 +1,92 @@
+"""Exact similarity search: stable top-k and ranks of known targets, on any torch device.
+
+Ordering rule everywhere: descending score, ties broken by ascending item index (what a stable descending
+sort gives). ``rank`` is 1-based. All functions are pure over tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """``auto`` (or None) picks cuda, then mps, then cpu."""
+    if name in (None, "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    return torch.device(name)
+
+
+def stable_sort_desc(values: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort descending; equal values keep their original (ascending index) order."""
+    order = torch.sort(values, dim=dim, descending=True, stable=True).indices
+    return values.gather(dim, order), order
+
+
+def topk_stable(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``k`` entries of each row under a stable descending sort: (values, column indices).
+
+    ``torch.topk`` picks an arbitrary member of a group of tied values; this asks it for k + 1, re-orders
+    the first k by (score desc, index asc), and redoes with a full stable sort the rare rows where the
+    (k+1)-th value equals the k-th (a tie straddling the cut, so the smallest tied indices must win).
+    """
+    n = scores.shape[1]
+    k = min(k, n)
+    if k == n:
+        return stable_sort_desc(scores, dim=1)
+    values, idx = torch.topk(scores, k + 1, dim=1, largest=True, sorted=True)
+    straddle = torch.nonzero(values[:, k - 1] == values[:, k]).flatten()
+    values, idx = values[:, :k], idx[:, :k]
+    idx, by_index = torch.sort(idx, dim=1)
+    values = values.gather(1, by_index)
+    values, order = stable_sort_desc(values, dim=1)
+    idx = idx.gather(1, order)
+    if straddle.numel():
+        full_vals, full_idx = stable_sort_desc(scores[straddle], dim=1)
+        values[straddle] = full_vals[:, :k]
+        idx[straddle] = full_idx[:, :k]
+    return values, idx
+
+
+def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """1-based rank of column ``targets[r]`` in row ``r`` under the stable descending order (int64)."""
+    target_scores = scores.gather(1, targets[:, None])
+    greater = (scores > target_scores).sum(dim=1)
+    at_least = (scores >= target_scores).sum(dim=1)
+    ranks = greater + 1
+    tied_rows = torch.nonzero(at_least - greater > 1).flatten()
+    if tied_rows.numel():
+        cols = torch.arange(scores.shape[1], device=scores.device)
+        sub = scores[tied_rows]
+        ties_before = ((sub == target_scores[tied_rows]) & (cols[None, :] < targets[tied_rows, None])).sum(dim=1)
+        ranks[tied_rows] += ties_before
+    return ranks
+
+
+def merge_topk(chunks: list[tuple[torch.Tensor, torch.Tensor]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge per-chunk top-k lists (values, global ids), given in ascending-id chunk order, into one top-k.
+
+    Each chunk's list is already ordered (score desc, id asc) and every id of chunk j is below every id of
+    chunk j+1, so a stable sort of the concatenation keeps the global tie rule.
+    """
+    values = torch.cat([v for v, _ in chunks], dim=1)
+    ids = torch.cat([i for _, i in chunks], dim=1)
+    values, order = stable_sort_desc(values, dim=1)
+    k = min(k, values.shape[1])
+    return values[:, :k], ids.gather(1, order[:, :k])
+
+
+def column_target_ranks(scores: torch.Tensor, owner: torch.Tensor, column_items: torch.Tensor) -> torch.Tensor:
+    """For each column j of ``scores`` (rows = items), the 1-based rank of the first row whose ``owner``
+    equals ``column_items[j]`` under the stable descending order of that column (i2t: any caption of the
+    image is correct). Every column must have at least one correct row."""
+    correct = owner[:, None] == column_items[None, :]
+    neg_inf = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
+    best = torch.where(correct, scores, neg_inf).amax(dim=0)
+    rows = torch.arange(scores.shape[0], device=scores.device)[:, None]
+    first_best = torch.where(correct & (scores == best), rows, scores.shape[0]).amin(dim=0)
+    ahead = (scores > best) | ((scores == best) & (rows < first_best))
+    return 1 + ahead.sum(dim=0)

@@ -1,0 +1,104 @@
+"""Paired statistics for comparing two retrievers on the same queries.
+
+The paired bootstrap resamples queries with replacement and recomputes the difference in hit rate. Only a
+query's outcome type matters (candidate-only hit = win, baseline-only hit = loss, else tie), so drawing Q
+queries uniformly is exactly a multinomial draw of (wins, losses, ties) counts: the same distribution as
+index resampling, at a cost independent of Q. The image-clustered bootstrap resamples images with all their
+captions; clusters are grouped by (net wins, size) type, again a multinomial over types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy.stats import binomtest
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    gain: float  # candidate minus baseline, percentage points
+    ci_low: float
+    ci_high: float
+    wins: int  # candidate right, baseline wrong
+    losses: int  # baseline right, candidate wrong
+    n: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _as_bool(hits, name: str) -> np.ndarray:
+    array = np.asarray(hits)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of per-query hits, got shape {array.shape}.")
+    return array.astype(bool)
+
+
+def _check_pair(candidate_hits, baseline_hits) -> tuple[np.ndarray, np.ndarray]:
+    cand, base = _as_bool(candidate_hits, "candidate_hits"), _as_bool(baseline_hits, "baseline_hits")
+    if cand.shape != base.shape:
+        raise ValueError(f"paired hits must cover the same queries: {cand.shape[0]} vs {base.shape[0]}.")
+    if cand.size == 0:
+        raise ValueError("paired comparison needs at least one query.")
+    return cand, base
+
+
+def _percentile_interval(draws: np.ndarray, level: float) -> tuple[float, float]:
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}.")
+    tail = (1 - level) / 2
+    low, high = np.quantile(draws, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def paired_bootstrap(candidate_hits, baseline_hits, draws: int = 2000, level: float = 0.95,
+                     seed: int = 0) -> PairedResult:
+    """Gain in points with a percentile interval from ``draws`` paired bootstrap resamples over queries."""
+    cand, base = _check_pair(candidate_hits, baseline_hits)
+    n = cand.size
+    wins = int((cand & ~base).sum())
+    losses = int((base & ~cand).sum())
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(n, [wins / n, losses / n, (n - wins - losses) / n], size=int(draws))
+    gains = 100.0 * (counts[:, 0] - counts[:, 1]) / n
+    low, high = _percentile_interval(gains, level)
+    return PairedResult(gain=100.0 * (wins - losses) / n, ci_low=low, ci_high=high, wins=wins, losses=losses, n=n)
+
+
+def clustered_bootstrap(candidate_hits, baseline_hits, clusters, draws: int = 2000, level: float = 0.95,
+                        seed: int = 0) -> PairedResult:
+    """Like :func:`paired_bootstrap` but resampling whole clusters (images with all their captions).
+
+    Each draw takes as many clusters as there are, with replacement; the gain of a draw is
+    100 * (wins - losses) / (queries drawn).
+    """
+    cand, base = _check_pair(candidate_hits, baseline_hits)
+    clusters = np.asarray(clusters)
+    if clusters.shape != cand.shape:
+        raise ValueError("clusters must give one cluster label per query.")
+    _, label = np.unique(clusters, return_inverse=True)
+    net = np.bincount(label, weights=cand.astype(np.int64) - base.astype(np.int64)).astype(np.int64)
+    size = np.bincount(label).astype(np.int64)
+    types, type_count = np.unique(np.stack([net, size], axis=1), axis=0, return_counts=True)
+    rng = np.random.default_rng(seed)
+    n_clusters = size.size
+    counts = rng.multinomial(n_clusters, type_count / n_clusters, size=int(draws))
+    gains = 100.0 * (counts @ types[:, 0]) / (counts @ types[:, 1])
+    low, high = _percentile_interval(gains, level)
+    wins = int((cand & ~base).sum())
+    losses = int((base & ~cand).sum())
+    return PairedResult(gain=100.0 * (wins - losses) / cand.size, ci_low=low, ci_high=high, wins=wins,
+                        losses=losses, n=int(cand.size))
+
+
+def mcnemar_p(wins: int, losses: int) -> float:
+    """Exact two-sided McNemar p-value: under no difference, wins ~ Binomial(wins + losses, 1/2)."""
+    if wins + losses == 0:
+        return 1.0
+    return float(binomtest(wins, wins + losses, 0.5).pvalue)
+
+
+def oracle_hits(hits_by_model: list[np.ndarray]) -> np.ndarray:
+    """'Either model right': the ceiling a perfect chooser between the models would reach."""
+    return np.logical_or.reduce([np.asarray(h, dtype=bool) for h in hits_by_model])
