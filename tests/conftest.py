@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from fusebench.cli import CONFIG_DIR
+
+
+@pytest.fixture
+def compose_cfg():
+    """Compose the real config tree with overrides, the way the CLI would (Hydra compose API)."""
+
+    def _compose(overrides: list[str] | None = None, return_hydra_config: bool = False):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+            return compose(config_name="config", overrides=overrides or [], return_hydra_config=return_hydra_config)
+
+    yield _compose
+    GlobalHydra.instance().clear()
+
+
+def write_manifest(path: Path, records: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def vectors_case(tmp_path):
+    """A small manifest (with one distractor image) and two models' .npy embeddings in manifest order."""
+    rng = np.random.default_rng(7)
+    n_images, latent = 40, 16
+    records = []
+    for i in range(n_images):
+        n_caps = 0 if i == 5 else (3 if i % 4 else 2)
+        records.append({"image_id": f"img{i}", "path": f"images/{i}.jpg",
+                        "captions": [f"caption {j} of image {i}" for j in range(n_caps)]})
+    manifest = write_manifest(tmp_path / "M.jsonl", records)
+    caption_image = np.array([i for i, r in enumerate(records) for _ in r["captions"]])
+    z = rng.standard_normal((n_images, latent))
+    text_latent = z[caption_image] + 0.9 * rng.standard_normal((len(caption_image), latent))
+    files = {}
+    for name, dim, noise in (("A", 24, 0.5), ("B", 20, 0.6)):
+        proj = rng.standard_normal((latent, dim))
+        image = (z + noise * rng.standard_normal(z.shape)) @ proj
+        text = (text_latent + noise * rng.standard_normal(text_latent.shape)) @ proj
+        np.save(tmp_path / f"{name}_img.npy", image.astype(np.float32))
+        np.save(tmp_path / f"{name}_txt.npy", text.astype(np.float32))
+        files[name] = (tmp_path / f"{name}_img.npy", tmp_path / f"{name}_txt.npy")
+    return {"dir": tmp_path, "manifest": manifest, "files": files, "caption_image": caption_image,
+            "n_images": n_images}

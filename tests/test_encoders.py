@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+from conftest import write_manifest
+
+from fusebench import FusebenchError
+from fusebench.data.manifest import load_manifest
+from fusebench.data.sim import make_sim_corpus
+from fusebench.encoders import embed
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return load_manifest(write_manifest(tmp_path / "m.jsonl", [
+        {"image_id": "a", "captions": ["x", "y"]}, {"image_id": "b", "captions": ["z"]}, {"image_id": "c"}]))
+
+
+def _spec(tmp_path, image, text):
+    np.save(tmp_path / "img.npy", image)
+    np.save(tmp_path / "txt.npy", text)
+    return {"kind": "vectors", "image_embeddings": str(tmp_path / "img.npy"), "text_embeddings": str(tmp_path / "txt.npy")}
+
+
+def test_vectors_are_loaded_and_normalised(tmp_path, corpus):
+    rng = np.random.default_rng(0)
+    emb = embed("a", _spec(tmp_path, rng.standard_normal((3, 4)), rng.standard_normal((3, 4)) * 5), corpus)
+    assert emb.image.dtype == np.float32 and emb.dim == 4
+    assert np.allclose(np.linalg.norm(emb.text, axis=1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("image,text,fragment", [
+    (np.ones((2, 4)), np.ones((3, 4)), r"img\.npy: image embeddings has 2 rows but the corpus has 3 images"),
+    (np.ones((3, 4)), np.ones((4, 4)), r"txt\.npy: text embeddings has 4 rows but the corpus has 3 captions"),
+    (np.ones((3, 4)), np.ones((3, 5)), r"image embeddings have dimension 4 .* text embeddings have 5"),
+    (np.array([[1, 0], [np.nan, 1], [1, 1]]), np.ones((3, 2)), r"img\.npy: image embeddings row 1 contains NaN or inf"),
+    (np.ones((3, 2)), np.array([[1, 0], [1, 1], [np.inf, 0]]), r"txt\.npy: text embeddings row 2 contains NaN or inf"),
+    (np.array([[1, 0], [1, 1], [0, 0]]), np.ones((3, 2)), r"img\.npy: image embeddings row 2 is all zeros"),
+    (np.ones(3), np.ones((3, 2)), r"must be a 2-D array"),
+])
+def test_vectors_bad_input(tmp_path, corpus, image, text, fragment):
+    with pytest.raises(FusebenchError, match=fragment):
+        embed("a", _spec(tmp_path, image, text), corpus)
+
+
+def test_vectors_missing_files_and_keys(tmp_path, corpus):
+    with pytest.raises(FusebenchError, match="models.a.image_embeddings is not set"):
+        embed("a", {"kind": "vectors"}, corpus)
+    with pytest.raises(FusebenchError, match="models.a.image_embeddings: file not found"):
+        embed("a", {"kind": "vectors", "image_embeddings": str(tmp_path / "x.npy"), "text_embeddings": "y"}, corpus)
+    (tmp_path / "bad.npy").write_bytes(b"not an array")
+    with pytest.raises(FusebenchError, match=r"bad\.npy is not a readable \.npy array"):
+        embed("a", {"kind": "vectors", "image_embeddings": str(tmp_path / "bad.npy"), "text_embeddings": "y"}, corpus)
+
+
+def test_unknown_kind_lists_valid_kinds(corpus):
+    with pytest.raises(FusebenchError, match="valid kinds: sim, vectors"):
+        embed("a", {"kind": "clip"}, corpus)
+
+
+def test_sim_model_needs_sim_corpus_and_is_seeded(corpus):
+    with pytest.raises(FusebenchError, match="model kind 'sim' needs dataset=sim"):
+        embed("s", {"kind": "sim"}, corpus)
+    sim = make_sim_corpus(n_images=30, n_captions=150)
+    a = embed("s", {"kind": "sim", "dim": 96, "seed": 1}, sim)
+    b = embed("s", {"kind": "sim", "dim": 96, "seed": 1}, sim)
+    c = embed("s", {"kind": "sim", "dim": 96, "seed": 2}, sim)
+    assert a.image.shape == (30, 96) and a.text.shape == (150, 96)
+    assert np.array_equal(a.text, b.text) and not np.array_equal(a.text, c.text)

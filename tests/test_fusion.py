@@ -1,0 +1,147 @@
+import numpy as np
+import pytest
+import torch
+from reference import fuse_one_query
+
+from fusebench import FusebenchError
+from fusebench.fusion import (EVIDENCE, FUSE_ON, METHODS, FusionConfig, dbsf_evidence, fuse, fuse_in_blocks,
+                              minmax_evidence, rrf_evidence, zscore_evidence)
+
+FUSING = [m for m in METHODS if m != "none"]
+
+
+def _random_lists(seed: int, rows: int = 40, k: int = 12, n_items: int = 30, models: int = 3):
+    """Per-model ranked lists with overlapping ids, tied scores (multiples of 1/8) and -1 padding."""
+    rng = np.random.default_rng(seed)
+    ids, scores = [], []
+    for _ in range(models):
+        model_ids = np.full((rows, k), -1, dtype=np.int64)
+        model_scores = np.full((rows, k), -np.inf, dtype=np.float32)
+        for r in range(rows):
+            length = k if r % 5 else int(rng.integers(1, k + 1))
+            model_ids[r, :length] = rng.choice(n_items, size=length, replace=False)
+            model_scores[r, :length] = np.sort(rng.integers(0, 8, size=length) / 8.0)[::-1]
+        ids.append(torch.from_numpy(model_ids))
+        scores.append(torch.from_numpy(model_scores))
+    return ids, scores
+
+
+def _query_lists(ids, scores, row):
+    return [(m_ids[row].tolist(), m_scores[row].tolist()) for m_ids, m_scores in zip(ids, scores)]
+
+
+@pytest.mark.parametrize("method", FUSING)
+@pytest.mark.parametrize("fuse_on", FUSE_ON)
+def test_fuse_matches_per_query_reference(method, fuse_on):
+    ids, scores = _random_lists(seed=hash((method, fuse_on)) % 1000)
+    weights = [1.0, 0.5, 2.0]
+    fused = fuse(ids, scores, method, fuse_on, final_k=15, weights=weights, rrf_k=60.0, ddof=0)
+    for row in range(ids[0].shape[0]):
+        expected = fuse_one_query(_query_lists(ids, scores, row), method, fuse_on, 15, weights)
+        got_ids = [i for i in fused.ids[row].tolist() if i >= 0]
+        assert got_ids == [e[0] for e in expected], (method, fuse_on, row)
+        assert fused.scores[row, : len(expected)].tolist() == pytest.approx([e[1] for e in expected], abs=0)
+        assert fused.contributors[row, : len(expected)].tolist() == [e[2] for e in expected]
+        assert (fused.ids[row, len(expected):] == -1).all()
+
+
+@pytest.mark.parametrize("fuse_on", FUSE_ON)
+def test_fuse_in_blocks_equals_one_block(fuse_on):
+    ids, scores = _random_lists(seed=3, rows=50)
+    config = FusionConfig(method="dbsf", fuse_on=fuse_on, top_k=12, final_top_k=10)
+    whole = fuse(ids, scores, "dbsf", fuse_on, 10)
+    blocked = fuse_in_blocks(ids, scores, config, 10, max_entries=100)
+    assert torch.equal(whole.ids, blocked.ids) and torch.equal(whole.scores, blocked.scores)
+
+
+def test_dbsf_exact_numbers_population_and_sample():
+    scores = torch.tensor([[0.9, 0.7, 0.5]])
+    valid = torch.ones_like(scores, dtype=torch.bool)
+    # population sd = sqrt(0.08 / 3); low = 0.7 - 3 sd; s' = (s - low) / (6 sd)
+    sd = np.sqrt(0.08 / 3)
+    expected = [(s - (0.7 - 3 * sd)) / (6 * sd) for s in (0.9, 0.7, 0.5)]
+    assert dbsf_evidence(scores, valid, ddof=0)[0].tolist() == pytest.approx(expected, rel=1e-6)
+    # sample sd = 0.2 (Qdrant): low = 0.1, span 1.2
+    assert dbsf_evidence(scores, valid, ddof=1)[0].tolist() == pytest.approx([2 / 3, 0.5, 1 / 3], rel=1e-6)
+
+
+def test_dbsf_ignores_padding_and_handles_zero_sd():
+    scores = torch.tensor([[0.9, 0.7, 0.5, -5.0], [0.3, 0.3, 0.3, 0.3]])
+    valid = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    out = dbsf_evidence(scores, valid)
+    assert out[0, :3].tolist() == pytest.approx(dbsf_evidence(scores[:1, :3], valid[:1, :3])[0].tolist())
+    assert out[1].tolist() == [0.5] * 4
+    # no clipping: a score above mean + 3 sd maps above 1
+    spread = torch.tensor([[10.0] + [0.0] * 20])
+    assert dbsf_evidence(spread, torch.ones_like(spread, dtype=torch.bool))[0, 0] > 1.0
+
+
+def test_rrf_minmax_zscore_exact_numbers():
+    scores = torch.tensor([[0.8, 0.6, 0.2]])
+    valid = torch.ones_like(scores, dtype=torch.bool)
+    assert rrf_evidence(scores, valid, rrf_k=60)[0].tolist() == pytest.approx([1 / 61, 1 / 62, 1 / 63])
+    assert rrf_evidence(scores, valid, rrf_k=0)[0].tolist() == pytest.approx([1, 1 / 2, 1 / 3])
+    assert minmax_evidence(scores, valid)[0].tolist() == pytest.approx([1.0, 4 / 6, 0.0])
+    mean, sd = 1.6 / 3, np.std([0.8, 0.6, 0.2])
+    assert zscore_evidence(scores, valid)[0].tolist() == pytest.approx([(s - mean) / sd for s in (0.8, 0.6, 0.2)], rel=1e-5)
+    flat = torch.tensor([[0.4, 0.4]])
+    assert minmax_evidence(flat, torch.ones_like(flat, dtype=torch.bool))[0].tolist() == [0.5, 0.5]
+    assert zscore_evidence(flat, torch.ones_like(flat, dtype=torch.bool))[0].tolist() == [0.0, 0.0]
+
+
+def test_tie_rule_first_appearance_model_by_model():
+    ids = [torch.tensor([[10, 20]]), torch.tensor([[20, 10]])]
+    scores = [torch.tensor([[0.9, 0.8]]), torch.tensor([[0.7, 0.6]])]
+    # source_object: both get 1/61 + 1/62; 10 appears first (model 0, rank 1)
+    assert fuse(ids, scores, "rrf", "source_object", 2).ids.tolist() == [[10, 20]]
+    # document: (m0,10)=1/61, (m1,20)=1/61, (m0,20)=1/62, (m1,10)=1/62, in that order
+    doc = fuse(ids, scores, "rrf", "document", 4)
+    assert doc.ids.tolist() == [[10, 20, 20, 10]]
+    assert doc.contributors.tolist() == [[1, 2, 1, 2]]
+
+
+def test_rrf_by_document_never_changes_rank_one():
+    ids, scores = _random_lists(seed=11, rows=200, models=2)
+    for fuse_on, expect_same in (("document", True), ("source_object", False)):
+        fused = fuse(ids, scores, "rrf", fuse_on, 10)
+        same = fused.ids[:, 0] == ids[0][:, 0]
+        if expect_same:
+            assert same.all()
+        else:  # keyed by image, agreement between models can lift another image to rank 1
+            assert not same.all()
+
+
+def test_weights_scale_evidence():
+    ids = [torch.tensor([[1, 2]]), torch.tensor([[2, 1]])]
+    scores = [torch.tensor([[0.9, 0.1]]), torch.tensor([[0.9, 0.1]])]
+    assert fuse(ids, scores, "sum", "source_object", 2, weights=[1.0, 3.0]).ids.tolist() == [[2, 1]]
+    assert fuse(ids, scores, "sum", "source_object", 2, weights=[3.0, 1.0]).ids.tolist() == [[1, 2]]
+
+
+def test_every_method_has_evidence():
+    assert set(EVIDENCE) == set(FUSING)
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    ({"method": "borda"}, "valid: none, rrf, dbsf, sum, minmax, zscore"),
+    ({"fuse_on": "image"}, "valid: document, source_object"),
+    ({"top_k": 0}, "fusion.top_k"),
+    ({"final_top_k": -3}, "fusion.final_top_k"),
+    ({"ddof": 2}, "fusion.ddof"),
+])
+def test_fusion_config_rejects_bad_values(kwargs, fragment):
+    with pytest.raises(FusebenchError, match=fragment.replace(".", r"\.")):
+        FusionConfig(**kwargs)
+
+
+@pytest.mark.parametrize("key", ["top_k", "final_top_k"])
+def test_lists_shorter_than_largest_k_rejected(key):
+    with pytest.raises(FusebenchError, match=f"fusion.{key}=5 is below the largest eval.ks"):
+        FusionConfig(**{key: 5}).check_ks([1, 5, 10])
+
+
+def test_final_k_defaults_to_top_k_and_caps():
+    assert FusionConfig(top_k=100).final_k(5000, 2) == 100
+    assert FusionConfig(top_k=100, final_top_k=25).final_k(5000, 2) == 25
+    assert FusionConfig(top_k=None).final_k(300, 2) == 300
+    assert FusionConfig(top_k=None, fuse_on="document").final_k(300, 2) == 600
