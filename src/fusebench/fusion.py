@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fusebench import FusebenchError
+from fusebench.search import sort_desc_with_tiebreak, sort_rows
 
 METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore")
 FUSE_ON = ("document", "source_object")
@@ -64,12 +65,12 @@ class FusionConfig:
 
 
 def _row_mean_std(scores: torch.Tensor, valid: torch.Tensor, ddof: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation (``ddof`` 0 or 1) of each row's valid entries; sd 0 when undefined."""
     count = valid.sum(dim=1, keepdim=True).to(scores.dtype)
-    zeroed = torch.where(valid, scores, torch.zeros_like(scores))
-    mean = zeroed.sum(dim=1, keepdim=True) / count.clamp(min=1)
-    sq = torch.where(valid, (scores - mean) ** 2, torch.zeros_like(scores)).sum(dim=1, keepdim=True)
+    mean = scores.masked_fill(~valid, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    sq = ((scores - mean) ** 2).masked_fill_(~valid, 0.0).sum(dim=1, keepdim=True)
     denom = count - ddof
-    std = torch.where(denom > 0, torch.sqrt(sq / denom.clamp(min=1)), torch.zeros_like(sq))
+    std = torch.sqrt(sq / denom.clamp(min=1)).masked_fill_(denom <= 0, 0.0)
     return mean, std
 
 
@@ -83,8 +84,9 @@ def dbsf_evidence(scores: torch.Tensor, valid: torch.Tensor, ddof: int = 0, **_)
     """Distribution-based score fusion: (s - (mean - 3 sd)) / (6 sd) over this list; 0.5 where sd = 0. No clipping."""
     mean, std = _row_mean_std(scores, valid, ddof)
     low = mean - 3 * std
-    return torch.where(std > 0, (scores - low) / (6 * std).clamp(min=torch.finfo(scores.dtype).tiny),
-                       torch.full_like(scores, 0.5))
+    flat = std <= 0
+    rescaled = (scores - low) / (6 * std).masked_fill_(flat, 1.0)
+    return rescaled.masked_fill_(flat, 0.5)
 
 
 def minmax_evidence(scores: torch.Tensor, valid: torch.Tensor, **_) -> torch.Tensor:
@@ -93,15 +95,15 @@ def minmax_evidence(scores: torch.Tensor, valid: torch.Tensor, **_) -> torch.Ten
     low = torch.where(valid, scores, torch.full_like(scores, big)).amin(dim=1, keepdim=True)
     high = torch.where(valid, scores, torch.full_like(scores, -big)).amax(dim=1, keepdim=True)
     span = high - low
-    return torch.where(span > 0, (scores - low) / span.clamp(min=torch.finfo(scores.dtype).tiny),
-                       torch.full_like(scores, 0.5))
+    flat = span <= 0
+    return ((scores - low) / span.masked_fill(flat, 1.0)).masked_fill_(flat, 0.5)
 
 
 def zscore_evidence(scores: torch.Tensor, valid: torch.Tensor, ddof: int = 0, **_) -> torch.Tensor:
     """(s - mean) / sd over this list; 0 where sd = 0."""
     mean, std = _row_mean_std(scores, valid, ddof)
-    return torch.where(std > 0, (scores - mean) / std.clamp(min=torch.finfo(scores.dtype).tiny),
-                       torch.zeros_like(scores))
+    flat = std <= 0
+    return ((scores - mean) / std.masked_fill(flat, 1.0)).masked_fill_(flat, 0.0)
 
 
 def sum_evidence(scores: torch.Tensor, valid: torch.Tensor, **_) -> torch.Tensor:
@@ -125,28 +127,29 @@ class FusedLists:
     contributors: torch.Tensor  # (B, L) int64 bitmask of the models whose lists hold this entry
 
 
-def _group_by_id(ids: torch.Tensor, evidence: torch.Tensor, bits: torch.Tensor, valid: torch.Tensor):
-    """Per row, sum evidence of equal ids; return one entry per distinct id, in first-appearance order."""
-    rows, width = ids.shape
-    sentinel = torch.iinfo(torch.int64).max
-    keyed = torch.where(valid, ids, torch.full_like(ids, sentinel))
-    sorted_ids, perm = torch.sort(keyed, dim=1, stable=True)
-    starts = torch.ones_like(sorted_ids, dtype=torch.bool)
-    starts[:, 1:] = sorted_ids[:, 1:] != sorted_ids[:, :-1]
-    segment = torch.cumsum(starts.to(torch.int64), dim=1) - 1
-    # scatter_add visits positions in order, so each id's evidence is summed model by model, as in config order
-    total = torch.zeros_like(evidence).scatter_add_(1, segment, evidence.gather(1, perm))
-    first = torch.full_like(perm, width).scatter_reduce_(1, segment, perm, reduce="amin")
-    owners = torch.zeros_like(bits).scatter_add_(1, segment, bits.gather(1, perm))
-    seg_ids = torch.full_like(sorted_ids, -1).scatter_(1, segment, sorted_ids)
-    real = (seg_ids != -1) & (seg_ids != sentinel)
-    first = torch.where(real, first, torch.full_like(first, width))
-    order = torch.argsort(first, dim=1, stable=True)
-    take = lambda t: t.gather(1, order)  # noqa: E731
-    real = take(real)
-    return (torch.where(real, take(seg_ids), torch.full_like(seg_ids, -1)),
-            torch.where(real, take(total), torch.full_like(total, float("-inf"))),
-            torch.where(real, take(owners), torch.zeros_like(owners)))
+def _sum_by_id(all_ids: torch.Tensor, evidence: torch.Tensor, bits: torch.Tensor, n_models: int):
+    """Per row, one entry per distinct id: its evidence summed in position order (= model by model, in
+    config order), at the position of its first appearance; every other entry gets -inf.
+
+    Returns (scores, first positions, contributor bits), all in (id, position)-sorted layout. Each model's
+    list holds an id at most once, so an id's entries are at most ``n_models`` apart after the sort.
+    """
+    width = all_ids.shape[1]
+    shift = max(1, (width - 1).bit_length())
+    sentinel = 1 << (62 - shift)
+    slot = torch.where(all_ids >= 0, all_ids, sentinel)
+    keys = sort_rows((slot << shift) | torch.arange(width, device=all_ids.device))
+    ids, positions = keys >> shift, keys & ((1 << shift) - 1)
+    parts, owners = evidence.gather(1, positions), bits.gather(1, positions)
+    total, contributors = parts.clone(), owners.clone()
+    for step in range(1, n_models):
+        same = ids[:, step:] == ids[:, :-step]
+        total[:, :-step] += torch.where(same, parts[:, step:], 0.0)
+        contributors[:, :-step] |= torch.where(same, owners[:, step:], 0)
+    first = torch.ones_like(ids, dtype=torch.bool)
+    first[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    keep = first & (ids != sentinel)
+    return torch.where(keep, total, float("-inf")), positions, contributors
 
 
 def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], method: str, fuse_on: str, final_k: int,
@@ -157,35 +160,29 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], method: str, fuse_
     if fuse_on not in FUSE_ON:
         raise FusebenchError(f"fuse_on={fuse_on!r} is not valid; valid: {', '.join(FUSE_ON)}.")
     weights = [1.0] * len(ids) if weights is None else list(weights)
-    parts, bits = [], []
-    for m, (model_ids, model_scores, weight) in enumerate(zip(ids, scores, weights)):
-        valid = model_ids >= 0
-        evidence = EVIDENCE[method](model_scores.to(torch.float32), valid, rrf_k=rrf_k, ddof=ddof) * weight
-        parts.append(torch.where(valid, evidence, torch.full_like(evidence, float("-inf"))))
-        bits.append(torch.full_like(model_ids, 1 << m))
+    evidence = torch.cat([EVIDENCE[method](s.to(torch.float32), i >= 0, rrf_k=rrf_k, ddof=ddof) * w
+                          for i, s, w in zip(ids, scores, weights)], dim=1)
     all_ids = torch.cat(ids, dim=1)
-    all_ev = torch.cat(parts, dim=1)
-    all_bits = torch.cat(bits, dim=1)
-    valid = all_ids >= 0
+    bits = torch.cat([torch.full_like(i, 1 << m) for m, i in enumerate(ids)], dim=1)
     if fuse_on == "source_object":
-        all_ids, all_ev, all_bits = _group_by_id(all_ids, torch.where(valid, all_ev, torch.zeros_like(all_ev)),
-                                                 all_bits, valid)
+        fused, positions, bits_by_id = _sum_by_id(all_ids, evidence, bits, len(ids))
+        out_scores, out_positions = sort_desc_with_tiebreak(fused, positions)
+        bits = torch.zeros_like(bits).scatter_(1, positions, bits_by_id)
     else:
-        all_bits = torch.where(valid, all_bits, torch.zeros_like(all_bits))
-    order = torch.sort(all_ev, dim=1, descending=True, stable=True).indices[:, :final_k]
-    out_ids = all_ids.gather(1, order)
-    out_scores = all_ev.gather(1, order)
+        fused = torch.where(all_ids >= 0, evidence, float("-inf"))
+        out_scores, out_positions = sort_desc_with_tiebreak(fused)
+    out_scores, out_positions = out_scores[:, :final_k], out_positions[:, :final_k]
     pad = out_scores == float("-inf")
-    return FusedLists(ids=torch.where(pad, torch.full_like(out_ids, -1), out_ids), scores=out_scores,
-                      contributors=torch.where(pad, torch.zeros_like(out_ids), all_bits.gather(1, order)))
+    return FusedLists(ids=torch.where(pad, -1, all_ids.gather(1, out_positions)), scores=out_scores,
+                      contributors=torch.where(pad, 0, bits.gather(1, out_positions)))
 
 
 def fuse_in_blocks(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
-                   weights: list[float] | None = None, max_entries: int = 1 << 22) -> FusedLists:
-    """``fuse`` over row blocks so that long lists (top_k = all) never need more than ``max_entries`` at once."""
+                   weights: list[float] | None = None, max_entries: int = 1 << 17) -> FusedLists:
+    """``fuse`` over row blocks so that long lists (top_k = all) never hold more than ``max_entries`` at once."""
     rows = ids[0].shape[0]
     width = sum(t.shape[1] for t in ids)
-    step = max(1, max_entries // max(width, 1))
+    step = max(1, max_entries // width)
     blocks = [fuse([t[r:r + step] for t in ids], [t[r:r + step] for t in scores], config.method, config.fuse_on,
                    final_k, weights, config.rrf_k, config.ddof) for r in range(0, rows, step)]
     if len(blocks) == 1:

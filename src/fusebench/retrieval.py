@@ -84,6 +84,7 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
         k_t2i, k_i2t = min(k_t2i, keep_k), min(k_i2t, keep_k)
 
     t2i = [{"ranks": [], "ids": [], "scores": []} for _ in models]
+    block_buffer = torch.empty(min(chunk_size, n_captions), n_images, dtype=torch.float32, device=device)
     i2t_chunks: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in models]
     fused_t2i = {"ranks": [], "ids": [], "scores": [], "contributors": []}
     previous_precision = torch.get_float32_matmul_precision()
@@ -94,7 +95,7 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
             targets = cap_img[r0:r1]
             block_lists = []
             for m in range(len(models)):
-                scores = texts[m][r0:r1] @ images[m].T
+                scores = torch.matmul(texts[m][r0:r1], images[m].T, out=block_buffer[: r1 - r0])
                 values, ids = topk_stable(scores, k_t2i)
                 block_lists.append((ids, values))
                 t2i[m]["ranks"].append(_t2i_block_ranks(scores, ids, targets))

@@ -6,6 +6,7 @@ sort gives). ``rank`` is 1-based. All functions are pure over tensors.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -26,24 +27,79 @@ def stable_sort_desc(values: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor,
     return values.gather(dim, order), order
 
 
+def descending_keys(values: torch.Tensor, tiebreak: torch.Tensor) -> torch.Tensor:
+    """int64 keys whose ascending order is (value descending, tiebreak ascending).
+
+    The float32 value is negated (+0.0 folds -0.0 into 0.0), its bits mapped to an int32 of the same
+    order, and placed above the 32-bit tiebreak. ``tiebreak`` must lie in [0, 2**32).
+    """
+    negated = (-values.to(torch.float32)) + 0.0
+    bits = negated.view(torch.int32)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+    return (ordered << 32) | tiebreak.to(torch.int64)
+
+
+def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`descending_keys`: (values, tiebreaks)."""
+    ordered = (keys >> 32).to(torch.int32)
+    bits = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
+    return -bits.view(torch.float32), keys & 0xFFFFFFFF
+
+
+def sort_rows(keys: torch.Tensor) -> torch.Tensor:
+    """Sort each row of an int64 tensor ascending; numpy's vectorised sort on the CPU (several times
+    faster than torch's there), torch's elsewhere."""
+    if keys.device.type == "cpu":
+        return torch.from_numpy(np.sort(keys.numpy(), axis=1))
+    return torch.sort(keys, dim=1).values
+
+
+def sort_desc_with_tiebreak(values: torch.Tensor, tiebreak: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: values sorted descending, ties by ascending ``tiebreak`` (default: the position), and the
+    tiebreaks in that order. One sort of unique int64 keys."""
+    if tiebreak is None:
+        tiebreak = torch.arange(values.shape[1], device=values.device).expand_as(values)
+    return decode_keys(sort_rows(descending_keys(values, tiebreak)))
+
+
+def _top_candidates(scores: torch.Tensor, m: int, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Some ``m`` largest entries per row, in no particular order (ties picked arbitrarily).
+
+    On the CPU, numpy's introselect (``argpartition``) over blocks of rows that stay in cache is two to
+    three times faster than ``torch.topk`` at these list lengths; elsewhere ``torch.topk``.
+    """
+    if scores.device.type != "cpu":
+        return torch.topk(scores, m, dim=1, largest=True, sorted=False)
+    array = scores.numpy()
+    rows, n = array.shape
+    cut = n - m
+    idx = np.empty((rows, m), dtype=np.int64)
+    values = np.empty((rows, m), dtype=array.dtype)
+    for r in range(0, rows, block):
+        part = np.ascontiguousarray(array[r:r + block])
+        picked = np.argpartition(part, cut, axis=1)[:, cut:]
+        idx[r:r + block] = picked
+        values[r:r + block] = np.take_along_axis(part, picked, axis=1)
+    return torch.from_numpy(values), torch.from_numpy(idx)
+
+
 def topk_stable(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``k`` entries of each row under a stable descending sort: (values, column indices).
 
-    ``torch.topk`` picks an arbitrary member of a group of tied values; this asks it for k + 1, re-orders
-    the first k by (score desc, index asc), and redoes with a full stable sort the rare rows where the
-    (k+1)-th value equals the k-th (a tie straddling the cut, so the smallest tied indices must win).
+    A selection routine picks an arbitrary member of a group of tied values; this takes k + 1 candidates,
+    orders them by (score desc, index asc), and redoes with a full stable sort the rare rows where the
+    (k+1)-th value equals the k-th (a tie straddling the cut, where the smallest tied indices must win).
     """
     n = scores.shape[1]
     k = min(k, n)
     if k == n:
         return stable_sort_desc(scores, dim=1)
-    values, idx = torch.topk(scores, k + 1, dim=1, largest=True, sorted=True)
+    values, idx = _top_candidates(scores, k + 1)
+    values, idx = sort_desc_with_tiebreak(values, idx)
+    values, idx = values.to(scores.device), idx.to(scores.device)
     straddle = torch.nonzero(values[:, k - 1] == values[:, k]).flatten()
-    values, idx = values[:, :k], idx[:, :k]
-    idx, by_index = torch.sort(idx, dim=1)
-    values = values.gather(1, by_index)
-    values, order = stable_sort_desc(values, dim=1)
-    idx = idx.gather(1, order)
+    values, idx = values[:, :k].contiguous(), idx[:, :k].contiguous()
     if straddle.numel():
         full_vals, full_idx = stable_sort_desc(scores[straddle], dim=1)
         values[straddle] = full_vals[:, :k]
@@ -74,8 +130,7 @@ def merge_topk(chunks: list[tuple[torch.Tensor, torch.Tensor]], k: int) -> tuple
     """
     values = torch.cat([v for v, _ in chunks], dim=1)
     ids = torch.cat([i for _, i in chunks], dim=1)
-    values, order = stable_sort_desc(values, dim=1)
-    k = min(k, values.shape[1])
+    values, order = sort_desc_with_tiebreak(values)
     return values[:, :k], ids.gather(1, order[:, :k])
 
 
