@@ -1,7 +1,7 @@
 # Two entry points (see README Quickstart): `make run` and `make test`.
 # Each creates .venv on first use. torch/torchvision are pinned first so pip
 # does not pick an unrelated build; everything else comes from pyproject.toml.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1

@@ -20,9 +20,13 @@ import json
 import resource
 import time
 
+from pathlib import Path
+
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
+from fusebench.cli import CONFIG_DIR
 from fusebench.comparisons import paired_comparisons, retriever_metrics
 from fusebench.data.sim import make_sim_corpus
 from fusebench.encoders.sim import embed_sim
@@ -83,8 +87,8 @@ def main() -> None:
     torch.set_float32_matmul_precision("highest")
 
     corpus = make_sim_corpus()  # 5,000 images, 25,010 captions
-    specs = {"siglip2_like": {"dim": 1152, "image_noise": 0.22, "text_noise": 0.22, "seed": 1},
-             "dfn5b_like": {"dim": 1024, "image_noise": 0.25, "text_noise": 0.2, "seed": 2}}
+    specs = {name: OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml"))
+             for name in ("sim_siglip2_like", "sim_dfn5b_like")}  # the default job's models, d = 1,152 and 1,024
     embedded = [embed_sim(name, spec, corpus) for name, spec in specs.items()]
     models = [ModelInput(e.name, e.image, e.text) for e in embedded]
     fusion = FusionConfig(method=args.method, fuse_on="source_object", top_k=100)

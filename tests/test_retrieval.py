@@ -92,3 +92,14 @@ def test_top_k_none_means_all_items(case):
     assert out["a"]["t2i"].ids.shape == (len(caption_image), N_IMAGES)
     assert out["a"]["i2t"].ids.shape == (N_IMAGES - 2, len(caption_image))
     assert (out["fused"]["t2i"].ranks >= 1).all() and (out["fused"]["i2t"].ranks >= 1).all()
+
+
+def test_keep_k_cuts_stored_lists_not_ranks(case):
+    models, caption_image = case
+    config = FusionConfig(method="rrf", top_k=None)
+    full = retrieve(models, caption_image, config, keep_k=None, chunk_size=8)
+    cut = retrieve(models, caption_image, config, keep_k=3, chunk_size=8)
+    for name in full:
+        for direction in ("t2i", "i2t"):
+            assert np.array_equal(full[name][direction].ranks, cut[name][direction].ranks)
+            assert torch.equal(full[name][direction].ids[:, :3], cut[name][direction].ids)

@@ -66,3 +66,16 @@ def test_merge_topk_equals_topk_of_whole(tied_scores):
 def test_resolve_device():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type in {"cpu", "cuda", "mps"}
+
+
+def test_descending_keys_order_special_floats():
+    from fusebench.search import decode_keys, descending_keys, sort_desc_with_tiebreak
+
+    values = torch.tensor([[0.0, -0.0, 1.5, -2.0, float("inf"), float("-inf"), 1e-30, -1e-30, 1.5]])
+    sorted_values, positions = sort_desc_with_tiebreak(values)
+    assert positions.tolist() == [[4, 2, 8, 6, 0, 1, 7, 3, 5]]
+    assert torch.equal(sorted_values, values.gather(1, positions))
+    tiebreak = torch.tensor([[5, 4, 3, 2, 1, 0, 7, 8, 9]])
+    decoded_values, decoded_tiebreak = decode_keys(descending_keys(values, tiebreak))
+    assert decoded_tiebreak.tolist() == tiebreak.tolist()
+    assert torch.equal(decoded_values.abs(), values.abs())

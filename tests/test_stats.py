@@ -100,3 +100,9 @@ def test_oracle_is_either_right():
 def test_bad_inputs_raise(bad):
     with pytest.raises(ValueError):
         paired_bootstrap(*bad)
+
+
+def test_result_reads_as_mapping_too():
+    result = paired_bootstrap(np.array([1, 0, 1], dtype=bool), np.array([0, 0, 1], dtype=bool), draws=50)
+    assert result["gain"] == result.gain and result["wins"] == 1 and result["losses"] == 0
+    assert set(result.as_dict()) >= {"gain", "ci_low", "ci_high", "wins", "losses"}

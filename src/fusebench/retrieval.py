@@ -66,9 +66,10 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
              progress: Callable[[int], None] | None = None) -> dict[str, dict[str, RankedLists]]:
     """Ranked lists and ranks for each model alone and, with 2+ models and a method, for ``fused``.
 
-    Single models' lists are ``fusion.top_k`` long (at least ``keep_k`` when nothing is fused, capped by it
-    otherwise). Returns ``{retriever: {"t2i": RankedLists, "i2t": RankedLists}}``; i2t rows are the images
-    that have captions, in index order.
+    Ranks are computed from the full lists (single models: their full ranking); the lists returned are cut
+    to their first ``keep_k`` entries (None = keep all), so memory stays small even with ``top_k`` = all.
+    Returns ``{retriever: {"t2i": RankedLists, "i2t": RankedLists}}``; i2t rows are the images that have
+    captions, in index order.
     """
     device = torch.device(device)
     n_captions = len(caption_image)
@@ -80,8 +81,9 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
     fusing = fusion.method != "none" and len(models) >= 2
     weights = [float(m.weight) for m in models]
     k_t2i, k_i2t = fusion.per_model_k(n_images), fusion.per_model_k(n_captions)
-    if not fusing and keep_k is not None:
+    if not fusing and keep_k is not None:  # lists serve only ranks (exact either way) and inspection
         k_t2i, k_i2t = min(k_t2i, keep_k), min(k_i2t, keep_k)
+    keep = slice(None) if keep_k is None else slice(0, keep_k)
 
     t2i = [{"ranks": [], "ids": [], "scores": []} for _ in models]
     block_buffer = torch.empty(min(chunk_size, n_captions), n_images, dtype=torch.float32, device=device)
@@ -99,8 +101,8 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
                 values, ids = topk_stable(scores, k_t2i)
                 block_lists.append((ids, values))
                 t2i[m]["ranks"].append(_t2i_block_ranks(scores, ids, targets))
-                t2i[m]["ids"].append(ids.cpu())
-                t2i[m]["scores"].append(values.cpu())
+                t2i[m]["ids"].append(ids[:, keep].cpu())
+                t2i[m]["scores"].append(values[:, keep].cpu())
                 col_values, col_ids = topk_stable(scores.T, k_i2t)
                 i2t_chunks[m].append((col_values, col_ids + r0))
             if fusing:
@@ -108,7 +110,7 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
                                        fusion.final_k(n_images, len(models)), weights)
                 fused_t2i["ranks"].append(t2i_list_ranks(fused.ids, targets))
                 for key in ("ids", "scores", "contributors"):
-                    fused_t2i[key].append(getattr(fused, key).cpu())
+                    fused_t2i[key].append(getattr(fused, key)[:, keep].cpu())
             if progress is not None:
                 progress(r1 - r0)
 
@@ -122,7 +124,7 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
                 "t2i": RankedLists(np.concatenate(t2i[m]["ranks"]), torch.cat(t2i[m]["ids"]),
                                    torch.cat(t2i[m]["scores"])),
                 "i2t": RankedLists(_i2t_ranks(ids, texts[m], images[m], query_images, cap_img),
-                                   ids.cpu(), values.cpu()),
+                                   ids[:, keep].cpu(), values[:, keep].cpu()),
             }
     finally:
         torch.set_float32_matmul_precision(previous_precision)
@@ -132,7 +134,7 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
         results["fused"] = {
             "t2i": RankedLists(np.concatenate(fused_t2i["ranks"]), torch.cat(fused_t2i["ids"]),
                                torch.cat(fused_t2i["scores"]), torch.cat(fused_t2i["contributors"])),
-            "i2t": RankedLists(i2t_list_ranks(fused.ids, query_images, cap_img), fused.ids.cpu(),
-                               fused.scores.cpu(), fused.contributors.cpu()),
+            "i2t": RankedLists(i2t_list_ranks(fused.ids, query_images, cap_img), fused.ids[:, keep].cpu(),
+                               fused.scores[:, keep].cpu(), fused.contributors[:, keep].cpu()),
         }
     return results

@@ -27,6 +27,10 @@ class PairedResult:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def __getitem__(self, key: str):
+        """``result["gain"]`` as well as ``result.gain``."""
+        return getattr(self, key)
+
 
 def _as_bool(hits, name: str) -> np.ndarray:
     array = np.asarray(hits)

@@ -22,7 +22,8 @@ def load_corpus(cfg: Mapping) -> Corpus:
     if kind == "sim":
         return make_sim_corpus(n_images=int(cfg.get("n_images", 5000)), n_captions=int(cfg.get("n_captions", 25010)),
                                latent_dim=int(cfg.get("latent_dim", 64)),
-                               caption_noise=float(cfg.get("caption_noise", 1.9)), seed=int(cfg.get("seed", 0)),
+                               caption_noise=float(cfg.get("caption_noise", 1.3)),
+                               shared_caption_noise=float(cfg.get("shared_caption_noise", 1.36)), seed=int(cfg.get("seed", 0)),
                                name=name)
     raise FusebenchError(f"dataset.kind={kind!r} is not a known dataset kind; valid: {', '.join(DATASET_KINDS)}.")
 

@@ -26,7 +26,8 @@ def caption_counts(n_images: int, n_captions: int) -> np.ndarray:
 
 
 def make_sim_corpus(n_images: int = 5000, n_captions: int = 25010, latent_dim: int = 64,
-                    caption_noise: float = 1.9, seed: int = 0, name: str = "sim") -> Corpus:
+                    caption_noise: float = 1.3, shared_caption_noise: float = 1.36, seed: int = 0,
+                    name: str = "sim") -> Corpus:
     counts = caption_counts(n_images, n_captions)
     caption_image = np.repeat(np.arange(n_images, dtype=np.int64), counts)
     rank_in_image = np.arange(n_captions) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -37,7 +38,7 @@ def make_sim_corpus(n_images: int = 5000, n_captions: int = 25010, latent_dim: i
         caption_image=caption_image,
         image_paths=None,
         meta={"simulated": True, "sim_seed": int(seed), "sim_latent_dim": int(latent_dim),
-              "sim_caption_noise": float(caption_noise)},
+              "sim_caption_noise": float(caption_noise), "sim_shared_caption_noise": float(shared_caption_noise)},
     )
     return validate_corpus(corpus, "sim dataset")
 
@@ -53,7 +54,10 @@ def sim_latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     dim = int(corpus.meta["sim_latent_dim"])
     images = rng.standard_normal((corpus.n_images, dim), dtype=np.float32)
     noise = rng.standard_normal((corpus.n_captions, dim), dtype=np.float32)
-    captions = images[corpus.caption_image] + np.float32(corpus.meta["sim_caption_noise"]) * noise
+    # what every caption of an image misses alike (shared), then what each caption adds or misses on its own
+    shared = rng.standard_normal((corpus.n_images, dim), dtype=np.float32)
+    captions = (images + np.float32(corpus.meta.get("sim_shared_caption_noise", 0.0)) * shared)[corpus.caption_image]
+    captions += np.float32(corpus.meta["sim_caption_noise"]) * noise
     return images, captions
 
 
