@@ -59,7 +59,9 @@ def sort_desc_with_tiebreak(values: torch.Tensor, tiebreak: torch.Tensor | None 
     """Per row: values sorted descending, ties by ascending ``tiebreak`` (default: the position), and the
     tiebreaks in that order. One sort of unique int64 keys."""
     if tiebreak is None:
-        tiebreak = torch.arange(values.shape[1], device=values.device).expand_as(values)
+        positions = torch.arange(values.shape[1], device=values.device).expand_as(values)
+        order = sort_rows(descending_keys(values, positions)) & 0xFFFFFFFF
+        return values.gather(1, order), order
     return decode_keys(sort_rows(descending_keys(values, tiebreak)))
 
 
