@@ -58,6 +58,10 @@ def test_sim_defaults_land_near_article_and_fusion_helps(compose_cfg, tmp_path):
     (["+fusion.colour=red"], "fusion: unknown key"),
     (["models=[]"], "no models selected"),
     (["eval.ks=[]"], "eval.ks"),
+    (["eval.ks=[1,0]"], "eval.ks"),
+    (["eval.save_topk=0"], "eval.save_topk"),
+    (["eval.chunk_size=0"], "eval.chunk_size"),
+    (["eval.bootstrap.draws=0"], "eval.bootstrap"),
     (["+models.fused.kind=sim"], "not allowed"),
 ])
 def test_bad_config_fails_before_writing_anything(compose_cfg, tmp_path, overrides, fragment):

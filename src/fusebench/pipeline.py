@@ -44,6 +44,8 @@ def eval_settings(cfg: Mapping) -> dict:
     if draws < 1 or not 0 < level < 1:
         raise FusebenchError(f"eval.bootstrap: draws must be >= 1 and level in (0, 1); got {draws} and {level}.")
     save_topk = cfg.get("save_topk", 25)
+    if save_topk is not None and (isinstance(save_topk, bool) or not isinstance(save_topk, int) or save_topk < 1):
+        raise FusebenchError(f"eval.save_topk={save_topk!r} must be a positive integer or null (null = whole lists).")
     chunk = int(cfg.get("chunk_size", 4096))
     if chunk < 1:
         raise FusebenchError(f"eval.chunk_size={chunk} must be >= 1.")

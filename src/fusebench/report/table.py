@@ -13,20 +13,23 @@ def format_table(metrics: dict) -> str:
     title = f"{dataset['name']}: {dataset['n_images']} images, {dataset['n_captions']} captions"
     if dataset.get("simulated"):
         title += "  [SIMULATED DATA: synthetic embeddings, not real model results]"
-    header = f"{'retriever':<22}" + "".join(f"{d + ' R@' + str(k):>11}" for d in ("t2i", "i2t") for k in ks)
+    name_width = max(22, *(len(n) + 2 for n in metrics["retrievers"]))
+    header = f"{'retriever':<{name_width}}" + "".join(f"{d + ' R@' + str(k):>11}" for d in ("t2i", "i2t") for k in ks)
     header += f"{'mean R@1':>10}" if 1 in ks else ""
     lines = [title, header, "-" * len(header)]
     for name, entry in metrics["retrievers"].items():
-        row = f"{name:<22}" + "".join(f"{_fmt(entry[d]['R@' + str(k)]):>11}" for d in ("t2i", "i2t") for k in ks)
+        row = f"{name:<{name_width}}" + "".join(f"{_fmt(entry[d]['R@' + str(k)]):>11}" for d in ("t2i", "i2t") for k in ks)
         row += f"{_fmt(entry['mean']['R@1']):>10}" if 1 in ks else ""
         lines.append(row)
     gains = [c for c in metrics["comparisons"] if c["k"] == ks[0]]
     if gains:
         lines.append("")
         lines.append(f"paired gains at R@{ks[0]} (95% bootstrap interval over queries; wins/losses):")
+        width = max(len(f"{c['candidate']} vs {c['baseline']}") for c in gains)
         for c in gains:
+            pair = f"{c['candidate']} vs {c['baseline']}"
             lines.append(
-                f"  {c['candidate']} vs {c['baseline']:<14} {c['direction']}: {c['gain']:+6.2f} "
+                f"  {pair:<{width}}  {c['direction']}: {c['gain']:+6.2f} "
                 f"[{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]  {c['wins']} won / {c['losses']} lost  p={c['p_value']:.2g}"
             )
     return "\n".join(lines)
