@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from fusebench.cli import CONFIG_DIR
 from fusebench.comparisons import paired_comparisons, retriever_metrics
 from fusebench.data.sim import make_sim_corpus
-from fusebench.encoders.sim import embed_sim
+from fusebench.encoders import embed
 from fusebench.fusion import EVIDENCE, FusionConfig, fuse_in_blocks
 from fusebench.metrics import hits_at_k
 from fusebench.retrieval import ModelInput, retrieve
@@ -89,7 +89,7 @@ def main() -> None:
     corpus = make_sim_corpus()  # 5,000 images, 25,010 captions
     specs = {name: OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml"))
              for name in ("sim_siglip2_like", "sim_dfn5b_like")}  # the default job's models, d = 1,152 and 1,024
-    embedded = [embed_sim(name, spec, corpus) for name, spec in specs.items()]
+    embedded = [embed(name, spec, corpus) for name, spec in specs.items()]
     models = [ModelInput(e.name, e.image, e.text) for e in embedded]
     fusion = FusionConfig(method=args.method, fuse_on="source_object", top_k=100)
 

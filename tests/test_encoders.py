@@ -52,7 +52,7 @@ def test_vectors_missing_files_and_keys(tmp_path, corpus):
 
 
 def test_unknown_kind_lists_valid_kinds(corpus):
-    with pytest.raises(FusebenchError, match="valid kinds: sim, vectors"):
+    with pytest.raises(FusebenchError, match="valid kinds: hf, open_clip, sim, vectors"):
         embed("a", {"kind": "clip"}, corpus)
 
 

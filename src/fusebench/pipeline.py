@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 from fusebench import FusebenchError, __version__
 from fusebench.comparisons import oracle_metrics, paired_comparisons, retriever_metrics
 from fusebench.data import load_corpus
-from fusebench.encoders import embed
+from fusebench.encoders import drop_unreadable, finalize, load_raw
+from fusebench.encoders.real import Runtime
 from fusebench.fusion import FusionConfig
 from fusebench.report.outputs import write_run_outputs
 from fusebench.report.table import format_table
@@ -87,7 +88,10 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     corpus = load_corpus(_plain(cfg["dataset"]))
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
 
-    embeddings = [embed(name, spec, corpus) for name, spec in specs.items()]
+    runtime = Runtime.from_config(_plain(cfg["embed"]) if "embed" in cfg else None)
+    raws = [load_raw(name, spec, corpus, runtime) for name, spec in specs.items()]
+    raws, corpus = drop_unreadable(raws, corpus)
+    embeddings = [finalize(raw, corpus) for raw in raws]
     device = resolve_device(settings["device"])
     inputs = [ModelInput(e.name, e.image, e.text, float(specs[e.name].get("weight", 1.0))) for e in embeddings]
     with tqdm(total=corpus.n_captions, desc="search+fuse", unit="query", leave=False) as bar:
@@ -103,8 +107,10 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
         if name == FUSED:
             retrievers[name]["spec"] = {"kind": "fusion", "members": singles, **fusion.__dict__}
         else:
-            spec = dict(specs[name])
-            retrievers[name]["spec"] = {**spec, "dim": next(e.dim for e in embeddings if e.name == name)}
+            model = next(e for e in embeddings if e.name == name)
+            retrievers[name]["spec"] = {**specs[name], "dim": model.dim}
+            if model.info:
+                retrievers[name]["embedding"] = model.info
     metrics = {
         "dataset": corpus.summary(),
         "retrievers": retrievers,

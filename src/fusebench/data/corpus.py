@@ -40,6 +40,23 @@ class Corpus:
         """Indices of images that ask an i2t query (those with at least one caption)."""
         return np.flatnonzero(self.captions_per_image > 0)
 
+    def without_images(self, drop: np.ndarray) -> tuple[Corpus, np.ndarray, np.ndarray]:
+        """The corpus less the images where ``drop`` is True and their captions; also the kept image and
+        caption indices (to slice embeddings the same way)."""
+        keep_images = np.flatnonzero(~np.asarray(drop, dtype=bool))
+        new_index = np.full(self.n_images, -1, dtype=np.int64)
+        new_index[keep_images] = np.arange(len(keep_images))
+        keep_captions = np.flatnonzero(new_index[self.caption_image] >= 0)
+        corpus = Corpus(
+            name=self.name,
+            image_ids=[self.image_ids[i] for i in keep_images],
+            captions=[self.captions[c] for c in keep_captions],
+            caption_image=new_index[self.caption_image[keep_captions]],
+            image_paths=None if self.image_paths is None else [self.image_paths[i] for i in keep_images],
+            meta={**self.meta, "dropped_images": int(self.n_images - len(keep_images))},
+        )
+        return corpus, keep_images, keep_captions
+
     def summary(self) -> dict:
         per = self.captions_per_image
         return {

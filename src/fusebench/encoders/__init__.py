@@ -1,33 +1,87 @@
-"""Embedding sources behind one entry point: ``embed(name, spec, corpus)``.
+"""Embedding sources behind one entry point.
 
-Each model spec (one ``conf/models/*.yaml`` or ``+models.NAME.*`` overrides) has a ``kind``; the kind picks
-the backend. This issue's kinds: ``vectors`` (embeddings the user already has) and ``sim`` (simulated).
+Each model spec (one ``conf/models/*.yaml`` or ``+models.NAME.*`` overrides) has a ``kind`` that picks the
+backend: ``vectors`` (embeddings the user already has), ``sim`` (simulated), ``open_clip`` and ``hf`` (real
+models, through the embedding cache). ``load_raw`` gets a model's rows; ``finalize`` validates and
+L2-normalises them once every model is loaded (images no model could read are dropped first).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus
 from fusebench.encoders.base import ModelEmbeddings, check_embeddings
-from fusebench.encoders.sim import embed_sim
-from fusebench.encoders.vectors import embed_vectors
+from fusebench.encoders.sim import sim_arrays
+from fusebench.encoders.vectors import vector_arrays
 
-BACKENDS: dict[str, Callable[[str, Mapping, Corpus], ModelEmbeddings]] = {
-    "vectors": embed_vectors,
-    "sim": embed_sim,
-}
+KINDS = ("hf", "open_clip", "sim", "vectors")
 
 
-def embed(name: str, spec: Mapping, corpus: Corpus) -> ModelEmbeddings:
-    """Embeddings of ``corpus`` for model ``name``, validated (shapes, finite, non-zero) and L2-normalised."""
+@dataclass
+class RawEmbeddings:
+    name: str
+    image: np.ndarray
+    text: np.ndarray
+    image_source: str
+    text_source: str
+    spec: dict
+    info: dict = field(default_factory=dict)
+
+    @property
+    def unreadable_images(self) -> np.ndarray | None:
+        """Rows the encoder skipped as unreadable files (all-NaN rows of a real model); None if none."""
+        if self.info.get("skipped_images"):
+            return np.isnan(self.image).all(axis=1)
+        return None
+
+
+def load_raw(name: str, spec: Mapping, corpus: Corpus, runtime=None) -> RawEmbeddings:
     kind = spec.get("kind")
-    if kind not in BACKENDS:
-        raise FusebenchError(
-            f"models.{name}.kind={kind!r} is not a known model kind; valid kinds: {', '.join(sorted(BACKENDS))}."
-        )
-    return BACKENDS[kind](name, spec, corpus)
+    if kind not in KINDS:
+        raise FusebenchError(f"models.{name}.kind={kind!r} is not a known model kind; valid kinds: {', '.join(KINDS)}.")
+    if kind == "vectors":
+        image, text, image_src, text_src = vector_arrays(name, spec)
+        return RawEmbeddings(name, image, text, image_src, text_src, dict(spec))
+    if kind == "sim":
+        image, text = sim_arrays(spec, corpus)
+        return RawEmbeddings(name, image, text, f"sim model {name!r}", f"sim model {name!r}", dict(spec))
+    from fusebench.encoders.real import Runtime, embed_real
+
+    real = embed_real(name, spec, corpus, runtime or Runtime())
+    source = f"model {name!r} ({kind})"
+    return RawEmbeddings(name, real.image, real.text, source, source, dict(spec), real.info)
 
 
-__all__ = ["BACKENDS", "ModelEmbeddings", "check_embeddings", "embed"]
+def finalize(raw: RawEmbeddings, corpus: Corpus) -> ModelEmbeddings:
+    embeddings = check_embeddings(raw.name, raw.image, raw.text, corpus.n_images, corpus.n_captions,
+                                  raw.image_source, raw.text_source, raw.spec)
+    embeddings.info = raw.info
+    return embeddings
+
+
+def drop_unreadable(raws: list[RawEmbeddings], corpus: Corpus) -> tuple[list[RawEmbeddings], Corpus]:
+    """Leave out images that any model could not read (embed.on_bad_image=skip), with their captions."""
+    drop = np.zeros(corpus.n_images, dtype=bool)
+    for raw in raws:
+        if raw.unreadable_images is not None:
+            drop |= raw.unreadable_images
+    if not drop.any():
+        return raws, corpus
+    smaller, keep_images, keep_captions = corpus.without_images(drop)
+    for raw in raws:
+        raw.image, raw.text = raw.image[keep_images], raw.text[keep_captions]
+    return raws, smaller
+
+
+def embed(name: str, spec: Mapping, corpus: Corpus, runtime=None) -> ModelEmbeddings:
+    """One model's validated, L2-normalised embeddings of ``corpus``."""
+    return finalize(load_raw(name, spec, corpus, runtime), corpus)
+
+
+__all__ = ["KINDS", "ModelEmbeddings", "RawEmbeddings", "check_embeddings", "drop_unreadable", "embed",
+           "finalize", "load_raw"]

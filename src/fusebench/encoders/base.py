@@ -17,6 +17,7 @@ class ModelEmbeddings:
     image: np.ndarray
     text: np.ndarray
     spec: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # real models: cache keys and hits, preprocessing, versions, stats
 
     @property
     def dim(self) -> int:

@@ -8,8 +8,6 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.data.corpus import Corpus
-from fusebench.encoders.base import ModelEmbeddings, check_embeddings
 
 
 def _load_npy(path_value, key: str, name: str) -> tuple[np.ndarray, str]:
@@ -25,7 +23,8 @@ def _load_npy(path_value, key: str, name: str) -> tuple[np.ndarray, str]:
     return array, str(path)
 
 
-def embed_vectors(name: str, spec: Mapping, corpus: Corpus) -> ModelEmbeddings:
+def vector_arrays(name: str, spec: Mapping) -> tuple[np.ndarray, np.ndarray, str, str]:
+    """(image rows, text rows, image file, text file); checked against the corpus by the caller."""
     image, image_src = _load_npy(spec.get("image_embeddings"), "image_embeddings", name)
     text, text_src = _load_npy(spec.get("text_embeddings"), "text_embeddings", name)
-    return check_embeddings(name, image, text, corpus.n_images, corpus.n_captions, image_src, text_src, dict(spec))
+    return image, text, image_src, text_src

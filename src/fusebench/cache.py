@@ -1,0 +1,250 @@
+"""A content-addressed embedding store: computed once, reused by every run whose inputs are the same.
+
+An entry's key is the SHA-256 of a JSON description of everything that changes its rows (model and
+checkpoint fingerprint, preprocessing, corpus fingerprint, storage dtype, library versions). Layout:
+
+    ROOT/ab/abcdef.../embeddings.npy   rows in corpus order, stored fp16 or fp32
+    ROOT/ab/abcdef.../meta.json        the key material, shape, dtype, sha256 of the .npy, stats
+    ROOT/ab/abcdef.../chunk-000003.npz while computing: finished chunks, so a killed run resumes
+    ROOT/ab/abcdef....lock             held while an entry is computed (two sweep jobs never both write)
+
+Every file is written to a temp name and renamed; meta.json is written last, so an entry with meta.json is
+complete. A complete entry whose .npy does not match its recorded size and checksum is reported, removed
+and recomputed; it is never read as data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from filelock import FileLock
+
+from fusebench import FusebenchError
+
+log = logging.getLogger(__name__)
+STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
+Compute = Callable[[np.ndarray], Iterable[tuple[np.ndarray, dict]]]
+
+
+def cache_key(material: dict) -> str:
+    """SHA-256 of the canonical JSON of ``material`` (sorted keys, no whitespace)."""
+    text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def file_sha256(path: Path, block: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _atomic_save(path: Path, writer: Callable[[Path], None]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        writer(Path(tmp))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _add_stats(total: dict, more: dict) -> None:
+    for name, value in more.items():
+        total[name] = total.get(name, 0) + value
+
+
+@dataclass
+class CacheResult:
+    embeddings: np.ndarray  # float32, corpus order
+    key: str
+    hit: bool  # True: read from the cache, no model work done
+    stats: dict = field(default_factory=dict)  # summed per-chunk counters (skipped images, truncated texts, ...)
+    seconds: float = 0.0  # compute time when it was computed
+
+
+class EmbeddingCache:
+    def __init__(self, root: str | Path, dtype: str = "fp16", chunk_rows: int = 1024):
+        if dtype not in STORE_DTYPES:
+            raise FusebenchError(f"embed.cache.dtype={dtype!r} is not valid; valid: {', '.join(STORE_DTYPES)}.")
+        if chunk_rows < 1:
+            raise FusebenchError(f"embed.cache.chunk_rows={chunk_rows} must be >= 1.")
+        self.root = Path(root).expanduser()
+        self.dtype = dtype
+        self.chunk_rows = int(chunk_rows)
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get_or_compute(self, material: dict, n_rows: int, compute: Compute, label: str = "",
+                       info: dict | None = None) -> CacheResult:
+        """The rows described by ``material``: from the cache, else computed (resuming finished chunks).
+
+        ``compute(rows)`` gets the row indices still missing, in order, and yields ``(embeddings, stats)``
+        batches covering exactly those rows in that order; ``stats`` are integer counters to record.
+        ``info`` (model name, ...) is stored for listing but is not part of the key.
+        """
+        material = {**material, "store_dtype": self.dtype, "n_rows": int(n_rows)}
+        key = cache_key(material)
+        folder = self.entry_dir(key)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder) + ".lock"):
+            found = self._read_complete(folder, key, n_rows)
+            if found is not None:
+                return found
+            return self._compute(folder, key, material, n_rows, compute, label, info or {})
+
+    def _read_complete(self, folder: Path, key: str, n_rows: int) -> CacheResult | None:
+        meta_path, data_path = folder / "meta.json", folder / "embeddings.npy"
+        if not meta_path.is_file():
+            return None
+        problem = None
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            if not data_path.is_file():
+                problem = "embeddings.npy is missing"
+            elif data_path.stat().st_size != meta["bytes"]:
+                problem = f"embeddings.npy has {data_path.stat().st_size} bytes, expected {meta['bytes']} (truncated?)"
+            elif file_sha256(data_path) != meta["sha256"]:
+                problem = "embeddings.npy does not match its recorded checksum"
+            else:
+                data = np.load(data_path, allow_pickle=False)
+                if data.shape[0] != n_rows:
+                    problem = f"embeddings.npy has {data.shape[0]} rows, expected {n_rows}"
+        except (OSError, ValueError, KeyError) as err:
+            problem = f"unreadable entry ({err})"
+        if problem:
+            log.warning("cache entry %s is corrupt: %s; removing it and recomputing", folder, problem)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        return CacheResult(data.astype(np.float32), key, hit=True, stats=meta.get("stats", {}),
+                           seconds=float(meta.get("seconds", 0.0)))
+
+    def _finished_chunks(self, folder: Path, n_chunks: int, n_rows: int) -> dict[int, tuple[np.ndarray, dict]]:
+        done = {}
+        for index in range(n_chunks):
+            path = folder / f"chunk-{index:06d}.npz"
+            if not path.is_file():
+                continue
+            rows = min(self.chunk_rows, n_rows - index * self.chunk_rows)
+            try:
+                with np.load(path, allow_pickle=False) as chunk:
+                    data, stats = chunk["embeddings"], json.loads(str(chunk["stats"]))
+                if data.shape[0] != rows:
+                    raise ValueError(f"{data.shape[0]} rows, expected {rows}")
+                done[index] = (data, stats)
+            except (OSError, ValueError, KeyError) as err:
+                log.warning("cache chunk %s is unreadable (%s); recomputing it", path, err)
+                path.unlink(missing_ok=True)
+        return done
+
+    def _compute(self, folder: Path, key: str, material: dict, n_rows: int, compute: Compute,
+                 label: str, info: dict) -> CacheResult:
+        folder.mkdir(parents=True, exist_ok=True)
+        n_chunks = max(1, -(-n_rows // self.chunk_rows))
+        done = self._finished_chunks(folder, n_chunks, n_rows)
+        if done:
+            log.info("%s: resuming, %d of %d chunks already computed", label or key[:12], len(done), n_chunks)
+        missing = [i for i in range(n_chunks) if i not in done]
+        rows = np.concatenate([np.arange(i * self.chunk_rows, min((i + 1) * self.chunk_rows, n_rows))
+                               for i in missing]) if missing else np.zeros(0, dtype=np.int64)
+        started = time.perf_counter()
+        store = STORE_DTYPES[self.dtype]
+        batches: Iterator[tuple[np.ndarray, dict]] = iter(compute(rows)) if rows.size else iter(())
+        pending: list[np.ndarray] = []
+        pending_stats: dict = {}
+        for index in missing:
+            need = min(self.chunk_rows, n_rows - index * self.chunk_rows)
+            have = sum(len(p) for p in pending)
+            while have < need:
+                try:
+                    batch, stats = next(batches)
+                except StopIteration:
+                    raise RuntimeError(f"{label}: the encoder produced {have} of {need} rows for chunk {index}") from None
+                pending.append(np.asarray(batch))
+                _add_stats(pending_stats, stats)
+                have += len(batch)
+            block = np.concatenate(pending)
+            chunk, rest = block[:need].astype(store), block[need:]
+            pending = [rest] if len(rest) else []
+            chunk_stats, pending_stats = pending_stats, {}
+            _atomic_save(folder / f"chunk-{index:06d}.npz",
+                         lambda tmp, c=chunk, s=chunk_stats: _save_npz(tmp, c, s))
+            done[index] = (chunk, chunk_stats)
+        seconds = time.perf_counter() - started
+        data = np.concatenate([done[i][0] for i in range(n_chunks)]) if n_rows else np.zeros((0, 0), store)
+        stats: dict = {}
+        for i in range(n_chunks):
+            _add_stats(stats, done[i][1])
+        data_path = folder / "embeddings.npy"
+        _atomic_save(data_path, lambda tmp: _save_npy(tmp, data))
+        meta = {"key": key, "info": info, "material": material, "shape": list(data.shape), "dtype": self.dtype,
+                "bytes": data_path.stat().st_size, "sha256": file_sha256(data_path), "stats": stats,
+                "seconds": round(seconds, 3), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        _atomic_save(folder / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8"))
+        for i in range(n_chunks):
+            (folder / f"chunk-{i:06d}.npz").unlink(missing_ok=True)
+        return CacheResult(data.astype(np.float32), key, hit=False, stats=stats, seconds=seconds)
+
+    def entries(self) -> list[dict]:
+        """Every entry under the root: key, label, kind, shape, size on disk, complete or partial."""
+        out = []
+        if not self.root.is_dir():
+            return out
+        for folder in sorted(p for p in self.root.glob("??/*") if p.is_dir()):
+            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+            meta_path = folder / "meta.json"
+            info = {"key": folder.name, "path": str(folder), "bytes": size, "complete": meta_path.is_file()}
+            if info["complete"]:
+                try:
+                    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                    material = meta.get("material", {})
+                    info.update(model=meta.get("info", {}).get("model", ""), kind=material.get("kind", ""),
+                                shape=meta.get("shape"), dtype=meta.get("dtype"), created=meta.get("created"))
+                except (OSError, ValueError):
+                    info["complete"] = False
+            else:
+                info["chunks"] = len(list(folder.glob("chunk-*.npz")))
+            out.append(info)
+        return out
+
+    def remove(self, key_prefix: str) -> list[str]:
+        """Remove the entries whose key starts with ``key_prefix``; return the removed keys."""
+        if len(key_prefix) < 4:
+            raise FusebenchError("give at least 4 characters of a cache key (see fusebench-cache list).")
+        removed = []
+        for entry in self.entries():
+            if entry["key"].startswith(key_prefix):
+                folder = Path(entry["path"])
+                with FileLock(str(folder) + ".lock"):
+                    shutil.rmtree(folder, ignore_errors=True)
+                Path(str(folder) + ".lock").unlink(missing_ok=True)
+                removed.append(entry["key"])
+        return removed
+
+
+def _save_npy(path: Path, data: np.ndarray) -> None:
+    with path.open("wb") as fh:
+        np.save(fh, data, allow_pickle=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _save_npz(path: Path, data: np.ndarray, stats: dict) -> None:
+    with path.open("wb") as fh:
+        np.savez(fh, embeddings=data, stats=np.array(json.dumps(stats)))
+        fh.flush()
+        os.fsync(fh.fileno())

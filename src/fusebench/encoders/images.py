@@ -1,0 +1,72 @@
+"""Decode and preprocess images in DataLoader worker processes, with a policy for unreadable files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from fusebench import FusebenchError
+
+BAD_IMAGE_POLICIES = ("fail", "skip")
+
+
+class BadImageError(FusebenchError):
+    pass
+
+
+def open_rgb(path: str) -> Image.Image:
+    with Image.open(path) as image:
+        image.load()
+        return image.convert("RGB")
+
+
+class ImageFiles(Dataset):
+    """Row ``i`` -> (row index, model input or None when the file is unreadable and the policy is skip)."""
+
+    def __init__(self, paths: Sequence[str | None], rows: np.ndarray, transform: Callable, on_bad_image: str):
+        self.paths, self.rows, self.transform, self.on_bad_image = paths, rows, transform, on_bad_image
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        row = int(self.rows[i])
+        path = self.paths[row]
+        try:
+            if path is None:
+                raise FileNotFoundError("the dataset gives no file path for this image")
+            image = open_rgb(path)
+        except Exception as err:  # noqa: BLE001 - any decoder failure is a bad image
+            if self.on_bad_image == "skip":
+                return row, None
+            raise BadImageError(f"image {row} ({path}) cannot be read: {err}. Fix or remove the file, or set "
+                                "embed.on_bad_image=skip to leave such images (and their captions) out.") from None
+        return row, self.transform(image)
+
+
+def _collate(items):
+    rows = [row for row, _ in items]
+    good = [(row, x) for row, x in items if x is not None]
+    if not good:
+        return rows, [], None
+    inputs = [x for _, x in good]
+    if isinstance(inputs[0], dict):
+        batch = {key: torch.stack([x[key] for x in inputs]) for key in inputs[0]}
+    else:
+        batch = torch.stack(inputs)
+    return rows, [row for row, _ in good], batch
+
+
+def image_batches(paths: Sequence[str | None], rows: np.ndarray, transform: Callable, batch_size: int,
+                  num_workers: int, pin_memory: bool, on_bad_image: str) -> Iterator[tuple[list, list, object]]:
+    """Yield (all rows of the batch, rows that decoded, stacked model inputs or None)."""
+    if on_bad_image not in BAD_IMAGE_POLICIES:
+        raise FusebenchError(f"embed.on_bad_image={on_bad_image!r} is not valid; valid: {', '.join(BAD_IMAGE_POLICIES)}.")
+    loader = DataLoader(ImageFiles(paths, rows, transform, on_bad_image), batch_size=batch_size, shuffle=False,
+                        num_workers=num_workers, pin_memory=pin_memory, collate_fn=_collate,
+                        persistent_workers=False, prefetch_factor=4 if num_workers > 0 else None)
+    yield from loader

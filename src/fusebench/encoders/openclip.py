@@ -1,0 +1,92 @@
+"""Backend ``open_clip``: built-in names with pretrained tags, ``hf-hub:org/repo`` or ``local-dir:/path``.
+
+Spec keys: ``model`` (e.g. ViT-H-14-quickgelu, hf-hub:timm/ViT-SO400M-14-SigLIP-384, local-dir:/ckpt),
+``pretrained`` (a tag such as dfn5b, or a local .safetensors/.pt file; ignored with a schema),
+``context_length`` (optional override of the tokenizer's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from fusebench import FusebenchError
+from fusebench.encoders.fingerprint import path_fingerprint
+
+
+class OpenClipEncoder:
+    backend = "open_clip"
+
+    def __init__(self, name: str, spec: Mapping):
+        self.name = name
+        self.model_id = spec.get("model")
+        if not self.model_id:
+            raise FusebenchError(f"models.{name}.model is not set; kind 'open_clip' needs an open_clip model name "
+                                 "(e.g. ViT-B-32), 'hf-hub:org/repo' or 'local-dir:/path/to/checkpoint'.")
+        self.pretrained = spec.get("pretrained")
+        self.context_length = spec.get("context_length")
+        self.model = self.preprocess = self.tokenizer = None
+
+    def fingerprint(self) -> dict:
+        """Identifies the weights without loading them."""
+        out = {"backend": self.backend, "model": str(self.model_id), "pretrained": self.pretrained}
+        if str(self.model_id).startswith("local-dir:"):
+            out["files"] = path_fingerprint(Path(str(self.model_id)[len("local-dir:"):]))
+        elif self.pretrained and Path(str(self.pretrained)).expanduser().is_file():
+            out["files"] = path_fingerprint(Path(str(self.pretrained)).expanduser())
+        return out
+
+    def versions(self) -> dict:
+        import open_clip
+
+        return {"torch": torch.__version__, "open_clip": open_clip.__version__}
+
+    def text_preprocessing(self) -> dict:
+        return {"tokenizer": "open_clip.get_tokenizer", "context_length": self.context_length}
+
+    def image_preprocessing(self) -> dict:
+        return {"transform": "open_clip pretrained preprocess_cfg"}
+
+    def load(self, device: torch.device, precision: str) -> None:
+        import open_clip
+
+        try:
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                self.model_id, pretrained=self.pretrained, device=device, weights_only=True)
+            self.tokenizer = open_clip.get_tokenizer(self.model_id, context_length=self.context_length)
+        except Exception as err:  # noqa: BLE001 - turn any loader failure into one actionable message
+            raise FusebenchError(
+                f"models.{self.name}: open_clip could not load model={self.model_id!r} pretrained={self.pretrained!r}: "
+                f"{err}. Offline, weights must already be in the Hugging Face cache (download them once with "
+                f"`huggingface-cli download REPO`) or be given as a local file (pretrained=/path/model.safetensors) "
+                f"or folder (model=local-dir:/path with open_clip_config.json and weights).") from None
+        self.model, self.preprocess = model.eval(), preprocess
+
+    @property
+    def image_transform(self):
+        return self.preprocess
+
+    def max_text_tokens(self) -> int:
+        return int(getattr(self.tokenizer, "context_length", 77))
+
+    def count_truncated(self, texts: list[str]) -> int:
+        limit = self.max_text_tokens()
+        inner = getattr(self.tokenizer, "tokenizer", None)
+        if inner is not None and callable(inner):  # HFTokenizer: the wrapped transformers tokenizer
+            lengths = [len(ids) for ids in inner(texts, truncation=False)["input_ids"]]
+        else:  # SimpleTokenizer: start and end tokens around the BPE tokens
+            lengths = [len(self.tokenizer.encode(t)) + 2 for t in texts]
+        return sum(n > limit for n in lengths)
+
+    def tokenize(self, texts: list[str]):
+        return self.tokenizer(texts)
+
+    @torch.no_grad()
+    def encode_images(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_image(batch)
+
+    @torch.no_grad()
+    def encode_texts(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_text(tokens)

@@ -1,0 +1,162 @@
+"""Embed a corpus with a real model (open_clip or hf), through the embedding cache.
+
+The model is only loaded when the cache misses; image embeddings do not depend on the text
+preprocessing, so text variants (as typed, lowercase, ...) share one set of image embeddings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from fusebench import FusebenchError
+from fusebench.cache import EmbeddingCache
+from fusebench.data.corpus import Corpus
+from fusebench.encoders.fingerprint import images_fingerprint, texts_fingerprint
+from fusebench.encoders.hf import HFEncoder
+from fusebench.encoders.images import image_batches
+from fusebench.encoders.openclip import OpenClipEncoder
+from fusebench.encoders.text import preprocess_texts, text_settings
+from fusebench.search import resolve_device
+
+log = logging.getLogger(__name__)
+ENCODERS = {"open_clip": OpenClipEncoder, "hf": HFEncoder}
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass
+class Runtime:
+    """How to run models and where to cache (the ``embed`` config group)."""
+
+    device: str = "auto"
+    precision: str = "auto"
+    batch_size: int = 32
+    text_batch_size: int = 256
+    num_workers: int = 4
+    on_bad_image: str = "fail"
+    cache_dir: str = "outputs/cache"
+    cache_dtype: str = "fp16"
+    chunk_rows: int = 1024
+
+    @classmethod
+    def from_config(cls, cfg: Mapping | None) -> Runtime:
+        cfg = dict(cfg or {})
+        cache = dict(cfg.pop("cache", {}) or {})
+        known = set(cls.__dataclass_fields__)
+        flat = {**cfg, **{f"cache_{k}" if k != "chunk_rows" else k: v for k, v in cache.items()}}
+        unknown = sorted(set(flat) - known)
+        if unknown:
+            raise FusebenchError(f"embed: unknown key(s) {unknown}; valid: {sorted(known)}.")
+        runtime = cls(**flat)
+        if runtime.precision not in PRECISIONS:
+            raise FusebenchError(f"embed.precision={runtime.precision!r} is not valid; valid: {', '.join(PRECISIONS)}.")
+        if runtime.batch_size < 1 or runtime.text_batch_size < 1 or runtime.num_workers < 0:
+            raise FusebenchError("embed.batch_size and embed.text_batch_size must be >= 1, embed.num_workers >= 0.")
+        return runtime
+
+    def resolved_precision(self, device: torch.device) -> str:
+        if self.precision != "auto":
+            return self.precision
+        return "bf16" if device.type == "cuda" else "fp32"
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _to_device(batch, device: torch.device, non_blocking: bool):
+    if isinstance(batch, dict):
+        return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+    return batch.to(device, non_blocking=non_blocking)
+
+
+@dataclass
+class RealEmbeddings:
+    image: np.ndarray  # (N, d) float32; NaN rows for images skipped as unreadable
+    text: np.ndarray  # (Q, d) float32
+    info: dict  # cache keys and hits, preprocessing, versions, stats
+
+
+class LazyModel:
+    """Loads the encoder the first time a cache miss needs it, never otherwise."""
+
+    def __init__(self, encoder, device: torch.device, precision: str):
+        self.encoder, self.device, self.precision, self.loaded = encoder, device, precision, False
+
+    def get(self):
+        if not self.loaded:
+            log.info("loading %s model %s on %s", self.encoder.backend, self.encoder.name, self.device)
+            self.encoder.load(self.device, self.precision)
+            with autocast(self.device, self.precision):  # the output width, for batches of unreadable images
+                probe = self.encoder.encode_texts(_to_device(self.encoder.tokenize(["a photo"]), self.device, False))
+            self.encoder.dim = int(probe.shape[1])
+            self.loaded = True
+        return self.encoder
+
+
+def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> RealEmbeddings:
+    kind = spec.get("kind")
+    encoder = ENCODERS[kind](name, spec)
+    text = text_settings(name, spec)
+    device = resolve_device(runtime.device)
+    precision = runtime.resolved_precision(device)
+    lazy = LazyModel(encoder, device, precision)
+    cache = EmbeddingCache(runtime.cache_dir, runtime.cache_dtype, runtime.chunk_rows)
+    common = {"model": encoder.fingerprint(), "versions": encoder.versions(), "precision": precision}
+    info = {"model": name}
+
+    def compute_images(rows: np.ndarray):
+        model = lazy.get()
+        pin = device.type == "cuda"
+        with tqdm(total=len(rows), desc=f"{name} images", unit="img", leave=False) as bar:
+            for all_rows, good_rows, batch in image_batches(corpus.image_paths or [None] * corpus.n_images, rows,
+                                                            model.image_transform, runtime.batch_size,
+                                                            runtime.num_workers, pin, runtime.on_bad_image):
+                block = np.full((len(all_rows), model.dim), np.nan, dtype=np.float32)
+                if good_rows:
+                    with autocast(device, precision):
+                        out = model.encode_images(_to_device(batch, device, pin)).float().cpu().numpy()
+                    where = {row: i for i, row in enumerate(all_rows)}
+                    block[[where[r] for r in good_rows]] = out
+                bar.update(len(all_rows))
+                yield block, {"skipped_images": len(all_rows) - len(good_rows)}
+
+    texts = preprocess_texts(corpus.captions, text["case"], text["template"])
+
+    def compute_texts(rows: np.ndarray):
+        model = lazy.get()
+        with tqdm(total=len(rows), desc=f"{name} texts", unit="text", leave=False) as bar:
+            for start in range(0, len(rows), runtime.text_batch_size):
+                chunk = [texts[i] for i in rows[start:start + runtime.text_batch_size]]
+                truncated = model.count_truncated(chunk)
+                with autocast(device, precision):
+                    out = model.encode_texts(_to_device(model.tokenize(chunk), device, False))
+                bar.update(len(chunk))
+                yield out.float().cpu().numpy(), {"truncated_captions": truncated}
+
+    image_material = {"kind": "image", **common, "image": encoder.image_preprocessing(),
+                      "images": images_fingerprint(corpus)}
+    text_material = {"kind": "text", **common, "text": {**text, **encoder.text_preprocessing()},
+                     "captions": texts_fingerprint(corpus.captions)}
+    images = cache.get_or_compute(image_material, corpus.n_images, compute_images, f"{name} images", info)
+    captions = cache.get_or_compute(text_material, corpus.n_captions, compute_texts, f"{name} texts", info)
+    if not lazy.loaded:
+        log.info("%s: image and text embeddings read from the cache (model not loaded)", name)
+    return RealEmbeddings(images.embeddings, captions.embeddings, {
+        "cache": {"image_key": images.key, "image_hit": images.hit, "text_key": captions.key, "text_hit": captions.hit,
+                  "dir": str(cache.root)},
+        "model_loaded": lazy.loaded, "precision": precision, "text": text, **common,
+        "skipped_images": int(images.stats.get("skipped_images", 0)),
+        "truncated_captions": int(captions.stats.get("truncated_captions", 0)),
+        "max_text_tokens": encoder.max_text_tokens() if lazy.loaded else None,
+        "embed_seconds": {"images": round(images.seconds, 3), "texts": round(captions.seconds, 3)},
+    })
