@@ -17,7 +17,7 @@ def test_manifest_loads_in_order_with_distractors(tmp_path):
     ])
     corpus = load_manifest(path)
     assert corpus.image_ids == ["a", "7", "c"]
-    assert corpus.image_paths == ["a.jpg", None, None]
+    assert corpus.image_paths == [str(tmp_path / "a.jpg"), None, None]
     assert corpus.captions == ["a dog", "a brown dog", "a cat"]
     assert corpus.caption_image.tolist() == [0, 0, 2]
     assert corpus.i2t_query_images.tolist() == [0, 2]
@@ -46,7 +46,7 @@ def test_missing_manifest_file(tmp_path):
         load_manifest(tmp_path / "nope.jsonl")
     with pytest.raises(FusebenchError, match="dataset.manifest is not set"):
         load_corpus({"kind": "manifest", "manifest": None})
-    with pytest.raises(FusebenchError, match="valid: manifest, sim"):
+    with pytest.raises(FusebenchError, match="valid: manifest, sim, tiny"):
         load_corpus({"kind": "coco"})
 
 

@@ -8,8 +8,9 @@ from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus, validate_corpus
 from fusebench.data.manifest import load_manifest
 from fusebench.data.sim import make_sim_corpus
+from fusebench.data.tiny import load_tiny
 
-DATASET_KINDS = ("manifest", "sim")
+DATASET_KINDS = ("manifest", "sim", "tiny")
 
 
 def load_corpus(cfg: Mapping) -> Corpus:
@@ -18,7 +19,9 @@ def load_corpus(cfg: Mapping) -> Corpus:
     if kind == "manifest":
         if not cfg.get("manifest"):
             raise FusebenchError("dataset.manifest is not set: pass dataset.manifest=/path/to/manifest.jsonl.")
-        return load_manifest(cfg["manifest"], name=name)
+        return load_manifest(cfg["manifest"], name=name, image_root=cfg.get("image_root"))
+    if kind == "tiny":
+        return load_tiny(limit=cfg.get("limit"), name=name)
     if kind == "sim":
         return make_sim_corpus(n_images=int(cfg.get("n_images", 5000)), n_captions=int(cfg.get("n_captions", 25010)),
                                latent_dim=int(cfg.get("latent_dim", 64)),

@@ -35,9 +35,13 @@ def _parse_line(text: str, where: str) -> tuple[str, str | None, list[str]]:
     return str(image_id), path, captions
 
 
-def load_manifest(path: str | Path, name: str = "manifest") -> Corpus:
-    """Read a JSONL manifest into a :class:`Corpus`; errors name the file and the 1-based line."""
+def load_manifest(path: str | Path, name: str = "manifest", image_root: str | Path | None = None) -> Corpus:
+    """Read a JSONL manifest into a :class:`Corpus`; errors name the file and the 1-based line.
+
+    Relative image paths are resolved against ``image_root`` (default: the manifest's folder).
+    """
     path = Path(path)
+    root = Path(image_root).expanduser() if image_root else path.parent
     if not path.is_file():
         raise FusebenchError(f"manifest file not found: {path} (set dataset.manifest=/path/to/file.jsonl).")
     image_ids: list[str] = []
@@ -56,7 +60,7 @@ def load_manifest(path: str | Path, name: str = "manifest") -> Corpus:
             first_line[image_id] = lineno
             index = len(image_ids)
             image_ids.append(image_id)
-            paths.append(image_path)
+            paths.append(None if image_path is None else str(root / Path(image_path).expanduser()))
             captions.extend(caps)
             caption_image.extend([index] * len(caps))
     if not image_ids:

@@ -105,7 +105,7 @@ class HFEncoder:
         return int(self.max_length)
 
     def count_truncated(self, texts: list[str]) -> int:
-        lengths = [len(ids) for ids in self.tokenizer(texts, truncation=False)["input_ids"]]
+        lengths = [len(ids) for ids in self.tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
         return sum(n > self.max_length for n in lengths)
 
     def tokenize(self, texts: list[str]) -> dict:

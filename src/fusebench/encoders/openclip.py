@@ -75,7 +75,7 @@ class OpenClipEncoder:
         limit = self.max_text_tokens()
         inner = getattr(self.tokenizer, "tokenizer", None)
         if inner is not None and callable(inner):  # HFTokenizer: the wrapped transformers tokenizer
-            lengths = [len(ids) for ids in inner(texts, truncation=False)["input_ids"]]
+            lengths = [len(ids) for ids in inner(texts, truncation=False, verbose=False)["input_ids"]]
         else:  # SimpleTokenizer: start and end tokens around the BPE tokens
             lengths = [len(self.tokenizer.encode(t)) + 2 for t in texts]
         return sum(n > limit for n in lengths)

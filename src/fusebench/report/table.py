@@ -21,6 +21,16 @@ def format_table(metrics: dict) -> str:
         row = f"{name:<{name_width}}" + "".join(f"{_fmt(entry[d]['R@' + str(k)]):>11}" for d in ("t2i", "i2t") for k in ks)
         row += f"{_fmt(entry['mean']['R@1']):>10}" if 1 in ks else ""
         lines.append(row)
+    published = []
+    for name, entry in metrics["retrievers"].items():
+        theirs = ((entry.get("spec") or {}).get("published") or {}).get(dataset["name"]) or {}
+        for direction in ("t2i", "i2t"):
+            value = theirs.get(f"{direction}_R@1")
+            if value is not None and 1 in ks:
+                published.append(f"  {name} {direction} R@1: {entry[direction]['R@1']:.2f} here, {value:.2f} "
+                                 f"published ({entry['spec']['published'].get('source', 'source not given')})")
+    if published:
+        lines += ["", "this run beside the published numbers:", *published]
     gains = [c for c in metrics["comparisons"] if c["k"] == ks[0]]
     if gains:
         lines.append("")

@@ -1,0 +1,79 @@
+"""``fusebench-cache``: list and remove embedding cache entries.
+
+    fusebench-cache list [--dir DIR]           entries with model, kind, rows x dim, size, state
+    fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters)
+    fusebench-cache clear --yes                remove every entry
+The default DIR is the run default: $FUSEBENCH_OUTPUT/cache, else outputs/cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from fusebench import FusebenchError
+from fusebench.cache import EmbeddingCache
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def format_entries(entries: list[dict]) -> str:
+    if not entries:
+        return "no cache entries"
+    lines = [f"{'key':<14} {'model':<26} {'kind':<6} {'shape':<14} {'size':>9}  state"]
+    for e in entries:
+        shape = "x".join(str(x) for x in e.get("shape") or []) or "-"
+        state = "complete" if e["complete"] else f"partial ({e.get('chunks', 0)} chunks)"
+        lines.append(f"{e['key'][:12]:<14} {e.get('model', '') or '-':<26} {e.get('kind', '') or '-':<6} "
+                     f"{shape:<14} {_size(e['bytes']):>9}  {state}")
+    total = sum(e["bytes"] for e in entries)
+    lines.append(f"{len(entries)} entries, {_size(total)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fusebench-cache", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_dir = os.path.join(os.environ.get("FUSEBENCH_OUTPUT", "outputs"), "cache")
+    parser.add_argument("--dir", default=default_dir, help=f"cache folder (default: {default_dir})")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list entries")
+    remove = sub.add_parser("remove", help="remove entries by key prefix")
+    remove.add_argument("keys", nargs="+")
+    clear = sub.add_parser("clear", help="remove every entry")
+    clear.add_argument("--yes", action="store_true", help="confirm")
+    args = parser.parse_args(argv)
+    cache = EmbeddingCache(args.dir)
+    try:
+        if args.command == "list":
+            print(format_entries(cache.entries()))
+        elif args.command == "remove":
+            for key in args.keys:
+                removed = cache.remove(key)
+                if not removed:
+                    print(f"fusebench-cache: no entry matches {key!r} in {cache.root}", file=sys.stderr)
+                    return 1
+                print("\n".join(f"removed {k}" for k in removed))
+        elif args.command == "clear":
+            if not args.yes:
+                print("fusebench-cache: clear removes every entry; add --yes to confirm", file=sys.stderr)
+                return 2
+            entries = cache.entries()
+            for entry in entries:
+                cache.remove(entry["key"])
+            print(f"removed {len(entries)} entries from {cache.root}")
+    except FusebenchError as err:
+        print(f"fusebench-cache: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
