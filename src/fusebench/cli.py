@@ -15,8 +15,35 @@ from fusebench import FusebenchError
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
+def registry() -> list[str]:
+    """The model configs in conf/models/, by name."""
+    return sorted(p.stem for p in (Path(CONFIG_DIR) / "models").glob("*.yaml"))
+
+
+def unknown_models(argv: list[str]) -> list[str]:
+    """Names in ``models=...`` overrides (lists and sweeps too) that have no conf/models/NAME.yaml."""
+    names = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+~") == "models":
+            names += [n.strip() for n in value.replace("[", ",").replace("]", ",").split(",") if n.strip()]
+    known = set(registry())
+    return [n for n in names if n not in known]
+
+
+def main() -> None:
+    """Console entry: check model names against the registry, then run the Hydra app."""
+    missing = unknown_models(sys.argv[1:])
+    if missing:
+        print(f"fusebench: error: unknown model(s) {', '.join(missing)}. The registry (conf/models/) has: "
+              f"{', '.join(registry())}. Add a YAML file there, or describe a model inline with "
+              "+models.NAME.kind=... overrides.", file=sys.stderr)
+        raise SystemExit(2)
+    app()
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
+def app(cfg: DictConfig) -> None:
     from fusebench.pipeline import run  # imported here so --help and --cfg stay fast
 
     try:

@@ -89,3 +89,9 @@ def test_mismatched_vectors_name_the_file(vectors_case, tmp_path):
                        f"+models.a.text_embeddings={files['A'][1]}", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 2
     assert f"{short}: image embeddings has 39 rows but the corpus has 40 images" in result.stderr
+
+
+def test_unknown_model_name_lists_the_registry(tmp_path):
+    result = fusebench("models=[dfn5b_h14_224,no_such_model]", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown model(s) no_such_model" in result.stderr and "siglip2_so400m_p14_384" in result.stderr

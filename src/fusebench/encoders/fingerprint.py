@@ -9,6 +9,12 @@ from pathlib import Path
 from fusebench.data.corpus import Corpus
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, for one-line error reports."""
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__).rstrip(".") + "."
+
+
 def path_fingerprint(path: Path) -> list:
     """(relative name, size, mtime_ns) of a file, or of every file under a folder, sorted."""
     path = Path(path)

@@ -8,13 +8,14 @@ Spec keys: ``checkpoint`` (hub id or local folder), ``revision`` (hub only), ``t
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from fusebench import FusebenchError
-from fusebench.encoders.fingerprint import hf_hub_revision, path_fingerprint
+from fusebench.encoders.fingerprint import first_line, hf_hub_revision, path_fingerprint
 
 
 def _features(output) -> torch.Tensor:
@@ -84,12 +85,14 @@ class HFEncoder:
         source = str(self.local_path or self.checkpoint)
         try:
             kwargs = {"revision": self.revision} if self.local_path is None and self.revision else {}
+            if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+                kwargs["local_files_only"] = True  # honoured even if set after huggingface_hub was imported
             self.model = AutoModel.from_pretrained(source, **kwargs).eval().to(device)
             self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
             self.processor = AutoImageProcessor.from_pretrained(source, **kwargs)
         except Exception as err:  # noqa: BLE001 - turn any loader failure into one actionable message
             raise FusebenchError(
-                f"models.{self.name}: transformers could not load checkpoint={self.checkpoint!r}: {err}. Offline "
+                f"models.{self.name}: transformers could not load checkpoint={self.checkpoint!r}: {first_line(err)} Offline "
                 f"(HF_HUB_OFFLINE=1) it must already be in the Hugging Face cache: run `huggingface-cli download "
                 f"{self.checkpoint}` once with network, or save it with save_pretrained and set "
                 f"models.{self.name}.checkpoint=/path/to/folder.") from None

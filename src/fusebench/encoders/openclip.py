@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from fusebench import FusebenchError
-from fusebench.encoders.fingerprint import path_fingerprint
+from fusebench.encoders.fingerprint import first_line, path_fingerprint
 
 
 class OpenClipEncoder:
@@ -59,7 +59,7 @@ class OpenClipEncoder:
         except Exception as err:  # noqa: BLE001 - turn any loader failure into one actionable message
             raise FusebenchError(
                 f"models.{self.name}: open_clip could not load model={self.model_id!r} pretrained={self.pretrained!r}: "
-                f"{err}. Offline, weights must already be in the Hugging Face cache (download them once with "
+                f"{first_line(err)} Offline, weights must already be in the Hugging Face cache (download them once with "
                 f"`huggingface-cli download REPO`) or be given as a local file (pretrained=/path/model.safetensors) "
                 f"or folder (model=local-dir:/path with open_clip_config.json and weights).") from None
         self.model, self.preprocess = model.eval(), preprocess
