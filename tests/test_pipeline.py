@@ -85,3 +85,12 @@ def test_bad_embeddings_leave_no_outputs_and_keep_earlier_results(compose_cfg, t
         run(compose_cfg(base[:-3] + [f"+models.a.image_embeddings={tmp_path / 'bad.npy'}",
                                      f"+models.a.text_embeddings={txt_a}", "eval.bootstrap.draws=100"]), str(out))
     assert (out / "metrics.json").read_bytes() == before
+
+
+def test_table_prints_published_numbers_beside_the_run(compose_cfg, tmp_path, capsys):
+    cfg = compose_cfg(SMALL_SIM + ["+models.sim_siglip2_like.published.sim.t2i_r1=55.81",
+                                   "+models.sim_siglip2_like.published.source=the article"])
+    metrics = run(cfg, str(tmp_path))
+    out = capsys.readouterr().out
+    ours = metrics["retrievers"]["sim_siglip2_like"]["t2i"]["R@1"]
+    assert f"sim_siglip2_like t2i R@1: {ours:.2f} here, 55.81 published (the article)" in out

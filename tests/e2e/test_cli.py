@@ -95,3 +95,28 @@ def test_unknown_model_name_lists_the_registry(tmp_path):
     result = fusebench("models=[dfn5b_h14_224,no_such_model]", cwd=tmp_path)
     assert result.returncode == 2
     assert "unknown model(s) no_such_model" in result.stderr and "siglip2_so400m_p14_384" in result.stderr
+
+
+def test_tiny_dataset_with_tiny_models_through_the_cli(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tiny_models import build_hf, build_open_clip
+
+    oc, siglip = build_open_clip(tmp_path / "oc"), build_hf(tmp_path / "siglip", "siglip")
+    args = ["dataset=tiny", "dataset.limit=8", "models=[]", "+models.oc.kind=open_clip", f"+models.oc.model=local-dir:{oc}",
+            "+models.sg.kind=hf", f"+models.sg.checkpoint={siglip}", "embed.num_workers=1", "fusion.top_k=20",
+            "eval.bootstrap.draws=100"]
+    first = fusebench(*args, "hydra.run.dir=first", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = fusebench(*args, "hydra.run.dir=second", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    one = json.loads((tmp_path / "first" / "metrics.json").read_text())
+    two = json.loads((tmp_path / "second" / "metrics.json").read_text())
+    for name in ("oc", "sg"):
+        assert one["retrievers"][name]["embedding"]["model_loaded"] is True
+        assert two["retrievers"][name]["embedding"]["model_loaded"] is False
+        assert two["retrievers"][name]["embedding"]["cache"]["image_hit"] is True
+        assert one["retrievers"][name]["t2i"] == two["retrievers"][name]["t2i"]
+    listing = subprocess.run([str(Path(FUSEBENCH).with_name("fusebench-cache")), "list"], cwd=tmp_path,
+                             env={**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "outputs")},
+                             capture_output=True, text=True)
+    assert listing.returncode == 0 and "4 entries" in listing.stdout

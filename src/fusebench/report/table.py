@@ -25,7 +25,7 @@ def format_table(metrics: dict) -> str:
     for name, entry in metrics["retrievers"].items():
         theirs = ((entry.get("spec") or {}).get("published") or {}).get(dataset["name"]) or {}
         for direction in ("t2i", "i2t"):
-            value = theirs.get(f"{direction}_R@1")
+            value = theirs.get(f"{direction}_r1")
             if value is not None and 1 in ks:
                 published.append(f"  {name} {direction} R@1: {entry[direction]['R@1']:.2f} here, {value:.2f} "
                                  f"published ({entry['spec']['published'].get('source', 'source not given')})")
