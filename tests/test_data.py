@@ -46,7 +46,7 @@ def test_missing_manifest_file(tmp_path):
         load_manifest(tmp_path / "nope.jsonl")
     with pytest.raises(FusebenchError, match="dataset.manifest is not set"):
         load_corpus({"kind": "manifest", "manifest": None})
-    with pytest.raises(FusebenchError, match="valid: manifest, sim, tiny"):
+    with pytest.raises(FusebenchError, match="valid: karpathy, manifest, sim, tiny"):
         load_corpus({"kind": "coco"})
 
 

@@ -11,6 +11,8 @@ def format_table(metrics: dict) -> str:
     ks = metrics["eval"]["ks"]
     dataset = metrics["dataset"]
     title = f"{dataset['name']}: {dataset['n_images']} images, {dataset['n_captions']} captions"
+    if dataset.get("nonstandard"):
+        title += "  [NON-STANDARD corpus: counts differ from the benchmark's; not comparable to published numbers]"
     if dataset.get("simulated"):
         title += "  [SIMULATED DATA: synthetic embeddings, not real model results]"
     name_width = max(22, *(len(n) + 2 for n in metrics["retrievers"]))
