@@ -199,3 +199,18 @@ def test_tiny_end_to_end_with_workers_and_warm_rerun(checkpoints, compose_cfg, t
     saved = json.loads((tmp_path / "warm" / "metrics.json").read_text())
     assert saved["retrievers"]["siglip"]["embedding"]["versions"]["transformers"]
     assert os.path.isdir(saved["retrievers"]["oc"]["embedding"]["cache"]["dir"])
+
+
+def test_nonstandard_coco_run_is_marked_everywhere(checkpoints, compose_cfg, tmp_path, capsys, monkeypatch):
+    from test_karpathy import mini_coco
+
+    mini_coco(tmp_path / "data" / "coco")
+    monkeypatch.setenv("FUSEBENCH_DATA", str(tmp_path / "data"))
+    base = ["dataset=coco5k", "models=[]", "+models.oc.kind=open_clip", f"+models.oc.model=local-dir:{checkpoints['open_clip']}",
+            f"embed.cache.dir={tmp_path / 'cache'}", "embed.num_workers=0", "eval.bootstrap.draws=50"]
+    with pytest.raises(FusebenchError, match="not comparable"):
+        run(compose_cfg(base), str(tmp_path / "refused"))
+    metrics = run(compose_cfg(base + ["dataset.allow_nonstandard=true"]), str(tmp_path / "run"))
+    assert metrics["dataset"]["nonstandard"] is True and metrics["dataset"]["n_images"] == 3
+    assert "NON-STANDARD" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["dataset"]["nonstandard"] is True
