@@ -5,8 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import traceback
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from fusebench import FusebenchError
@@ -46,8 +49,17 @@ def main() -> None:
 def app(cfg: DictConfig) -> None:
     from fusebench.pipeline import run  # imported here so --help and --cfg stay fast
 
+    hydra_cfg = HydraConfig.get()
+    out_dir = hydra_cfg.runtime.output_dir
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # one failed job must not stop the others
+        try:
+            run(cfg, out_dir)
+        except Exception as err:  # noqa: BLE001 - recorded in the job dir and the sweep report
+            Path(out_dir, "error.txt").write_text("".join(traceback.format_exception(err)), encoding="utf-8")
+            print(f"fusebench: job {hydra_cfg.job.num} failed: {err} (see {out_dir}/error.txt)", file=sys.stderr)
+        return
     try:
-        run(cfg, HydraConfig.get().runtime.output_dir)
+        run(cfg, out_dir)
     except FusebenchError as err:
         print(f"fusebench: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -94,10 +94,12 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     embeddings = [finalize(raw, corpus) for raw in raws]
     device = resolve_device(settings["device"])
     inputs = [ModelInput(e.name, e.image, e.text, float(specs[e.name].get("weight", 1.0))) for e in embeddings]
+    search_started = time.perf_counter()
     with tqdm(total=corpus.n_captions, desc="search+fuse", unit="query", leave=False) as bar:
         lists = retrieve(inputs, corpus.caption_image, fusion, keep_k=settings["save_topk"],
                          chunk_size=settings["chunk_size"], device=device, progress=bar.update)
 
+    search_seconds = time.perf_counter() - search_started
     ranks = {name: {d: lists[name][d].ranks for d in ("t2i", "i2t")} for name in lists}
     singles = [e.name for e in embeddings]
     clusters = {"t2i": corpus.caption_image, "i2t": corpus.i2t_query_images}
@@ -120,9 +122,11 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
         "fusion": fusion.__dict__,
         "eval": settings,
         "run": {"device": str(device), "seconds": round(time.perf_counter() - started, 3),
+                "search_seconds": round(search_seconds, 3),
+                "query_ms": round(1000 * search_seconds / (corpus.n_captions + len(clusters["i2t"])), 4),
                 "versions": {"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}},
     }
-    write_run_outputs(out_dir, lists, metrics, settings["save_topk"])
+    write_run_outputs(out_dir, lists, metrics, settings["save_topk"], queries=clusters)
     print(format_table(metrics))
     log.info("outputs written to %s", out_dir)
     return metrics

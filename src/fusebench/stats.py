@@ -106,3 +106,16 @@ def mcnemar_p(wins: int, losses: int) -> float:
 def oracle_hits(hits_by_model: list[np.ndarray]) -> np.ndarray:
     """'Either model right': the ceiling a perfect chooser between the models would reach."""
     return np.logical_or.reduce([np.asarray(h, dtype=bool) for h in hits_by_model])
+
+
+def holm_adjust(p_values: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1), in the input order."""
+    p = np.asarray(p_values, dtype=float)
+    m = p.size
+    if m == 0:
+        return []
+    order = np.argsort(p, kind="stable")
+    adjusted = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    out = np.empty(m)
+    out[order] = adjusted
+    return out.tolist()

@@ -43,14 +43,22 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def write_run_outputs(out_dir: str | Path, lists: dict, metrics: dict, save_topk: int | None) -> None:
-    """``lists``: {retriever: {direction: RankedLists}}; ``save_topk`` caps the saved list length (None = all)."""
+def write_run_outputs(out_dir: str | Path, lists: dict, metrics: dict, save_topk: int | None,
+                      queries: dict | None = None) -> None:
+    """``lists``: {retriever: {direction: RankedLists}}; ``save_topk`` caps the saved list length (None = all).
+
+    ``queries`` ({"t2i": caption -> image index, "i2t": query image indices}) is saved as ranks/queries.npz so
+    that runs can be compared query by query (and image-clustered) after the fact.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
     try:
         for sub in ("ranks", "topk"):
             (staging / sub).mkdir()
+        if queries is not None:
+            np.savez(staging / "ranks" / "queries.npz", t2i_image=np.asarray(queries["t2i"], dtype=np.int64),
+                     i2t_image=np.asarray(queries["i2t"], dtype=np.int64))
         for name, by_direction in lists.items():
             for direction, ranked in by_direction.items():
                 np.save(staging / "ranks" / f"{name}.{direction}.npy", np.asarray(ranked.ranks, dtype=np.int64))

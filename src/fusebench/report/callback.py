@@ -1,0 +1,29 @@
+"""Hydra callback: at the end of a multirun, write the sweep report (and log it to W&B when enabled)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+
+class SweepReport(Callback):
+    def __init__(self, draws: int = 2000, seed: int = 0):
+        self.draws, self.seed = draws, seed
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        folder = Path(config.hydra.sweep.dir)
+        try:
+            from fusebench.report.sweep import write_report
+
+            report = write_report(folder, draws=self.draws, seed=self.seed)
+            log.info("sweep report: %s (%d runs, %d failed)", folder / "summary.md", len(report["runs"]),
+                     len(report["failed"]))
+            if report["failed"]:
+                log.error("failed jobs (see error.txt in each): %s", ", ".join(report["failed"]))
+        except Exception as err:  # noqa: BLE001 - a report failure must never fail the sweep
+            log.error("could not write the sweep report for %s: %s (run fusebench-report %s)", folder, err, folder)

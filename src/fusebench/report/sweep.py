@@ -1,0 +1,277 @@
+"""Sweep reports: the article-style table, paired gains across runs, and a cost table, from run dirs on disk.
+
+Works on any folder holding run dirs (a Hydra multirun dir, or several run dirs): every subfolder with a
+``metrics.json`` is a finished run; one without is listed as failed. Paired statistics use the saved per-query
+ranks (``ranks/*.npy``), so retrievers from different jobs are compared query by query.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fusebench.metrics import hits_at_k
+from fusebench.stats import clustered_bootstrap, holm_adjust, mcnemar_p, paired_bootstrap
+
+FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines
+    "method": ["none", "sum", "minmax", "zscore", "rrf", "dbsf"],
+    "fuse_on": ["document", "source_object"],
+    "text": ["as_typed", "canonicalize", "lowercase"],
+}
+IGNORED_SPEC_KEYS = ("weight", "published", "label")
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str
+    metrics: dict
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def dataset_key(self) -> tuple:
+        d = self.metrics["dataset"]
+        return d["name"], d["n_images"], d["n_captions"]
+
+    def ranks(self, retriever: str, direction: str) -> np.ndarray:
+        return np.load(self.path / "ranks" / f"{retriever}.{direction}.npy")
+
+    def clusters(self, direction: str) -> np.ndarray:
+        queries = self.path / "ranks" / "queries.npz"
+        if queries.is_file():
+            with np.load(queries) as data:
+                return data[f"{direction}_image"]
+        return np.arange(len(self.ranks(next(iter(self.metrics["retrievers"])), direction)))
+
+
+def load_runs(folder: str | Path) -> tuple[list[Run], list[str]]:
+    """(finished runs, failed run dirs) below ``folder`` (itself included), sorted by path."""
+    folder = Path(folder)
+    runs, failed = [], []
+    candidates = sorted({p.parent.parent for p in folder.rglob(".hydra/config.yaml")}
+                        | {p.parent for p in folder.rglob("metrics.json")})
+    for path in candidates:
+        metrics_path = path / "metrics.json"
+        if not metrics_path.is_file():
+            failed.append(str(path.relative_to(folder)) or ".")
+            continue
+        overrides_path = path / ".hydra" / "overrides.yaml"
+        overrides = []
+        if overrides_path.is_file():
+            overrides = [line[2:].strip() for line in overrides_path.read_text().splitlines() if line.startswith("- ")]
+        name = " ".join(overrides) if overrides else (str(path.relative_to(folder)) or path.name)
+        runs.append(Run(path, name, json.loads(metrics_path.read_text()), overrides))
+    return runs, failed
+
+
+def _model_identity(spec: dict) -> dict:
+    return {k: v for k, v in spec.items() if k not in IGNORED_SPEC_KEYS and k != "text" and k != "dim"}
+
+
+def retriever_factors(run: Run, name: str) -> dict:
+    """What a retriever is, as comparable factors (dataset aside)."""
+    spec = run.metrics["retrievers"][name]["spec"]
+    if spec.get("kind") == "fusion":
+        members = [run.metrics["retrievers"][m]["spec"] for m in spec["members"]]
+        return {"kind": "fusion", "model": json.dumps([_model_identity(m) for m in members], sort_keys=True),
+                "text": json.dumps([(m.get("text") or {}) for m in members], sort_keys=True),
+                "weights": json.dumps([m.get("weight", 1.0) for m in members]),
+                "method": spec["method"], "fuse_on": spec["fuse_on"],
+                "top_k": json.dumps([spec["top_k"], spec["final_top_k"], spec["rrf_k"], spec["ddof"]])}
+    return {"kind": "single", "model": json.dumps(_model_identity(spec), sort_keys=True),
+            "text": json.dumps(spec.get("text") or {}, sort_keys=True)}
+
+
+def describe(run: Run, name: str) -> str:
+    spec = run.metrics["retrievers"][name]["spec"]
+    if spec.get("kind") == "fusion":
+        parts = [_short(run, m) for m in spec["members"]]
+        return f"fused[{' + '.join(parts)}] {spec['method']} by {spec['fuse_on']} top_k={spec['top_k']}"
+    return _short(run, name)
+
+
+def _short(run: Run, name: str) -> str:
+    text = run.metrics["retrievers"][name]["spec"].get("text") or {}
+    extra = [text["case"]] if text.get("case", "as_typed") != "as_typed" else []
+    if text.get("template"):
+        extra.append(f"template={text['template']!r}")
+    return name + (f" ({', '.join(extra)})" if extra else "")
+
+
+def unique_retrievers(runs: list[Run]) -> list[tuple[Run, str]]:
+    """Each distinct retriever once per dataset (a single model evaluated in several jobs counts once)."""
+    seen, out = set(), []
+    for run in runs:
+        for name in run.metrics["retrievers"]:
+            key = (run.dataset_key, json.dumps(retriever_factors(run, name), sort_keys=True))
+            if key not in seen:
+                seen.add(key)
+                out.append((run, name))
+    return out
+
+
+def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
+    rows = []
+    for run, name in unique_retrievers(runs):
+        entry, dataset = run.metrics["retrievers"][name], run.metrics["dataset"]
+        row = {"dataset": dataset["name"] + (" (simulated)" if dataset.get("simulated") else "")
+               + (" (non-standard)" if dataset.get("nonstandard") else ""), "retriever": describe(run, name),
+               "run": run.name}
+        for direction in ("t2i", "i2t"):
+            for k in ks:
+                row[f"{direction} R@{k}"] = entry[direction].get(f"R@{k}")
+        rows.append(row)
+    return rows
+
+
+def _orient(factor: str, a_value, b_value) -> bool:
+    """True when retriever a is the candidate (the 'treatment') against b."""
+    if factor == "text":
+        a_case = json.loads(a_value)
+        b_case = json.loads(b_value)
+        a_case = a_case[0] if isinstance(a_case, list) else a_case
+        b_case = b_case[0] if isinstance(b_case, list) else b_case
+        order = FACTOR_ORDER["text"]
+        return order.index(a_case.get("case", "as_typed")) > order.index(b_case.get("case", "as_typed"))
+    if factor in FACTOR_ORDER:
+        order = FACTOR_ORDER[factor]
+        return order.index(a_value) > order.index(b_value)
+    return str(a_value) > str(b_value)
+
+
+def comparable_pairs(runs: list[Run]) -> list[tuple[str, tuple[Run, str], tuple[Run, str]]]:
+    """(factor, candidate, baseline): retrievers on one dataset differing in exactly one factor, plus each
+    fused retriever against its best single member (by t2i R@1) in its own run."""
+    items = unique_retrievers(runs)
+    pairs = []
+    for i, (run_a, a) in enumerate(items):
+        fa = retriever_factors(run_a, a)
+        for run_b, b in items[i + 1:]:
+            if run_a.dataset_key != run_b.dataset_key:
+                continue
+            fb = retriever_factors(run_b, b)
+            if fa["kind"] != fb["kind"]:
+                continue
+            differing = [key for key in fa if fa[key] != fb[key]]
+            if len(differing) == 1:
+                factor = differing[0]
+                first = _orient(factor, fa[factor], fb[factor])
+                pairs.append((factor, (run_a, a), (run_b, b)) if first else (factor, (run_b, b), (run_a, a)))
+    for run in runs:
+        for name, entry in run.metrics["retrievers"].items():
+            if entry["spec"].get("kind") == "fusion":
+                best = max(entry["spec"]["members"], key=lambda m: run.metrics["retrievers"][m]["t2i"]["R@1"] or 0)
+                pairs.append(("fused vs best single", (run, name), (run, best)))
+    return pairs
+
+
+def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: float = 0.95,
+                     seed: int = 0) -> list[dict]:
+    rows = []
+    for factor, (run_c, cand), (run_b, base) in comparable_pairs(runs):
+        for direction in ("t2i", "i2t"):
+            c_ranks, b_ranks = run_c.ranks(cand, direction), run_b.ranks(base, direction)
+            if len(c_ranks) != len(b_ranks):
+                continue
+            clusters = run_c.clusters(direction)
+            for k in ks:
+                c_hits, b_hits = hits_at_k(c_ranks, k), hits_at_k(b_ranks, k)
+                q = paired_bootstrap(c_hits, b_hits, draws=draws, level=level, seed=seed)
+                img = clustered_bootstrap(c_hits, b_hits, clusters, draws=draws, level=level, seed=seed)
+                rows.append({"dataset": run_c.metrics["dataset"]["name"], "factor": factor,
+                             "candidate": describe(run_c, cand), "baseline": describe(run_b, base),
+                             "direction": direction, "k": k, "gain": q.gain, "ci_low": q.ci_low, "ci_high": q.ci_high,
+                             "cluster_ci_low": img.ci_low, "cluster_ci_high": img.ci_high, "wins": q.wins,
+                             "losses": q.losses, "p_value": mcnemar_p(q.wins, q.losses), "n_queries": q.n})
+    adjusted = holm_adjust([r["p_value"] for r in rows])
+    for row, p in zip(rows, adjusted):
+        row["p_holm"] = p
+    return rows
+
+
+def cost_rows(runs: list[Run]) -> list[dict]:
+    rows = []
+    for run, name in unique_retrievers(runs):
+        entry = run.metrics["retrievers"][name]
+        spec = entry["spec"]
+        members = spec["members"] if spec.get("kind") == "fusion" else [name]
+        dims = sum(int(run.metrics["retrievers"][m]["spec"].get("dim", 0)) for m in members)
+        seconds_per_image = 0.0
+        measured = True
+        for m in members:
+            info = run.metrics["retrievers"][m].get("embedding") or {}
+            took = info.get("embed_seconds", {})
+            if not info or info.get("cache", {}).get("image_hit", True):
+                measured = False
+                continue
+            seconds_per_image += (took["images"] - took.get("model_load", 0.0)) / max(run.metrics["dataset"]["n_images"], 1)
+        fp32, fp16 = 4 * dims, 2 * dims
+        rows.append({"dataset": run.metrics["dataset"]["name"], "retriever": describe(run, name), "dims": dims,
+                     "bytes_per_image_fp32": fp32, "bytes_per_image_fp16": fp16,
+                     "index_1M_fp32_GB": round(fp32 * 1e6 / 1e9, 2), "index_10M_fp32_GB": round(fp32 * 1e7 / 1e9, 1),
+                     "index_10M_fp16_GB": round(fp16 * 1e7 / 1e9, 1),
+                     "embed_img_per_s": round(1 / seconds_per_image, 1) if measured and seconds_per_image > 0 else None,
+                     "query_ms_run": run.metrics.get("run", {}).get("query_ms")})
+    return rows
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    def cell(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.4g}" if abs(v) < 1e-3 and v != 0 else f"{v:.2f}"
+        return str(v).replace("|", "/")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _csv(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def build_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
+    runs, failed = load_runs(folder)
+    ks = sorted({k for r in runs for k in r.metrics.get("eval", {}).get("ks", [1, 5, 10])}) or [1, 5, 10]
+    return {"runs": runs, "failed": failed, "ks": ks, "article": article_rows(runs, ks),
+            "gains": paired_gain_rows(runs, ks, draws=draws, seed=seed), "cost": cost_rows(runs)}
+
+
+def write_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
+    """Write summary.md, summary.csv, gains.csv and cost.csv into ``folder``; return the report."""
+    from fusebench.report.outputs import atomic_write_text
+
+    folder = Path(folder)
+    report = build_report(folder, draws=draws, seed=seed)
+    ks = report["ks"]
+    metric_cols = [f"{d} R@{k}" for d in ("t2i", "i2t") for k in ks]
+    gain_cols = ["dataset", "factor", "candidate", "baseline", "direction", "k", "gain", "ci_low", "ci_high",
+                 "cluster_ci_low", "cluster_ci_high", "wins", "losses", "p_value", "p_holm"]
+    headline = [r for r in report["gains"] if r["k"] == ks[0]]
+    lines = [f"# Sweep summary: {folder}", "",
+             f"{len(report['runs'])} finished runs" + (f", {len(report['failed'])} failed: {', '.join(report['failed'])}"
+                                                      if report["failed"] else "") + ".", "",
+             "## Recall (percent)", "", _table(report["article"], ["dataset", "retriever", *metric_cols]), "",
+             f"## Paired gains at R@{ks[0]} (points; 95% bootstrap intervals over queries and over images; "
+             "McNemar p, Holm-adjusted over the whole sweep)", "",
+             _table(headline, gain_cols) if headline else "No pairs of runs differ in exactly one factor.", "",
+             "All k in gains.csv.", "", "## Cost", "",
+             _table(report["cost"], list(report["cost"][0]) if report["cost"] else ["retriever"]), ""]
+    atomic_write_text(folder / "summary.md", "\n".join(lines))
+    atomic_write_text(folder / "summary.csv", _csv(report["article"]))
+    atomic_write_text(folder / "gains.csv", _csv(report["gains"]))
+    atomic_write_text(folder / "cost.csv", _csv(report["cost"]))
+    return report

@@ -1,0 +1,100 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fusebench.metrics import hits_at_k
+from fusebench.report.cli import main as report_main
+from fusebench.report.sweep import build_report, load_runs
+from fusebench.stats import holm_adjust, paired_bootstrap
+
+FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
+SMALL = ["dataset.n_images=300", "dataset.n_captions=1500", "eval.bootstrap.draws=200"]
+
+
+def sweep(tmp_path, *args, name="sweep"):
+    result = subprocess.run([FUSEBENCH, "-m", *SMALL, *args, f"hydra.sweep.dir={tmp_path / name}"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600,
+                            env={"PATH": str(Path(sys.executable).parent), "FUSEBENCH_OUTPUT": str(tmp_path / "out"),
+                                 "HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    return tmp_path / name, result
+
+
+@pytest.fixture(scope="module")
+def method_sweep(tmp_path_factory):
+    return sweep(tmp_path_factory.mktemp("report"), "fusion=rrf,dbsf", "fusion.fuse_on=document,source_object")[0]
+
+
+def test_multirun_writes_the_report_files(method_sweep):
+    for name in ("summary.md", "summary.csv", "gains.csv", "cost.csv"):
+        assert (method_sweep / name).is_file()
+    summary = (method_sweep / "summary.md").read_text()
+    assert "4 finished runs" in summary and "| sim (simulated) | sim_siglip2_like |" in summary
+
+
+def test_pairs_differ_in_one_factor_and_stats_come_from_saved_ranks(method_sweep):
+    report = build_report(method_sweep, draws=300)
+    gains = report["gains"]
+    factors = {(g["factor"], g["candidate"].split("] ")[-1], g["baseline"].split("] ")[-1]) for g in gains if g["k"] == 1}
+    assert ("method", "dbsf by document top_k=100", "rrf by document top_k=100") in factors
+    assert ("fuse_on", "rrf by source_object top_k=100", "rrf by document top_k=100") in factors
+    assert ("model", "sim_dfn5b_like", "sim_siglip2_like") in factors or ("model", "sim_siglip2_like", "sim_dfn5b_like") in factors
+    # RRF keyed by document never changes rank 1: zero wins and losses at R@1 against the first model
+    rrf_doc = [g for g in gains if g["factor"] == "fused vs best single" and "rrf by document" in g["candidate"]
+               and g["k"] == 1 and g["baseline"] == "sim_siglip2_like"]
+    assert rrf_doc and all(g["wins"] == g["losses"] == 0 for g in rrf_doc if g["direction"] == "t2i")
+    runs = {r.metrics["fusion"]["method"] + "/" + r.metrics["fusion"]["fuse_on"]: r for r in report["runs"]}
+    row = next(g for g in gains if g["factor"] == "method" and "by document" in g["candidate"] and g["k"] == 5
+               and g["direction"] == "t2i")
+    cand = hits_at_k(runs["dbsf/document"].ranks("fused", "t2i"), 5)
+    base = hits_at_k(runs["rrf/document"].ranks("fused", "t2i"), 5)
+    expected = paired_bootstrap(cand, base, draws=300, seed=0)
+    assert (row["gain"], row["wins"], row["losses"], row["ci_low"]) == (expected.gain, expected.wins, expected.losses,
+                                                                      expected.ci_low)
+    assert all(g["p_holm"] >= g["p_value"] for g in gains)
+
+
+def test_singles_counted_once_and_cost_table(method_sweep):
+    report = build_report(method_sweep, draws=50)
+    names = [r["retriever"] for r in report["article"]]
+    assert names.count("sim_siglip2_like") == 1 and len(names) == 2 + 4
+    fused = next(c for c in report["cost"] if c["retriever"].startswith("fused"))
+    assert fused["dims"] == 1152 + 1024 and fused["bytes_per_image_fp32"] == 4 * 2176
+    assert fused["index_10M_fp32_GB"] == pytest.approx(4 * 2176 * 1e7 / 1e9, abs=0.1)
+    assert fused["query_ms_run"] > 0
+
+
+def test_holm_exact_numbers():
+    assert holm_adjust([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert holm_adjust([0.9, 0.8]) == pytest.approx([1.0, 1.0])
+    assert holm_adjust([]) == []
+
+
+def test_failed_job_keeps_the_others_and_is_listed(tmp_path):
+    folder, result = sweep(tmp_path, "fusion.top_k=100,5")
+    assert "job 1 failed" in result.stderr
+    runs, failed = load_runs(folder)
+    assert len(runs) == 1 and failed == ["1"]
+    assert (folder / "1" / "error.txt").read_text().count("fusion.top_k=5") >= 1
+    assert "1 failed: 1" in (folder / "summary.md").read_text()
+
+
+def test_report_command_on_plain_run_dirs(method_sweep, tmp_path, capsys):
+    assert report_main([str(method_sweep), "--draws", "100"]) == 0
+    assert "Paired gains" in capsys.readouterr().out
+    assert report_main([str(tmp_path / "nothing")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert report_main([str(tmp_path / "empty")]) == 2
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_launchers(tmp_path, launcher):
+    folder, _ = sweep(tmp_path, "fusion=rrf,dbsf", f"hydra/launcher={launcher}", name=launcher)
+    runs, failed = load_runs(folder)
+    assert len(runs) == 2 and not failed
+    assert {r.metrics["fusion"]["method"] for r in runs} == {"rrf", "dbsf"}
+    assert json.loads((folder / "0" / "metrics.json").read_text())["retrievers"]
