@@ -98,3 +98,42 @@ def test_launchers(tmp_path, launcher):
     assert len(runs) == 2 and not failed
     assert {r.metrics["fusion"]["method"] for r in runs} == {"rrf", "dbsf"}
     assert json.loads((folder / "0" / "metrics.json").read_text())["retrievers"]
+
+
+def test_article_experiment_runs_on_sim_stand_ins(tmp_path):
+    result = subprocess.run([FUSEBENCH, "experiment=article_coco", "dataset=sim", *SMALL,
+                             f"hydra.sweep.dir={tmp_path / 'article'}"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600, env={"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path),
+                                              "FUSEBENCH_OUTPUT": str(tmp_path / "out")})
+    assert result.returncode == 0, result.stderr
+    runs, failed = load_runs(tmp_path / "article")
+    assert len(runs) == 7 and not failed
+    studies = {r.overrides[0] for r in runs}
+    assert studies == {f"study={s}" for s in ("siglip2_as_typed", "siglip2_lowercase", "dfn5b", "pair_dbsf_source",
+                                              "pair_rrf_document", "pair_rrf_source", "four_dbsf_source")}
+    for run in runs:
+        assert run.metrics["dataset"]["simulated"] is True
+        for name, entry in run.metrics["retrievers"].items():
+            if name != "fused":
+                assert entry["embedding"]["stand_in"]["kind"] == "sim"
+    gains = build_report(tmp_path / "article", draws=100)["gains"]
+    text = [g for g in gains if g["factor"] == "text" and g["direction"] == "t2i" and g["k"] == 1]
+    assert text and text[0]["candidate"].endswith("(lowercase)") and text[0]["gain"] > 0
+    assert {g["factor"] for g in gains} >= {"text", "method", "fuse_on", "fused vs best single"}
+
+
+def test_experiments_compose(compose_cfg):
+    cfg = compose_cfg(["experiment=fusion_ablation", "dataset=sim"], return_hydra_config=True)
+    assert cfg.hydra.sweeper.params["fusion.top_k"] == "25,100,null"
+    assert list(cfg.models) == ["siglip2_so400m_p14_384", "dfn5b_h14_224"] and cfg.dataset.kind == "sim"
+    cfg = compose_cfg(["experiment=article_flickr", "study=four_dbsf_source"])
+    assert cfg.dataset.name == "flickr1k" and len(cfg.models) == 4 and cfg.fusion.method == "dbsf"
+    assert cfg.models.siglip2_so400m_p14_384.text.case == "as_typed"
+
+
+def test_real_model_without_stand_in_is_refused_on_sim(compose_cfg, tmp_path):
+    from fusebench import FusebenchError
+    from fusebench.pipeline import run
+
+    with pytest.raises(FusebenchError, match="has no 'sim:' stand-in"):
+        run(compose_cfg(SMALL + ["models=[]", "+models.x.kind=hf", "+models.x.checkpoint=somewhere"]), str(tmp_path))

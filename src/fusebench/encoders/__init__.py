@@ -40,8 +40,28 @@ class RawEmbeddings:
         return None
 
 
+def sim_stand_in(name: str, spec: Mapping) -> dict:
+    """On a simulated corpus a real model (hf, open_clip) runs as its ``sim:`` stand-in; its text noise may
+    depend on ``text.case`` (so a preprocessing study shows an effect on simulated data too)."""
+    block = spec.get("sim")
+    if not block:
+        raise FusebenchError(f"models.{name} is a real model ({spec.get('kind')}) and has no 'sim:' stand-in, so it "
+                             "cannot run on dataset=sim; add a sim: block (dim, image_noise, text_noise, seed) or "
+                             "use a real dataset.")
+    text_noise = block.get("text_noise", 0.5)
+    if isinstance(text_noise, Mapping):
+        case = (spec.get("text") or {}).get("case", "as_typed")
+        text_noise = text_noise.get(case, text_noise.get("as_typed", 0.5))
+    return {**block, "kind": "sim", "text_noise": text_noise}
+
+
 def load_raw(name: str, spec: Mapping, corpus: Corpus, runtime=None) -> RawEmbeddings:
     kind = spec.get("kind")
+    if corpus.meta.get("simulated") and kind in ("hf", "open_clip"):
+        stand_in = sim_stand_in(name, spec)
+        image, text = sim_arrays(stand_in, corpus)
+        source = f"sim stand-in of model {name!r}"
+        return RawEmbeddings(name, image, text, source, source, dict(spec), {"stand_in": stand_in})
     if kind not in KINDS:
         raise FusebenchError(f"models.{name}.kind={kind!r} is not a known model kind; valid kinds: {', '.join(KINDS)}.")
     if kind == "vectors":
