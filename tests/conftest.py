@@ -11,6 +11,13 @@ from hydra.core.global_hydra import GlobalHydra
 from fusebench.cli import CONFIG_DIR
 
 
+@pytest.fixture(autouse=True)
+def quiet_wandb(monkeypatch):
+    """W&B is on by default (offline); tests that do not check it keep it out of the way."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
 @pytest.fixture
 def compose_cfg():
     """Compose the real config tree with overrides, the way the CLI would (Hydra compose API)."""

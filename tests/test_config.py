@@ -11,7 +11,7 @@ def test_default_config_two_sim_models_and_dbsf(compose_cfg):
     assert cfg.dataset.kind == "sim" and cfg.dataset.n_images == 5000 and cfg.dataset.n_captions == 25010
     assert cfg.fusion.method == "dbsf" and cfg.fusion.fuse_on == "source_object" and cfg.fusion.top_k == 100
     assert list(cfg.eval.ks) == [1, 5, 10] and cfg.eval.bootstrap.draws == 2000
-    assert cfg.logger.kind == "none"
+    assert cfg.logger.kind == "wandb" and cfg.logger.mode is None  # offline unless WANDB_MODE says otherwise
 
 
 def test_models_multi_select_and_by_hand(compose_cfg):

@@ -19,7 +19,7 @@ def sweep(tmp_path, *args, name="sweep"):
     result = subprocess.run([FUSEBENCH, "-m", *SMALL, *args, f"hydra.sweep.dir={tmp_path / name}"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=600,
                             env={"PATH": str(Path(sys.executable).parent), "FUSEBENCH_OUTPUT": str(tmp_path / "out"),
-                                 "HOME": str(tmp_path)})
+                                 "HOME": str(tmp_path), "WANDB_MODE": "disabled"})
     assert result.returncode == 0, result.stderr
     return tmp_path / name, result
 
@@ -104,7 +104,7 @@ def test_article_experiment_runs_on_sim_stand_ins(tmp_path):
     result = subprocess.run([FUSEBENCH, "experiment=article_coco", "dataset=sim", *SMALL,
                              f"hydra.sweep.dir={tmp_path / 'article'}"], cwd=tmp_path, capture_output=True, text=True,
                             timeout=600, env={"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path),
-                                              "FUSEBENCH_OUTPUT": str(tmp_path / "out")})
+                                              "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"})
     assert result.returncode == 0, result.stderr
     runs, failed = load_runs(tmp_path / "article")
     assert len(runs) == 7 and not failed

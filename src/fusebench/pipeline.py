@@ -24,6 +24,7 @@ from fusebench.encoders.real import Runtime
 from fusebench.fusion import FusionConfig
 from fusebench.report.outputs import write_run_outputs
 from fusebench.report.table import format_table
+from fusebench.tracking import log_run
 from fusebench.retrieval import ModelInput, retrieve
 from fusebench.search import resolve_device
 
@@ -128,5 +129,15 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     }
     write_run_outputs(out_dir, lists, metrics, settings["save_topk"], queries=clusters)
     print(format_table(metrics))
+    plots = []
+    if cfg.get("plots", True):
+        try:
+            from fusebench.report.plots import run_plots
+
+            plots = run_plots(out_dir, metrics)
+        except Exception as err:  # noqa: BLE001 - plots are a view of the outputs, never a reason to fail
+            log.warning("could not draw plots: %s", err)
+    log_run(_plain(cfg["logger"]) if "logger" in cfg else None, metrics, out_dir, plots,
+            resolved=_plain(cfg) if isinstance(cfg, DictConfig) else None)
     log.info("outputs written to %s", out_dir)
     return metrics

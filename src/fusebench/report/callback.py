@@ -25,5 +25,10 @@ class SweepReport(Callback):
                      len(report["failed"]))
             if report["failed"]:
                 log.error("failed jobs (see error.txt in each): %s", ", ".join(report["failed"]))
+            from omegaconf import OmegaConf
+
+            from fusebench.tracking import log_sweep
+
+            log_sweep(OmegaConf.to_container(config.logger, resolve=True) if "logger" in config else None, folder, report)
         except Exception as err:  # noqa: BLE001 - a report failure must never fail the sweep
             log.error("could not write the sweep report for %s: %s (run fusebench-report %s)", folder, err, folder)

@@ -274,4 +274,13 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
     atomic_write_text(folder / "summary.csv", _csv(report["article"]))
     atomic_write_text(folder / "gains.csv", _csv(report["gains"]))
     atomic_write_text(folder / "cost.csv", _csv(report["cost"]))
+    try:
+        from fusebench.report.plots import sweep_plots
+
+        report["plots"] = sweep_plots(folder, report)
+    except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
+        report["plots"] = []
+        import logging
+
+        logging.getLogger(__name__).warning("could not draw sweep plots: %s", err)
     return report

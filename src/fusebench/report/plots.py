@@ -1,0 +1,194 @@
+"""Plots (matplotlib, PNG) for one run and for a sweep. Every function reads what is on disk and returns paths."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+DPI = 120
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def wilson(p_percent: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson interval of a recall (percent) over n queries, in percent."""
+    if not n:
+        return 0.0, 0.0
+    p = p_percent / 100
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return 100 * (centre - half), 100 * (centre + half)
+
+
+def recall_bars(metrics: dict, path: Path) -> Path:
+    plt = _plt()
+    ks = metrics["eval"]["ks"]
+    names = list(metrics["retrievers"])
+    fig, axes = plt.subplots(1, 2, figsize=(5 + 1.6 * len(names), 4.2), sharey=True)
+    width = 0.8 / len(names)
+    for ax, direction in zip(axes, ("t2i", "i2t")):
+        for i, name in enumerate(names):
+            entry = metrics["retrievers"][name][direction]
+            values = [entry[f"R@{k}"] for k in ks]
+            lows, highs = zip(*(wilson(v, entry["n_queries"]) for v in values))
+            x = np.arange(len(ks)) + i * width
+            ax.bar(x, values, width, label=name, yerr=[np.subtract(values, lows), np.subtract(highs, values)], capsize=3)
+            for xi, v in zip(x, values):
+                ax.text(xi, v + 1, f"{v:.1f}", ha="center", fontsize=7)
+        ax.set_xticks(np.arange(len(ks)) + width * (len(names) - 1) / 2, [f"R@{k}" for k in ks])
+        ax.set_title(f"{direction} recall (95% Wilson interval)")
+        ax.set_ylim(0, 105)
+    axes[0].set_ylabel("recall (%)")
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.suptitle(_title(metrics))
+    return _save(fig, path)
+
+
+def recall_curves(run_dir: Path, metrics: dict, path: Path, max_k: int = 50) -> Path:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    ks = np.arange(1, max_k + 1)
+    for ax, direction in zip(axes, ("t2i", "i2t")):
+        for name in metrics["retrievers"]:
+            ranks = np.load(run_dir / "ranks" / f"{name}.{direction}.npy")
+            found = np.where(ranks >= 1, ranks, np.inf)
+            ax.plot(ks, [100 * np.mean(found <= k) for k in ks], label=name)
+        ax.set_xlabel("k")
+        ax.set_title(f"{direction}: recall@k, k = 1..{max_k}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("recall (%)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(_title(metrics))
+    return _save(fig, path)
+
+
+def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
+    rows = [r for r in rows if r["k"] == min(x["k"] for x in rows)] if rows else []
+    if not rows:
+        return None
+    plt = _plt()
+    labels = [f"{r['candidate']} vs {r['baseline']} ({r['direction']})" for r in rows]
+    y = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.5))
+    ax.barh(y, [r["wins"] for r in rows], color="tab:green", label="won (candidate right, baseline wrong)")
+    ax.barh(y, [-r["losses"] for r in rows], color="tab:red", label="lost (baseline right, candidate wrong)")
+    ax.set_yticks(y, [_clip(s) for s in labels], fontsize=7)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel(f"queries at R@{rows[0]['k']}")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def forest(rows: list[dict], path: Path, title: str) -> Path | None:
+    rows = [r for r in rows if r["k"] == min(x["k"] for x in rows)] if rows else []
+    if not rows:
+        return None
+    plt = _plt()
+    y = np.arange(len(rows))[::-1]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+    gains = np.array([r["gain"] for r in rows])
+    ax.errorbar(gains, y, xerr=[gains - [r["ci_low"] for r in rows], np.array([r["ci_high"] for r in rows]) - gains],
+                fmt="o", capsize=3, label="95% CI over queries")
+    if all("cluster_ci_low" in r for r in rows):
+        ax.errorbar(gains, y - 0.2, xerr=[gains - [r["cluster_ci_low"] for r in rows],
+                                          np.array([r["cluster_ci_high"] for r in rows]) - gains],
+                    fmt="none", ecolor="gray", capsize=2, label="95% CI over images")
+    ax.axvline(0, color="black", lw=0.8)
+    labels = [f"{r.get('factor', '')}: {r['candidate']} vs {r['baseline']} ({r['direction']})".lstrip(": ") for r in rows]
+    ax.set_yticks(y, [_clip(s) for s in labels], fontsize=7)
+    ax.set_xlabel(f"gain in R@{rows[0]['k']} (points)")
+    ax.legend(fontsize=7)
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def score_distributions(run_dir: Path, metrics: dict, path: Path) -> Path | None:
+    """Each single model's top-list scores, raw and DBSF-rescaled per query (what fusion adds up)."""
+    singles = [n for n, e in metrics["retrievers"].items() if e["spec"].get("kind") != "fusion"]
+    files = [run_dir / "topk" / f"{n}.t2i.npz" for n in singles]
+    if not singles or not all(f.is_file() for f in files):
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    ddof = metrics.get("fusion", {}).get("ddof", 0)
+    for name, file in zip(singles, files):
+        with np.load(file) as data:
+            scores = data["scores"].astype(np.float64)
+        axes[0].hist(scores.ravel(), bins=60, alpha=0.5, label=name, density=True)
+        mean, sd = scores.mean(axis=1, keepdims=True), scores.std(axis=1, ddof=ddof, keepdims=True)
+        rescaled = np.where(sd > 0, (scores - (mean - 3 * sd)) / (6 * np.where(sd > 0, sd, 1)), 0.5)
+        axes[1].hist(rescaled.ravel(), bins=60, alpha=0.5, label=name, density=True)
+    axes[0].set_title("t2i top-list scores, raw cosine")
+    axes[1].set_title("the same, DBSF-rescaled per query list")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(_title(metrics))
+    return _save(fig, path)
+
+
+def cost_vs_recall(cost: list[dict], article: list[dict], path: Path) -> Path | None:
+    if not cost:
+        return None
+    plt = _plt()
+    recall = {(r["dataset"].split(" ")[0], r["retriever"]): r.get("t2i R@1") for r in article}
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for row in cost:
+        value = recall.get((row["dataset"], row["retriever"]))
+        if value is None:
+            continue
+        ax.scatter(row["bytes_per_image_fp32"], value)
+        ax.annotate(_clip(row["retriever"], 40), (row["bytes_per_image_fp32"], value), fontsize=7)
+    ax.set_xlabel("index bytes per image (fp32)")
+    ax.set_ylabel("t2i R@1 (%)")
+    ax.set_title("cost vs recall")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def run_plots(run_dir: str | Path, metrics: dict) -> list[Path]:
+    run_dir = Path(run_dir)
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    made = [recall_bars(metrics, out / "recall_bars.png"), recall_curves(run_dir, metrics, out / "recall_at_k.png"),
+            wins_losses(metrics["comparisons"], out / "wins_losses.png", "fused vs each model: wins and losses"),
+            forest(metrics["comparisons"], out / "paired_gains.png", "paired gains of the fusion"),
+            score_distributions(run_dir, metrics, out / "score_distributions.png")]
+    return [p for p in made if p is not None]
+
+
+def sweep_plots(folder: str | Path, report: dict) -> list[Path]:
+    out = Path(folder) / "plots"
+    out.mkdir(exist_ok=True)
+    made = [forest(report["gains"], out / "paired_gains.png", "paired gains across the sweep"),
+            wins_losses(report["gains"], out / "wins_losses.png", "wins and losses across the sweep"),
+            cost_vs_recall(report["cost"], report["article"], out / "cost_vs_recall.png")]
+    return [p for p in made if p is not None]
+
+
+def _title(metrics: dict) -> str:
+    d = metrics["dataset"]
+    flag = " [SIMULATED]" if d.get("simulated") else (" [NON-STANDARD]" if d.get("nonstandard") else "")
+    return f"{d['name']}: {d['n_images']} images, {d['n_captions']} captions{flag}"
+
+
+def _clip(text: str, width: int = 90) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

@@ -1,0 +1,177 @@
+"""Weights & Biases logging (``logger=wandb``): offline by default, never a reason for a run to fail.
+
+One W&B run per job, grouped by sweep and named by its overrides; the resolved config (models,
+preprocessing, fusion, dataset, library versions, git commit) as run config; summary metrics under stable
+names (``t2i/R@1``, ``i2t/R@5``, ``mean/R@1`` for the headline retriever, the fusion when there is one;
+``gain/t2i/R@1`` for it over its best single model; ``retrievers/NAME/t2i/R@1`` for every retriever);
+a Table of retrievers and one of comparisons; the plots as images; metrics.json and ranks/ as an artifact.
+Offline runs are written under the run dir (``wandb/``); ``wandb sync`` uploads them later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def _setting(cfg: Mapping, key: str, default):
+    value = cfg.get(key) if cfg else None
+    return default if value is None else value
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _job_identity() -> tuple[str | None, str | None]:
+    """(group, name) from Hydra: the sweep dir's name for multiruns, the job's overrides as the name."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        name = hc.job.override_dirname or "defaults"
+        group = Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
+        return group, name
+    except Exception:  # noqa: BLE001 - outside Hydra (tests, notebooks): no identity
+        return None, None
+
+
+def summary_metrics(metrics: dict) -> dict:
+    ks = metrics["eval"]["ks"]
+    headline = "fused" if "fused" in metrics["retrievers"] else next(iter(metrics["retrievers"]))
+    out: dict = {"headline": headline, "simulated": bool(metrics["dataset"].get("simulated")),
+                 "nonstandard": bool(metrics["dataset"].get("nonstandard"))}
+    for name, entry in metrics["retrievers"].items():
+        for direction in ("t2i", "i2t", "mean"):
+            for k in ks:
+                value = entry[direction].get(f"R@{k}")
+                out[f"retrievers/{name}/{direction}/R@{k}"] = value
+                if name == headline:
+                    out[f"{direction}/R@{k}"] = value
+    if headline == "fused":
+        for direction in ("t2i", "i2t"):
+            for k in ks:
+                rows = [c for c in metrics["comparisons"] if c["direction"] == direction and c["k"] == k]
+                if rows:
+                    best = max(rows, key=lambda c: c["baseline_recall"])
+                    out[f"gain/{direction}/R@{k}"] = best["gain"]
+                    out[f"gain_ci_low/{direction}/R@{k}"] = best["ci_low"]
+                    out[f"gain_ci_high/{direction}/R@{k}"] = best["ci_high"]
+    return out
+
+
+def _tables(wandb, metrics: dict) -> dict:
+    ks = metrics["eval"]["ks"]
+    columns = ["retriever"] + [f"{d} R@{k}" for d in ("t2i", "i2t", "mean") for k in ks]
+    rows = [[name] + [e[d].get(f"R@{k}") for d in ("t2i", "i2t", "mean") for k in ks]
+            for name, e in metrics["retrievers"].items()]
+    comp_cols = ["candidate", "baseline", "direction", "k", "gain", "ci_low", "ci_high", "cluster_ci_low",
+                 "cluster_ci_high", "wins", "losses", "p_value"]
+    comps = [[c[col] for col in comp_cols] for c in metrics["comparisons"]]
+    return {"retrievers": wandb.Table(columns=columns, data=rows),
+            "comparisons": wandb.Table(columns=comp_cols, data=comps)}
+
+
+def _init(cfg: Mapping, out_dir: Path, config: dict, group: str | None, name: str | None, job_type: str):
+    import wandb
+
+    mode = _setting(cfg, "mode", os.environ.get("WANDB_MODE", "offline"))
+    return wandb, wandb.init(project=_setting(cfg, "project", "fusebench"), entity=cfg.get("entity") if cfg else None,
+                             mode=mode, dir=str(out_dir), config=config, group=group, name=name, job_type=job_type,
+                             tags=list(_setting(cfg, "tags", [])), reinit="finish_previous", settings=wandb.Settings(
+                                 silent=True, console="off", x_disable_stats=True))
+
+
+def log_run(cfg: Mapping | None, metrics: dict, out_dir: str | Path, plots: list[Path], resolved: dict | None = None) -> None:
+    """Log one finished run; any W&B failure is a warning, the run dir stays the record."""
+    if not cfg or cfg.get("kind", "none") == "none":
+        return
+    if cfg.get("kind") != "wandb":
+        log.warning("logger.kind=%r is not known (valid: none, wandb); nothing logged", cfg.get("kind"))
+        return
+    out_dir = Path(out_dir)
+    try:
+        group, name = _job_identity()
+        config = {**(resolved or {}), "fusebench": {"git_commit": git_commit(), "versions": metrics["run"]["versions"]},
+                  "dataset_summary": metrics["dataset"], "fusion": metrics["fusion"], "eval": metrics["eval"]}
+        wandb, run = _init(cfg, out_dir, config, group, name, "evaluate")
+        try:
+            run.summary.update(summary_metrics(metrics))
+            payload = _tables(wandb, metrics)
+            payload.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in plots})
+            run.log(payload)
+            artifact = wandb.Artifact(f"run-{run.id}", type="fusebench-run", metadata={"dataset": metrics["dataset"]})
+            artifact.add_file(str(out_dir / "metrics.json"))
+            artifact.add_dir(str(out_dir / "ranks"), name="ranks")
+            run.log_artifact(artifact)
+        finally:
+            run.finish()
+    except Exception as err:  # noqa: BLE001 - W&B failing or absent never fails a run
+        log.warning("W&B logging failed (%s); the run dir %s holds every result", err, out_dir)
+
+
+def log_sweep(cfg: Mapping | None, folder: str | Path, report: dict) -> None:
+    """The sweep summary run: the sweep's tables and plots, grouped with its jobs."""
+    if not cfg or cfg.get("kind") != "wandb":
+        return
+    folder = Path(folder)
+    try:
+        wandb, run = _init(cfg, folder, {"sweep_dir": str(folder), "runs": len(report["runs"]),
+                                         "failed": report["failed"]}, folder.name, "sweep-summary", "summary")
+        try:
+            payload = {}
+            for key in ("article", "gains", "cost"):
+                rows = report[key]
+                if rows:
+                    columns = list(rows[0])
+                    payload[key] = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+            payload.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in report.get("plots", [])})
+            run.log(payload)
+            run.summary.update({"runs": len(report["runs"]), "failed_runs": len(report["failed"])})
+        finally:
+            run.finish()
+    except Exception as err:  # noqa: BLE001
+        log.warning("W&B sweep summary failed (%s); %s/summary.md holds the report", err, folder)
+
+
+def read_wandb_file(path: str | Path) -> list:
+    """The protobuf records of an offline ``.wandb`` file (W&B's leveldb-style log), for checking what was logged."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{path} is not a W&B run file")
+    pos, block, records, pending = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pos += 7
+        if kind == 0 and length == 0:
+            pos += left - 7
+            continue
+        chunk = data[pos:pos + length]
+        pos += length
+        if kind == 1:
+            records.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            records.append(pending + chunk)
+    return [pb.Record.FromString(r) for r in records]
