@@ -1,0 +1,59 @@
+"""Helpers for notebooks: find a sweep, reload a run's corpus, and list the queries fusion won and lost."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from fusebench.data import load_corpus
+from fusebench.report.sweep import Run, load_runs
+
+
+def latest_sweep(outputs: str | Path | None = None) -> Path | None:
+    """$FUSEBENCH_SWEEP if set, else the newest multirun dir under outputs/multirun."""
+    if os.environ.get("FUSEBENCH_SWEEP"):
+        return Path(os.environ["FUSEBENCH_SWEEP"])
+    root = Path(outputs or os.environ.get("FUSEBENCH_OUTPUT", "outputs")) / "multirun"
+    sweeps = sorted(p for p in root.glob("*/*") if p.is_dir())
+    return sweeps[-1] if sweeps else None
+
+
+def run_corpus(run: Run):
+    """The run's corpus, rebuilt from its saved config (sim corpora are regenerated from their seed)."""
+    cfg = OmegaConf.load(run.path / ".hydra" / "config.yaml")
+    return load_corpus(OmegaConf.to_container(cfg.dataset, resolve=True))
+
+
+def won_and_lost(run: Run, k: int = 1, direction: str = "t2i", candidate: str = "fused") -> dict[str, list[dict]]:
+    """Queries where ``candidate`` is right within k and the best single model is not (won), and the reverse."""
+    retrievers = run.metrics["retrievers"]
+    singles = [n for n in retrievers if n != candidate and retrievers[n]["spec"].get("kind") != "fusion"]
+    best = max(singles, key=lambda n: retrievers[n][direction][f"R@{k}"])
+    ranks = {n: run.ranks(n, direction) for n in [candidate, *singles]}
+
+    def hit(r):
+        return (r >= 1) & (r <= k)
+
+    corpus = run_corpus(run)
+    queries = np.arange(len(ranks[candidate])) if direction == "t2i" else corpus.i2t_query_images
+
+    def rows(mask):
+        out = []
+        for q in np.flatnonzero(mask):
+            item = int(queries[q])
+            row = {"query": int(q), "text" if direction == "t2i" else "image": corpus.captions[item]
+                   if direction == "t2i" else corpus.image_ids[item],
+                   "image_path": (corpus.image_paths or [None] * corpus.n_images)[int(corpus.caption_image[item])]
+                   if direction == "t2i" else (corpus.image_paths or [None] * corpus.n_images)[item]}
+            row.update({f"rank {n}": int(r[q]) for n, r in ranks.items()})
+            out.append(row)
+        return out
+
+    return {"best_single": best, "won": rows(hit(ranks[candidate]) & ~hit(ranks[best])),
+            "lost": rows(~hit(ranks[candidate]) & hit(ranks[best]))}
+
+
+__all__ = ["latest_sweep", "load_runs", "run_corpus", "won_and_lost"]
