@@ -33,15 +33,16 @@ def test_multirun_writes_the_report_files(method_sweep):
     for name in ("summary.md", "summary.csv", "gains.csv", "cost.csv"):
         assert (method_sweep / name).is_file()
     summary = (method_sweep / "summary.md").read_text()
-    assert "4 finished runs" in summary and "| sim (simulated) | sim_siglip2_like |" in summary
+    assert "4 finished runs" in summary and "| sim_siglip2_like |" in summary
+    assert "| retriever | sim (simulated) t2i R@1 | sim (simulated) t2i R@5 |" in summary
 
 
 def test_pairs_differ_in_one_factor_and_stats_come_from_saved_ranks(method_sweep):
     report = build_report(method_sweep, draws=300)
     gains = report["gains"]
-    factors = {(g["factor"], g["candidate"].split("] ")[-1], g["baseline"].split("] ")[-1]) for g in gains if g["k"] == 1}
-    assert ("method", "dbsf by document top_k=100", "rrf by document top_k=100") in factors
-    assert ("fuse_on", "rrf by source_object top_k=100", "rrf by document top_k=100") in factors
+    factors = {(g["factor"], g["candidate"].split(" [")[0], g["baseline"].split(" [")[0]) for g in gains if g["k"] == 1}
+    assert ("method", "fused dbsf by document top_k=100", "fused rrf by document top_k=100") in factors
+    assert ("fuse_on", "fused rrf by source_object top_k=100", "fused rrf by document top_k=100") in factors
     assert ("model", "sim_dfn5b_like", "sim_siglip2_like") in factors or ("model", "sim_siglip2_like", "sim_dfn5b_like") in factors
     # RRF keyed by document never changes rank 1: zero wins and losses at R@1 against the first model
     rrf_doc = [g for g in gains if g["factor"] == "fused vs best single" and "rrf by document" in g["candidate"]

@@ -43,11 +43,11 @@ def recall_bars(metrics: dict, path: Path) -> Path:
             lows, highs = zip(*(wilson(v, entry["n_queries"]) for v in values))
             x = np.arange(len(ks)) + i * width
             ax.bar(x, values, width, label=name, yerr=[np.subtract(values, lows), np.subtract(highs, values)], capsize=3)
-            for xi, v in zip(x, values):
-                ax.text(xi, v + 1, f"{v:.1f}", ha="center", fontsize=7)
+            for xi, v, hi in zip(x, values, highs):
+                ax.text(xi, hi + 1, f"{v:.1f}", ha="center", fontsize=7)
         ax.set_xticks(np.arange(len(ks)) + width * (len(names) - 1) / 2, [f"R@{k}" for k in ks])
         ax.set_title(f"{direction} recall (95% Wilson interval)")
-        ax.set_ylim(0, 105)
+        ax.set_ylim(0, 108)
     axes[0].set_ylabel("recall (%)")
     axes[1].legend(fontsize=8, loc="lower right")
     fig.suptitle(_title(metrics))
@@ -77,12 +77,11 @@ def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
     if not rows:
         return None
     plt = _plt()
-    labels = [f"{r['candidate']} vs {r['baseline']} ({r['direction']})" for r in rows]
     y = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.5))
+    fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 1.5))
     ax.barh(y, [r["wins"] for r in rows], color="tab:green", label="won (candidate right, baseline wrong)")
     ax.barh(y, [-r["losses"] for r in rows], color="tab:red", label="lost (baseline right, candidate wrong)")
-    ax.set_yticks(y, [_clip(s) for s in labels], fontsize=7)
+    ax.set_yticks(y, [_pair_label(r) for r in rows], fontsize=7)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlabel(f"queries at R@{rows[0]['k']}")
     ax.legend(fontsize=7, loc="lower right")
@@ -96,7 +95,7 @@ def forest(rows: list[dict], path: Path, title: str) -> Path | None:
         return None
     plt = _plt()
     y = np.arange(len(rows))[::-1]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.5))
     gains = np.array([r["gain"] for r in rows])
     ax.errorbar(gains, y, xerr=[gains - [r["ci_low"] for r in rows], np.array([r["ci_high"] for r in rows]) - gains],
                 fmt="o", capsize=3, label="95% CI over queries")
@@ -105,8 +104,7 @@ def forest(rows: list[dict], path: Path, title: str) -> Path | None:
                                           np.array([r["cluster_ci_high"] for r in rows]) - gains],
                     fmt="none", ecolor="gray", capsize=2, label="95% CI over images")
     ax.axvline(0, color="black", lw=0.8)
-    labels = [f"{r.get('factor', '')}: {r['candidate']} vs {r['baseline']} ({r['direction']})".lstrip(": ") for r in rows]
-    ax.set_yticks(y, [_clip(s) for s in labels], fontsize=7)
+    ax.set_yticks(y, [_pair_label(r) for r in rows], fontsize=7)
     ax.set_xlabel(f"gain in R@{rows[0]['k']} (points)")
     ax.legend(fontsize=7)
     ax.set_title(title)
@@ -140,7 +138,11 @@ def cost_vs_recall(cost: list[dict], article: list[dict], path: Path) -> Path | 
     if not cost:
         return None
     plt = _plt()
-    recall = {(r["dataset"].split(" ")[0], r["retriever"]): r.get("t2i R@1") for r in article}
+    recall = {}
+    for r in article:
+        for column, value in r.items():
+            if column.endswith(" t2i R@1"):
+                recall[(column.split(" ")[0], r["retriever"])] = value
     fig, ax = plt.subplots(figsize=(8, 5))
     for row in cost:
         value = recall.get((row["dataset"], row["retriever"]))
@@ -179,6 +181,11 @@ def _title(metrics: dict) -> str:
     d = metrics["dataset"]
     flag = " [SIMULATED]" if d.get("simulated") else (" [NON-STANDARD]" if d.get("nonstandard") else "")
     return f"{d['name']}: {d['n_images']} images, {d['n_captions']} captions{flag}"
+
+
+def _pair_label(row: dict) -> str:
+    factor = f"{row['factor']}: " if row.get("factor") else ""
+    return f"{factor}{_clip(row['candidate'], 48)}\n  vs {_clip(row['baseline'], 48)} ({row['direction']})"
 
 
 def _clip(text: str, width: int = 90) -> str:

@@ -91,7 +91,7 @@ def describe(run: Run, name: str) -> str:
     spec = run.metrics["retrievers"][name]["spec"]
     if spec.get("kind") == "fusion":
         parts = [_short(run, m) for m in spec["members"]]
-        return f"fused[{' + '.join(parts)}] {spec['method']} by {spec['fuse_on']} top_k={spec['top_k']}"
+        return f"fused {spec['method']} by {spec['fuse_on']} top_k={spec['top_k']} [{' + '.join(parts)}]"
     return _short(run, name)
 
 
@@ -115,18 +115,31 @@ def unique_retrievers(runs: list[Run]) -> list[tuple[Run, str]]:
     return out
 
 
+def _dataset_label(dataset: dict) -> str:
+    return dataset["name"] + (" (simulated)" if dataset.get("simulated") else "") + (
+        " (non-standard)" if dataset.get("nonstandard") else "")
+
+
 def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
-    rows = []
+    """The article's table: one row per retriever (models, preprocessing, fusion), columns dataset x direction x R@k."""
+    rows: dict[str, dict] = {}
+    labels: dict[tuple, str] = {}
+    for run in runs:  # one column group per dataset; same-named datasets of other sizes get their counts added
+        label = _dataset_label(run.metrics["dataset"])
+        if run.dataset_key not in labels:
+            clash = label in labels.values()
+            labels[run.dataset_key] = f"{label} {run.dataset_key[1]}/{run.dataset_key[2]}" if clash else label
     for run, name in unique_retrievers(runs):
-        entry, dataset = run.metrics["retrievers"][name], run.metrics["dataset"]
-        row = {"dataset": dataset["name"] + (" (simulated)" if dataset.get("simulated") else "")
-               + (" (non-standard)" if dataset.get("nonstandard") else ""), "retriever": describe(run, name),
-               "run": run.name}
+        entry = run.metrics["retrievers"][name]
+        label = describe(run, name)
+        row = rows.setdefault(label, {"retriever": label})
+        dataset = labels[run.dataset_key]
         for direction in ("t2i", "i2t"):
             for k in ks:
-                row[f"{direction} R@{k}"] = entry[direction].get(f"R@{k}")
-        rows.append(row)
-    return rows
+                row[f"{dataset} {direction} R@{k}"] = entry[direction].get(f"R@{k}")
+    columns = sorted({c for r in rows.values() for c in r if c != "retriever"},
+                     key=lambda c: (c.rsplit(" ", 2)[0], c.rsplit(" ", 2)[1] != "t2i", int(c.rsplit("@", 1)[1])))
+    return [{"retriever": r["retriever"], **{c: r.get(c) for c in columns}} for r in rows.values()]
 
 
 def _orient(factor: str, a_value, b_value) -> bool:
@@ -257,14 +270,14 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
     folder = Path(folder)
     report = build_report(folder, draws=draws, seed=seed)
     ks = report["ks"]
-    metric_cols = [f"{d} R@{k}" for d in ("t2i", "i2t") for k in ks]
+    metric_cols = [c for c in (report["article"][0] if report["article"] else {}) if c != "retriever"]
     gain_cols = ["dataset", "factor", "candidate", "baseline", "direction", "k", "gain", "ci_low", "ci_high",
                  "cluster_ci_low", "cluster_ci_high", "wins", "losses", "p_value", "p_holm"]
     headline = [r for r in report["gains"] if r["k"] == ks[0]]
     lines = [f"# Sweep summary: {folder}", "",
              f"{len(report['runs'])} finished runs" + (f", {len(report['failed'])} failed: {', '.join(report['failed'])}"
                                                       if report["failed"] else "") + ".", "",
-             "## Recall (percent)", "", _table(report["article"], ["dataset", "retriever", *metric_cols]), "",
+             "## Recall (percent)", "", _table(report["article"], ["retriever", *metric_cols]), "",
              f"## Paired gains at R@{ks[0]} (points; 95% bootstrap intervals over queries and over images; "
              "McNemar p, Holm-adjusted over the whole sweep)", "",
              _table(headline, gain_cols) if headline else "No pairs of runs differ in exactly one factor.", "",
