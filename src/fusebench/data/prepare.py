@@ -10,7 +10,6 @@ or extracted; nothing half-written is left under its final name. Layout under RO
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import logging
@@ -27,6 +26,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from fusebench import FusebenchError
+from fusebench.cache import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,6 @@ BENCHMARKS = {
     "coco5k": Benchmark("coco5k", "coco", "dataset_coco.json", "coco", (5000, 25010)),
     "flickr1k": Benchmark("flickr1k", "flickr30k", "dataset_flickr30k.json", "flickr30k/flickr30k-images", (1000, 5000)),
 }
-
-
-def sha256_of(path: Path, block: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _check_space(folder: Path, needed: int, what: str) -> None:
@@ -117,7 +109,7 @@ def download(url: str, dest: Path, sha256: str | None = None, retries: int = 5, 
         part.unlink()
         raise FusebenchError(f"{url}: received {size} bytes, the server announced {total}; removed the partial file.")
     if sha256 is not None:
-        found = sha256_of(part)
+        found = file_sha256(part)
         if found != sha256:
             part.unlink()
             raise FusebenchError(f"{url}: checksum mismatch (sha256 {found}, expected {sha256}); the file is corrupt "

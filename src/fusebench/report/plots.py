@@ -72,8 +72,13 @@ def recall_curves(run_dir: Path, metrics: dict, path: Path, max_k: int = 50) -> 
     return _save(fig, path)
 
 
+def _smallest_k(rows: list[dict]) -> list[dict]:
+    """The comparison rows at the smallest k (R@1 in the default setup): what the pair plots show."""
+    return [r for r in rows if r["k"] == min(x["k"] for x in rows)] if rows else []
+
+
 def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
-    rows = [r for r in rows if r["k"] == min(x["k"] for x in rows)] if rows else []
+    rows = _smallest_k(rows)
     if not rows:
         return None
     plt = _plt()
@@ -90,7 +95,7 @@ def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
 
 
 def forest(rows: list[dict], path: Path, title: str) -> Path | None:
-    rows = [r for r in rows if r["k"] == min(x["k"] for x in rows)] if rows else []
+    rows = _smallest_k(rows)
     if not rows:
         return None
     plt = _plt()
