@@ -64,8 +64,15 @@ def test_merge_topk_equals_topk_of_whole(tied_scores):
 
 
 def test_resolve_device():
+    from fusebench import FusebenchError
+
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type in {"cpu", "cuda", "mps"}
+    with pytest.raises(FusebenchError, match="not a torch device"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(FusebenchError, match="no CUDA device"):
+            resolve_device("cuda")
 
 
 def test_descending_keys_order_special_floats():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fusebench import FusebenchError
+
 
 def resolve_device(name: str | None) -> torch.device:
     """``auto`` (or None) picks cuda, then mps, then cpu."""
@@ -18,7 +20,15 @@ def resolve_device(name: str | None) -> torch.device:
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise FusebenchError(f"device {name!r} is not a torch device; valid: auto, cpu, cuda, cuda:N, mps.") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise FusebenchError(f"device {name!r} was asked for but no CUDA device is available; use auto or cpu.")
+    if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise FusebenchError(f"device {name!r} was asked for but MPS is not available; use auto or cpu.")
+    return device
 
 
 def stable_sort_desc(values: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:

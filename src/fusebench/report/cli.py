@@ -17,12 +17,14 @@ def main(argv: list[str] | None = None) -> int:
     if not folder.is_dir():
         print(f"fusebench-report: error: {folder} is not a folder", file=sys.stderr)
         return 2
-    from fusebench.report.sweep import write_report
+    from fusebench.report.sweep import load_runs, write_report
 
-    report = write_report(folder, draws=args.draws, seed=args.seed)
-    if not report["runs"]:
-        print(f"fusebench-report: error: no finished runs (metrics.json) below {folder}", file=sys.stderr)
+    runs, failed = load_runs(folder)
+    if not runs:
+        print(f"fusebench-report: error: no finished runs (metrics.json) below {folder}"
+              + (f"; failed: {', '.join(failed)}" if failed else ""), file=sys.stderr)
         return 2
+    write_report(folder, draws=args.draws, seed=args.seed)
     print((folder / "summary.md").read_text())
     return 0
 
