@@ -87,13 +87,10 @@ def _top_candidates(scores: torch.Tensor, m: int, block: int = 128) -> tuple[tor
     rows, n = array.shape
     cut = n - m
     idx = np.empty((rows, m), dtype=np.int64)
-    values = np.empty((rows, m), dtype=array.dtype)
     for r in range(0, rows, block):
-        part = np.ascontiguousarray(array[r:r + block])
-        picked = np.argpartition(part, cut, axis=1)[:, cut:]
-        idx[r:r + block] = picked
-        values[r:r + block] = np.take_along_axis(part, picked, axis=1)
-    return torch.from_numpy(values), torch.from_numpy(idx)
+        idx[r:r + block] = np.argpartition(np.ascontiguousarray(array[r:r + block]), cut, axis=1)[:, cut:]
+    idx = torch.from_numpy(idx)
+    return scores.gather(1, idx), idx
 
 
 def topk_stable(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
