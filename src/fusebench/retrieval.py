@@ -21,7 +21,6 @@ from fusebench.fusion import FusionConfig, fuse_in_blocks
 from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.search import column_target_ranks, merge_topk, target_ranks, topk_stable
 
-DIRECTIONS = ("t2i", "i2t")
 
 
 @dataclass
