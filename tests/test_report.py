@@ -30,8 +30,11 @@ def method_sweep(tmp_path_factory):
 
 
 def test_multirun_writes_the_report_files(method_sweep):
-    for name in ("summary.md", "summary.csv", "gains.csv", "cost.csv"):
+    for name in ("summary.md", "summary.csv", "gains.csv", "cost.csv", "plots/paired_gains.png",
+                 "plots/wins_losses.png", "plots/cost_vs_gain.png"):
         assert (method_sweep / name).is_file()
+    for name in ("recall_bars", "recall_at_k", "wins_losses", "paired_gains", "score_distributions"):
+        assert (method_sweep / "0" / "plots" / f"{name}.png").stat().st_size > 5000
     summary = (method_sweep / "summary.md").read_text()
     assert "4 finished runs" in summary and "| sim_siglip2_like |" in summary
     assert "| retriever | sim (simulated) t2i R@1 | sim (simulated) t2i R@5 |" in summary

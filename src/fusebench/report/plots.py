@@ -139,25 +139,33 @@ def score_distributions(run_dir: Path, metrics: dict, path: Path) -> Path | None
     return _save(fig, path)
 
 
-def cost_vs_recall(cost: list[dict], article: list[dict], path: Path) -> Path | None:
+def cost_vs_gain(cost: list[dict], article: list[dict], path: Path) -> Path | None:
+    """Index bytes per image against the t2i R@1 gain over the best single model on the same dataset."""
     if not cost:
         return None
-    plt = _plt()
-    recall = {}
+    recall: dict = {}
     for r in article:
         for column, value in r.items():
-            if column.endswith(" t2i R@1"):
+            if column.endswith(" t2i R@1") and value is not None:
                 recall[(column.split(" ")[0], r["retriever"])] = value
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for row in cost:
-        value = recall.get((row["dataset"], row["retriever"]))
-        if value is None:
-            continue
-        ax.scatter(row["bytes_per_image_fp32"], value)
-        ax.annotate(_clip(row["retriever"], 40), (row["bytes_per_image_fp32"], value), fontsize=7)
+    best: dict = {}
+    for (dataset, retriever), value in recall.items():
+        if not retriever.startswith("fused"):
+            best[dataset] = max(best.get(dataset, value), value)
+    points = [(row, recall[(row["dataset"], row["retriever"])] - best[row["dataset"]]) for row in cost
+              if (row["dataset"], row["retriever"]) in recall and row["dataset"] in best]
+    if not points:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for row, gain in points:
+        ax.scatter(row["bytes_per_image_fp32"], gain, color="tab:orange" if row["retriever"].startswith("fused")
+                   else "tab:blue")
+        ax.annotate(_clip(f"{row['dataset']}: {row['retriever']}", 50), (row["bytes_per_image_fp32"], gain), fontsize=7)
+    ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel("index bytes per image (fp32)")
-    ax.set_ylabel("t2i R@1 (%)")
-    ax.set_title("cost vs recall")
+    ax.set_ylabel("t2i R@1 minus the best single model's (points)")
+    ax.set_title("cost vs gain (blue: single models, orange: fusions)")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -178,7 +186,7 @@ def sweep_plots(folder: str | Path, report: dict) -> list[Path]:
     out.mkdir(exist_ok=True)
     made = [forest(report["gains"], out / "paired_gains.png", "paired gains across the sweep"),
             wins_losses(report["gains"], out / "wins_losses.png", "wins and losses across the sweep"),
-            cost_vs_recall(report["cost"], report["article"], out / "cost_vs_recall.png")]
+            cost_vs_gain(report["cost"], report["article"], out / "cost_vs_gain.png")]
     return [p for p in made if p is not None]
 
 
