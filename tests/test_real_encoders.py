@@ -186,7 +186,7 @@ def test_unknown_registry_model_lists_the_registry():
 
 
 def test_tiny_end_to_end_with_workers_and_warm_rerun(checkpoints, compose_cfg, tmp_path):
-    overrides = ["dataset=tiny", "models=[]", f"+models.oc.kind=open_clip",
+    overrides = ["dataset=tiny", "models=[]", "+models.oc.kind=open_clip",
                  f"+models.oc.model=local-dir:{checkpoints['open_clip']}", "+models.siglip.kind=hf",
                  f"+models.siglip.checkpoint={checkpoints['siglip']}", f"embed.cache.dir={tmp_path / 'cache'}",
                  "embed.num_workers=2", "eval.bootstrap.draws=100", "fusion.top_k=20"]

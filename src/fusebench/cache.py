@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import numpy as np
 from filelock import FileLock
 
 from fusebench import FusebenchError
+from fusebench.atomic import atomic_save, atomic_write_text
 
 log = logging.getLogger(__name__)
 STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
@@ -48,18 +48,6 @@ def file_sha256(path: Path, block: int = 1 << 22) -> str:
         while chunk := fh.read(block):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _atomic_save(path: Path, writer: Callable[[Path], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        writer(Path(tmp))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _add_stats(total: dict, more: dict) -> None:
@@ -181,7 +169,7 @@ class EmbeddingCache:
             chunk, rest = block[:need].astype(store), block[need:]
             pending = [rest] if len(rest) else []
             chunk_stats, pending_stats = pending_stats, {}
-            _atomic_save(folder / f"chunk-{index:06d}.npz",
+            atomic_save(folder / f"chunk-{index:06d}.npz",
                          lambda tmp, c=chunk, s=chunk_stats: _save_npz(tmp, c, s))
             done[index] = (chunk, chunk_stats)
         seconds = time.perf_counter() - started
@@ -190,11 +178,11 @@ class EmbeddingCache:
         for i in range(n_chunks):
             _add_stats(stats, done[i][1])
         data_path = folder / "embeddings.npy"
-        _atomic_save(data_path, lambda tmp: _save_npy(tmp, data))
+        atomic_save(data_path, lambda tmp: _save_npy(tmp, data))
         meta = {"key": key, "info": info, "material": material, "shape": list(data.shape), "dtype": self.dtype,
                 "bytes": data_path.stat().st_size, "sha256": file_sha256(data_path), "stats": stats,
                 "seconds": round(seconds, 3), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        _atomic_save(folder / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8"))
+        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
         for i in range(n_chunks):
             (folder / f"chunk-{i:06d}.npz").unlink(missing_ok=True)
         return CacheResult(data.astype(np.float32), key, hit=False, stats=stats, seconds=seconds)

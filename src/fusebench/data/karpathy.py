@@ -156,7 +156,7 @@ def load_karpathy(annotations: str | Path, image_root: str | Path, split: str = 
                        f"captions; the standard {name} has {wanted['images']} and {wanted['captions']}. Published "
                        "scores are fractions of the standard counts, so this corpus is not comparable.")
             if not allow_nonstandard:
-                raise FusebenchError(message + f" Set dataset.allow_nonstandard=true to run anyway (outputs are "
+                raise FusebenchError(message + " Set dataset.allow_nonstandard=true to run anyway (outputs are "
                                      "then marked non-standard).")
             meta["nonstandard"] = True
         if split != "test":  # a deliberate choice of another split: allowed, but never passed off as the benchmark

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fusebench.atomic import atomic_write_text
+
 
 def _clean(value):
     """JSON-safe: numpy scalars to Python, non-finite floats to None."""
@@ -28,19 +30,6 @@ def _clean(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_run_outputs(out_dir: str | Path, lists: dict, metrics: dict, save_topk: int | None,

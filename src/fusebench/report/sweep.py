@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fusebench.atomic import atomic_write_text
 from fusebench.metrics import hits_at_k
 from fusebench.stats import clustered_bootstrap, holm_adjust, mcnemar_p, paired_bootstrap
 
@@ -265,8 +266,6 @@ def build_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
 
 def write_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
     """Write summary.md, summary.csv, gains.csv and cost.csv into ``folder``; return the report."""
-    from fusebench.report.outputs import atomic_write_text
-
     folder = Path(folder)
     report = build_report(folder, draws=draws, seed=seed)
     ks = report["ks"]
