@@ -86,6 +86,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     settings = eval_settings(_plain(cfg["eval"]))
     fusion = fusion_settings(_plain(cfg["fusion"]), settings["ks"])
     specs = model_specs(_plain(cfg["models"]))
+    device = resolve_device(settings["device"])  # checked before any embedding work
     corpus = load_corpus(_plain(cfg["dataset"]))
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
 
@@ -93,7 +94,6 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     raws = [load_raw(name, spec, corpus, runtime) for name, spec in specs.items()]
     raws, corpus = drop_unreadable(raws, corpus)
     embeddings = [finalize(raw, corpus) for raw in raws]
-    device = resolve_device(settings["device"])
     inputs = [ModelInput(e.name, e.image, e.text, float(specs[e.name].get("weight", 1.0))) for e in embeddings]
     search_started = time.perf_counter()
     with tqdm(total=corpus.n_captions, desc="search+fuse", unit="query", leave=False) as bar:
@@ -103,6 +103,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     search_seconds = time.perf_counter() - search_started
     ranks = {name: {d: lists[name][d].ranks for d in ("t2i", "i2t")} for name in lists}
     singles = [e.name for e in embeddings]
+    by_name = {e.name: e for e in embeddings}
     clusters = {"t2i": corpus.caption_image, "i2t": corpus.i2t_query_images}
     retrievers = {}
     for name in lists:
@@ -110,7 +111,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
         if name == FUSED:
             retrievers[name]["spec"] = {"kind": "fusion", "members": singles, **fusion.__dict__}
         else:
-            model = next(e for e in embeddings if e.name == name)
+            model = by_name[name]
             retrievers[name]["spec"] = {**specs[name], "dim": model.dim}
             if model.info:
                 retrievers[name]["embedding"] = model.info
