@@ -23,7 +23,7 @@ test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: venv
-	$(BIN)/python scripts/bench_eval.py
+	$(BIN)/python scripts/bench_eval.py --cli --distractors
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -3,31 +3,43 @@ import pytest
 import torch
 from reference import fuse_one_query, i2t_rank, integer_embeddings, stable_order, t2i_rank
 
+import fusebench.lists
 from fusebench.fusion import FUSE_ON, FusionConfig
-from fusebench.retrieval import ModelInput, retrieve
+from fusebench.retrieval import ModelInput, SearchSettings, retrieve
 
 N_IMAGES = 23
+METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore"]
+
+
+def _case(seed: int, n_images: int, distractors: list[int]):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 5, size=n_images)
+    counts[distractors] = 0  # distractors: retrievable, ask no i2t query
+    caption_image = np.repeat(np.arange(n_images), counts)
+    models = [ModelInput("a", integer_embeddings(rng, n_images), integer_embeddings(rng, len(caption_image))),
+              ModelInput("b", integer_embeddings(rng, n_images, dim=5), integer_embeddings(rng, len(caption_image), dim=5),
+                         weight=0.7)]
+    return models, caption_image
 
 
 @pytest.fixture(scope="module")
 def case():
-    rng = np.random.default_rng(42)
-    counts = rng.integers(1, 5, size=N_IMAGES)
-    counts[[4, 17]] = 0  # distractors: retrievable, ask no i2t query
-    caption_image = np.repeat(np.arange(N_IMAGES), counts)
-    models = [ModelInput("a", integer_embeddings(rng, N_IMAGES), integer_embeddings(rng, len(caption_image))),
-              ModelInput("b", integer_embeddings(rng, N_IMAGES, dim=5), integer_embeddings(rng, len(caption_image), dim=5),
-                         weight=0.7)]
-    return models, caption_image
+    return _case(42, N_IMAGES, [4, 17])
 
 
 def _scores(model):
     return model.text @ model.image.T  # exact: small integers
 
 
-def test_single_model_ranks_and_lists_match_reference(case):
+def _run(models, caption_image, config, keep_k=None, **settings):
+    return retrieve(models, caption_image, config, keep_k=keep_k, settings=SearchSettings(**settings))
+
+
+@pytest.mark.parametrize("chunks", [(7, 16384), (5, 4), (1, 1), (64, 9)])
+def test_single_model_ranks_and_lists_match_reference(case, chunks):
     models, caption_image = case
-    out = retrieve(models[:1], caption_image, FusionConfig(method="none", top_k=4), keep_k=None, chunk_size=7)
+    out = _run(models[:1], caption_image, FusionConfig(method="none", top_k=4), chunk_size=chunks[0],
+               item_chunk_size=chunks[1])
     scores = _scores(models[0])
     query_images = np.unique(caption_image)
     assert query_images.tolist() == [i for i in range(N_IMAGES) if i not in (4, 17)]
@@ -35,31 +47,41 @@ def test_single_model_ranks_and_lists_match_reference(case):
     for q in range(len(caption_image)):
         assert lists["t2i"].ranks[q] == t2i_rank(scores[q].tolist(), caption_image[q])  # exact even beyond top_k
         assert lists["t2i"].ids[q].tolist() == stable_order(scores[q].tolist())[:4]
+        assert lists["t2i"].scores[q].tolist() == [scores[q, j] for j in stable_order(scores[q].tolist())[:4]]
     for row, image in enumerate(query_images):
         correct = set(np.flatnonzero(caption_image == image).tolist())
         assert lists["i2t"].ranks[row] == i2t_rank(scores[:, image].tolist(), correct)
         assert lists["i2t"].ids[row].tolist() == stable_order(scores[:, image].tolist())[:4]
 
 
-@pytest.mark.parametrize("chunk_size", [1, 5, 64])
-def test_results_do_not_depend_on_chunk_size(case, chunk_size):
-    models, caption_image = case
-    config = FusionConfig(method="dbsf", top_k=6, final_top_k=8)
-    base = retrieve(models, caption_image, config, keep_k=None, chunk_size=1000)
-    other = retrieve(models, caption_image, config, keep_k=None, chunk_size=chunk_size)
+def _assert_same(base, other):
+    assert base.keys() == other.keys()
     for name in base:
         for direction in ("t2i", "i2t"):
-            assert np.array_equal(base[name][direction].ranks, other[name][direction].ranks)
-            assert torch.equal(base[name][direction].ids, other[name][direction].ids)
+            assert np.array_equal(base[name][direction].ranks, other[name][direction].ranks), (name, direction)
+            assert torch.equal(base[name][direction].ids, other[name][direction].ids), (name, direction)
+            assert torch.equal(base[name][direction].scores, other[name][direction].scores), (name, direction)
 
 
-@pytest.mark.parametrize("method", ["rrf", "dbsf", "sum", "minmax", "zscore"])
-@pytest.mark.parametrize("fuse_on", FUSE_ON)
-def test_fused_lists_match_per_query_reference_both_directions(case, method, fuse_on):
+@pytest.mark.parametrize("top_k", [6, None])
+@pytest.mark.parametrize("chunks", [(1, 1000), (5, 3), (64, 1), (3, 7)])
+def test_results_do_not_depend_on_tile_sizes(case, top_k, chunks):
     models, caption_image = case
-    top_k, final_k = 5, 7
-    config = FusionConfig(method=method, fuse_on=fuse_on, top_k=top_k, final_top_k=final_k)
-    out = retrieve(models, caption_image, config, keep_k=None, chunk_size=6)
+    config = FusionConfig(method="dbsf", top_k=top_k, final_top_k=8)
+    base = _run(models, caption_image, config, chunk_size=1000, item_chunk_size=1000)
+    _assert_same(base, _run(models, caption_image, config, chunk_size=chunks[0], item_chunk_size=chunks[1]))
+
+
+def test_torch_selection_path_equals_cpu_heaps(case, monkeypatch):
+    """The path other devices take (torch.topk candidates, merged per tile) gives the heaps' lists."""
+    models, caption_image = case
+    config = FusionConfig(method="rrf", top_k=5)
+    heaps = _run(models, caption_image, config, chunk_size=4, item_chunk_size=6)
+    monkeypatch.setattr(fusebench.lists, "_running_lists", lambda n, k, device: fusebench.lists._TorchLists(n, k, device))
+    _assert_same(heaps, _run(models, caption_image, config, chunk_size=4, item_chunk_size=6))
+
+
+def _check_fused_against_reference(models, caption_image, method, fuse_on, top_k, final_k, out, keep=None):
     weights = [m.weight for m in models]
     all_scores = [_scores(m) for m in models]
     query_images = np.unique(caption_image)
@@ -67,38 +89,76 @@ def test_fused_lists_match_per_query_reference_both_directions(case, method, fus
     def per_model_lists(rows):
         return [(stable_order(row)[:top_k], [row[j] for j in stable_order(row)[:top_k]]) for row in rows]
 
+    def check(ranked, row, expected, is_correct):
+        shown = len(expected) if keep is None else min(keep, len(expected))
+        assert ranked.ids[row].tolist()[:shown] == [e[0] for e in expected][:shown]
+        assert ranked.scores[row].tolist()[:shown] == pytest.approx([e[1] for e in expected][:shown], abs=1e-6)
+        assert ranked.contributors[row].tolist()[:shown] == [e[2] for e in expected][:shown]
+        hits = [p for p, e in enumerate(expected, start=1) if is_correct(e[0])]
+        assert ranked.ranks[row] == (hits[0] if hits else 0)
+
     for q in range(len(caption_image)):
         expected = fuse_one_query(per_model_lists([s[q].tolist() for s in all_scores]), method, fuse_on, final_k, weights)
-        assert out["fused"]["t2i"].ids[q].tolist()[: len(expected)] == [e[0] for e in expected]
-        hits = [p for p, e in enumerate(expected, start=1) if e[0] == caption_image[q]]
-        assert out["fused"]["t2i"].ranks[q] == (hits[0] if hits else 0)
+        check(out["fused"]["t2i"], q, expected, lambda item: item == caption_image[q])
     for row, image in enumerate(query_images):
         expected = fuse_one_query(per_model_lists([s[:, image].tolist() for s in all_scores]), method, fuse_on,
                                   final_k, weights)
-        assert out["fused"]["i2t"].ids[row].tolist()[: len(expected)] == [e[0] for e in expected]
-        hits = [p for p, e in enumerate(expected, start=1) if caption_image[e[0]] == image]
-        assert out["fused"]["i2t"].ranks[row] == (hits[0] if hits else 0)
+        check(out["fused"]["i2t"], row, expected, lambda item: caption_image[item] == image)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("fuse_on", FUSE_ON)
+def test_fused_lists_match_per_query_reference_both_directions(case, method, fuse_on):
+    models, caption_image = case
+    config = FusionConfig(method=method, fuse_on=fuse_on, top_k=5, final_top_k=7)
+    out = _run(models, caption_image, config, chunk_size=6)
+    _check_fused_against_reference(models, caption_image, method, fuse_on, 5, 7, out)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("fuse_on", FUSE_ON)
+@pytest.mark.parametrize("final_top_k", [None, 9])
+def test_dense_path_matches_reference_on_whole_rankings(case, method, fuse_on, final_top_k):
+    """top_k: null fuses whole rankings block by block; the reference fuses full per-query lists."""
+    models, caption_image = case
+    config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None, final_top_k=final_top_k)
+    out = _run(models, caption_image, config, keep_k=12, chunk_size=5, item_chunk_size=4)
+    n_items = max(N_IMAGES, len(caption_image))
+    final_k = final_top_k or 2 * n_items
+    _check_fused_against_reference(models, caption_image, method, fuse_on, n_items, final_k, out, keep=12)
+
+
+def test_dense_blocks_of_one_query_give_the_same_result(case):
+    models, caption_image = case
+    config = FusionConfig(method="rrf", fuse_on="source_object", top_k=None)
+    base = _run(models, caption_image, config, keep_k=10)
+    _assert_same(base, _run(models, caption_image, config, keep_k=10, chunk_size=1, item_chunk_size=1))
+
+
+def test_many_distractors_tiled_on_both_axes_equal_untiled():
+    """Most images have no caption: t2i must still rank them, i2t asks them nothing; tiles change nothing."""
+    models, caption_image = _case(5, 300, list(range(12, 300)))
+    for config in (FusionConfig(method="dbsf", top_k=20), FusionConfig(method="rrf", fuse_on="document", top_k=None)):
+        base = _run(models, caption_image, config, keep_k=15, chunk_size=10_000, item_chunk_size=10_000)
+        tiled = _run(models, caption_image, config, keep_k=15, chunk_size=7, item_chunk_size=32)
+        _assert_same(base, tiled)
+        assert base["a"]["i2t"].ranks.shape == (12,)
+    scores = _scores(models[0])
+    for q in range(len(caption_image)):
+        assert base["a"]["t2i"].ranks[q] == t2i_rank(scores[q].tolist(), caption_image[q])
 
 
 def test_no_fused_retriever_for_one_model_or_method_none(case):
     models, caption_image = case
-    assert set(retrieve(models[:1], caption_image, FusionConfig(method="rrf", top_k=5), None)) == {"a"}
-    assert set(retrieve(models, caption_image, FusionConfig(method="none", top_k=5), None)) == {"a", "b"}
-
-
-def test_top_k_none_means_all_items(case):
-    models, caption_image = case
-    out = retrieve(models, caption_image, FusionConfig(method="rrf", top_k=None), keep_k=None, chunk_size=9)
-    assert out["a"]["t2i"].ids.shape == (len(caption_image), N_IMAGES)
-    assert out["a"]["i2t"].ids.shape == (N_IMAGES - 2, len(caption_image))
-    assert (out["fused"]["t2i"].ranks >= 1).all() and (out["fused"]["i2t"].ranks >= 1).all()
+    assert set(_run(models[:1], caption_image, FusionConfig(method="rrf", top_k=5))) == {"a"}
+    assert set(_run(models, caption_image, FusionConfig(method="none", top_k=5))) == {"a", "b"}
 
 
 def test_keep_k_cuts_stored_lists_not_ranks(case):
     models, caption_image = case
     config = FusionConfig(method="rrf", top_k=None)
-    full = retrieve(models, caption_image, config, keep_k=None, chunk_size=8)
-    cut = retrieve(models, caption_image, config, keep_k=3, chunk_size=8)
+    full = _run(models, caption_image, config, keep_k=None, chunk_size=8)
+    cut = _run(models, caption_image, config, keep_k=3, chunk_size=8)
     for name in full:
         for direction in ("t2i", "i2t"):
             assert np.array_equal(full[name][direction].ranks, cut[name][direction].ranks)

@@ -50,6 +50,26 @@ def file_sha256(path: Path, block: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def read_meta(path: Path) -> dict:
+    """An entry's meta.json as a dict; ValueError when it is not a JSON object (or not JSON at all)."""
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path.name} holds a JSON {type(meta).__name__}, not an object")
+    return meta
+
+
+def data_file_problem(path: Path, meta: dict) -> str | None:
+    """Why the data file of a complete entry cannot be trusted (missing, wrong size, wrong checksum), or None."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    size = path.stat().st_size
+    if size != meta["bytes"]:
+        return f"{path.name} has {size} bytes, expected {meta['bytes']} (truncated?)"
+    if file_sha256(path) != meta["sha256"]:
+        return f"{path.name} does not match its recorded checksum"
+    return None
+
+
 def _add_stats(total: dict, more: dict) -> None:
     for name, value in more.items():
         total[name] = total.get(name, 0) + value
@@ -99,20 +119,14 @@ class EmbeddingCache:
         meta_path, data_path = folder / "meta.json", folder / "embeddings.npy"
         if not meta_path.is_file():
             return None
-        problem = None
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            if not data_path.is_file():
-                problem = "embeddings.npy is missing"
-            elif data_path.stat().st_size != meta["bytes"]:
-                problem = f"embeddings.npy has {data_path.stat().st_size} bytes, expected {meta['bytes']} (truncated?)"
-            elif file_sha256(data_path) != meta["sha256"]:
-                problem = "embeddings.npy does not match its recorded checksum"
-            else:
+            meta = read_meta(meta_path)
+            problem = data_file_problem(data_path, meta)
+            if problem is None:
                 data = np.load(data_path, allow_pickle=False)
                 if data.shape[0] != n_rows:
                     problem = f"embeddings.npy has {data.shape[0]} rows, expected {n_rows}"
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, TypeError) as err:
             problem = f"unreadable entry ({err})"
         if problem:
             log.warning("cache entry %s is corrupt: %s; removing it and recomputing", folder, problem)
@@ -198,11 +212,11 @@ class EmbeddingCache:
             info = {"key": folder.name, "path": str(folder), "bytes": size, "complete": meta_path.is_file()}
             if info["complete"]:
                 try:
-                    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                    meta = read_meta(meta_path)
                     material = meta.get("material", {})
                     info.update(model=meta.get("info", {}).get("model", ""), kind=material.get("kind", ""),
                                 shape=meta.get("shape"), dtype=meta.get("dtype"), created=meta.get("created"))
-                except (OSError, ValueError):
+                except (OSError, ValueError, AttributeError):
                     info["complete"] = False
             else:
                 info["chunks"] = len(list(folder.glob("chunk-*.npz")))
@@ -211,17 +225,22 @@ class EmbeddingCache:
 
     def remove(self, key_prefix: str) -> list[str]:
         """Remove the entries whose key starts with ``key_prefix``; return the removed keys."""
-        if len(key_prefix) < 4:
-            raise FusebenchError("give at least 4 characters of a cache key (see fusebench-cache list).")
-        removed = []
-        for entry in self.entries():
-            if entry["key"].startswith(key_prefix):
-                folder = Path(entry["path"])
-                with FileLock(str(folder) + ".lock"):
-                    shutil.rmtree(folder, ignore_errors=True)
-                Path(str(folder) + ".lock").unlink(missing_ok=True)
-                removed.append(entry["key"])
-        return removed
+        return remove_entries(self.entries(), key_prefix)
+
+
+def remove_entries(entries: list[dict], key_prefix: str) -> list[str]:
+    """Remove (under each entry's lock) the listed entries whose key starts with ``key_prefix``."""
+    if len(key_prefix) < 4:
+        raise FusebenchError("give at least 4 characters of a cache key (see fusebench-cache list).")
+    removed = []
+    for entry in entries:
+        if entry["key"].startswith(key_prefix):
+            folder = Path(entry["path"])
+            with FileLock(str(folder) + ".lock"):
+                shutil.rmtree(folder, ignore_errors=True)
+            Path(str(folder) + ".lock").unlink(missing_ok=True)
+            removed.append(entry["key"])
+    return removed
 
 
 def _save_npy(path: Path, data: np.ndarray) -> None:

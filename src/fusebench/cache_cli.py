@@ -1,6 +1,6 @@
-"""``fusebench-cache``: list and remove embedding cache entries.
+"""``fusebench-cache``: list and remove cache entries: embeddings and each model's stored ranked lists.
 
-    fusebench-cache list [--dir DIR]           entries with model, kind, rows x dim, size, state
+    fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists), shape, size, state
     fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters)
     fusebench-cache clear --yes                remove every entry
 The default DIR is the run default: $FUSEBENCH_OUTPUT/cache, else outputs/cache.
@@ -14,6 +14,7 @@ import sys
 
 from fusebench import FusebenchError
 from fusebench.cache import EmbeddingCache
+from fusebench.list_store import ListStore
 
 
 def _size(n: int) -> str:
@@ -50,13 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     clear = sub.add_parser("clear", help="remove every entry")
     clear.add_argument("--yes", action="store_true", help="confirm")
     args = parser.parse_args(argv)
-    cache = EmbeddingCache(args.dir)
+    cache, lists = EmbeddingCache(args.dir), ListStore(args.dir)
     try:
         if args.command == "list":
-            print(format_entries(cache.entries()))
+            print(format_entries(cache.entries() + lists.entries()))
         elif args.command == "remove":
             for key in args.keys:
-                removed = cache.remove(key)
+                removed = cache.remove(key) + lists.remove(key)
                 if not removed:
                     print(f"fusebench-cache: no entry matches {key!r} in {cache.root}", file=sys.stderr)
                     return 1
@@ -65,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.yes:
                 print("fusebench-cache: clear removes every entry; add --yes to confirm", file=sys.stderr)
                 return 2
-            entries = cache.entries()
+            entries = cache.entries() + lists.entries()
             for entry in entries:
-                cache.remove(entry["key"])
+                (lists if entry.get("kind") == "lists" else cache).remove(entry["key"])
             print(f"removed {len(entries)} entries from {cache.root}")
     except FusebenchError as err:
         print(f"fusebench-cache: error: {err}", file=sys.stderr)

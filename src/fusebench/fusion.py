@@ -65,13 +65,17 @@ class FusionConfig:
 
 
 def _row_mean_std(scores: torch.Tensor, valid: torch.Tensor, ddof: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and standard deviation (``ddof`` 0 or 1) of each row's valid entries; sd 0 when undefined."""
-    count = valid.sum(dim=1, keepdim=True).to(scores.dtype)
-    mean = scores.masked_fill(~valid, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
-    sq = ((scores - mean) ** 2).masked_fill_(~valid, 0.0).sum(dim=1, keepdim=True)
+    """Mean and standard deviation (``ddof`` 0 or 1) of each row's valid entries; sd 0 when undefined.
+
+    Accumulated in float64 and rounded once to float32, so a row's statistics do not depend on the order
+    of its entries (a ranked list and the unsorted row it came from give the same values)."""
+    wide = scores.to(torch.float64)
+    count = valid.sum(dim=1, keepdim=True).to(torch.float64)
+    mean = wide.masked_fill(~valid, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    sq = ((wide - mean) ** 2).masked_fill_(~valid, 0.0).sum(dim=1, keepdim=True)
     denom = count - ddof
     std = torch.sqrt(sq / denom.clamp(min=1)).masked_fill_(denom <= 0, 0.0)
-    return mean, std
+    return mean.to(scores.dtype), std.to(scores.dtype)
 
 
 def rrf_evidence(scores: torch.Tensor, valid: torch.Tensor, rrf_k: float = 60.0, **_) -> torch.Tensor:

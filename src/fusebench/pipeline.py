@@ -25,11 +25,10 @@ from fusebench.fusion import FusionConfig
 from fusebench.report.outputs import write_run_outputs
 from fusebench.report.table import format_table
 from fusebench.tracking import log_run
-from fusebench.retrieval import ModelInput, retrieve
-from fusebench.search import resolve_device
+from fusebench.retrieval import FUSED, ListSource, ModelInput, SearchSettings, retrieve
+from fusebench.search import MATMULS, resolve_device
 
 log = logging.getLogger(__name__)
-FUSED = "fused"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -48,12 +47,22 @@ def eval_settings(cfg: Mapping) -> dict:
     save_topk = cfg.get("save_topk", 25)
     if save_topk is not None and (isinstance(save_topk, bool) or not isinstance(save_topk, int) or save_topk < 1):
         raise FusebenchError(f"eval.save_topk={save_topk!r} must be a positive integer or null (null = whole lists).")
-    chunk = int(cfg.get("chunk_size", 4096))
-    if chunk < 1:
-        raise FusebenchError(f"eval.chunk_size={chunk} must be >= 1.")
+    chunks = {key: cfg.get(key, default) for key, default in (("chunk_size", 4096), ("item_chunk_size", 16384))}
+    for key, value in chunks.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise FusebenchError(f"eval.{key}={value!r} must be a positive integer.")
+    lists = dict(cfg.get("lists", {}) or {})
+    unknown = sorted(set(lists) - {"store", "depth"})
+    if unknown:
+        raise FusebenchError(f"eval.lists: unknown key(s) {unknown}; valid keys: depth, store.")
+    depth, store = lists.get("depth", 100), lists.get("store", True)
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise FusebenchError(f"eval.lists.depth={depth!r} must be a positive integer (list length stored per query).")
+    if not isinstance(store, bool):
+        raise FusebenchError(f"eval.lists.store={store!r} must be true or false.")
     return {"ks": sorted(set(ks)), "draws": draws, "level": level, "seed": int(boot.get("seed", 0)),
-            "save_topk": None if save_topk is None else int(save_topk), "chunk_size": chunk,
-            "device": str(cfg.get("device", "auto"))}
+            "save_topk": None if save_topk is None else int(save_topk), **chunks,
+            "lists": {"store": store, "depth": depth}, "device": str(cfg.get("device", "auto"))}
 
 
 def fusion_settings(cfg: Mapping, ks: list[int]) -> FusionConfig:
@@ -80,6 +89,18 @@ def model_specs(cfg: Mapping) -> dict[str, dict]:
     return specs
 
 
+def _progress_bar(desc: str, total: int):
+    """A tqdm bar for one stage of the search; closed when it reaches its total."""
+    bar = tqdm(total=total, desc=desc, unit="query", leave=False)
+
+    def update(n: int) -> None:
+        bar.update(n)
+        if bar.n >= total:
+            bar.close()
+
+    return update
+
+
 def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     """Evaluate every selected model and their fusion on the dataset; write outputs into ``out_dir``."""
     started = time.perf_counter()
@@ -96,10 +117,12 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     embeddings = [finalize(raw, corpus) for raw in raws]
     inputs = [ModelInput(e.name, e.image, e.text, float(specs[e.name].get("weight", 1.0))) for e in embeddings]
     search_started = time.perf_counter()
-    with tqdm(total=corpus.n_captions, desc="search+fuse", unit="query", leave=False) as bar:
-        lists = retrieve(inputs, corpus.caption_image, fusion, keep_k=settings["save_topk"],
-                         chunk_size=settings["chunk_size"], device=device, progress=bar.update)
-
+    source, matmuls_before = ListSource(), MATMULS["blocks"]
+    search = SearchSettings(device=device, chunk_size=settings["chunk_size"],
+                            item_chunk_size=settings["item_chunk_size"], depth=settings["lists"]["depth"],
+                            store_dir=runtime.cache_dir if settings["lists"]["store"] else None,
+                            progress=_progress_bar)
+    lists = retrieve(inputs, corpus.caption_image, fusion, keep_k=settings["save_topk"], settings=search, source=source)
     search_seconds = time.perf_counter() - search_started
     ranks = {name: {d: lists[name][d].ranks for d in ("t2i", "i2t")} for name in lists}
     singles = [e.name for e in embeddings]
@@ -124,7 +147,8 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
         "fusion": fusion.__dict__,
         "eval": settings,
         "run": {"device": str(device), "seconds": round(time.perf_counter() - started, 3),
-                "search_seconds": round(search_seconds, 3),
+                "search_seconds": round(search_seconds, 3), "lists": source.records,
+                "similarity_blocks": MATMULS["blocks"] - matmuls_before,
                 "query_ms": round(1000 * search_seconds / (corpus.n_captions + len(clusters["i2t"])), 4),
                 "versions": {"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}},
     }

@@ -1,26 +1,29 @@
-"""Every retriever's ranked lists and exact ranks, both directions, in one chunked pass per model.
+"""Every retriever's ranked lists and exact ranks, both directions: each model's lists (from the list
+store, or computed once and stored), then fusion over them.
 
-One similarity matrix per model (captions x images, fp32) serves both directions: its rows are the t2i
-queries, its columns the i2t queries. It is computed in blocks of caption rows, so memory stays at
-``chunk_size x n_images`` per model however large the corpus. Per block we take each caption's top-k images
-and each image's top-k captions (merged across blocks at the end); t2i fusion happens per block, i2t fusion
-after the last block. Ranks: a query whose first correct item is in its top-k list gets its list position
-(exact, the lists follow the stable tie rule); the few others are counted exactly against the full row
-(t2i, same block) or a recomputed full column (i2t).
+* A model alone: its stored lists (top ``depth`` per query) and exact ranks in its full ranking.
+* Fusion with ``top_k`` set: each model's stored lists cut to ``top_k``, fused (:mod:`fusebench.fusion`).
+  No similarity is computed when every model's lists are stored.
+* Fusion with ``top_k: null`` (whole rankings): the dense path (:mod:`fusebench.dense`), one bounded
+  block of queries at a time, since whole rankings are never stored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from fusebench.dense import DenseSide, dense_fuse
 from fusebench.fusion import FusionConfig, fuse_in_blocks
+from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists
+from fusebench.list_store import ListStore, list_material
 from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
-from fusebench.search import column_target_ranks, merge_topk, target_ranks, topk_stable
 
+FUSED = "fused"
+Progress = Callable[[str, int], Callable[[int], None]]  # (description, total) -> update(n)
 
 
 @dataclass
@@ -41,99 +44,108 @@ class RankedLists:
     contributors: torch.Tensor | None = None  # fused only: bitmask of models holding each entry
 
 
-def _t2i_block_ranks(scores: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
-    ranks = torch.as_tensor(t2i_list_ranks(ids, targets), device=scores.device)
-    missing = torch.nonzero(ranks == 0).flatten()
-    if missing.numel():
-        ranks[missing] = target_ranks(scores[missing], targets[missing])
-    return ranks.cpu().numpy()
+@dataclass
+class SearchSettings:
+    """How to search: where, in what tiles, how deep to store lists, and where the list store is."""
+
+    device: torch.device | str = "cpu"
+    chunk_size: int = 4096  # query rows per similarity tile
+    item_chunk_size: int = 16384  # item columns per similarity tile
+    depth: int = 100  # list depth stored per model (at least top_k and the saved length)
+    store_dir: str | None = None  # list store root (the embedding cache folder); None = no store
+    progress: Progress | None = None
+
+    @property
+    def tile_bytes(self) -> int:
+        return 4 * self.chunk_size * self.item_chunk_size
 
 
-def _i2t_ranks(ids: torch.Tensor, text: torch.Tensor, image: torch.Tensor, query_images: torch.Tensor,
-               cap_img: torch.Tensor, block: int = 256) -> np.ndarray:
-    ranks = torch.as_tensor(i2t_list_ranks(ids, query_images, cap_img), device=text.device)
-    missing = torch.nonzero(ranks == 0).flatten()
-    for start in range(0, missing.numel(), block):
-        rows = missing[start:start + block]
-        columns = text @ image[query_images[rows]].T
-        ranks[rows] = column_target_ranks(columns, cap_img, query_images[rows])
-    return ranks.cpu().numpy()
+@dataclass
+class ListSource:
+    """Where each model's lists came from, for metrics.json: hit, key, seconds."""
+
+    records: dict[str, dict] = field(default_factory=dict)
+
+
+def _no_progress(_desc: str, _total: int) -> Callable[[int], None]:
+    return lambda _n: None
+
+
+def model_lists(model: ModelInput, caption_image: np.ndarray, depth: int, settings: SearchSettings,
+                source: ListSource) -> ModelLists:
+    """One model's lists at least ``depth`` deep: from the store when present, else computed (and stored)."""
+    device = torch.device(settings.device)
+    progress = settings.progress or _no_progress
+
+    def compute(d: int) -> ModelLists:
+        return compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
+                                   settings.item_chunk_size, progress(f"lists {model.name}", len(caption_image)))
+
+    n_images, n_captions = len(model.image), len(model.text)
+    if settings.store_dir is None:
+        lists = compute(depth)
+        source.records[model.name] = {"hit": False, "stored": False}
+        return lists
+    store = ListStore(settings.store_dir)
+    material = list_material(np.asarray(model.image), np.asarray(model.text), caption_image, device.type)
+    found = store.get_or_compute(material, depth, n_images, n_captions, compute, {"model": model.name})
+    source.records[model.name] = {"hit": found.hit, "stored": True, "key": found.key,
+                                  "depth": found.lists.depth, "seconds": round(found.seconds, 3)}
+    return found.lists
+
+
+def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array[:, :length]).astype(np.int64 if array.dtype.kind == "i" else np.float32))
 
 
 def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: FusionConfig, keep_k: int | None,
-             chunk_size: int = 4096, device: torch.device | str = "cpu",
-             progress: Callable[[int], None] | None = None) -> dict[str, dict[str, RankedLists]]:
+             settings: SearchSettings | None = None, source: ListSource | None = None
+             ) -> dict[str, dict[str, RankedLists]]:
     """Ranked lists and ranks for each model alone and, with 2+ models and a method, for ``fused``.
 
-    Ranks are computed from the full lists (single models: their full ranking); the lists returned are cut
-    to their first ``keep_k`` entries (None = keep all), so memory stays small even with ``top_k`` = all.
-    Returns ``{retriever: {"t2i": RankedLists, "i2t": RankedLists}}``; i2t rows are the images that have
-    captions, in index order.
+    Ranks are exact in each model's full ranking (a fused retriever's in its ``final_top_k`` list). The
+    lists returned are cut to ``keep_k`` entries (None = as long as the run has them: ``top_k``, or the
+    stored depth for single models and for ``top_k: null``). i2t rows are the images that have captions.
     """
-    device = torch.device(device)
-    n_captions = len(caption_image)
+    settings = settings or SearchSettings()
+    source = source if source is not None else ListSource()
+    caption_image = np.asarray(caption_image, dtype=np.int64)
+    n_captions, n_images = len(caption_image), len(models[0].image)
+    fusing = fusion.method != "none" and len(models) >= 2
+    depth = max(settings.depth, fusion.top_k or 0, keep_k or 0)
+    stored = {m.name: model_lists(m, caption_image, depth, settings, source) for m in models}
+    single_len = keep_k if keep_k is not None else (fusion.top_k or depth)
+    results = {name: {d: RankedLists(lists.ranks(d), _cut(lists.ids(d), single_len), _cut(lists.scores(d), single_len))
+                      for d in DIRECTIONS} for name, lists in stored.items()}
+    if not fusing:
+        return results
+    weights = [float(m.weight) for m in models]
+    cap_img = torch.as_tensor(caption_image)
+    query_images = torch.unique(cap_img)
+    n_items = {"t2i": n_images, "i2t": n_captions}
+    results[FUSED] = {}
+    if fusion.top_k is not None:
+        for d in DIRECTIONS:
+            k = fusion.per_model_k(n_items[d])
+            ids = [_cut(stored[m.name].ids(d), k) for m in models]
+            scores = [_cut(stored[m.name].scores(d), k) for m in models]
+            fused = fuse_in_blocks(ids, scores, fusion, fusion.final_k(n_items[d], len(models)), weights)
+            ranks = (t2i_list_ranks(fused.ids, cap_img) if d == "t2i"
+                     else i2t_list_ranks(fused.ids, query_images, cap_img))
+            cut = slice(None) if keep_k is None else slice(0, keep_k)
+            results[FUSED][d] = RankedLists(ranks, fused.ids[:, cut], fused.scores[:, cut], fused.contributors[:, cut])
+        return results
+    device = torch.device(settings.device)
     images = [torch.as_tensor(np.asarray(m.image), dtype=torch.float32).to(device) for m in models]
     texts = [torch.as_tensor(np.asarray(m.text), dtype=torch.float32).to(device) for m in models]
-    n_images = images[0].shape[0]
-    cap_img = torch.as_tensor(caption_image, dtype=torch.int64, device=device)
-    query_images = torch.unique(cap_img)
-    fusing = fusion.method != "none" and len(models) >= 2
-    weights = [float(m.weight) for m in models]
-    k_t2i, k_i2t = fusion.per_model_k(n_images), fusion.per_model_k(n_captions)
-    if not fusing and keep_k is not None:  # lists serve only ranks (exact either way) and inspection
-        k_t2i, k_i2t = min(k_t2i, keep_k), min(k_i2t, keep_k)
-    keep = slice(None) if keep_k is None else slice(0, keep_k)
-
-    t2i = [{"ranks": [], "ids": [], "scores": []} for _ in models]
-    block_buffer = torch.empty(min(chunk_size, n_captions), n_images, dtype=torch.float32, device=device)
-    i2t_chunks: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in models]
-    fused_t2i = {"ranks": [], "ids": [], "scores": [], "contributors": []}
-    previous_precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")  # no TF32: ranks are of fp32 scores
-    try:
-        for r0 in range(0, n_captions, chunk_size):
-            r1 = min(r0 + chunk_size, n_captions)
-            targets = cap_img[r0:r1]
-            block_lists = []
-            for m in range(len(models)):
-                scores = torch.matmul(texts[m][r0:r1], images[m].T, out=block_buffer[: r1 - r0])
-                values, ids = topk_stable(scores, k_t2i)
-                block_lists.append((ids, values))
-                t2i[m]["ranks"].append(_t2i_block_ranks(scores, ids, targets))
-                t2i[m]["ids"].append(ids[:, keep].cpu())
-                t2i[m]["scores"].append(values[:, keep].cpu())
-                col_values, col_ids = topk_stable(scores.T, k_i2t)
-                i2t_chunks[m].append((col_values, col_ids + r0))
-            if fusing:
-                fused = fuse_in_blocks([b[0] for b in block_lists], [b[1] for b in block_lists], fusion,
-                                       fusion.final_k(n_images, len(models)), weights)
-                fused_t2i["ranks"].append(t2i_list_ranks(fused.ids, targets))
-                for key in ("ids", "scores", "contributors"):
-                    fused_t2i[key].append(getattr(fused, key)[:, keep].cpu())
-            if progress is not None:
-                progress(r1 - r0)
-
-        results: dict[str, dict[str, RankedLists]] = {}
-        i2t_lists = []
-        for m, model in enumerate(models):
-            values, ids = merge_topk(i2t_chunks[m], k_i2t)
-            values, ids = values[query_images], ids[query_images]
-            i2t_lists.append((ids, values))
-            results[model.name] = {
-                "t2i": RankedLists(np.concatenate(t2i[m]["ranks"]), torch.cat(t2i[m]["ids"]),
-                                   torch.cat(t2i[m]["scores"])),
-                "i2t": RankedLists(_i2t_ranks(ids, texts[m], images[m], query_images, cap_img),
-                                   ids[:, keep].cpu(), values[:, keep].cpu()),
-            }
-    finally:
-        torch.set_float32_matmul_precision(previous_precision)
-    if fusing:
-        fused = fuse_in_blocks([l[0] for l in i2t_lists], [l[1] for l in i2t_lists], fusion,
-                               fusion.final_k(n_captions, len(models)), weights)
-        results["fused"] = {
-            "t2i": RankedLists(np.concatenate(fused_t2i["ranks"]), torch.cat(fused_t2i["ids"]),
-                               torch.cat(fused_t2i["scores"]), torch.cat(fused_t2i["contributors"])),
-            "i2t": RankedLists(i2t_list_ranks(fused.ids, query_images, cap_img), fused.ids[:, keep].cpu(),
-                               fused.scores[:, keep].cpu(), fused.contributors[:, keep].cpu()),
-        }
+    sides = {"t2i": DenseSide(texts, images, cap_img.to(device), torch.arange(n_images, device=device)),
+             "i2t": DenseSide([t[query_images.to(device)] for t in images], texts, query_images.to(device),
+                              cap_img.to(device))}
+    progress = settings.progress or _no_progress
+    keep = keep_k if keep_k is not None else depth
+    for d in DIRECTIONS:
+        final_k = fusion.final_k(n_items[d], len(models))
+        fused, ranks = dense_fuse(sides[d], weights, fusion, keep, final_k, 2 * settings.tile_bytes,
+                                  settings.item_chunk_size, progress(f"fuse {d} (whole rankings)", len(sides[d].query_owner)))
+        results[FUSED][d] = RankedLists(ranks, fused.ids, fused.scores, fused.contributors)
     return results

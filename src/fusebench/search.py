@@ -31,6 +31,21 @@ def resolve_device(name: str | None) -> torch.device:
     return device
 
 
+MATMULS = {"blocks": 0}  # similarity blocks computed in this process (tests assert that warm jobs compute none)
+
+
+def similarity(queries: torch.Tensor, items: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``queries @ items.T`` in full fp32 (no TF32: ranks are of fp32 scores); every similarity block of
+    the evaluator goes through here."""
+    MATMULS["blocks"] += 1
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        return torch.matmul(queries, items.T, out=out)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 def stable_sort_desc(values: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort descending; equal values keep their original (ascending index) order."""
     order = torch.sort(values, dim=dim, descending=True, stable=True).indices

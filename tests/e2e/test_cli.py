@@ -116,7 +116,12 @@ def test_tiny_dataset_with_tiny_models_through_the_cli(tmp_path):
         assert two["retrievers"][name]["embedding"]["model_loaded"] is False
         assert two["retrievers"][name]["embedding"]["cache"]["image_hit"] is True
         assert one["retrievers"][name]["t2i"] == two["retrievers"][name]["t2i"]
+    assert not any(r["hit"] for r in one["run"]["lists"].values()) and one["run"]["similarity_blocks"] > 0
+    assert all(r["hit"] for r in two["run"]["lists"].values()) and two["run"]["similarity_blocks"] == 0
     listing = subprocess.run([str(Path(FUSEBENCH).with_name("fusebench-cache")), "list"], cwd=tmp_path,
                              env={**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "outputs")},
                              capture_output=True, text=True)
-    assert listing.returncode == 0 and "4 entries" in listing.stdout
+    rows = listing.stdout.splitlines()
+    # image + text embeddings per model, and each model's stored ranked lists
+    assert listing.returncode == 0 and "6 entries" in listing.stdout
+    assert sum(" lists " in row for row in rows) == 2

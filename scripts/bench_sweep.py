@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""Benchmark sweeps: the shipped fusion_ablation on dataset=sim, cold and warm, against one default job.
+
+Runs, each as a user would (the fusebench CLI, Hydra's basic launcher, plots on, logger=none), in a fresh
+output folder so that the first sweep starts with empty caches:
+  1. one default job:                     fusebench dataset=sim logger=none
+  2. the ablation, cold (empty caches):   fusebench experiment=fusion_ablation dataset=sim logger=none
+  3. the same ablation again, warm (every model's lists already stored)
+and reports wall times, the ratio to the default job (target <= 8x), peak memory of each command
+(target <= 3 GB), the fraction of jobs that computed any similarity block, and, for a few jobs
+(--check, default: a list job, a dense job and the last job), that their ranks equal the same job run
+alone with empty caches.
+Usage: python scripts/bench_sweep.py [--check 0,2,29] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def run(args: list[str], output: Path) -> tuple[float, float]:
+    """Wall seconds and peak RSS (GB) of one fusebench command with FUSEBENCH_OUTPUT=output."""
+    env = {**os.environ, "FUSEBENCH_OUTPUT": str(output), "WANDB_MODE": "disabled"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    done = subprocess.run([FUSEBENCH, *args], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"fusebench {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # max over children so far
+    return seconds, max(peak, before) / 1024**2
+
+
+def sweep_jobs(output: Path) -> list[Path]:
+    (folder,) = [p for p in (output / "multirun").glob("*/*") if p.is_dir()]
+    return sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", default="0,2,29", help="job numbers re-run alone with empty caches")
+    parser.add_argument("--json", help="also write the numbers to this file")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
+    try:
+        t_default, rss_default = run(["dataset=sim", "logger=none"], root / "default")
+        ablation = ["experiment=fusion_ablation", "dataset=sim", "logger=none"]
+        t_cold, rss_cold = run(ablation, root / "sweep")
+        cold_jobs = sweep_jobs(root / "sweep")
+        shutil.rmtree(root / "sweep" / "multirun")
+        t_warm, rss_warm = run(ablation, root / "sweep")
+        warm_jobs = sweep_jobs(root / "sweep")
+        metrics = [json.loads((job / "metrics.json").read_text()) for job in warm_jobs]
+        cold_metrics = [json.loads((job / "metrics.json").read_text()) for job in cold_jobs]
+        identical = {}
+        for number in (int(n) for n in args.check.split(",") if n):
+            overrides = (warm_jobs[number] / ".hydra" / "overrides.yaml").read_text().split("\n")
+            overrides = [o[2:].strip() for o in overrides if o.startswith("- ")]
+            alone = root / f"alone{number}"
+            run(["hydra.mode=RUN", f"hydra.run.dir={alone}/run", *overrides], alone)
+            same = all(np.array_equal(np.load(f), np.load(alone / "run" / "ranks" / f.name))
+                       for f in (warm_jobs[number] / "ranks").glob("*.npy"))
+            identical[f"job {number} ({' '.join(o for o in overrides if o.startswith('fusion'))})"] = same
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    did_matmul = lambda ms: sum(1 for m in ms if m["run"].get("similarity_blocks", 1) > 0)  # noqa: E731
+    result = {
+        "cpu": cpu_model(), "cores": os.cpu_count(), "jobs": len(metrics),
+        "default_job_s": round(t_default, 2), "default_job_peak_gb": round(rss_default, 2),
+        "ablation_cold_s": round(t_cold, 2), "ablation_cold_over_default": round(t_cold / t_default, 2),
+        "ablation_warm_s": round(t_warm, 2), "ablation_warm_over_default": round(t_warm / t_default, 2),
+        "sweep_peak_gb": round(max(rss_cold, rss_warm), 2),
+        "cold_jobs_with_matmul": did_matmul(cold_metrics), "warm_jobs_with_matmul": did_matmul(metrics),
+        "job_search_s": {"list jobs (median)": float(np.median([m["run"]["search_seconds"] for m in metrics
+                                                                  if m["fusion"]["top_k"] is not None])),
+                         "whole-ranking jobs (median)": float(np.median([m["run"]["search_seconds"] for m in metrics
+                                                                         if m["fusion"]["top_k"] is None]))},
+        "ranks_identical_to_job_alone": identical,
+    }
+    print(f"CPU {result['cpu']} ({result['cores']} cores); fusion_ablation on dataset=sim, {result['jobs']} jobs")
+    print(f"  one default job                 {t_default:8.1f} s   peak {rss_default:.2f} GB")
+    print(f"  ablation, cold (empty caches)   {t_cold:8.1f} s   = {t_cold / t_default:.1f}x the default job (target <= 8x)"
+          f"   jobs that computed similarities: {result['cold_jobs_with_matmul']}/{len(metrics)}")
+    print(f"  ablation, warm (lists stored)   {t_warm:8.1f} s   = {t_warm / t_default:.1f}x"
+          f"   jobs that computed similarities: {result['warm_jobs_with_matmul']}/{len(metrics)}")
+    print(f"  peak memory of a sweep process  {result['sweep_peak_gb']:8.2f} GB   (target <= 3 GB)")
+    print(f"  search+fusion per job (warm):   {result['job_search_s']}")
+    print(f"  ranks identical to the job run alone with empty caches: {identical}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""CPU selection kernels (numba): running top-k per row and per column of a score block, read in place.
+
+A similarity block ``S`` (queries x items, float32, C order) is offered to two sets of bounded heaps:
+one per row (t2i: a caption's best images) and one per column (i2t: an image's best captions). Items
+arrive in increasing index order (item blocks left to right, caption blocks top to bottom), so an entry
+joins a full heap only when its score is strictly above the heap's worst: an equal score has a larger
+index and so ranks after every kept entry. That is exactly the stable rule used everywhere (score
+descending, ties by ascending index), with no transposed copy and no sort of the block.
+
+Each heap is a min-heap on "worse": the root is the entry that ranks last. ``finish`` heap-sorts the
+kept entries best first. Rows run in parallel; columns run in parallel over column strips.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+# max/min reductions may reorder (scores are finite; -inf sentinels stay valid: no "ninf" flag)
+FAST = {"nnan", "nsz", "reassoc"}
+COLUMN_STRIP = 64  # columns one thread owns while it walks down the block's rows
+
+
+@njit(inline="always")
+def _worse(v1, i1, v2, i2) -> bool:
+    return v1 < v2 or (v1 == v2 and i1 > i2)
+
+
+@njit(inline="always")
+def _sift_down(vals, ids, start, size):
+    pos = start
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and _worse(vals[child + 1], ids[child + 1], vals[child], ids[child]):
+            child += 1
+        if _worse(vals[child], ids[child], vals[pos], ids[pos]):
+            vals[pos], vals[child] = vals[child], vals[pos]
+            ids[pos], ids[child] = ids[child], ids[pos]
+            pos = child
+        else:
+            break
+
+
+@njit(inline="always")
+def _offer(vals, ids, count, value, index) -> int:
+    """Offer (value, index) to one heap holding ``count`` entries; return the new count."""
+    k = vals.shape[0]
+    if count < k:
+        pos = count
+        vals[pos], ids[pos] = value, index
+        while pos > 0:  # sift up
+            parent = (pos - 1) // 2
+            if _worse(vals[pos], ids[pos], vals[parent], ids[parent]):
+                vals[pos], vals[parent] = vals[parent], vals[pos]
+                ids[pos], ids[parent] = ids[parent], ids[pos]
+                pos = parent
+            else:
+                break
+        return count + 1
+    if value > vals[0]:
+        vals[0], ids[0] = value, index
+        _sift_down(vals, ids, 0, k)
+    return count
+
+
+@njit(inline="always", fastmath=FAST)
+def _count_at_least(values, floor) -> int:
+    count = 0
+    for j in range(values.shape[0]):
+        count += values[j] >= floor
+    return count
+
+
+@njit(inline="always", fastmath=FAST)
+def _floor_of_kth(values, k):
+    """A value with at least ``k`` entries of ``values`` at or above it, close to the k-th largest.
+
+    First a guess from a strided sample (about 1.5 k entries expected above it), checked by an exact
+    vectorised count; if the guess is too high, the least of k chunk maxima (each chunk holds a distinct
+    entry at least that large). Entries below the floor cannot be in the top k. -inf for short inputs.
+    """
+    width = values.shape[0]
+    if width < 4 * k:
+        return -np.inf
+    step = max(1, width // (16 * k))
+    sample = values[::step].copy()
+    m = sample.shape[0]
+    above = min(m, (3 * k) // (2 * step) + 2)
+    guess = np.partition(sample, m - above)[m - above]
+    if _count_at_least(values, guess) >= k:
+        return guess
+    chunk = width // k
+    floor = np.inf
+    for c in range(k):
+        top = values[c * chunk]
+        for j in range(c * chunk + 1, (c + 1) * chunk):
+            top = max(top, values[j])
+        floor = min(floor, top)
+    return floor
+
+
+@njit(parallel=True, cache=True, fastmath=FAST)
+def offer_rows(block, first_item, vals, ids, counts):
+    """Row heaps: every entry of row r of ``block`` (items ``first_item + j``) is offered to heap r.
+
+    Only entries at or above the row's floor (see ``_floor_of_kth``) can reach the top k: the others are
+    skipped with one comparison each."""
+    rows, width = block.shape
+    k = vals.shape[1]
+    for r in prange(rows):
+        n = counts[r]
+        v, h = vals[r], ids[r]
+        row = block[r]
+        floor = _floor_of_kth(row, k)
+        for j in range(width):
+            s = row[j]
+            if s >= floor and (n < k or s > v[0]):
+                n = _offer(v, h, n, s, first_item + j)
+        counts[r] = n
+
+
+@njit(parallel=True, cache=True, fastmath=FAST)
+def offer_columns(block, first_row, slot, vals, ids, counts, worst):
+    """Column heaps: entry (r, j) is offered to heap ``slot[j]`` (skipped when -1) as item ``first_row + r``.
+
+    ``worst[q]`` mirrors the root of a full heap q (-inf until full). Each column of the strip gets a
+    floor, the least of k row-chunk maxima, so most entries cost one comparison.
+    """
+    rows, width = block.shape
+    n_strips = (width + COLUMN_STRIP - 1) // COLUMN_STRIP
+    k = vals.shape[1]
+    for strip in prange(n_strips):
+        j0 = strip * COLUMN_STRIP
+        j1 = min(width, j0 + COLUMN_STRIP)
+        floor = np.full(j1 - j0, -np.inf, dtype=np.float32)
+        if rows >= 2 * k:  # least of k row-chunk maxima, per column; walks rows in order, vectorised
+            chunk = rows // k
+            floor[:] = np.inf
+            top = np.empty(j1 - j0, dtype=np.float32)
+            for c in range(k):
+                top[:] = block[c * chunk, j0:j1]
+                for r in range(c * chunk + 1, (c + 1) * chunk):
+                    for j in range(j1 - j0):
+                        top[j] = max(top[j], block[r, j0 + j])
+                for j in range(j1 - j0):
+                    floor[j] = min(floor[j], top[j])
+        for r in range(rows):
+            for j in range(j0, j1):
+                q = slot[j]
+                if q < 0:
+                    continue
+                s = block[r, j]
+                if s > worst[q] and s >= floor[j - j0]:
+                    counts[q] = _offer(vals[q], ids[q], counts[q], s, first_row + r)
+                    if counts[q] == k:
+                        worst[q] = vals[q, 0]
+
+
+@njit(parallel=True, cache=True)
+def finish(vals, ids, counts):
+    """Heap-sort each heap in place, best first (score descending, ties by ascending index)."""
+    for r in prange(vals.shape[0]):
+        v, h = vals[r], ids[r]
+        size = counts[r]
+        while size > 1:
+            size -= 1
+            v[0], v[size] = v[size], v[0]
+            h[0], h[size] = h[size], h[0]
+            _sift_down(v, h, 0, size)
+
+
+class Heaps:
+    """``n`` bounded heaps of ``k`` (score, index) entries; ``lists()`` gives them sorted, best first."""
+
+    def __init__(self, n: int, k: int):
+        self.vals = np.full((n, k), -np.inf, dtype=np.float32)
+        self.ids = np.full((n, k), -1, dtype=np.int64)
+        self.counts = np.zeros(n, dtype=np.int64)
+        self.worst = np.full(n, -np.inf, dtype=np.float32)
+
+    def offer_rows(self, block: np.ndarray, first_item: int) -> None:
+        offer_rows(block, first_item, self.vals, self.ids, self.counts)
+
+    def offer_columns(self, block: np.ndarray, first_row: int, slot: np.ndarray) -> None:
+        if slot.shape != (block.shape[1],) or (slot.size and slot.max() >= self.counts.shape[0]):
+            raise ValueError(f"slot must map each of the block's {block.shape[1]} columns to a heap below "
+                             f"{self.counts.shape[0]} (or -1)")  # the kernel does not check bounds
+        offer_columns(block, first_row, slot, self.vals, self.ids, self.counts, self.worst)
+
+    def lists(self) -> tuple[np.ndarray, np.ndarray]:
+        finish(self.vals, self.ids, self.counts)
+        return self.vals, self.ids

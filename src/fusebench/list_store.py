@@ -1,0 +1,163 @@
+"""The list store: each model's ranked lists (both directions, exact ranks), computed once per model x
+corpus x depth and reused by every later job, in this process or another.
+
+An entry's key is the SHA-256 of what determines its lists: the model's normalised image and text
+embeddings (their bytes), which image each caption describes, the compute device type and the store
+format. The depth is not in the key: an entry holds the deepest lists asked for so far, and a job that
+needs deeper lists recomputes the entry at its depth. Layout, beside the embedding cache:
+
+    CACHE/lists/ab/abcdef.../lists.npz    t2i_ids, t2i_scores, t2i_ranks, i2t_ids, i2t_scores, i2t_ranks
+    CACHE/lists/ab/abcdef.../meta.json    key material, depth, shapes, bytes and sha256 of lists.npz
+    CACHE/lists/ab/abcdef....lock         held while the entry is read or computed (one job computes it)
+
+Guarantees as for embeddings: atomic writes (meta.json last, so an entry with meta.json is complete), a
+lock per entry, a checksum verified on every read; an entry that is truncated, corrupt or of another
+format is reported, removed and recomputed, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from filelock import FileLock
+
+from fusebench.atomic import atomic_save, atomic_write_text
+from fusebench.cache import cache_key, data_file_problem, file_sha256, read_meta, remove_entries
+from fusebench.lists import DIRECTIONS, ModelLists
+
+log = logging.getLogger(__name__)
+FORMAT = 1  # bump when the stored arrays change meaning; older entries are then recomputed
+FIELDS = tuple(f"{d}_{f}" for d in DIRECTIONS for f in ("ids", "scores", "ranks"))
+
+
+def array_digest(array: np.ndarray) -> str:
+    """SHA-256 of an array's dtype, shape and bytes."""
+    array = np.ascontiguousarray(array)
+    digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+    digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
+
+
+def list_material(image: np.ndarray, text: np.ndarray, caption_image: np.ndarray, device_type: str) -> dict:
+    """Everything a model's lists depend on, for the entry key."""
+    return {"kind": "lists", "format": FORMAT, "image": array_digest(np.asarray(image, dtype=np.float32)),
+            "text": array_digest(np.asarray(text, dtype=np.float32)),
+            "caption_image": array_digest(np.asarray(caption_image, dtype=np.int64)), "device": device_type}
+
+
+@dataclass
+class StoreResult:
+    lists: ModelLists
+    key: str
+    hit: bool  # True: read from the store, no similarity computed
+    seconds: float  # time to read, or to compute and write
+
+
+class ListStore:
+    def __init__(self, cache_root: str | Path):
+        self.root = Path(cache_root).expanduser() / "lists"
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get_or_compute(self, material: dict, depth: int, n_images: int, n_captions: int,
+                       compute: Callable[[int], ModelLists], info: dict | None = None) -> StoreResult:
+        """The lists for ``material`` at least ``depth`` deep: from the store, else ``compute(depth)``."""
+        started = time.perf_counter()
+        key = cache_key(material)
+        folder = self.entry_dir(key)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder) + ".lock"):
+            stored = self._read(folder, n_images, n_captions)
+            if stored is not None and stored.covers(depth, n_images, n_captions):
+                return StoreResult(stored, key, True, time.perf_counter() - started)
+            if stored is not None:
+                log.info("list store %s holds depth %d; recomputing at depth %d", key[:12], stored.depth, depth)
+                depth = max(depth, stored.depth)
+            lists = compute(depth)
+            self._write(folder, key, material, lists, info or {})
+            return StoreResult(lists, key, False, time.perf_counter() - started)
+
+    def _read(self, folder: Path, n_images: int, n_captions: int) -> ModelLists | None:
+        meta_path, data_path = folder / "meta.json", folder / "lists.npz"
+        if not meta_path.is_file():
+            if folder.exists():  # a write that never finished: nothing in it is trusted
+                shutil.rmtree(folder, ignore_errors=True)
+            return None
+        try:
+            meta = read_meta(meta_path)
+            if meta.get("format") != FORMAT:
+                problem = f"format {meta.get('format')!r}, this version reads format {FORMAT}"
+            else:
+                problem = data_file_problem(data_path, meta)
+            if problem is None:
+                with np.load(data_path, allow_pickle=False) as npz:
+                    arrays = {name: npz[name] for name in FIELDS}
+                problem = _shape_problem(arrays, n_images, n_captions)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            problem = f"unreadable entry ({err})"
+        if problem:
+            log.warning("list store entry %s is corrupt or outdated: %s; removing it and recomputing", folder, problem)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        return ModelLists(int(meta["depth"]), arrays)
+
+    def _write(self, folder: Path, key: str, material: dict, lists: ModelLists, info: dict) -> None:
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        data_path = folder / "lists.npz"
+        atomic_save(data_path, lambda tmp: _save_npz(tmp, lists.arrays))
+        meta = {"key": key, "format": FORMAT, "info": info, "material": material, "depth": lists.depth,
+                "shapes": {name: list(lists.arrays[name].shape) for name in FIELDS},
+                "bytes": data_path.stat().st_size, "sha256": file_sha256(data_path),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+
+    def entries(self) -> list[dict]:
+        """Every entry: key, model, depth, queries x depth per direction, size on disk, complete or not."""
+        out = []
+        if not self.root.is_dir():
+            return out
+        for folder in sorted(p for p in self.root.glob("??/*") if p.is_dir()):
+            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+            info = {"key": folder.name, "path": str(folder), "bytes": size, "kind": "lists",
+                    "complete": (folder / "meta.json").is_file()}
+            if info["complete"]:
+                try:
+                    meta = read_meta(folder / "meta.json")
+                    info.update(model=(meta.get("info") or {}).get("model", ""), created=meta.get("created"),
+                                shape=(meta.get("shapes") or {}).get("t2i_ids"), dtype=f"depth {meta.get('depth')}")
+                except (OSError, ValueError, AttributeError):
+                    info["complete"] = False
+            out.append(info)
+        return out
+
+    def remove(self, key_prefix: str) -> list[str]:
+        """Remove the entries whose key starts with ``key_prefix``; return the removed keys."""
+        return remove_entries(self.entries(), key_prefix)
+
+
+def _shape_problem(arrays: dict[str, np.ndarray], n_images: int, n_captions: int) -> str | None:
+    n_queries = {"t2i": n_captions, "i2t": None}
+    for direction in DIRECTIONS:
+        ids, scores, ranks = (arrays[f"{direction}_{f}"] for f in ("ids", "scores", "ranks"))
+        rows = n_queries[direction] if n_queries[direction] is not None else ids.shape[0]
+        if ids.ndim != 2 or ids.shape != scores.shape or ids.shape[0] != rows or ranks.shape != (rows,):
+            return f"{direction} arrays have shapes {ids.shape}, {scores.shape}, {ranks.shape}"
+    if arrays["t2i_ids"].shape[1] > n_images or arrays["i2t_ids"].shape[1] > n_captions:
+        return "lists longer than the corpus"
+    return None
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    with path.open("wb") as fh:
+        np.savez(fh, **arrays)

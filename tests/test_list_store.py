@@ -1,0 +1,182 @@
+"""The list store: warm jobs do no similarity work, results equal cold ones, damaged entries are rebuilt."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from reference import integer_embeddings
+
+from fusebench.cache_cli import main as cache_main
+from fusebench.fusion import FUSE_ON, FusionConfig
+from fusebench.list_store import FORMAT, ListStore
+from fusebench.retrieval import ListSource, ModelInput, SearchSettings, retrieve
+from fusebench.search import MATMULS
+
+METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore"]
+
+
+@pytest.fixture(scope="module")
+def case():
+    rng = np.random.default_rng(3)
+    counts = rng.integers(0, 4, size=40)
+    caption_image = np.repeat(np.arange(40), counts)
+    models = [ModelInput("a", integer_embeddings(rng, 40), integer_embeddings(rng, len(caption_image))),
+              ModelInput("b", integer_embeddings(rng, 40, dim=7), integer_embeddings(rng, len(caption_image), dim=7))]
+    return models, caption_image
+
+
+def _run(models, caption_image, config, store, depth=30, keep_k=None):
+    source = ListSource()
+    before = MATMULS["blocks"]
+    out = retrieve(models, caption_image, config, keep_k=keep_k,
+                   settings=SearchSettings(chunk_size=16, item_chunk_size=16, depth=depth, store_dir=store), source=source)
+    return out, source.records, MATMULS["blocks"] - before
+
+
+def _assert_equal(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        for d in ("t2i", "i2t"):
+            assert np.array_equal(a[name][d].ranks, b[name][d].ranks)
+            assert torch.equal(a[name][d].ids, b[name][d].ids)
+            assert torch.equal(a[name][d].scores, b[name][d].scores)
+            if a[name][d].contributors is not None:
+                assert torch.equal(a[name][d].contributors, b[name][d].contributors)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("fuse_on", FUSE_ON)
+def test_stored_lists_reproduce_cold_results_and_warm_jobs_do_no_matmul(case, tmp_path, method, fuse_on):
+    models, caption_image = case
+    for top_k in (5, 25):
+        config = FusionConfig(method=method, fuse_on=fuse_on, top_k=top_k)
+        cold, _, _ = _run(models, caption_image, config, store=None)
+        first, records, _ = _run(models, caption_image, config, store=str(tmp_path))
+        warm, warm_records, blocks = _run(models, caption_image, config, store=str(tmp_path))
+        _assert_equal(cold, first)
+        _assert_equal(cold, warm)
+        assert blocks == 0, "a job whose lists are stored must not compute similarities"
+        assert all(r["hit"] for r in warm_records.values())
+
+
+@pytest.mark.parametrize("fuse_on", FUSE_ON)
+def test_dense_jobs_take_single_models_from_the_store(case, tmp_path, fuse_on):
+    models, caption_image = case
+    config = FusionConfig(method="dbsf", fuse_on=fuse_on, top_k=None)
+    cold, _, _ = _run(models, caption_image, config, store=None, keep_k=10)
+    _run(models, caption_image, FusionConfig(method="rrf", top_k=5), store=str(tmp_path))
+    warm, records, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=10)
+    assert all(r["hit"] for r in records.values())
+    _assert_equal(cold, warm)
+
+
+def test_deeper_request_recomputes_shallower_reuses(case, tmp_path):
+    models, caption_image = case
+    config = FusionConfig(method="rrf", top_k=10)
+    _, records, _ = _run(models[:1], caption_image, config, store=str(tmp_path), depth=10)
+    assert not records["a"]["hit"]
+    _, records, _ = _run(models[:1], caption_image, config, store=str(tmp_path), depth=20)
+    assert not records["a"]["hit"] and records["a"]["depth"] == 20
+    _, records, blocks = _run(models[:1], caption_image, config, store=str(tmp_path), depth=15)
+    assert records["a"]["hit"] and records["a"]["depth"] == 20 and blocks == 0
+    assert len(ListStore(tmp_path).entries()) == 1  # one entry per model and corpus, whatever the depth
+
+
+def _entry(tmp_path) -> Path:
+    (entry,) = [Path(e["path"]) for e in ListStore(tmp_path).entries()]
+    return entry
+
+
+def _truncate(entry: Path):
+    data = (entry / "lists.npz").read_bytes()
+    (entry / "lists.npz").write_bytes(data[: len(data) // 2])
+
+
+def _flip_byte(entry: Path):
+    data = bytearray((entry / "lists.npz").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (entry / "lists.npz").write_bytes(bytes(data))
+
+
+def _meta_not_an_object(entry: Path):
+    (entry / "meta.json").write_text("[1, 2, 3]")
+
+
+def _meta_not_json(entry: Path):
+    (entry / "meta.json").write_text("{not json")
+
+
+def _older_format(entry: Path):
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["format"] = FORMAT - 1
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
+def _wrong_shapes(entry: Path):
+    with np.load(entry / "lists.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["t2i_ranks"] = arrays["t2i_ranks"][:-1]
+    np.savez(entry / "lists.npz", **arrays)
+    meta = json.loads((entry / "meta.json").read_text())
+    from fusebench.cache import file_sha256
+
+    meta.update(bytes=(entry / "lists.npz").stat().st_size, sha256=file_sha256(entry / "lists.npz"))
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
+def _killed_mid_write(entry: Path):
+    (entry / "meta.json").unlink()
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_byte, _meta_not_an_object, _meta_not_json, _older_format,
+                                    _wrong_shapes, _killed_mid_write])
+def test_damaged_entry_is_reported_and_recomputed(case, tmp_path, caplog, damage):
+    models, caption_image = case
+    config = FusionConfig(method="dbsf", top_k=8)
+    first, _, _ = _run(models[:1], caption_image, config, store=str(tmp_path))
+    damage(_entry(tmp_path))
+    again, records, blocks = _run(models[:1], caption_image, config, store=str(tmp_path))
+    assert not records["a"]["hit"] and blocks > 0
+    _assert_equal(first, again)
+    if damage is not _killed_mid_write:
+        assert "corrupt or outdated" in caplog.text
+    third, records, blocks = _run(models[:1], caption_image, config, store=str(tmp_path))
+    assert records["a"]["hit"] and blocks == 0  # rebuilt entry is whole again
+
+
+def test_two_processes_compute_one_entry_once(case, tmp_path):
+    models, caption_image = case
+    np.save(tmp_path / "image.npy", np.asarray(models[0].image))
+    np.save(tmp_path / "text.npy", np.asarray(models[0].text))
+    np.save(tmp_path / "caption_image.npy", caption_image)
+    script = textwrap.dedent(f"""
+        import json, numpy as np
+        from fusebench.retrieval import ListSource, ModelInput, SearchSettings, model_lists
+        d = {str(tmp_path)!r}
+        model = ModelInput("a", np.load(d + "/image.npy"), np.load(d + "/text.npy"))
+        source = ListSource()
+        model_lists(model, np.load(d + "/caption_image.npy"), 30, SearchSettings(store_dir=d + "/store"), source)
+        print(json.dumps(source.records["a"]["hit"]))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    hits = sorted(json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs)
+    assert hits == [False, True]  # one computed it, the other waited on the lock and read it
+    assert len(ListStore(tmp_path / "store").entries()) == 1
+
+
+def test_fusebench_cache_lists_and_removes_list_entries(case, tmp_path, capsys):
+    models, caption_image = case
+    _run(models, caption_image, FusionConfig(method="rrf", top_k=5), store=str(tmp_path))
+    assert cache_main(["--dir", str(tmp_path), "list"]) == 0
+    listing = capsys.readouterr().out
+    assert listing.count(" lists ") == 2 and "2 entries" in listing
+    key = ListStore(tmp_path).entries()[0]["key"]
+    assert cache_main(["--dir", str(tmp_path), "remove", key[:8]]) == 0
+    assert len(ListStore(tmp_path).entries()) == 1
+    assert cache_main(["--dir", str(tmp_path), "clear", "--yes"]) == 0
+    assert ListStore(tmp_path).entries() == []
