@@ -95,12 +95,76 @@ def cpu_model() -> str:
 
 def evaluate(models, corpus, fusion, settings: SearchSettings, device) -> tuple[float, dict]:
     """The whole evaluation (lists, fusion, ranks, recall, 12 comparisons x 2 bootstraps); seconds and ranks."""
+    sync(device)
+    start = time.perf_counter()
+    lists = retrieve(models, corpus.caption_image, fusion, keep_k=25, settings=settings)
+    ranks = {name: {d: lists[name][d].ranks for d in ("t2i", "i2t")} for name in lists}
+    for name in lists:
+        retriever_metrics(ranks[name], [1, 5, 10])
+    clusters = {"t2i": corpus.caption_image, "i2t": corpus.i2t_query_images}
+    comparisons = paired_comparisons(ranks, ["fused"], [m.name for m in models], clusters, [1, 5, 10], 2000, 0.95, 0)
+    sync(device)
+    return time.perf_counter() - start, ranks, comparisons
+
+
+def cli_run(args: list[str], output: Path) -> tuple[float, float]:
+    """Wall seconds and peak RSS (GB) of one fusebench command with empty caches under ``output``."""
+    env = {**os.environ, "FUSEBENCH_OUTPUT": str(output), "WANDB_MODE": "disabled"}
+    start = time.perf_counter()
+    done = subprocess.run([FUSEBENCH, *args], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"fusebench failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2
+
+
+def vectors_command(models, corpus, folder: Path, method: str) -> list[str]:
+    """Write the manifest and .npy files of ``models`` over ``corpus``; return the documented command's overrides."""
+    counts = corpus.captions_per_image
+    start = np.concatenate([[0], np.cumsum(counts)])
+    with open(folder / "M.jsonl", "w", encoding="utf-8") as fh:
+        for i, image_id in enumerate(corpus.image_ids):
+            fh.write(json.dumps({"image_id": image_id, "captions": corpus.captions[start[i]:start[i + 1]]}) + "\n")
+    args = ["dataset=manifest", f"dataset.manifest={folder / 'M.jsonl'}", "models=[]"]
+    for m in models:
+        np.save(folder / f"{m.name}_img.npy", m.image)
+        np.save(folder / f"{m.name}_txt.npy", m.text)
+        args += [f"+models.{m.name}.kind=vectors", f"+models.{m.name}.image_embeddings={folder / (m.name + '_img.npy')}",
+                 f"+models.{m.name}.text_embeddings={folder / (m.name + '_txt.npy')}"]
+    return args + [f"fusion.method={method}", "fusion.fuse_on=source_object", "fusion.top_k=100",
+                   "eval.bootstrap.draws=2000", "logger=none", f"hydra.run.dir={folder / 'run'}"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--method", default="dbsf", choices=[m for m in EVIDENCE if m in ("dbsf", "rrf")])
+    parser.add_argument("--chunk-size", type=int, default=4096)
+    parser.add_argument("--python-sample", type=int, default=3000)
+    parser.add_argument("--cli", action="store_true", help="also time the vectors command through the CLI")
+    parser.add_argument("--distractors", action="store_true", help="also run 100,000 images x 10,000 captions")
+    parser.add_argument("--json", help="also write the numbers to this file")
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    torch.set_float32_matmul_precision("highest")
+
+    corpus = make_sim_corpus()  # 5,000 images, 25,010 captions
+    specs = {name: OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml"))
+             for name in ("sim_siglip2_like", "sim_dfn5b_like")}  # the default job's models, d = 1,152 and 1,024
+    embedded = [embed(name, spec, corpus) for name, spec in specs.items()]
+    models = [ModelInput(e.name, e.image, e.text) for e in embedded]
+    fusion = FusionConfig(method=args.method, fuse_on="source_object", top_k=100)
+
+    bare_matmuls(models, args.chunk_size, device)  # warm-up (thread pools, allocator)
+    t_matmul = bare_matmuls(models, args.chunk_size, device)
+
     settings = SearchSettings(device=device, chunk_size=args.chunk_size)
-    t_eval, ranks = evaluate(models, corpus, fusion, settings, device)
+    evaluate(models, corpus, fusion, settings, device)  # warm-up (kernel compile or load, allocator)
+    t_eval, ranks, comparisons = evaluate(models, corpus, fusion, settings, device)
     with tempfile.TemporaryDirectory() as store:
         stored = SearchSettings(device=device, chunk_size=args.chunk_size, store_dir=store)
         evaluate(models, corpus, fusion, stored, device)  # fills the store
-        t_warm, warm_ranks = evaluate(models, corpus, fusion, stored, device)
+        t_warm, warm_ranks, _ = evaluate(models, corpus, fusion, stored, device)
     assert all(np.array_equal(ranks[n][d], warm_ranks[n][d]) for n in ranks for d in ("t2i", "i2t"))
 
     # the per-model top-100 lists both fusions consume (the evaluation above kept only 25 per list)

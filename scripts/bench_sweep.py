@@ -67,12 +67,11 @@ def main() -> None:
         t_default, rss_default = run(["dataset=sim", "logger=none"], root / "default")
         ablation = ["experiment=fusion_ablation", "dataset=sim", "logger=none"]
         t_cold, rss_cold = run(ablation, root / "sweep")
-        cold_jobs = sweep_jobs(root / "sweep")
+        cold_metrics = [json.loads((job / "metrics.json").read_text()) for job in sweep_jobs(root / "sweep")]
         shutil.rmtree(root / "sweep" / "multirun")
         t_warm, rss_warm = run(ablation, root / "sweep")
         warm_jobs = sweep_jobs(root / "sweep")
         metrics = [json.loads((job / "metrics.json").read_text()) for job in warm_jobs]
-        cold_metrics = [json.loads((job / "metrics.json").read_text()) for job in cold_jobs]
         identical = {}
         for number in (int(n) for n in args.check.split(",") if n):
             overrides = (warm_jobs[number] / ".hydra" / "overrides.yaml").read_text().split("\n")

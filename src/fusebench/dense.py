@@ -19,118 +19,156 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fusebench.fusion import EVIDENCE, FusionConfig, FusedLists
+from fusebench import kernels
+from fusebench.fusion import EVIDENCE, FusionConfig, FusedLists, rrf_evidence
 from fusebench.lists import full_rows, tiles
 from fusebench.search import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable
 
 
 @dataclass
 class DenseSide:
-    """One direction for the dense path: per model, query and item embeddings on the device, and which
-    items are correct for each query (t2i: the caption's image; i2t: the image's captions)."""
+    """One direction for the dense path: per model, query and item embeddings on the device, and each
+    query's correct items (t2i: the caption's image; i2t: the image's captions), -1 padded."""
 
     queries: list[torch.Tensor]
     items: list[torch.Tensor]
-    query_owner: torch.Tensor  # (nq,) the image each query is about
-    item_owner: torch.Tensor  # (N,) the image each item is (t2i: arange) or describes (i2t: caption_image)
+    correct: torch.Tensor  # (nq, c) int64 item indices, -1 padding; at least one per query
 
 
-def full_ranks(scores: torch.Tensor) -> torch.Tensor:
-    """1-based rank of every entry of each row under the stable descending order (int64)."""
+def correct_items(caption_image: np.ndarray, query_images: np.ndarray) -> np.ndarray:
+    """(query images, most captions of one image) caption indices per i2t query, -1 padded."""
+    order = np.argsort(caption_image, kind="stable")
+    counts = np.bincount(caption_image, minlength=int(query_images.max()) + 1)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    group = np.searchsorted(query_images, caption_image[order])
+    out = np.full((len(query_images), int(counts.max())), -1, dtype=np.int64)
+    out[group, np.arange(len(order)) - starts[caption_image[order]]] = order
+    return out
+
+
+def full_ranks(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the 1-based rank of every entry under the stable descending order, and that order (int64)."""
+    if scores.device.type == "cpu":
+        ranks, order = kernels.stable_ranks(scores.contiguous().numpy())
+        return torch.from_numpy(ranks), torch.from_numpy(order)
     keys = torch.arange(scores.shape[1], device=scores.device).expand_as(scores)
     order = sort_rows(descending_keys(scores, keys)) & 0xFFFFFFFF
     ranks = torch.empty_like(order)
     ranks.scatter_(1, order, torch.arange(1, scores.shape[1] + 1, device=scores.device).expand_as(order).contiguous())
-    return ranks
+    return ranks, order
 
 
-def first_correct(scores: torch.Tensor, tiebreak: torch.Tensor | None, correct: torch.Tensor):
-    """Per row, the correct entry that comes first under (score desc, tiebreak desc, index asc):
-    (its score, its tiebreak value, its index)."""
-    neg = torch.tensor(float("-inf"), device=scores.device)
-    best = torch.where(correct, scores, neg).amax(dim=1, keepdim=True)
-    chosen = correct & (scores == best)
+def first_correct(values: torch.Tensor, tiebreak: torch.Tensor | None, correct: torch.Tensor):
+    """Per row, the correct entry that comes first under (value desc, tiebreak desc, index asc): its value,
+    its tiebreak (0 without one) and its index, each (B,)."""
+    real = correct >= 0
+    index = correct.clamp(min=0)
+    neg = torch.tensor(float("-inf"), device=values.device)
+    picked = values.gather(1, index).masked_fill(~real, float("-inf"))
+    best = picked.amax(dim=1, keepdim=True)
+    chosen = real & (picked == best)
+    best_tb = torch.zeros_like(best)
     if tiebreak is not None:
-        best_tb = torch.where(chosen, tiebreak, neg).amax(dim=1, keepdim=True)
-        chosen &= tiebreak == best_tb
-    else:
-        best_tb = None
-    cols = torch.arange(scores.shape[1], device=scores.device)
-    index = torch.where(chosen, cols, scores.shape[1]).amin(dim=1, keepdim=True)
-    return best, best_tb, index
+        tb = tiebreak.gather(1, index)
+        best_tb = torch.where(chosen, tb, neg).amax(dim=1, keepdim=True)
+        chosen &= tb == best_tb
+    first = torch.where(chosen, correct, values.shape[1]).amin(dim=1)
+    return best[:, 0], best_tb[:, 0], first
 
 
-def count_ahead(scores: torch.Tensor, tiebreak: torch.Tensor | None, best, best_tb, index) -> torch.Tensor:
-    """Entries of each row that come before (best, best_tb, index) under (score desc, tiebreak desc, index asc)."""
-    cols = torch.arange(scores.shape[1], device=scores.device)
-    tied = scores == best
-    later = cols < index
+def count_ahead(values: torch.Tensor, tiebreak: torch.Tensor | None, best, best_tb, index) -> torch.Tensor:
+    """Entries of each row before (best, best_tb, index) under (value desc, tiebreak desc, index asc)."""
+    if values.device.type == "cpu":
+        tb = tiebreak if tiebreak is not None else values
+        return torch.from_numpy(kernels.count_ahead(values.numpy(), tb.contiguous().numpy(), tiebreak is not None,
+                                                    best.numpy(), best_tb.numpy(), index.numpy()))
+    cols = torch.arange(values.shape[1], device=values.device)
+    later = cols[None, :] < index[:, None]
     if tiebreak is not None:
-        later = (tiebreak > best_tb) | ((tiebreak == best_tb) & later)
-    return ((scores > best) | (tied & later)).sum(dim=1)
+        later = (tiebreak > best_tb[:, None]) | ((tiebreak == best_tb[:, None]) & later)
+    return ((values > best[:, None]) | ((values == best[:, None]) & later)).sum(dim=1)
 
 
-def _model_evidence(scores: torch.Tensor, method: str, weight: float, config: FusionConfig):
-    """Each item's weighted evidence over the whole row, and the item ranks when RRF needed them."""
+def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionConfig):
+    """Each item's weighted evidence over the whole row, and the row's order when RRF needed it."""
     if method == "rrf":
-        ranks = full_ranks(scores)
-        return (1.0 / (config.rrf_k + ranks.to(torch.float32))) * weight, ranks
-    valid = torch.ones_like(scores, dtype=torch.bool)
-    return EVIDENCE[method](scores, valid, rrf_k=config.rrf_k, ddof=config.ddof) * weight, None
+        ranks, order = full_ranks(scores)
+        return (1.0 / (config.rrf_k + ranks.to(torch.float32))) * weight, order
+    return EVIDENCE[method](scores, None, rrf_k=config.rrf_k, ddof=config.ddof) * weight, None
 
 
-def _source_object_block(scores, evidence, model0_ranks, correct, keep, n_models):
+def _source_object_block(scores, weights, config, correct, keep):
+    evidence, orders = zip(*(_evidence(s, config.method, w, config) for s, w in zip(scores, weights)))
     fused = evidence[0].clone()
     for extra in evidence[1:]:
         fused += extra
     # ties: first appearance = position in model 0's full list, i.e. model 0's score desc, then index asc
     best, best_s0, index = first_correct(fused, scores[0], correct)
     ranks = 1 + count_ahead(fused, scores[0], best, best_s0, index)
-    values, ids = topk_stable(fused, min(keep + 1, fused.shape[1]))
-    tie_rows = torch.nonzero((values[:, 1:] == values[:, :-1]).any(dim=1)).flatten()
-    values, ids = values[:, :keep].clone(), ids[:, :keep].clone()
-    if tie_rows.numel():
-        sub_ranks = model0_ranks[tie_rows] if model0_ranks is not None else full_ranks(scores[0][tie_rows])
-        sub_values, position = sort_desc_with_tiebreak(fused[tie_rows], sub_ranks - 1)
-        order = torch.empty_like(sub_ranks)
-        order.scatter_(1, sub_ranks - 1, torch.arange(fused.shape[1], device=fused.device).expand_as(sub_ranks).contiguous())
-        values[tie_rows] = sub_values[:, :keep]
-        ids[tie_rows] = order.gather(1, position[:, :keep])
-    contributors = torch.full_like(ids, (1 << n_models) - 1)
+    keep = min(keep, fused.shape[1])
+    if orders[0] is not None:  # model 0's order is known (RRF): a stable top-k in that order is the tie rule
+        values, position = topk_stable(fused.gather(1, orders[0]), keep)
+        ids = orders[0].gather(1, position)
+    else:  # ties are rare: order by index first, then re-rank the rows that have ties in their head
+        values, ids = topk_stable(fused, min(keep + 1, fused.shape[1]))
+        tie_rows = torch.nonzero((values[:, 1:] == values[:, :-1]).any(dim=1)).flatten()
+        values, ids = values[:, :keep].clone(), ids[:, :keep].clone()
+        if tie_rows.numel():
+            order = full_ranks(scores[0][tie_rows])[1]
+            values[tie_rows], position = topk_stable(fused[tie_rows].gather(1, order), keep)
+            ids[tie_rows] = order.gather(1, position)
+    contributors = torch.full_like(ids, (1 << len(scores)) - 1)
     return FusedLists(ids, values, contributors), ranks
 
 
-def _document_block(scores, evidence, correct, keep):
+def _rank_evidence(n_items: int, weight: float, config: FusionConfig, device) -> torch.Tensor:
+    """RRF evidence of the entry at each rank 1..n (computed as the list path computes it)."""
+    ranks = torch.zeros(1, n_items, device=device)
+    return rrf_evidence(ranks, None, config.rrf_k)[0] * weight
+
+
+def _count_in_descending(ev: torch.Tensor, e: torch.Tensor):
+    """For a non-increasing 1-D ``ev``: per value of ``e``, entries above it and entries equal to it."""
+    ascending = ev.flip(0).contiguous()
+    low = torch.searchsorted(ascending, e.contiguous(), right=False)
+    high = torch.searchsorted(ascending, e.contiguous(), right=True)
+    return ev.numel() - high, high - low
+
+
+def _document_block(scores, weights, config, correct, keep):
     n_models, n_items = len(scores), scores[0].shape[1]
-    # each model's first correct item (by its own order) and that entry's evidence
-    chosen = []
+    rrf = config.method == "rrf"  # evidence depends on the rank alone: count it, never materialise it
+    evidence = [None if rrf else _evidence(s, config.method, w, config)[0] for s, w in zip(scores, weights)]
+    rank_ev = [_rank_evidence(n_items, w, config, scores[0].device) for w in weights] if rrf else None
+    firsts = []  # each model's first correct item by its own order: (score, index, rank, evidence)
     for m in range(n_models):
         s_best, _, index = first_correct(scores[m], None, correct)
-        rank = 1 + count_ahead(scores[m], None, s_best, None, index)
-        chosen.append((s_best, index, rank, evidence[m].gather(1, index.clamp(max=n_items - 1))))
-    e_best = torch.stack([c[3][:, 0] for c in chosen], dim=1)  # (B, M)
-    winner = torch.argmax(e_best, dim=1)  # first maximum: the lowest model wins ties (earlier position)
-    e_star = e_best.gather(1, winner[:, None])
-    ahead = torch.zeros(e_star.shape[0], dtype=torch.int64, device=e_star.device)
-    for m in range(n_models):
-        greater = (evidence[m] > e_star).sum(dim=1)
-        equal = evidence[m] == e_star
-        s_best, index, _, _ = chosen[m]
-        before_in_m = equal & ((scores[m] > s_best) | ((scores[m] == s_best) & (torch.arange(n_items, device=e_star.device) < index)))
-        ahead += greater + torch.where(winner > m, equal.sum(dim=1),
-                                       torch.where(winner == m, before_in_m.sum(dim=1), 0))
-    ranks = 1 + ahead
+        rank = 1 + count_ahead(scores[m], None, s_best, torch.zeros_like(s_best), index)
+        e = rank_ev[m][rank - 1] if rrf else evidence[m].gather(1, index[:, None])[:, 0]
+        firsts.append((s_best, index, rank, e))
+    winner = torch.argmax(torch.stack([f[3] for f in firsts], dim=1), dim=1)  # first max: lower model wins ties
+    e_star = torch.stack([f[3] for f in firsts], dim=1).gather(1, winner[:, None])[:, 0]
+    ahead = torch.zeros_like(winner)
+    for m, (s_best, index, rank, _) in enumerate(firsts):
+        if rrf:
+            above, equal = _count_in_descending(rank_ev[m], e_star)
+            before = (torch.minimum(above + equal, rank - 1) - above).clamp(min=0)
+            ahead += above + torch.where(winner > m, equal, torch.where(winner == m, before, 0))
+        else:  # equal evidence: every entry of an earlier model, this model's entries before its first correct
+            inf = torch.full_like(s_best, float("inf"))
+            tb = torch.where(winner > m, -inf, torch.where(winner == m, s_best, inf))
+            ahead += count_ahead(evidence[m], scores[m], e_star, tb, torch.where(winner == m, index, 0))
     # the fused list's head: a merge of each model's own top-keep entries (evidence is monotone in score)
     ids, values, bits = [], [], []
     for m in range(n_models):
         _, top = topk_stable(scores[m], min(keep, n_items))
         ids.append(top)
-        values.append(evidence[m].gather(1, top))
+        values.append(rank_ev[m][: top.shape[1]].expand_as(top) if rrf else evidence[m].gather(1, top))
         bits.append(torch.full_like(top, 1 << m))
     all_ids, all_values, all_bits = torch.cat(ids, 1), torch.cat(values, 1), torch.cat(bits, 1)
-    out_values, position = sort_desc_with_tiebreak(all_values)
+    out_values, position = sort_desc_with_tiebreak(all_values.contiguous())
     position = position[:, :keep]
-    return FusedLists(all_ids.gather(1, position), out_values[:, :keep], all_bits.gather(1, position)), ranks
+    return FusedLists(all_ids.gather(1, position), out_values[:, :keep], all_bits.gather(1, position)), 1 + ahead
 
 
 def dense_fuse(side: DenseSide, weights: list[float], config: FusionConfig, keep: int, final_k: int,
@@ -138,25 +176,15 @@ def dense_fuse(side: DenseSide, weights: list[float], config: FusionConfig, keep
                progress: Callable[[int], None] | None = None) -> tuple[FusedLists, np.ndarray]:
     """Fused lists (first ``keep`` entries) and exact ranks of the first correct entry for every query."""
     n_models, n_queries, n_items = len(side.items), side.queries[0].shape[0], side.items[0].shape[0]
-    per_row = n_items * (n_models * (24 if config.method == "rrf" else 8) + 16)
+    per_row = n_items * n_models * (24 if config.method == "rrf" else 12)  # scores, evidence, ranks per model
     block = max(1, min(n_queries, budget_bytes // per_row))
     keep = min(keep, final_k)
     outs, ranks = [], []
     for r0, r1 in tiles(n_queries, block):
-        rows = slice(r0, r1)
-        correct = side.item_owner[None, :] == side.query_owner[rows, None]
-        scores, evidence, model_ranks = [], [], []
-        for m in range(n_models):
-            s = full_rows(side.queries[m][rows], side.items[m], item_chunk,
-                          torch.empty(r1 - r0, n_items, device=side.items[m].device))
-            e, r = _model_evidence(s, config.method, weights[m], config)
-            scores.append(s)
-            evidence.append(e)
-            model_ranks.append(r)
-        if config.fuse_on == "source_object":
-            fused, block_ranks = _source_object_block(scores, evidence, model_ranks[0], correct, keep, n_models)
-        else:
-            fused, block_ranks = _document_block(scores, evidence, correct, keep)
+        scores = [full_rows(q[r0:r1], items, item_chunk, torch.empty(r1 - r0, n_items, device=items.device))
+                  for q, items in zip(side.queries, side.items)]
+        block_fn = _source_object_block if config.fuse_on == "source_object" else _document_block
+        fused, block_ranks = block_fn(scores, weights, config, side.correct[r0:r1], keep)
         block_ranks = torch.where(block_ranks <= final_k, block_ranks, 0)
         outs.append(FusedLists(fused.ids.cpu(), fused.scores.cpu(), fused.contributors.cpu()))
         ranks.append(block_ranks.cpu().numpy())
@@ -164,4 +192,3 @@ def dense_fuse(side: DenseSide, weights: list[float], config: FusionConfig, keep
             progress(r1 - r0)
     fused = FusedLists(*(torch.cat([getattr(o, f) for o in outs]) for f in ("ids", "scores", "contributors")))
     return fused, np.concatenate(ranks).astype(np.int64)
-

@@ -1,6 +1,7 @@
 """Rank fusion over per-model top-k lists: small, named, pure normalisers and one ``fuse``.
 
-Inputs are per-model ranked lists for a batch of queries: ``ids`` (B, k) int64 with -1 padding and
+Inputs are per-model ranked lists for a batch of queries (``valid`` marks real entries; ``None`` means every
+entry is real, as for whole score rows): ``ids`` (B, k) int64 with -1 padding and
 ``scores`` (B, k) float32, ordered best first. Every normaliser maps one model's list to per-hit evidence;
 ``fuse`` adds the weighted evidence either per source object (item id) or per document (each model's hit
 its own entry) and orders the result by fused score, ties kept in first-appearance order when the lists
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from fusebench import FusebenchError
+from fusebench.kernels import row_mean_std
 from fusebench.search import sort_desc_with_tiebreak, sort_rows
 
 METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore")
@@ -64,11 +66,15 @@ class FusionConfig:
                 )
 
 
-def _row_mean_std(scores: torch.Tensor, valid: torch.Tensor, ddof: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and standard deviation (``ddof`` 0 or 1) of each row's valid entries; sd 0 when undefined.
-
-    Accumulated in float64 and rounded once to float32, so a row's statistics do not depend on the order
-    of its entries (a ranked list and the unsorted row it came from give the same values)."""
+def _row_mean_std(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation (``ddof`` 0 or 1) of each row's valid entries (``None``: all); sd 0 when
+    undefined. Accumulated in float64 and rounded once to float32, so a row's statistics do not depend on
+    the order of its entries (a ranked list and the unsorted row it came from give the same values)."""
+    if valid is None and scores.device.type == "cpu":
+        mean, std = row_mean_std(scores.contiguous().numpy(), ddof)  # whole rows: one pass per moment
+        return torch.from_numpy(mean)[:, None], torch.from_numpy(std)[:, None]
+    if valid is None:
+        valid = torch.ones_like(scores, dtype=torch.bool)
     wide = scores.to(torch.float64)
     count = valid.sum(dim=1, keepdim=True).to(torch.float64)
     mean = wide.masked_fill(~valid, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
@@ -93,11 +99,14 @@ def dbsf_evidence(scores: torch.Tensor, valid: torch.Tensor, ddof: int = 0, **_)
     return rescaled.masked_fill_(flat, 0.5)
 
 
-def minmax_evidence(scores: torch.Tensor, valid: torch.Tensor, **_) -> torch.Tensor:
+def minmax_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> torch.Tensor:
     """(s - min) / (max - min) over this list; 0.5 where max = min."""
-    big = torch.finfo(scores.dtype).max
-    low = torch.where(valid, scores, torch.full_like(scores, big)).amin(dim=1, keepdim=True)
-    high = torch.where(valid, scores, torch.full_like(scores, -big)).amax(dim=1, keepdim=True)
+    if valid is None:
+        low, high = scores.amin(dim=1, keepdim=True), scores.amax(dim=1, keepdim=True)
+    else:
+        big = torch.finfo(scores.dtype).max
+        low = torch.where(valid, scores, torch.full_like(scores, big)).amin(dim=1, keepdim=True)
+        high = torch.where(valid, scores, torch.full_like(scores, -big)).amax(dim=1, keepdim=True)
     span = high - low
     flat = span <= 0
     return ((scores - low) / span.masked_fill(flat, 1.0)).masked_fill_(flat, 0.5)

@@ -192,3 +192,85 @@ class Heaps:
     def lists(self) -> tuple[np.ndarray, np.ndarray]:
         finish(self.vals, self.ids, self.counts)
         return self.vals, self.ids
+
+
+@njit(parallel=True, cache=True)
+def row_mean_std(block, ddof):
+    """Per row: mean and standard deviation (``ddof`` 0 or 1; 0 when undefined) of every entry, accumulated in
+    float64 and rounded once to float32, as ``fusion._row_mean_std`` does for lists."""
+    rows, width = block.shape
+    mean = np.empty(rows, dtype=np.float32)
+    std = np.empty(rows, dtype=np.float32)
+    for r in prange(rows):
+        total = 0.0
+        for j in range(width):
+            total += np.float64(block[r, j])
+        m = total / max(width, 1)
+        sq = 0.0
+        for j in range(width):
+            d = np.float64(block[r, j]) - m
+            sq += d * d
+        denom = width - ddof
+        mean[r] = np.float32(m)
+        std[r] = np.float32(np.sqrt(sq / max(denom, 1))) if denom > 0 else np.float32(0.0)
+    return mean, std
+
+
+@njit(parallel=True, cache=True)
+def count_ahead(values, tiebreak, use_tiebreak, best, best_tb, index):
+    """Per row r: entries that come before (best[r], best_tb[r], index[r]) under the order (value desc,
+    tiebreak desc when ``use_tiebreak``, column index asc). One pass over each row."""
+    rows, width = values.shape
+    out = np.empty(rows, dtype=np.int64)
+    for r in prange(rows):
+        b, t, i = best[r], best_tb[r], index[r]
+        count = 0
+        for j in range(width):
+            v = values[r, j]
+            if v > b:
+                count += 1
+            elif v == b:
+                if use_tiebreak:
+                    tb = tiebreak[r, j]
+                    count += (tb > t) or (tb == t and j < i)
+                else:
+                    count += j < i
+        out[r] = count
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _descending_keys(block, keys):
+    """int64 keys whose ascending order is (score desc, index asc): order-preserving bits of -score above
+    the column index (as ``search.descending_keys``)."""
+    rows, width = block.shape
+    for r in prange(rows):
+        negated = np.empty(width, dtype=np.float32)
+        for j in range(width):
+            negated[j] = -block[r, j] + np.float32(0.0)
+        bits = negated.view(np.int32)
+        for j in range(width):
+            b = bits[j]
+            ordered = b ^ 0x7FFFFFFF if b < 0 else b
+            keys[r, j] = (np.int64(ordered) << 32) | j
+
+
+@njit(parallel=True, cache=True)
+def _ranks_from_sorted_keys(keys, ranks):
+    rows, width = keys.shape
+    for r in prange(rows):
+        for p in range(width):
+            ranks[r, keys[r, p] & 0xFFFFFFFF] = p + 1
+
+
+def stable_ranks(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the 1-based rank of every entry under (score desc, index asc) and the order itself (column
+    indices best first): numba builds the keys and scatters the ranks, numpy's vectorised int64 sort
+    orders them."""
+    keys = np.empty(block.shape, dtype=np.int64)
+    _descending_keys(block, keys)
+    keys.sort(axis=1)
+    ranks = np.empty(block.shape, dtype=np.int64)
+    _ranks_from_sorted_keys(keys, ranks)
+    keys &= 0xFFFFFFFF
+    return ranks, keys

@@ -95,6 +95,8 @@ def tiles(n: int, size: int):
 def full_rows(text: torch.Tensor, image: torch.Tensor, item_chunk: int, out: torch.Tensor) -> torch.Tensor:
     """``text @ image.T`` assembled from image tiles into ``out`` (rows x items): the same tile shapes as
     the pass that built the lists."""
+    if image.shape[0] <= item_chunk:  # one tile: write it in place
+        return similarity(text, image, out=out)
     for c0, c1 in tiles(image.shape[0], item_chunk):
         out[:, c0:c1] = similarity(text, image[c0:c1])
     return out

@@ -114,7 +114,9 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     runtime = Runtime.from_config(_plain(cfg["embed"]) if "embed" in cfg else None)
     raws = [load_raw(name, spec, corpus, runtime) for name, spec in specs.items()]
     raws, corpus = drop_unreadable(raws, corpus)
-    embeddings = [finalize(raw, corpus) for raw in raws]
+    embeddings = []
+    while raws:  # one model's raw rows at a time beside the normalised ones (a 100k-image corpus is GBs)
+        embeddings.append(finalize(raws.pop(0), corpus))
     inputs = [ModelInput(e.name, e.image, e.text, float(specs[e.name].get("weight", 1.0))) for e in embeddings]
     search_started = time.perf_counter()
     source, matmuls_before = ListSource(), MATMULS["blocks"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fusebench.dense import DenseSide, dense_fuse
+from fusebench.dense import DenseSide, correct_items, dense_fuse
 from fusebench.fusion import FusionConfig, fuse_in_blocks
 from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists
 from fusebench.list_store import ListStore, list_material
@@ -138,14 +138,15 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
     device = torch.device(settings.device)
     images = [torch.as_tensor(np.asarray(m.image), dtype=torch.float32).to(device) for m in models]
     texts = [torch.as_tensor(np.asarray(m.text), dtype=torch.float32).to(device) for m in models]
-    sides = {"t2i": DenseSide(texts, images, cap_img.to(device), torch.arange(n_images, device=device)),
-             "i2t": DenseSide([t[query_images.to(device)] for t in images], texts, query_images.to(device),
-                              cap_img.to(device))}
+    i2t_correct = correct_items(caption_image, query_images.numpy())
+    sides = {"t2i": DenseSide(texts, images, cap_img[:, None].to(device)),
+             "i2t": DenseSide([image[query_images.to(device)] for image in images], texts,
+                              torch.as_tensor(i2t_correct, device=device))}
     progress = settings.progress or _no_progress
     keep = keep_k if keep_k is not None else depth
     for d in DIRECTIONS:
         final_k = fusion.final_k(n_items[d], len(models))
         fused, ranks = dense_fuse(sides[d], weights, fusion, keep, final_k, 2 * settings.tile_bytes,
-                                  settings.item_chunk_size, progress(f"fuse {d} (whole rankings)", len(sides[d].query_owner)))
+                                  settings.item_chunk_size, progress(f"fuse {d} (whole rankings)", len(sides[d].correct)))
         results[FUSED][d] = RankedLists(ranks, fused.ids, fused.scores, fused.contributors)
     return results
