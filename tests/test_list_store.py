@@ -13,7 +13,9 @@ from reference import integer_embeddings
 
 from fusebench.cache_cli import main as cache_main
 from fusebench.fusion import FUSE_ON, FusionConfig
+from fusebench import score_store
 from fusebench.list_store import FORMAT, ListStore
+from fusebench.score_store import ScoreStore
 from fusebench.retrieval import ListSource, ModelInput, SearchSettings, retrieve
 from fusebench.search import MATMULS
 
@@ -180,3 +182,56 @@ def test_fusebench_cache_lists_and_removes_list_entries(case, tmp_path, capsys):
     assert len(ListStore(tmp_path).entries()) == 1
     assert cache_main(["--dir", str(tmp_path), "clear", "--yes"]) == 0
     assert ListStore(tmp_path).entries() == []
+
+
+def _dense(models, caption_image, store, method="zscore", fuse_on="source_object", max_scores_mb=2048):
+    source = ListSource()
+    before = MATMULS["blocks"]
+    out = retrieve(models, caption_image, FusionConfig(method=method, fuse_on=fuse_on, top_k=None), keep_k=10,
+                   settings=SearchSettings(chunk_size=16, item_chunk_size=16, store_dir=store,
+                                           max_scores_mb=max_scores_mb), source=source)
+    return out, source.records, MATMULS["blocks"] - before
+
+
+@pytest.mark.parametrize("method", ["rrf", "dbsf"])
+@pytest.mark.parametrize("fuse_on", FUSE_ON)
+def test_whole_ranking_jobs_read_stored_score_matrices(case, tmp_path, method, fuse_on):
+    models, caption_image = case
+    cold, _, _ = _dense(models, caption_image, None, method, fuse_on)
+    first, records, _ = _dense(models, caption_image, str(tmp_path), method, fuse_on)
+    assert all(r["scores"]["stored"] and not r["scores"]["hit"] for r in records.values())
+    warm, records, blocks = _dense(models, caption_image, str(tmp_path), method, fuse_on)
+    assert blocks == 0 and all(r["scores"]["hit"] for r in records.values())
+    _assert_equal(cold, first)
+    _assert_equal(cold, warm)
+
+
+def test_score_matrices_over_the_size_cap_are_recomputed_not_stored(case, tmp_path):
+    models, caption_image = case
+    _dense(models, caption_image, str(tmp_path), max_scores_mb=0)
+    _, records, blocks = _dense(models, caption_image, str(tmp_path), max_scores_mb=0)
+    assert blocks > 0 and not any(r["scores"]["stored"] for r in records.values())
+    assert ScoreStore(tmp_path).entries() == []
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "meta_list", "older_format"])
+def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
+    models, caption_image = case
+    first, _, _ = _dense(models, caption_image, str(tmp_path))
+    entry = Path(ScoreStore(tmp_path).entries()[0]["path"])
+    if damage == "truncate":
+        data = (entry / "t2i.npy").read_bytes()
+        (entry / "t2i.npy").write_bytes(data[:-8])
+    elif damage == "flip":
+        data = bytearray((entry / "i2t.npy").read_bytes())
+        data[-3] ^= 0x10
+        (entry / "i2t.npy").write_bytes(bytes(data))
+    elif damage == "meta_list":
+        (entry / "meta.json").write_text("[]")
+    else:
+        meta = json.loads((entry / "meta.json").read_text())
+        (entry / "meta.json").write_text(json.dumps({**meta, "format": 0}))
+    score_store._VERIFIED.clear()  # as a new process would: checksums are verified once per process
+    again, records, blocks = _dense(models, caption_image, str(tmp_path))
+    assert blocks > 0 and "score store entry" in caplog.text
+    _assert_equal(first, again)

@@ -1,6 +1,6 @@
-"""``fusebench-cache``: list and remove cache entries: embeddings and each model's stored ranked lists.
+"""``fusebench-cache``: list and remove cache entries: embeddings, each model's stored ranked lists and score matrices.
 
-    fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists), shape, size, state
+    fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists/scores), shape, size, state
     fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters)
     fusebench-cache clear --yes                remove every entry
 The default DIR is the run default: $FUSEBENCH_OUTPUT/cache, else outputs/cache.
@@ -15,6 +15,7 @@ import sys
 from fusebench import FusebenchError
 from fusebench.cache import EmbeddingCache
 from fusebench.list_store import ListStore
+from fusebench.score_store import ScoreStore
 
 
 def _size(n: int) -> str:
@@ -51,25 +52,25 @@ def main(argv: list[str] | None = None) -> int:
     clear = sub.add_parser("clear", help="remove every entry")
     clear.add_argument("--yes", action="store_true", help="confirm")
     args = parser.parse_args(argv)
-    cache, lists = EmbeddingCache(args.dir), ListStore(args.dir)
+    stores = {"embeddings": EmbeddingCache(args.dir), "lists": ListStore(args.dir), "scores": ScoreStore(args.dir)}
     try:
         if args.command == "list":
-            print(format_entries(cache.entries() + lists.entries()))
+            print(format_entries([e for store in stores.values() for e in store.entries()]))
         elif args.command == "remove":
             for key in args.keys:
-                removed = cache.remove(key) + lists.remove(key)
+                removed = [k for store in stores.values() for k in store.remove(key)]
                 if not removed:
-                    print(f"fusebench-cache: no entry matches {key!r} in {cache.root}", file=sys.stderr)
+                    print(f"fusebench-cache: no entry matches {key!r} in {args.dir}", file=sys.stderr)
                     return 1
                 print("\n".join(f"removed {k}" for k in removed))
         elif args.command == "clear":
             if not args.yes:
                 print("fusebench-cache: clear removes every entry; add --yes to confirm", file=sys.stderr)
                 return 2
-            entries = cache.entries() + lists.entries()
-            for entry in entries:
-                (lists if entry.get("kind") == "lists" else cache).remove(entry["key"])
-            print(f"removed {len(entries)} entries from {cache.root}")
+            entries = [(store, e) for store in stores.values() for e in store.entries()]
+            for store, entry in entries:
+                store.remove(entry["key"])
+            print(f"removed {len(entries)} entries from {args.dir}")
     except FusebenchError as err:
         print(f"fusebench-cache: error: {err}", file=sys.stderr)
         return 2

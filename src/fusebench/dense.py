@@ -21,17 +21,20 @@ import torch
 
 from fusebench import kernels
 from fusebench.fusion import EVIDENCE, FusionConfig, FusedLists, rrf_evidence
-from fusebench.lists import full_rows, tiles
+from fusebench.lists import tiles
 from fusebench.search import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable
+
+
+RowBlocks = Callable[[int, int], torch.Tensor]  # (r0, r1) -> that block of a model's score rows (r1-r0, items)
 
 
 @dataclass
 class DenseSide:
-    """One direction for the dense path: per model, query and item embeddings on the device, and each
-    query's correct items (t2i: the caption's image; i2t: the image's captions), -1 padded."""
+    """One direction for the dense path: per model, its score rows by block (a stored matrix or a fresh
+    similarity), and each query's correct items (t2i: the caption's image; i2t: the image's captions)."""
 
-    queries: list[torch.Tensor]
-    items: list[torch.Tensor]
+    rows: list[RowBlocks]
+    n_items: int
     correct: torch.Tensor  # (nq, c) int64 item indices, -1 padding; at least one per query
 
 
@@ -172,17 +175,16 @@ def _document_block(scores, weights, config, correct, keep):
 
 
 def dense_fuse(side: DenseSide, weights: list[float], config: FusionConfig, keep: int, final_k: int,
-               budget_bytes: int, item_chunk: int,
+               budget_bytes: int,
                progress: Callable[[int], None] | None = None) -> tuple[FusedLists, np.ndarray]:
     """Fused lists (first ``keep`` entries) and exact ranks of the first correct entry for every query."""
-    n_models, n_queries, n_items = len(side.items), side.queries[0].shape[0], side.items[0].shape[0]
+    n_models, n_queries, n_items = len(side.rows), side.correct.shape[0], side.n_items
     per_row = n_items * n_models * (24 if config.method == "rrf" else 12)  # scores, evidence, ranks per model
     block = max(1, min(n_queries, budget_bytes // per_row))
     keep = min(keep, final_k)
     outs, ranks = [], []
     for r0, r1 in tiles(n_queries, block):
-        scores = [full_rows(q[r0:r1], items, item_chunk, torch.empty(r1 - r0, n_items, device=items.device))
-                  for q, items in zip(side.queries, side.items)]
+        scores = [rows(r0, r1) for rows in side.rows]
         block_fn = _source_object_block if config.fuse_on == "source_object" else _document_block
         fused, block_ranks = block_fn(scores, weights, config, side.correct[r0:r1], keep)
         block_ranks = torch.where(block_ranks <= final_k, block_ranks, 0)

@@ -52,17 +52,19 @@ def eval_settings(cfg: Mapping) -> dict:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise FusebenchError(f"eval.{key}={value!r} must be a positive integer.")
     lists = dict(cfg.get("lists", {}) or {})
-    unknown = sorted(set(lists) - {"store", "depth"})
+    unknown = sorted(set(lists) - {"store", "depth", "max_scores_mb"})
     if unknown:
-        raise FusebenchError(f"eval.lists: unknown key(s) {unknown}; valid keys: depth, store.")
-    depth, store = lists.get("depth", 100), lists.get("store", True)
+        raise FusebenchError(f"eval.lists: unknown key(s) {unknown}; valid keys: depth, max_scores_mb, store.")
+    depth, store, max_mb = lists.get("depth", 100), lists.get("store", True), lists.get("max_scores_mb", 2048)
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise FusebenchError(f"eval.lists.depth={depth!r} must be a positive integer (list length stored per query).")
+    if isinstance(max_mb, bool) or not isinstance(max_mb, int) or max_mb < 0:
+        raise FusebenchError(f"eval.lists.max_scores_mb={max_mb!r} must be an integer >= 0 (0: never store score matrices).")
     if not isinstance(store, bool):
         raise FusebenchError(f"eval.lists.store={store!r} must be true or false.")
     return {"ks": sorted(set(ks)), "draws": draws, "level": level, "seed": int(boot.get("seed", 0)),
             "save_topk": None if save_topk is None else int(save_topk), **chunks,
-            "lists": {"store": store, "depth": depth}, "device": str(cfg.get("device", "auto"))}
+            "lists": {"store": store, "depth": depth, "max_scores_mb": max_mb}, "device": str(cfg.get("device", "auto"))}
 
 
 def fusion_settings(cfg: Mapping, ks: list[int]) -> FusionConfig:
@@ -122,6 +124,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     source, matmuls_before = ListSource(), MATMULS["blocks"]
     search = SearchSettings(device=device, chunk_size=settings["chunk_size"],
                             item_chunk_size=settings["item_chunk_size"], depth=settings["lists"]["depth"],
+                            max_scores_mb=settings["lists"]["max_scores_mb"],
                             store_dir=runtime.cache_dir if settings["lists"]["store"] else None,
                             progress=_progress_bar)
     lists = retrieve(inputs, corpus.caption_image, fusion, keep_k=settings["save_topk"], settings=search, source=source)

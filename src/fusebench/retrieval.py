@@ -5,21 +5,24 @@ store, or computed once and stored), then fusion over them.
 * Fusion with ``top_k`` set: each model's stored lists cut to ``top_k``, fused (:mod:`fusebench.fusion`).
   No similarity is computed when every model's lists are stored.
 * Fusion with ``top_k: null`` (whole rankings): the dense path (:mod:`fusebench.dense`), one bounded
-  block of queries at a time, since whole rankings are never stored.
+  block of queries at a time, over each model's whole score matrices: from the score store when they fit
+  under ``max_scores_mb`` (computed once per model), else recomputed block by block.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from fusebench.dense import DenseSide, correct_items, dense_fuse
+from fusebench.dense import DenseSide, RowBlocks, correct_items, dense_fuse
 from fusebench.fusion import FusionConfig, fuse_in_blocks
-from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists
+from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists, full_rows, tiles
 from fusebench.list_store import ListStore, list_material
+from fusebench.score_store import ScoreStore
 from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
 
 FUSED = "fused"
@@ -53,6 +56,7 @@ class SearchSettings:
     item_chunk_size: int = 16384  # item columns per similarity tile
     depth: int = 100  # list depth stored per model (at least top_k and the saved length)
     store_dir: str | None = None  # list store root (the embedding cache folder); None = no store
+    max_scores_mb: int = 2048  # top_k null: store a model's whole score matrices up to this size (MB)
     progress: Progress | None = None
 
     @property
@@ -92,6 +96,38 @@ def model_lists(model: ModelInput, caption_image: np.ndarray, depth: int, settin
     source.records[model.name] = {"hit": found.hit, "stored": True, "key": found.key,
                                   "depth": found.lists.depth, "seconds": round(found.seconds, 3)}
     return found.lists
+
+
+def score_rows(model: ModelInput, caption_image: np.ndarray, query_images: np.ndarray, settings: SearchSettings,
+               source: ListSource) -> dict[str, RowBlocks]:
+    """Per direction, the model's whole score rows by block: from the score store (computed once) when the
+    matrices fit under ``max_scores_mb``, else computed afresh for each block."""
+    device = torch.device(settings.device)
+    image = torch.as_tensor(np.asarray(model.image), dtype=torch.float32).to(device)
+    text = torch.as_tensor(np.asarray(model.text), dtype=torch.float32).to(device)
+    sides = {"t2i": (text, image), "i2t": (image[torch.as_tensor(query_images, device=device)], text)}
+
+    def computed(queries: torch.Tensor, items: torch.Tensor) -> RowBlocks:
+        return lambda r0, r1: full_rows(queries[r0:r1], items, settings.item_chunk_size,
+                                        torch.empty(r1 - r0, items.shape[0], device=device))
+
+    fresh = {d: computed(*sides[d]) for d in DIRECTIONS}
+    shapes = {d: (sides[d][0].shape[0], sides[d][1].shape[0]) for d in DIRECTIONS}
+    megabytes = 4 * sum(a * b for a, b in shapes.values()) / 2**20
+    if settings.store_dir is None or megabytes > settings.max_scores_mb:
+        source.records.setdefault(model.name, {})["scores"] = {"stored": False, "mb": round(megabytes)}
+        return fresh
+
+    def blocks(d: str):
+        step = max(1, settings.tile_bytes // (4 * shapes[d][1]))
+        return (fresh[d](r0, r1) for r0, r1 in tiles(shapes[d][0], step))
+
+    material = list_material(np.asarray(model.image), np.asarray(model.text), caption_image, device.type)
+    started = time.perf_counter()
+    readers, hit = ScoreStore(settings.store_dir).get_or_compute(material, shapes, blocks, {"model": model.name})
+    source.records.setdefault(model.name, {})["scores"] = {"stored": True, "hit": hit, "mb": round(megabytes),
+                                                           "seconds": round(time.perf_counter() - started, 3)}
+    return {d: (lambda r0, r1, reader=readers[d]: reader(r0, r1).to(device)) for d in DIRECTIONS}
 
 
 def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
@@ -135,18 +171,14 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
             cut = slice(None) if keep_k is None else slice(0, keep_k)
             results[FUSED][d] = RankedLists(ranks, fused.ids[:, cut], fused.scores[:, cut], fused.contributors[:, cut])
         return results
-    device = torch.device(settings.device)
-    images = [torch.as_tensor(np.asarray(m.image), dtype=torch.float32).to(device) for m in models]
-    texts = [torch.as_tensor(np.asarray(m.text), dtype=torch.float32).to(device) for m in models]
     i2t_correct = correct_items(caption_image, query_images.numpy())
-    sides = {"t2i": DenseSide(texts, images, cap_img[:, None].to(device)),
-             "i2t": DenseSide([image[query_images.to(device)] for image in images], texts,
-                              torch.as_tensor(i2t_correct, device=device))}
+    rows = [score_rows(m, caption_image, query_images.numpy(), settings, source) for m in models]
+    sides = {"t2i": DenseSide([r["t2i"] for r in rows], n_images, cap_img[:, None].to(settings.device)),
+             "i2t": DenseSide([r["i2t"] for r in rows], n_captions, torch.as_tensor(i2t_correct, device=settings.device))}
     progress = settings.progress or _no_progress
     keep = keep_k if keep_k is not None else depth
     for d in DIRECTIONS:
         final_k = fusion.final_k(n_items[d], len(models))
-        fused, ranks = dense_fuse(sides[d], weights, fusion, keep, final_k, 2 * settings.tile_bytes,
-                                  settings.item_chunk_size, progress(f"fuse {d} (whole rankings)", len(sides[d].correct)))
+        fused, ranks = dense_fuse(sides[d], weights, fusion, keep, final_k, 2 * settings.tile_bytes, progress(f"fuse {d} (whole rankings)", len(sides[d].correct)))
         results[FUSED][d] = RankedLists(ranks, fused.ids, fused.scores, fused.contributors)
     return results

@@ -207,7 +207,7 @@ def _clip(text: str, width: int = 90) -> str:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": 1})  # fast zlib level: a sweep draws 5 per job
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -1,0 +1,144 @@
+"""Whole score matrices for fusion over whole rankings (``fusion.top_k: null``), stored once per model.
+
+The dense path needs every score of every query, so without this store each such job recomputes both
+similarity passes. When a model's two matrices (t2i: captions x images; i2t: images with captions x
+captions) fit under ``eval.lists.max_scores_mb``, they are computed once, under the entry's lock, and every
+later dense job reads them back block by block into a bounded buffer (plain reads: the file is never
+mapped, so memory stays at one block). Same key, guarantees and layout as the list store
+(``CACHE/scores/ab/KEY/{t2i,i2t}.npy`` + ``meta.json``): atomic, locked, checksummed (verified once per
+process), rebuilt when corrupt or of another format, listed and removed by ``fusebench-cache``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from filelock import FileLock
+
+from fusebench.atomic import atomic_save, atomic_write_text
+from fusebench.cache import cache_key, data_file_problem, file_sha256, read_meta, remove_entries
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+DIRECTIONS = ("t2i", "i2t")
+_VERIFIED: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) whose checksum this process checked
+
+
+class StoredRows:
+    """Row blocks of a stored (rows x items) float32 .npy, read into fresh buffers without mapping the file."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        with self.path.open("rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read_header(fh)
+            self.offset = fh.tell()
+        if fortran or dtype != np.float32 or len(shape) != 2:
+            raise ValueError(f"{self.path.name} is not a C-order float32 matrix")
+        self.shape = shape
+
+    def __call__(self, r0: int, r1: int) -> torch.Tensor:
+        out = np.empty((r1 - r0, self.shape[1]), dtype=np.float32)
+        with self.path.open("rb") as fh:
+            fh.seek(self.offset + r0 * self.shape[1] * 4)
+            if fh.readinto(memoryview(out).cast("B")) != out.nbytes:
+                raise OSError(f"{self.path} ended early")
+        return torch.from_numpy(out)
+
+
+def _write_blocks(path: Path, shape: tuple[int, int], blocks: Iterator[torch.Tensor]) -> None:
+    with path.open("wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        written = 0
+        for block in blocks:
+            fh.write(np.ascontiguousarray(block.cpu().numpy(), dtype=np.float32).tobytes())
+            written += block.shape[0]
+        if written != shape[0]:
+            raise RuntimeError(f"{path.name}: wrote {written} rows, expected {shape[0]}")
+
+
+class ScoreStore:
+    def __init__(self, cache_root: str | Path):
+        self.root = Path(cache_root).expanduser() / "scores"
+
+    def get_or_compute(self, material: dict, shapes: dict[str, tuple[int, int]],
+                       blocks: Callable[[str], Iterator[torch.Tensor]], info: dict | None = None
+                       ) -> tuple[dict[str, StoredRows], bool]:
+        """Readers of both matrices, and whether they were already stored. ``blocks(direction)`` yields the
+        row blocks of that matrix in order when it must be computed."""
+        material = {**material, "kind": "scores", "format": FORMAT}
+        key = cache_key(material)
+        folder = self.root / key[:2] / key
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder) + ".lock"):
+            readers = self._read(folder, shapes)
+            if readers is not None:
+                return readers, True
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            files = {}
+            for d in DIRECTIONS:
+                atomic_save(folder / f"{d}.npy", lambda tmp, d=d: _write_blocks(tmp, shapes[d], blocks(d)))
+                path = folder / f"{d}.npy"
+                files[d] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+                _VERIFIED.add(_stamp(path))
+            meta = {"key": key, "format": FORMAT, "info": info or {}, "material": material, "files": files,
+                    "shapes": {d: list(shapes[d]) for d in DIRECTIONS}, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+            return {d: StoredRows(folder / f"{d}.npy") for d in DIRECTIONS}, False
+
+    def _read(self, folder: Path, shapes: dict[str, tuple[int, int]]) -> dict[str, StoredRows] | None:
+        if not (folder / "meta.json").is_file():
+            return None
+        try:
+            meta = read_meta(folder / "meta.json")
+            problem = None if meta.get("format") == FORMAT else f"format {meta.get('format')!r}, expected {FORMAT}"
+            readers = {}
+            for d in DIRECTIONS:
+                path = folder / f"{d}.npy"
+                if problem is None and _stamp(path) not in _VERIFIED:
+                    problem = data_file_problem(path, meta["files"][d])
+                    if problem is None:
+                        _VERIFIED.add(_stamp(path))
+                if problem is None:
+                    readers[d] = StoredRows(path)
+                    if tuple(readers[d].shape) != tuple(shapes[d]):
+                        problem = f"{d}.npy has shape {readers[d].shape}, expected {shapes[d]}"
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            problem = f"unreadable entry ({err})"
+        if problem:
+            log.warning("score store entry %s is corrupt or outdated: %s; removing it and recomputing", folder, problem)
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        return readers
+
+    def entries(self) -> list[dict]:
+        out = []
+        for folder in sorted(p for p in self.root.glob("??/*") if p.is_dir()) if self.root.is_dir() else []:
+            info = {"key": folder.name, "path": str(folder), "kind": "scores", "complete": (folder / "meta.json").is_file(),
+                    "bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file())}
+            try:
+                meta = read_meta(folder / "meta.json")
+                info.update(model=(meta.get("info") or {}).get("model", ""), shape=(meta.get("shapes") or {}).get("t2i"),
+                            created=meta.get("created"))
+            except (OSError, ValueError, AttributeError):
+                info["complete"] = False
+            out.append(info)
+        return out
+
+    def remove(self, key_prefix: str) -> list[str]:
+        return remove_entries(self.entries(), key_prefix)
+
+
+def _stamp(path: Path) -> tuple[str, int, int]:
+    stat = path.stat()
+    return str(path), stat.st_size, stat.st_mtime_ns
