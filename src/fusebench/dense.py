@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fusebench import kernels
-from fusebench.fusion import EVIDENCE, FusionConfig, FusedLists, rrf_evidence
+from fusebench.fusion import AFFINE, FusionConfig, FusedLists, affine_evidence, rrf_evidence
 from fusebench.lists import tiles
 from fusebench.search import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable
 
@@ -92,33 +92,60 @@ def count_ahead(values: torch.Tensor, tiebreak: torch.Tensor | None, best, best_
     return ((values > best[:, None]) | ((values == best[:, None]) & later)).sum(dim=1)
 
 
-def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionConfig):
-    """Each item's weighted evidence over the whole row, and the row's order when RRF needed it."""
+def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionConfig,
+              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each item's weighted evidence over the whole row (added into ``out`` when given), and the row's order
+    when RRF needed it. On the CPU a score normaliser's element-wise step is one numba pass."""
+    if method == "rrf" and scores.device.type == "cpu":  # scatter each rank's evidence, no rank tensor
+        keys = kernels.sorted_keys(scores.contiguous().numpy())
+        accumulate = out is not None
+        out = torch.empty_like(scores) if out is None else out
+        by_rank = _rank_evidence(scores.shape[1], weight, config, scores.device)
+        kernels.scatter_by_rank(keys, by_rank.numpy(), out.numpy(), accumulate)
+        return out, torch.from_numpy(keys & 0xFFFFFFFF)
     if method == "rrf":
         ranks, order = full_ranks(scores)
-        return (1.0 / (config.rrf_k + ranks.to(torch.float32))) * weight, order
-    return EVIDENCE[method](scores, None, rrf_k=config.rrf_k, ddof=config.ddof) * weight, None
+        evidence = (1.0 / (config.rrf_k + ranks.to(torch.float32))) * weight
+        return (evidence if out is None else out.add_(evidence)), order
+    rows = AFFINE[method](scores, None, ddof=config.ddof)
+    if scores.device.type != "cpu":
+        evidence = affine_evidence(scores, rows) * weight
+        return (evidence if out is None else out.add_(evidence)), None
+    accumulate = out is not None
+    out = torch.empty_like(scores) if out is None else out
+    kernels.affine_evidence(scores.numpy(), rows.low[:, 0].contiguous().numpy(), rows.scale[:, 0].contiguous().numpy(),
+                            rows.flat[:, 0].contiguous().numpy(), rows.flat_value, weight, out.numpy(), accumulate)
+    return out, None
+
+
+def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``k`` entries of each row under (value desc, index asc): numba heaps on the CPU."""
+    if values.device.type != "cpu":
+        return topk_stable(values, k)
+    heaps = kernels.Heaps(values.shape[0], min(k, values.shape[1]))
+    heaps.offer_rows(values.contiguous().numpy(), 0)
+    top_values, top_ids = heaps.lists()
+    return torch.from_numpy(top_values), torch.from_numpy(top_ids)
 
 
 def _source_object_block(scores, weights, config, correct, keep):
-    evidence, orders = zip(*(_evidence(s, config.method, w, config) for s, w in zip(scores, weights)))
-    fused = evidence[0].clone()
-    for extra in evidence[1:]:
-        fused += extra
+    fused, order0 = _evidence(scores[0], config.method, weights[0], config)
+    for s, w in zip(scores[1:], weights[1:]):
+        _evidence(s, config.method, w, config, out=fused)
     # ties: first appearance = position in model 0's full list, i.e. model 0's score desc, then index asc
     best, best_s0, index = first_correct(fused, scores[0], correct)
     ranks = 1 + count_ahead(fused, scores[0], best, best_s0, index)
     keep = min(keep, fused.shape[1])
-    if orders[0] is not None:  # model 0's order is known (RRF): a stable top-k in that order is the tie rule
-        values, position = topk_stable(fused.gather(1, orders[0]), keep)
-        ids = orders[0].gather(1, position)
+    if order0 is not None:  # model 0's order is known (RRF): a stable top-k in that order is the tie rule
+        values, position = _top(fused.gather(1, order0), keep)
+        ids = order0.gather(1, position)
     else:  # ties are rare: order by index first, then re-rank the rows that have ties in their head
-        values, ids = topk_stable(fused, min(keep + 1, fused.shape[1]))
+        values, ids = _top(fused, min(keep + 1, fused.shape[1]))
         tie_rows = torch.nonzero((values[:, 1:] == values[:, :-1]).any(dim=1)).flatten()
         values, ids = values[:, :keep].clone(), ids[:, :keep].clone()
         if tie_rows.numel():
             order = full_ranks(scores[0][tie_rows])[1]
-            values[tie_rows], position = topk_stable(fused[tie_rows].gather(1, order), keep)
+            values[tie_rows], position = _top(fused[tie_rows].gather(1, order), keep)
             ids[tie_rows] = order.gather(1, position)
     contributors = torch.full_like(ids, (1 << len(scores)) - 1)
     return FusedLists(ids, values, contributors), ranks
@@ -164,7 +191,7 @@ def _document_block(scores, weights, config, correct, keep):
     # the fused list's head: a merge of each model's own top-keep entries (evidence is monotone in score)
     ids, values, bits = [], [], []
     for m in range(n_models):
-        _, top = topk_stable(scores[m], min(keep, n_items))
+        _, top = _top(scores[m], min(keep, n_items))
         ids.append(top)
         values.append(rank_ev[m][: top.shape[1]].expand_as(top) if rrf else evidence[m].gather(1, top))
         bits.append(torch.full_like(top, 1 << m))

@@ -90,16 +90,24 @@ def rrf_evidence(scores: torch.Tensor, valid: torch.Tensor, rrf_k: float = 60.0,
     return (1.0 / (rrf_k + rank)).expand_as(scores).clone()
 
 
-def dbsf_evidence(scores: torch.Tensor, valid: torch.Tensor, ddof: int = 0, **_) -> torch.Tensor:
+@dataclass
+class RowAffine:
+    """A score normaliser's per-row parameters: evidence = (s - low) / scale, or ``flat_value`` on flat rows."""
+
+    low: torch.Tensor  # (B, 1)
+    scale: torch.Tensor  # (B, 1), 1 on flat rows
+    flat: torch.Tensor  # (B, 1) bool
+    flat_value: float
+
+
+def dbsf_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int = 0, **_) -> RowAffine:
     """Distribution-based score fusion: (s - (mean - 3 sd)) / (6 sd) over this list; 0.5 where sd = 0. No clipping."""
     mean, std = _row_mean_std(scores, valid, ddof)
-    low = mean - 3 * std
     flat = std <= 0
-    rescaled = (scores - low) / (6 * std).masked_fill_(flat, 1.0)
-    return rescaled.masked_fill_(flat, 0.5)
+    return RowAffine(mean - 3 * std, (6 * std).masked_fill_(flat, 1.0), flat, 0.5)
 
 
-def minmax_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> torch.Tensor:
+def minmax_rows(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> RowAffine:
     """(s - min) / (max - min) over this list; 0.5 where max = min."""
     if valid is None:
         low, high = scores.amin(dim=1, keepdim=True), scores.amax(dim=1, keepdim=True)
@@ -109,18 +117,42 @@ def minmax_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> to
         high = torch.where(valid, scores, torch.full_like(scores, -big)).amax(dim=1, keepdim=True)
     span = high - low
     flat = span <= 0
-    return ((scores - low) / span.masked_fill(flat, 1.0)).masked_fill_(flat, 0.5)
+    return RowAffine(low, span.masked_fill(flat, 1.0), flat, 0.5)
 
 
-def zscore_evidence(scores: torch.Tensor, valid: torch.Tensor, ddof: int = 0, **_) -> torch.Tensor:
+def zscore_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int = 0, **_) -> RowAffine:
     """(s - mean) / sd over this list; 0 where sd = 0."""
     mean, std = _row_mean_std(scores, valid, ddof)
     flat = std <= 0
-    return ((scores - mean) / std.masked_fill(flat, 1.0)).masked_fill_(flat, 0.0)
+    return RowAffine(mean, std.masked_fill(flat, 1.0), flat, 0.0)
 
 
-def sum_evidence(scores: torch.Tensor, valid: torch.Tensor, **_) -> torch.Tensor:
-    """The raw cosine score (CombSUM)."""
+def sum_rows(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> RowAffine:
+    """The raw cosine score (CombSUM): (s - 0) / 1."""
+    zeros = torch.zeros(scores.shape[0], 1, dtype=scores.dtype, device=scores.device)
+    return RowAffine(zeros, torch.ones_like(zeros), torch.zeros_like(zeros, dtype=torch.bool), 0.0)
+
+
+AFFINE = {"dbsf": dbsf_rows, "minmax": minmax_rows, "zscore": zscore_rows, "sum": sum_rows}
+
+
+def affine_evidence(scores: torch.Tensor, rows: RowAffine) -> torch.Tensor:
+    return ((scores - rows.low) / rows.scale).masked_fill_(rows.flat, rows.flat_value)
+
+
+def dbsf_evidence(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int = 0, **_) -> torch.Tensor:
+    return affine_evidence(scores, dbsf_rows(scores, valid, ddof))
+
+
+def minmax_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> torch.Tensor:
+    return affine_evidence(scores, minmax_rows(scores, valid))
+
+
+def zscore_evidence(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int = 0, **_) -> torch.Tensor:
+    return affine_evidence(scores, zscore_rows(scores, valid, ddof))
+
+
+def sum_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> torch.Tensor:
     return scores.clone()
 
 

@@ -256,21 +256,52 @@ def _descending_keys(block, keys):
 
 
 @njit(parallel=True, cache=True)
-def _ranks_from_sorted_keys(keys, ranks):
+def _scatter_by_rank(keys, by_rank, out, accumulate):
+    """out[r, j] (+)= by_rank[p] where column j is at position p of row r's sorted keys."""
     rows, width = keys.shape
     for r in prange(rows):
         for p in range(width):
-            ranks[r, keys[r, p] & 0xFFFFFFFF] = p + 1
+            j = keys[r, p] & 0xFFFFFFFF
+            if accumulate:
+                out[r, j] += by_rank[p]
+            else:
+                out[r, j] = by_rank[p]
 
 
-def stable_ranks(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the 1-based rank of every entry under (score desc, index asc) and the order itself (column
-    indices best first): numba builds the keys and scatters the ranks, numpy's vectorised int64 sort
-    orders them."""
+def sorted_keys(block: np.ndarray) -> np.ndarray:
+    """Each row's (score desc, index asc) keys, sorted: numba builds them, numpy's vectorised int64 sort
+    orders them; ``keys & 0xFFFFFFFF`` is the row's order (column indices best first)."""
     keys = np.empty(block.shape, dtype=np.int64)
     _descending_keys(block, keys)
     keys.sort(axis=1)
+    return keys
+
+
+def stable_ranks(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the 1-based rank of every entry under (score desc, index asc) and the order itself."""
+    keys = sorted_keys(block)
     ranks = np.empty(block.shape, dtype=np.int64)
-    _ranks_from_sorted_keys(keys, ranks)
+    _scatter_by_rank(keys, np.arange(1, block.shape[1] + 1, dtype=np.int64), ranks, False)
     keys &= 0xFFFFFFFF
     return ranks, keys
+
+
+def scatter_by_rank(keys: np.ndarray, by_rank: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
+    _scatter_by_rank(keys, by_rank, out, accumulate)
+
+
+@njit(parallel=True, cache=True)
+def affine_evidence(block, low, scale, flat, flat_value, weight, out, accumulate):
+    """out (+)= weight * ((s - low[r]) / scale[r]), or weight * flat_value on flat rows: the float32 operations
+    of ``fusion.affine_evidence`` followed by the weight, in one pass (``accumulate``: add to ``out``)."""
+    rows, width = block.shape
+    w = np.float32(weight)
+    for r in prange(rows):
+        lo, sc = low[r], scale[r]
+        fixed = np.float32(flat_value) * w
+        for j in range(width):
+            e = fixed if flat[r] else ((block[r, j] - lo) / sc) * w
+            if accumulate:
+                out[r, j] += e
+            else:
+                out[r, j] = e

@@ -66,9 +66,17 @@ class SearchSettings:
 
 @dataclass
 class ListSource:
-    """Where each model's lists came from, for metrics.json: hit, key, seconds."""
+    """Where each model's lists (and score matrices) came from, for metrics.json: hit, key, seconds; and each
+    model's store key material, hashed once per run."""
 
     records: dict[str, dict] = field(default_factory=dict)
+    materials: dict[str, dict] = field(default_factory=dict)
+
+    def material(self, model: ModelInput, caption_image: np.ndarray, device_type: str) -> dict:
+        if model.name not in self.materials:
+            self.materials[model.name] = list_material(np.asarray(model.image), np.asarray(model.text),
+                                                       caption_image, device_type)
+        return self.materials[model.name]
 
 
 def _no_progress(_desc: str, _total: int) -> Callable[[int], None]:
@@ -91,7 +99,7 @@ def model_lists(model: ModelInput, caption_image: np.ndarray, depth: int, settin
         source.records[model.name] = {"hit": False, "stored": False}
         return lists
     store = ListStore(settings.store_dir)
-    material = list_material(np.asarray(model.image), np.asarray(model.text), caption_image, device.type)
+    material = source.material(model, caption_image, device.type)
     found = store.get_or_compute(material, depth, n_images, n_captions, compute, {"model": model.name})
     source.records[model.name] = {"hit": found.hit, "stored": True, "key": found.key,
                                   "depth": found.lists.depth, "seconds": round(found.seconds, 3)}
@@ -122,7 +130,7 @@ def score_rows(model: ModelInput, caption_image: np.ndarray, query_images: np.nd
         step = max(1, settings.tile_bytes // (4 * shapes[d][1]))
         return (fresh[d](r0, r1) for r0, r1 in tiles(shapes[d][0], step))
 
-    material = list_material(np.asarray(model.image), np.asarray(model.text), caption_image, device.type)
+    material = source.material(model, caption_image, device.type)
     started = time.perf_counter()
     readers, hit = ScoreStore(settings.store_dir).get_or_compute(material, shapes, blocks, {"model": model.name})
     source.records.setdefault(model.name, {})["scores"] = {"stored": True, "hit": hit, "mb": round(megabytes),
