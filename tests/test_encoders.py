@@ -65,3 +65,20 @@ def test_sim_model_needs_sim_corpus_and_is_seeded(corpus):
     c = embed("s", {"kind": "sim", "dim": 96, "seed": 2}, sim)
     assert a.image.shape == (30, 96) and a.text.shape == (150, 96)
     assert np.array_equal(a.text, b.text) and not np.array_equal(a.text, c.text)
+
+
+def test_sim_rows_are_kept_for_the_next_job_read_only_and_keyed_on_every_setting():
+    from fusebench.data.sim import make_sim_corpus
+    from fusebench.encoders.sim import sim_arrays
+
+    corpus = make_sim_corpus(n_images=30, n_captions=70, seed=3)
+    spec = {"dim": 8, "image_noise": 0.4, "text_noise": 0.6, "seed": 1}
+    image, text = sim_arrays(spec, corpus)
+    again = sim_arrays(dict(spec), corpus)
+    assert again[0] is image and again[1] is text  # the same rows, not recomputed
+    assert not image.flags.writeable and not text.flags.writeable
+    for change in ({"seed": 2}, {"text_noise": 0.7}, {"dim": 9}):
+        other = sim_arrays({**spec, **change}, corpus)
+        assert other[0] is not image and not np.array_equal(other[1][:, :8], text)
+    other_corpus = make_sim_corpus(n_images=30, n_captions=70, seed=4)
+    assert not np.array_equal(sim_arrays(spec, other_corpus)[0], image)

@@ -1,7 +1,14 @@
-"""Model kind ``sim``: a simulated embedding model over the ``sim`` dataset (see fusebench.data.sim)."""
+"""Model kind ``sim``: a simulated embedding model over the ``sim`` dataset (see fusebench.data.sim).
+
+A simulated model's rows are a pure function of its spec and the corpus parameters, so they are kept in
+memory for the next job of the same process (a sweep on Hydra's basic launcher runs every job in one
+process), up to ``MEMO_BYTES``; the arrays are returned read-only.
+"""
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Mapping
 
 import numpy as np
@@ -9,12 +16,28 @@ import numpy as np
 from fusebench.data.corpus import Corpus
 from fusebench.data.sim import sim_model_embeddings
 
+MEMO_BYTES = 1 << 30
+_MEMO: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+
+def _key(settings: dict, corpus: Corpus) -> str:
+    sim_meta = {k: v for k, v in corpus.meta.items() if k.startswith("sim_")}
+    return json.dumps({**settings, **sim_meta, "n": [corpus.n_images, corpus.n_captions]}, sort_keys=True)
+
 
 def sim_arrays(spec: Mapping, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
-    return sim_model_embeddings(
-        corpus,
-        dim=int(spec.get("dim", 512)),
-        image_noise=float(spec.get("image_noise", 0.5)),
-        text_noise=float(spec.get("text_noise", 0.5)),
-        seed=int(spec.get("seed", 0)),
-    )
+    settings = {"dim": int(spec.get("dim", 512)), "image_noise": float(spec.get("image_noise", 0.5)),
+                "text_noise": float(spec.get("text_noise", 0.5)), "seed": int(spec.get("seed", 0))}
+    key = _key(settings, corpus)
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key]
+    image, text = sim_model_embeddings(corpus, **settings)
+    image.setflags(write=False)
+    text.setflags(write=False)
+    _MEMO[key] = (image, text)
+    while sum(a.nbytes + b.nbytes for a, b in _MEMO.values()) > MEMO_BYTES and len(_MEMO) > 1:
+        _MEMO.popitem(last=False)
+    if image.nbytes + text.nbytes > MEMO_BYTES:
+        _MEMO.pop(key)
+    return image, text

@@ -128,10 +128,10 @@ def score_distributions(run_dir: Path, metrics: dict, path: Path) -> Path | None
     for name, file in zip(singles, files):
         with np.load(file) as data:
             scores = data["scores"].astype(np.float64)
-        axes[0].hist(scores.ravel(), bins=60, alpha=0.5, label=name, density=True)
+        axes[0].hist(scores.ravel(), bins=60, alpha=0.5, label=name, density=True, histtype="stepfilled")
         mean, sd = scores.mean(axis=1, keepdims=True), scores.std(axis=1, ddof=ddof, keepdims=True)
         rescaled = np.where(sd > 0, (scores - (mean - 3 * sd)) / (6 * np.where(sd > 0, sd, 1)), 0.5)
-        axes[1].hist(rescaled.ravel(), bins=60, alpha=0.5, label=name, density=True)
+        axes[1].hist(rescaled.ravel(), bins=60, alpha=0.5, label=name, density=True, histtype="stepfilled")
     axes[0].set_title("t2i top-list scores, raw cosine")
     axes[1].set_title("the same, DBSF-rescaled per query list")
     axes[1].legend(fontsize=8)
