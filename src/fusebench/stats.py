@@ -81,10 +81,17 @@ def clustered_bootstrap(candidate_hits, baseline_hits, clusters, draws: int = 20
     clusters = np.asarray(clusters)
     if clusters.shape != cand.shape:
         raise ValueError("clusters must give one cluster label per query.")
-    _, label = np.unique(clusters, return_inverse=True)
+    if clusters.dtype.kind in "iu" and clusters.size and 0 <= clusters.min() and clusters.max() < 4 * clusters.size:
+        label = clusters  # image indices: count per index, then drop the indices that hold no query
+    else:
+        _, label = np.unique(clusters, return_inverse=True)
     net = np.bincount(label, weights=cand.astype(np.int64) - base.astype(np.int64)).astype(np.int64)
     size = np.bincount(label).astype(np.int64)
-    types, type_count = np.unique(np.stack([net, size], axis=1), axis=0, return_counts=True)
+    net, size = net[size > 0], size[size > 0]
+    # distinct (net, size) types in lexicographic order, via one int64 key per cluster
+    key = (net - net.min()) * (size.max() + 1) + size
+    unique_keys, type_count = np.unique(key, return_counts=True)
+    types = np.stack([unique_keys // (size.max() + 1) + net.min(), unique_keys % (size.max() + 1)], axis=1)
     rng = np.random.default_rng(seed)
     n_clusters = size.size
     counts = rng.multinomial(n_clusters, type_count / n_clusters, size=int(draws))

@@ -72,15 +72,29 @@ def recall_curves(run_dir: Path, metrics: dict, path: Path, max_k: int = 50) -> 
     return _save(fig, path)
 
 
+MAX_PAIR_ROWS = 60  # a pair plot taller than this is unreadable (and slow); every row stays in gains.csv
+
+
 def _smallest_k(rows: list[dict]) -> list[dict]:
-    """The comparison rows at the smallest k (R@1 in the default setup): what the pair plots show."""
-    return [r for r in rows if r["k"] == min(x["k"] for x in rows)] if rows else []
+    """The comparison rows at the smallest k (R@1 in the default setup), at most ``MAX_PAIR_ROWS`` of them
+    (the largest gains in absolute value, in their original order): what the pair plots show."""
+    rows = [r for r in rows if r["k"] == min(x["k"] for x in rows)] if rows else []
+    if len(rows) > MAX_PAIR_ROWS:
+        keep = set(sorted(range(len(rows)), key=lambda i: -abs(rows[i]["gain"]))[:MAX_PAIR_ROWS])
+        rows = [r for i, r in enumerate(rows) if i in keep]
+    return rows
+
+
+def _pair_title(title: str, rows: list[dict], shown: list[dict]) -> str:
+    at_k = [r for r in rows if r["k"] == shown[0]["k"]]
+    return title if len(shown) == len(at_k) else f"{title} (the {len(shown)} largest |gain| of {len(at_k)}; all in gains.csv)"
 
 
 def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
-    rows = _smallest_k(rows)
-    if not rows:
+    shown = _smallest_k(rows)
+    if not shown:
         return None
+    title, rows = _pair_title(title, rows, shown), shown
     plt = _plt()
     y = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 1.5))
@@ -95,9 +109,10 @@ def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
 
 
 def forest(rows: list[dict], path: Path, title: str) -> Path | None:
-    rows = _smallest_k(rows)
-    if not rows:
+    shown = _smallest_k(rows)
+    if not shown:
         return None
+    title, rows = _pair_title(title, rows, shown), shown
     plt = _plt()
     y = np.arange(len(rows))[::-1]
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.5))
