@@ -83,3 +83,13 @@ def test_sim_rows_are_kept_for_the_next_job_read_only_and_keyed_on_every_setting
     assert sim_arrays({**spec, "dim": 9}, corpus)[0].shape == (30, 9)
     other_corpus = make_sim_corpus(n_images=30, n_captions=70, seed=4)
     assert not np.array_equal(sim_arrays(spec, other_corpus)[0], image)
+
+
+def test_sim_rows_of_large_corpora_are_not_kept(monkeypatch):
+    from fusebench.data.sim import make_sim_corpus
+    from fusebench.encoders import sim
+
+    monkeypatch.setattr(sim, "MEMO_ENTRY_BYTES", 1000)
+    corpus = make_sim_corpus(n_images=30, n_captions=70, seed=5)
+    first = sim.sim_arrays({"dim": 8, "seed": 7}, corpus)
+    assert sim.sim_arrays({"dim": 8, "seed": 7}, corpus)[0] is not first[0]  # 3,200 bytes > 1,000: recomputed

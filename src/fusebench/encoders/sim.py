@@ -2,7 +2,8 @@
 
 A simulated model's rows are a pure function of its spec and the corpus parameters, so they are kept in
 memory for the next job of the same process (a sweep on Hydra's basic launcher runs every job in one
-process), up to ``MEMO_BYTES``; the arrays are returned read-only.
+process): models of at most ``MEMO_ENTRY_BYTES`` (a COCO-size sim model is ~130 MB), ``MEMO_BYTES`` in all,
+so that a large corpus (100,000 images) never holds a second copy of its rows. Returned read-only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import numpy as np
 from fusebench.data.corpus import Corpus
 from fusebench.data.sim import sim_model_embeddings
 
-MEMO_BYTES = 1 << 30
+MEMO_BYTES = 768 << 20
+MEMO_ENTRY_BYTES = 256 << 20
 _MEMO: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
 
@@ -35,9 +37,8 @@ def sim_arrays(spec: Mapping, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     image, text = sim_model_embeddings(corpus, **settings)
     image.setflags(write=False)
     text.setflags(write=False)
-    _MEMO[key] = (image, text)
-    while sum(a.nbytes + b.nbytes for a, b in _MEMO.values()) > MEMO_BYTES and len(_MEMO) > 1:
-        _MEMO.popitem(last=False)
-    if image.nbytes + text.nbytes > MEMO_BYTES:
-        _MEMO.pop(key)
+    if image.nbytes + text.nbytes <= MEMO_ENTRY_BYTES:
+        _MEMO[key] = (image, text)
+        while sum(a.nbytes + b.nbytes for a, b in _MEMO.values()) > MEMO_BYTES:
+            _MEMO.popitem(last=False)
     return image, text
