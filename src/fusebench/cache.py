@@ -203,29 +203,37 @@ class EmbeddingCache:
 
     def entries(self) -> list[dict]:
         """Every entry under the root: key, label, kind, shape, size on disk, complete or partial."""
-        out = []
-        if not self.root.is_dir():
-            return out
-        for folder in sorted(p for p in self.root.glob("??/*") if p.is_dir()):
-            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-            meta_path = folder / "meta.json"
-            info = {"key": folder.name, "path": str(folder), "bytes": size, "complete": meta_path.is_file()}
-            if info["complete"]:
-                try:
-                    meta = read_meta(meta_path)
-                    material = meta.get("material", {})
-                    info.update(model=meta.get("info", {}).get("model", ""), kind=material.get("kind", ""),
-                                shape=meta.get("shape"), dtype=meta.get("dtype"), created=meta.get("created"))
-                except (OSError, ValueError, AttributeError):
-                    info["complete"] = False
-            else:
-                info["chunks"] = len(list(folder.glob("chunk-*.npz")))
-            out.append(info)
-        return out
+        def describe(meta: dict) -> dict:
+            return {"model": meta.get("info", {}).get("model", ""), "kind": meta.get("material", {}).get("kind", ""),
+                    "shape": meta.get("shape"), "dtype": meta.get("dtype"), "created": meta.get("created")}
+
+        entries = scan_entries(self.root, describe)
+        for info in entries:
+            if not info["complete"]:
+                info["chunks"] = len(list(Path(info["path"]).glob("chunk-*.npz")))
+        return entries
 
     def remove(self, key_prefix: str) -> list[str]:
         """Remove the entries whose key starts with ``key_prefix``; return the removed keys."""
         return remove_entries(self.entries(), key_prefix)
+
+
+def scan_entries(root: Path, describe: Callable[[dict], dict], kind: str | None = None) -> list[dict]:
+    """Every entry folder of a store (``root/ab/KEY``): key, path, size on disk, complete (meta.json present
+    and readable), and what ``describe(meta)`` adds; ``kind`` labels entries whose meta does not say it."""
+    out = []
+    for folder in sorted(p for p in root.glob("??/*") if p.is_dir()) if root.is_dir() else []:
+        info = {"key": folder.name, "path": str(folder), "complete": (folder / "meta.json").is_file(),
+                "bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file())}
+        if kind is not None:
+            info["kind"] = kind
+        if info["complete"]:
+            try:
+                info.update(describe(read_meta(folder / "meta.json")))
+            except (OSError, ValueError, AttributeError, TypeError):
+                info["complete"] = False
+        out.append(info)
+    return out
 
 
 def remove_entries(entries: list[dict], key_prefix: str) -> list[str]:

@@ -30,7 +30,7 @@ import numpy as np
 from filelock import FileLock
 
 from fusebench.atomic import atomic_save, atomic_write_text
-from fusebench.cache import cache_key, data_file_problem, file_sha256, read_meta, remove_entries
+from fusebench.cache import cache_key, data_file_problem, file_sha256, read_meta, remove_entries, scan_entries
 from fusebench.lists import DIRECTIONS, ModelLists
 
 log = logging.getLogger(__name__)
@@ -123,23 +123,10 @@ class ListStore:
         atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
 
     def entries(self) -> list[dict]:
-        """Every entry: key, model, depth, queries x depth per direction, size on disk, complete or not."""
-        out = []
-        if not self.root.is_dir():
-            return out
-        for folder in sorted(p for p in self.root.glob("??/*") if p.is_dir()):
-            size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-            info = {"key": folder.name, "path": str(folder), "bytes": size, "kind": "lists",
-                    "complete": (folder / "meta.json").is_file()}
-            if info["complete"]:
-                try:
-                    meta = read_meta(folder / "meta.json")
-                    info.update(model=(meta.get("info") or {}).get("model", ""), created=meta.get("created"),
-                                shape=(meta.get("shapes") or {}).get("t2i_ids"), dtype=f"depth {meta.get('depth')}")
-                except (OSError, ValueError, AttributeError):
-                    info["complete"] = False
-            out.append(info)
-        return out
+        """Every entry: key, model, depth, queries x depth (t2i), size on disk, complete or not."""
+        return scan_entries(self.root, lambda meta: {
+            "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
+            "shape": (meta.get("shapes") or {}).get("t2i_ids"), "dtype": f"depth {meta.get('depth')}"}, kind="lists")
 
     def remove(self, key_prefix: str) -> list[str]:
         """Remove the entries whose key starts with ``key_prefix``; return the removed keys."""

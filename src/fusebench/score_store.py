@@ -23,7 +23,7 @@ import torch
 from filelock import FileLock
 
 from fusebench.atomic import atomic_save, atomic_write_text
-from fusebench.cache import cache_key, data_file_problem, file_sha256, read_meta, remove_entries
+from fusebench.cache import cache_key, data_file_problem, file_sha256, read_meta, remove_entries, scan_entries
 
 log = logging.getLogger(__name__)
 FORMAT = 1
@@ -122,18 +122,10 @@ class ScoreStore:
         return readers
 
     def entries(self) -> list[dict]:
-        out = []
-        for folder in sorted(p for p in self.root.glob("??/*") if p.is_dir()) if self.root.is_dir() else []:
-            info = {"key": folder.name, "path": str(folder), "kind": "scores", "complete": (folder / "meta.json").is_file(),
-                    "bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file())}
-            try:
-                meta = read_meta(folder / "meta.json")
-                info.update(model=(meta.get("info") or {}).get("model", ""), shape=(meta.get("shapes") or {}).get("t2i"),
-                            created=meta.get("created"))
-            except (OSError, ValueError, AttributeError):
-                info["complete"] = False
-            out.append(info)
-        return out
+        """Every entry: key, model, t2i matrix shape, size on disk, complete or not."""
+        return scan_entries(self.root, lambda meta: {
+            "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
+            "shape": (meta.get("shapes") or {}).get("t2i")}, kind="scores")
 
     def remove(self, key_prefix: str) -> list[str]:
         return remove_entries(self.entries(), key_prefix)
