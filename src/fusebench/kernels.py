@@ -84,7 +84,7 @@ def _floor_of_kth(values, k):
     width = values.shape[0]
     if width < 4 * k:
         return -np.inf
-    step = max(1, width // (16 * k))
+    step = max(1, width // (4 * k))
     sample = values[::step].copy()
     m = sample.shape[0]
     above = min(m, (3 * k) // (2 * step) + 2)
