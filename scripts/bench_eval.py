@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from bench_common import cpu_model, run_fusebench
 from omegaconf import OmegaConf
 
 from fusebench.cli import CONFIG_DIR
@@ -42,8 +40,6 @@ from fusebench.fusion import EVIDENCE, FusionConfig, fuse_in_blocks
 from fusebench.metrics import hits_at_k
 from fusebench.retrieval import ModelInput, SearchSettings, retrieve
 from fusebench.search import resolve_device
-
-FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 from fusebench.stats import paired_bootstrap
 
 
@@ -85,14 +81,6 @@ def python_fusion(lists, method: str, rows: np.ndarray, final_k: int) -> float:
     return time.perf_counter() - start
 
 
-def cpu_model() -> str:
-    path = Path("/proc/cpuinfo")
-    for line in path.read_text().splitlines() if path.exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def evaluate(models, corpus, fusion, settings: SearchSettings, device) -> tuple[float, dict]:
     """The whole evaluation (lists, fusion, ranks, recall, 12 comparisons x 2 bootstraps); seconds and ranks."""
     sync(device)
@@ -105,17 +93,6 @@ def evaluate(models, corpus, fusion, settings: SearchSettings, device) -> tuple[
     comparisons = paired_comparisons(ranks, ["fused"], [m.name for m in models], clusters, [1, 5, 10], 2000, 0.95, 0)
     sync(device)
     return time.perf_counter() - start, ranks, comparisons
-
-
-def cli_run(args: list[str], output: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (GB) of one fusebench command with empty caches under ``output``."""
-    env = {**os.environ, "FUSEBENCH_OUTPUT": str(output), "WANDB_MODE": "disabled"}
-    start = time.perf_counter()
-    done = subprocess.run([FUSEBENCH, *args], env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"fusebench failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2
 
 
 def vectors_command(models, corpus, folder: Path, method: str) -> list[str]:
@@ -205,11 +182,11 @@ def main() -> None:
     if args.cli:
         with tempfile.TemporaryDirectory() as folder:
             command = vectors_command(models, corpus, Path(folder), args.method)
-            result["cli_cold_s"], result["cli_peak_gb"] = (round(v, 3) for v in cli_run(command, Path(folder) / "out"))
+            result["cli_cold_s"], result["cli_peak_gb"] = (round(v, 3) for v in run_fusebench(command, Path(folder) / "out"))
             result["cli_over_matmul"] = round(result["cli_cold_s"] / t_matmul, 2)
     if args.distractors:
         with tempfile.TemporaryDirectory() as folder:
-            wall, peak = cli_run(["dataset=sim", "dataset.n_images=100000", "dataset.n_captions=10000", "logger=none",
+            wall, peak = run_fusebench(["dataset=sim", "dataset.n_images=100000", "dataset.n_captions=10000", "logger=none",
                                   "plots=false", f"hydra.run.dir={folder}/run"], Path(folder) / "out")
             result["distractors_100k_s"], result["distractors_100k_peak_gb"] = round(wall, 2), round(peak, 2)
     print(f"CPU {result['cpu']}; device {result['device']} ({result['threads']} threads), fusion {args.method} "

@@ -18,38 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import resource
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-
-FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def run(args: list[str], output: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (GB) of one fusebench command with FUSEBENCH_OUTPUT=output."""
-    env = {**os.environ, "FUSEBENCH_OUTPUT": str(output), "WANDB_MODE": "disabled"}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    start = time.perf_counter()
-    done = subprocess.run([FUSEBENCH, *args], env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"fusebench {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # max over children so far
-    return seconds, max(peak, before) / 1024**2
+from bench_common import cpu_model, run_fusebench
 
 
 def sweep_jobs(output: Path) -> list[Path]:
@@ -64,12 +38,12 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     try:
-        t_default, rss_default = run(["dataset=sim", "logger=none"], root / "default")
+        t_default, rss_default = run_fusebench(["dataset=sim", "logger=none"], root / "default")
         ablation = ["experiment=fusion_ablation", "dataset=sim", "logger=none"]
-        t_cold, rss_cold = run(ablation, root / "sweep")
+        t_cold, rss_cold = run_fusebench(ablation, root / "sweep")
         cold_metrics = [json.loads((job / "metrics.json").read_text()) for job in sweep_jobs(root / "sweep")]
         shutil.rmtree(root / "sweep" / "multirun")
-        t_warm, rss_warm = run(ablation, root / "sweep")
+        t_warm, rss_warm = run_fusebench(ablation, root / "sweep")
         warm_jobs = sweep_jobs(root / "sweep")
         metrics = [json.loads((job / "metrics.json").read_text()) for job in warm_jobs]
         identical = {}
@@ -77,7 +51,7 @@ def main() -> None:
             overrides = (warm_jobs[number] / ".hydra" / "overrides.yaml").read_text().split("\n")
             overrides = [o[2:].strip() for o in overrides if o.startswith("- ")]
             alone = root / f"alone{number}"
-            run(["hydra.mode=RUN", f"hydra.run.dir={alone}/run", *overrides], alone)
+            run_fusebench(["hydra.mode=RUN", f"hydra.run.dir={alone}/run", *overrides], alone)
             same = all(np.array_equal(np.load(f), np.load(alone / "run" / "ranks" / f.name))
                        for f in (warm_jobs[number] / "ranks").glob("*.npy"))
             identical[f"job {number} ({' '.join(o for o in overrides if o.startswith('fusion'))})"] = same

@@ -256,7 +256,7 @@ def _descending_keys(block, keys):
 
 
 @njit(parallel=True, cache=True)
-def _scatter_by_rank(keys, by_rank, out, accumulate):
+def scatter_by_rank(keys, by_rank, out, accumulate):
     """out[r, j] (+)= by_rank[p] where column j is at position p of row r's sorted keys."""
     rows, width = keys.shape
     for r in prange(rows):
@@ -281,13 +281,9 @@ def stable_ranks(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the 1-based rank of every entry under (score desc, index asc) and the order itself."""
     keys = sorted_keys(block)
     ranks = np.empty(block.shape, dtype=np.int64)
-    _scatter_by_rank(keys, np.arange(1, block.shape[1] + 1, dtype=np.int64), ranks, False)
+    scatter_by_rank(keys, np.arange(1, block.shape[1] + 1, dtype=np.int64), ranks, False)
     keys &= 0xFFFFFFFF
     return ranks, keys
-
-
-def scatter_by_rank(keys: np.ndarray, by_rank: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
-    _scatter_by_rank(keys, by_rank, out, accumulate)
 
 
 @njit(parallel=True, cache=True)

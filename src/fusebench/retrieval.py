@@ -111,24 +111,26 @@ def score_rows(model: ModelInput, caption_image: np.ndarray, query_images: np.nd
     """Per direction, the model's whole score rows by block: from the score store (computed once) when the
     matrices fit under ``max_scores_mb``, else computed afresh for each block."""
     device = torch.device(settings.device)
-    image = torch.as_tensor(np.asarray(model.image), dtype=torch.float32).to(device)
-    text = torch.as_tensor(np.asarray(model.text), dtype=torch.float32).to(device)
-    sides = {"t2i": (text, image), "i2t": (image[torch.as_tensor(query_images, device=device)], text)}
+    shapes = {"t2i": (len(model.text), len(model.image)), "i2t": (len(query_images), len(model.text))}
 
-    def computed(queries: torch.Tensor, items: torch.Tensor) -> RowBlocks:
-        return lambda r0, r1: full_rows(queries[r0:r1], items, settings.item_chunk_size,
-                                        torch.empty(r1 - r0, items.shape[0], device=device))
+    def fresh_rows() -> dict[str, RowBlocks]:
+        """Rows computed from the embeddings, block by block (built only when something will compute)."""
+        image = torch.as_tensor(np.asarray(model.image), dtype=torch.float32).to(device)
+        text = torch.as_tensor(np.asarray(model.text), dtype=torch.float32).to(device)
+        sides = {"t2i": (text, image), "i2t": (image[torch.as_tensor(query_images, device=device)], text)}
+        return {d: (lambda r0, r1, q=q, items=items: full_rows(q[r0:r1], items, settings.item_chunk_size,
+                                                                 torch.empty(r1 - r0, items.shape[0], device=device)))
+                for d, (q, items) in sides.items()}
 
-    fresh = {d: computed(*sides[d]) for d in DIRECTIONS}
-    shapes = {d: (sides[d][0].shape[0], sides[d][1].shape[0]) for d in DIRECTIONS}
     megabytes = 4 * sum(a * b for a, b in shapes.values()) / 2**20
     if settings.store_dir is None or megabytes > settings.max_scores_mb:
         source.records.setdefault(model.name, {})["scores"] = {"stored": False, "mb": round(megabytes)}
-        return fresh
+        return fresh_rows()
 
     def blocks(d: str):
+        rows = fresh_rows()[d]
         step = max(1, settings.tile_bytes // (4 * shapes[d][1]))
-        return (fresh[d](r0, r1) for r0, r1 in tiles(shapes[d][0], step))
+        return (rows(r0, r1) for r0, r1 in tiles(shapes[d][0], step))
 
     material = source.material(model, caption_image, device.type)
     started = time.perf_counter()
@@ -139,7 +141,7 @@ def score_rows(model: ModelInput, caption_image: np.ndarray, query_images: np.nd
 
 
 def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array[:, :length]).astype(np.int64 if array.dtype.kind == "i" else np.float32))
+    return torch.from_numpy(array[:, :length].astype(np.int64 if array.dtype.kind == "i" else np.float32))
 
 
 def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: FusionConfig, keep_k: int | None,

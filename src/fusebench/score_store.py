@@ -24,10 +24,10 @@ from filelock import FileLock
 
 from fusebench.atomic import atomic_save, atomic_write_text
 from fusebench.cache import cache_key, data_file_problem, file_sha256, read_meta, remove_entries, scan_entries
+from fusebench.lists import DIRECTIONS
 
 log = logging.getLogger(__name__)
 FORMAT = 1
-DIRECTIONS = ("t2i", "i2t")
 _VERIFIED: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) whose checksum this process checked
 
 
