@@ -47,7 +47,7 @@ def test_vectors_missing_files_and_keys(tmp_path, corpus):
     with pytest.raises(FusebenchError, match="models.a.image_embeddings: file not found"):
         embed("a", {"kind": "vectors", "image_embeddings": str(tmp_path / "x.npy"), "text_embeddings": "y"}, corpus)
     (tmp_path / "bad.npy").write_bytes(b"not an array")
-    with pytest.raises(FusebenchError, match=r"bad\.npy is not a readable \.npy array"):
+    with pytest.raises(FusebenchError, match=r"bad\.npy is not a \.npy file \(it does not start with NumPy.s header\)"):
         embed("a", {"kind": "vectors", "image_embeddings": str(tmp_path / "bad.npy"), "text_embeddings": "y"}, corpus)
 
 

@@ -14,12 +14,12 @@ FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 SMALL = ["dataset.n_images=300", "dataset.n_captions=1500", "eval.bootstrap.draws=200"]
 
 
-def sweep(tmp_path, *args, name="sweep"):
+def sweep(tmp_path, *args, name="sweep", code=0):
     result = subprocess.run([FUSEBENCH, "-m", *SMALL, *args, f"hydra.sweep.dir={tmp_path / name}"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=600,
                             env={"PATH": str(Path(sys.executable).parent), "FUSEBENCH_OUTPUT": str(tmp_path / "out"),
                                  "HOME": str(tmp_path), "WANDB_MODE": "disabled"})
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == code, result.stderr
     return tmp_path / name, result
 
 
@@ -78,8 +78,8 @@ def test_holm_exact_numbers():
 
 
 def test_failed_job_keeps_the_others_and_is_listed(tmp_path):
-    folder, result = sweep(tmp_path, "fusion.top_k=100,5")
-    assert "job 1 failed" in result.stderr
+    folder, result = sweep(tmp_path, "fusion.top_k=100,5", code=1)  # a sweep with a failed job exits 1
+    assert "job 1 failed" in result.stderr and "1 job(s) of the sweep failed: 1" in result.stderr
     runs, failed = load_runs(folder)
     assert len(runs) == 1 and failed == ["1"]
     assert (folder / "1" / "error.txt").read_text().count("fusion.top_k=5") >= 1

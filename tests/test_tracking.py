@@ -24,6 +24,8 @@ def records(folder: Path) -> dict:
         if kind == "run":
             out["run"] = record.run
             out["config"].update({i.key: json.loads(i.value_json) for i in record.run.config.update})
+        elif kind == "config":  # W&B may send the config after the run record (timing-dependent)
+            out["config"].update({i.key: json.loads(i.value_json) for i in record.config.update})
         elif kind == "summary":
             out["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.summary.update})
         elif kind == "history":

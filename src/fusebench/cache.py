@@ -21,6 +21,8 @@ import logging
 import os
 import shutil
 import time
+import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,9 @@ from fusebench.atomic import atomic_save, atomic_write_text
 
 log = logging.getLogger(__name__)
 STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
+# what reading a damaged .npy/.npz/.json raises (cut short, bytes flipped, another type of file)
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError, zipfile.BadZipFile,
+              zlib.error)
 Compute = Callable[[np.ndarray], Iterable[tuple[np.ndarray, dict]]]
 
 
@@ -126,8 +131,8 @@ class EmbeddingCache:
                 data = np.load(data_path, allow_pickle=False)
                 if data.shape[0] != n_rows:
                     problem = f"embeddings.npy has {data.shape[0]} rows, expected {n_rows}"
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            problem = f"unreadable entry ({err})"
+        except UNREADABLE as err:
+            problem = f"unreadable entry ({type(err).__name__}: {err})"
         if problem:
             log.warning("cache entry %s is corrupt: %s; removing it and recomputing", folder, problem)
             shutil.rmtree(folder, ignore_errors=True)
@@ -148,8 +153,8 @@ class EmbeddingCache:
                 if data.shape[0] != rows:
                     raise ValueError(f"{data.shape[0]} rows, expected {rows}")
                 done[index] = (data, stats)
-            except (OSError, ValueError, KeyError) as err:
-                log.warning("cache chunk %s is unreadable (%s); recomputing it", path, err)
+            except UNREADABLE as err:
+                log.warning("cache chunk %s is unreadable (%s: %s); recomputing it", path, type(err).__name__, err)
                 path.unlink(missing_ok=True)
         return done
 
@@ -230,7 +235,7 @@ def scan_entries(root: Path, describe: Callable[[dict], dict], kind: str | None 
         if info["complete"]:
             try:
                 info.update(describe(read_meta(folder / "meta.json")))
-            except (OSError, ValueError, AttributeError, TypeError):
+            except UNREADABLE:
                 info["complete"] = False
         out.append(info)
     return out

@@ -46,11 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     default_dir = os.path.join(os.environ.get("FUSEBENCH_OUTPUT", "outputs"), "cache")
     parser.add_argument("--dir", default=default_dir, help=f"cache folder (default: {default_dir})")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list entries")
-    remove = sub.add_parser("remove", help="remove entries by key prefix")
-    remove.add_argument("keys", nargs="+")
-    clear = sub.add_parser("clear", help="remove every entry")
-    clear.add_argument("--yes", action="store_true", help="confirm")
+    commands = {"list": sub.add_parser("list", help="list entries"),
+                "remove": sub.add_parser("remove", help="remove entries by key prefix"),
+                "clear": sub.add_parser("clear", help="remove every entry")}
+    for command in commands.values():  # --dir before or after the command: both forms work
+        command.add_argument("--dir", default=argparse.SUPPRESS, help="cache folder")
+    commands["remove"].add_argument("keys", nargs="+")
+    commands["clear"].add_argument("--yes", action="store_true", help="confirm")
     args = parser.parse_args(argv)
     stores = {"embeddings": EmbeddingCache(args.dir), "lists": ListStore(args.dir), "scores": ScoreStore(args.dir)}
     try:

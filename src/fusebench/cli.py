@@ -1,14 +1,22 @@
-"""The ``fusebench`` command: a Hydra app over ``conf/`` (run ``fusebench --help`` for the config groups)."""
+"""The ``fusebench`` command: a Hydra app over ``conf/`` (run ``fusebench --help`` for the config groups).
+
+How it ends: 0 when every job finished; 2 with one ``fusebench: error: ...`` line for a user's mistake
+(bad input, bad config, an output folder that cannot be written); 1 when a sweep finished but some of its
+jobs failed (they are named, and each has error.txt); 130 on Ctrl-C. Tracebacks are kept for real bugs,
+and shown for everything with ``HYDRA_FULL_ERROR=1``.
+"""
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
-from pathlib import Path
-
 import traceback
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
@@ -16,6 +24,9 @@ from fusebench import FusebenchError
 
 # conf/ lives at the repository root (install with `pip install -e .`, as the Makefile does).
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+# an OSError with one of these is the machine's state (permissions, a full disk), not a bug
+ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.ENOTDIR,
+                      errno.EISDIR}
 
 
 def registry() -> list[str]:
@@ -23,46 +34,106 @@ def registry() -> list[str]:
     return sorted(p.stem for p in (Path(CONFIG_DIR) / "models").glob("*.yaml"))
 
 
+def _names(value) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _names(v)]
+    return [str(value)] if value is not None and str(value).strip() else []
+
+
 def unknown_models(argv: list[str]) -> list[str]:
-    """Names in ``models=...`` overrides (lists and sweeps too) that have no conf/models/NAME.yaml."""
-    names = []
+    """Names in ``models=...`` overrides (lists, ``a,b`` and ``choice(...)`` sweeps too) that have no
+    conf/models/NAME.yaml. Parsed with Hydra's own override grammar; ``glob(...)`` only matches configs that
+    exist, and an override Hydra cannot parse is left for Hydra to report."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+
+    parser, names = OverridesParser.create(), []
     for arg in argv:
-        key, sep, value = arg.partition("=")
-        if sep and key.lstrip("+~") == "models":
-            names += [n.strip() for n in value.replace("[", ",").replace("]", ",").split(",") if n.strip()]
+        if not arg.lstrip("+~").startswith("models="):
+            continue
+        try:
+            override = parser.parse_overrides([arg])[0]
+            if isinstance(override.value(), Glob):
+                continue
+            names += _names(list(override.sweep_iterator()) if override.is_sweep_override() else override.value())
+        except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
+            continue
     known = set(registry())
-    return [n for n in names if n not in known]
+    return list(dict.fromkeys(n for n in names if n not in known))
+
+
+def unknown_models_message(missing: list[str]) -> str:
+    return (f"unknown model(s) {', '.join(missing)}. The registry (conf/models/) has: {', '.join(registry())}. "
+            "Add a YAML file there, or describe a model inline with +models.NAME.kind=... overrides.")
+
+
+def hydra_error_message(err: CompactHydraException) -> str:
+    """Hydra's own message for a config mistake, without the search-path dump; unknown models name the registry."""
+    missing = getattr(err, "missing_cfg_file", None) or ""
+    if isinstance(err, MissingConfigException) and missing.startswith("models/"):
+        return unknown_models_message([missing.split("/", 1)[1]])
+    text = str(err).split("\nConfig search path:")[0].strip()
+    if err.__cause__ is not None:
+        text += f"\n{str(err.__cause__).strip()}"
+    return text
+
+
+def _fail(message: str, code: int = 2) -> None:
+    print(f"fusebench: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
 
 
 def main() -> None:
-    """Console entry: check model names against the registry, then run the Hydra app."""
+    """Console entry: check model names against the registry, run the Hydra app, turn mistakes into exit 2."""
+    verbose = os.environ.get("HYDRA_FULL_ERROR") == "1"
     missing = unknown_models(sys.argv[1:])
     if missing:
-        print(f"fusebench: error: unknown model(s) {', '.join(missing)}. The registry (conf/models/) has: "
-              f"{', '.join(registry())}. Add a YAML file there, or describe a model inline with "
-              "+models.NAME.kind=... overrides.", file=sys.stderr)
-        raise SystemExit(2)
-    app()
+        _fail(unknown_models_message(missing))
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # exceptions reach the handlers below instead of Hydra's printer
+    from fusebench.report.callback import SweepReport
+
+    SweepReport.failed = None
+    try:
+        app()
+    except KeyboardInterrupt:
+        print("\nfusebench: interrupted; no outputs were written for the unfinished run", file=sys.stderr)
+        raise SystemExit(130) from None
+    except FusebenchError as err:
+        _fail(str(err))
+    except CompactHydraException as err:
+        if verbose:
+            raise
+        _fail(hydra_error_message(err))
+    except OSError as err:
+        if verbose or err.errno not in ENVIRONMENT_ERRNOS:
+            raise
+        _fail(f"cannot write {err.filename or 'the outputs'}: {err.strerror}. Choose another folder "
+              "(hydra.run.dir=..., paths.output_dir=...) or free space / fix permissions, then rerun.")
+    if SweepReport.failed:
+        print(f"fusebench: {len(SweepReport.failed)} job(s) of the sweep failed: {', '.join(SweepReport.failed)} "
+              "(each has error.txt; the sweep report lists them)", file=sys.stderr)
+        raise SystemExit(1)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    from fusebench.pipeline import run  # imported here so --help and --cfg stay fast
+    from fusebench.pipeline import run, start_fresh  # imported here so --help and --cfg stay fast
 
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
     if hydra_cfg.mode == RunMode.MULTIRUN:  # one failed job must not stop the others
         try:
+            start_fresh(out_dir)
             run(cfg, out_dir)
         except Exception as err:  # noqa: BLE001 - recorded in the job dir and the sweep report
             Path(out_dir, "error.txt").write_text("".join(traceback.format_exception(err)), encoding="utf-8")
             print(f"fusebench: job {hydra_cfg.job.num} failed: {err} (see {out_dir}/error.txt)", file=sys.stderr)
         return
     try:
+        start_fresh(out_dir)
         run(cfg, out_dir)
-    except FusebenchError as err:
-        print(f"fusebench: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except FusebenchError as err:  # handled here, so Hydra adds no "Error executing job" line of its own
+        _fail(str(err))
 
 
 if __name__ == "__main__":

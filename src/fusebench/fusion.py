@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fusebench import FusebenchError
+from fusebench import FusebenchError, checks
 from fusebench.kernels import row_mean_std
 from fusebench.search import sort_desc_with_tiebreak, sort_rows
 
@@ -32,18 +32,13 @@ class FusionConfig:
     ddof: int = 0
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise FusebenchError(f"fusion.method={self.method!r} is not a fusion method; valid: {', '.join(METHODS)}.")
-        if self.fuse_on not in FUSE_ON:
-            raise FusebenchError(f"fusion.fuse_on={self.fuse_on!r} is not valid; valid: {', '.join(FUSE_ON)}.")
+        checks.choice(self.method, "fusion.method", METHODS)
+        checks.choice(self.fuse_on, "fusion.fuse_on", FUSE_ON)
         for key in ("top_k", "final_top_k"):
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise FusebenchError(f"fusion.{key}={value!r} must be a positive integer or null (null = all items).")
-        if self.ddof not in (0, 1):
-            raise FusebenchError(f"fusion.ddof={self.ddof!r}: use 0 (population sd) or 1 (sample sd, as Qdrant).")
-        if self.rrf_k < 0:
-            raise FusebenchError(f"fusion.rrf_k={self.rrf_k!r} must be >= 0 (the usual value is 60).")
+            checks.optional_integer(getattr(self, key), f"fusion.{key}", 1, "null = all items")
+        if isinstance(self.ddof, bool) or self.ddof not in (0, 1):
+            raise FusebenchError(f"fusion.ddof={self.ddof!r} is not valid: use 0 (population sd) or 1 (sample sd, as Qdrant).")
+        checks.number(self.rrf_k, "fusion.rrf_k", 0, hint="rrf only: 1 / (rrf_k + rank); the usual value is 60")
 
     def per_model_k(self, n_items: int) -> int:
         return n_items if self.top_k is None else min(self.top_k, n_items)

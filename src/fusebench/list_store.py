@@ -30,7 +30,8 @@ import numpy as np
 from filelock import FileLock
 
 from fusebench.atomic import atomic_save, atomic_write_text
-from fusebench.cache import cache_key, data_file_problem, file_sha256, read_meta, remove_entries, scan_entries
+from fusebench.cache import (UNREADABLE, cache_key, data_file_problem, file_sha256, read_meta, remove_entries,
+                             scan_entries)
 from fusebench.lists import DIRECTIONS, ModelLists
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,12 @@ class ListStore:
                 log.info("list store %s holds depth %d; recomputing at depth %d", key[:12], stored.depth, depth)
                 depth = max(depth, stored.depth)
             lists = compute(depth)
-            self._write(folder, key, material, lists, info or {})
+            try:
+                self._write(folder, key, material, lists, info or {})
+            except OSError as err:  # a full disk or a read-only cache: keep the computed lists, store nothing
+                shutil.rmtree(folder, ignore_errors=True)
+                log.warning("could not store the lists in %s (%s); this job goes on without storing them",
+                            folder, err.strerror or err)
             return StoreResult(lists, key, False, time.perf_counter() - started)
 
     def _read(self, folder: Path, n_images: int, n_captions: int) -> ModelLists | None:
@@ -102,7 +108,7 @@ class ListStore:
                 with np.load(data_path, allow_pickle=False) as npz:
                     arrays = {name: npz[name] for name in FIELDS}
                 problem = _shape_problem(arrays, n_images, n_captions)
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except UNREADABLE as err:
             problem = f"unreadable entry ({err})"
         if problem:
             log.warning("list store entry %s is corrupt or outdated: %s; removing it and recomputing", folder, problem)

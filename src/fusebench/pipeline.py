@@ -7,24 +7,27 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+import tempfile
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from fusebench import FusebenchError, __version__
+from fusebench import FusebenchError, __version__, checks
 from fusebench.comparisons import oracle_metrics, paired_comparisons, retriever_metrics
 from fusebench.data import load_corpus
 from fusebench.encoders import drop_unreadable, finalize, load_raw
 from fusebench.encoders.real import Runtime
 from fusebench.fusion import FusionConfig
-from fusebench.report.outputs import write_run_outputs
+from fusebench.report.outputs import clear_run_outputs, write_run_outputs
 from fusebench.report.table import format_table
-from fusebench.tracking import log_run
+from fusebench.tracking import check_logger, log_run
 from fusebench.retrieval import FUSED, ListSource, ModelInput, SearchSettings, retrieve
 from fusebench.search import MATMULS, resolve_device
 
@@ -36,59 +39,76 @@ def _plain(cfg) -> dict:
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
+EVAL_KEYS = ("ks", "bootstrap", "device", "chunk_size", "item_chunk_size", "save_topk", "lists")
+
+
 def eval_settings(cfg: Mapping) -> dict:
-    ks = list(cfg.get("ks", [1, 5, 10]))
-    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
-        raise FusebenchError(f"eval.ks={ks!r} must be a non-empty list of positive integers, e.g. [1,5,10].")
-    boot = cfg.get("bootstrap", {}) or {}
-    draws, level = int(boot.get("draws", 2000)), float(boot.get("level", 0.95))
-    if draws < 1 or not 0 < level < 1:
-        raise FusebenchError(f"eval.bootstrap: draws must be >= 1 and level in (0, 1); got {draws} and {level}.")
-    save_topk = cfg.get("save_topk", 25)
-    if save_topk is not None and (isinstance(save_topk, bool) or not isinstance(save_topk, int) or save_topk < 1):
-        raise FusebenchError(f"eval.save_topk={save_topk!r} must be a positive integer or null (null = whole lists).")
-    chunks = {key: cfg.get(key, default) for key, default in (("chunk_size", 4096), ("item_chunk_size", 16384))}
-    for key, value in chunks.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise FusebenchError(f"eval.{key}={value!r} must be a positive integer.")
-    lists = dict(cfg.get("lists", {}) or {})
-    unknown = sorted(set(lists) - {"store", "depth", "max_scores_mb"})
-    if unknown:
-        raise FusebenchError(f"eval.lists: unknown key(s) {unknown}; valid keys: depth, max_scores_mb, store.")
-    depth, store, max_mb = lists.get("depth", 100), lists.get("store", True), lists.get("max_scores_mb", 2048)
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise FusebenchError(f"eval.lists.depth={depth!r} must be a positive integer (list length stored per query).")
-    if isinstance(max_mb, bool) or not isinstance(max_mb, int) or max_mb < 0:
-        raise FusebenchError(f"eval.lists.max_scores_mb={max_mb!r} must be an integer >= 0 (0: never store score matrices).")
-    if not isinstance(store, bool):
-        raise FusebenchError(f"eval.lists.store={store!r} must be true or false.")
-    return {"ks": sorted(set(ks)), "draws": draws, "level": level, "seed": int(boot.get("seed", 0)),
-            "save_topk": None if save_topk is None else int(save_topk), **chunks,
-            "lists": {"store": store, "depth": depth, "max_scores_mb": max_mb}, "device": str(cfg.get("device", "auto"))}
+    checks.known_keys(cfg, "eval", EVAL_KEYS)
+    ks = checks.integer_list(cfg.get("ks", [1, 5, 10]), "eval.ks")
+    boot = checks.mapping(cfg.get("bootstrap"), "eval.bootstrap")
+    checks.known_keys(boot, "eval.bootstrap", ("draws", "level", "seed"))
+    draws = checks.integer(boot.get("draws", 2000), "eval.bootstrap.draws", 1, "resamples per comparison, e.g. 2000")
+    level = checks.number(boot.get("level", 0.95), "eval.bootstrap.level", 0, 1, open_low=True, open_high=True,
+                          hint="the interval's coverage, e.g. 0.95")
+    seed = checks.integer(boot.get("seed", 0), "eval.bootstrap.seed", 0)
+    save_topk = checks.optional_integer(cfg.get("save_topk", 25), "eval.save_topk", 1, "null = whole lists")
+    chunks = {key: checks.integer(cfg.get(key, default), f"eval.{key}", 1)
+              for key, default in (("chunk_size", 4096), ("item_chunk_size", 16384))}
+    lists = checks.mapping(cfg.get("lists"), "eval.lists")
+    checks.known_keys(lists, "eval.lists", ("store", "depth", "max_scores_mb"))
+    depth = checks.integer(lists.get("depth", 100), "eval.lists.depth", 1, "list length stored per query")
+    max_mb = checks.integer(lists.get("max_scores_mb", 2048), "eval.lists.max_scores_mb", 0,
+                            "0: never store score matrices")
+    store = checks.boolean(lists.get("store", True), "eval.lists.store")
+    device = checks.text(cfg.get("device", "auto"), "eval.device", hint="auto, cpu, cuda, cuda:1 or mps")
+    return {"ks": sorted(set(ks)), "draws": draws, "level": level, "seed": seed, "save_topk": save_topk, **chunks,
+            "lists": {"store": store, "depth": depth, "max_scores_mb": max_mb}, "device": device}
 
 
 def fusion_settings(cfg: Mapping, ks: list[int]) -> FusionConfig:
     known = set(FusionConfig.__dataclass_fields__)
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise FusebenchError(f"fusion: unknown key(s) {unknown}; valid keys: {sorted(known)}.")
+    checks.known_keys(cfg, "fusion", sorted(known))
     fusion = FusionConfig(**{k: cfg[k] for k in cfg})
     fusion.check_ks(ks)
     return fusion
 
 
 def model_specs(cfg: Mapping) -> dict[str, dict]:
-    specs = {str(name): dict(spec) for name, spec in (cfg or {}).items()}
+    specs = {str(name): checks.mapping(spec, f"models.{name}") for name, spec in checks.mapping(cfg, "models").items()}
     if not specs:
         raise FusebenchError("no models selected: pick some with models=[a,b] or +models.NAME.kind=... overrides.")
     for name, spec in specs.items():
         if name == FUSED or not _NAME.match(name):
             raise FusebenchError(f"model name {name!r} is not allowed: use letters, digits, '_', '.', '-' "
                                  f"(and not {FUSED!r}, the fused retriever's name).")
-        weight = spec.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-            raise FusebenchError(f"models.{name}.weight={weight!r} must be a number >= 0.")
+        model_weight(name, spec)
     return specs
+
+
+def model_weight(name: str, spec: Mapping) -> float:
+    return checks.number(spec.get("weight", 1.0), f"models.{name}.weight", 0, hint="the model's weight in the fused score")
+
+
+def check_writable(out_dir: str | Path) -> None:
+    """Fail before any work when ``out_dir`` cannot be created or written (a read-only or missing mount)."""
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise FusebenchError(f"the run dir {out_dir} cannot be written ({err.strerror}); choose another with "
+                             "hydra.run.dir=... (or paths.output_dir=...), or fix its permissions.") from None
+
+
+def start_fresh(out_dir: str | Path) -> None:
+    """Clear the outputs of an earlier run from a run dir whose config Hydra has just rewritten, so that a
+    rerun into it (even one that then fails) never leaves the old metrics.json beside the new config."""
+    check_writable(out_dir)
+    stale = clear_run_outputs(out_dir)
+    if stale:
+        log.warning("%s held the outputs of an earlier run (%s); removed them first", out_dir, ", ".join(stale))
 
 
 def _progress_bar(desc: str, total: int):
@@ -106,20 +126,24 @@ def _progress_bar(desc: str, total: int):
 def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     """Evaluate every selected model and their fusion on the dataset; write outputs into ``out_dir``."""
     started = time.perf_counter()
-    settings = eval_settings(_plain(cfg["eval"]))
-    fusion = fusion_settings(_plain(cfg["fusion"]), settings["ks"])
+    check_writable(out_dir)
+    settings = eval_settings(checks.mapping(_plain(cfg.get("eval")), "eval"))
+    fusion = fusion_settings(checks.mapping(_plain(cfg.get("fusion")), "fusion"), settings["ks"])
     specs = model_specs(_plain(cfg["models"]))
+    draw_plots = checks.boolean(cfg.get("plots", True), "plots")
+    logger = checks.mapping(_plain(cfg["logger"]) if "logger" in cfg else None, "logger")
+    check_logger(logger)
     device = resolve_device(settings["device"])  # checked before any embedding work
+    runtime = Runtime.from_config(_plain(cfg["embed"]) if "embed" in cfg else None)
     corpus = load_corpus(_plain(cfg["dataset"]))
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
 
-    runtime = Runtime.from_config(_plain(cfg["embed"]) if "embed" in cfg else None)
     raws = [load_raw(name, spec, corpus, runtime) for name, spec in specs.items()]
     raws, corpus = drop_unreadable(raws, corpus)
     embeddings = []
     while raws:  # one model's raw rows at a time beside the normalised ones (a 100k-image corpus is GBs)
         embeddings.append(finalize(raws.pop(0), corpus))
-    inputs = [ModelInput(e.name, e.image, e.text, float(specs[e.name].get("weight", 1.0))) for e in embeddings]
+    inputs = [ModelInput(e.name, e.image, e.text, model_weight(e.name, specs[e.name])) for e in embeddings]
     search_started = time.perf_counter()
     source, matmuls_before = ListSource(), MATMULS["blocks"]
     search = SearchSettings(device=device, chunk_size=settings["chunk_size"],
@@ -157,17 +181,22 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
                 "query_ms": round(1000 * search_seconds / (corpus.n_captions + len(clusters["i2t"])), 4),
                 "versions": {"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}},
     }
-    write_run_outputs(out_dir, lists, metrics, settings["save_topk"], queries=clusters)
+    try:
+        write_run_outputs(out_dir, lists, metrics, settings["save_topk"], queries=clusters)
+    except OSError as err:
+        raise FusebenchError(f"could not write the outputs to {out_dir}: {err.strerror or err} "
+                             f"({err.filename or 'run dir'}); nothing was left half-written. Free space or choose "
+                             "another dir (hydra.run.dir=...) and rerun.") from None
     print(format_table(metrics))
     plots = []
-    if cfg.get("plots", True):
+    if draw_plots:
         try:
             from fusebench.report.plots import run_plots
 
             plots = run_plots(out_dir, metrics)
         except Exception as err:  # noqa: BLE001 - plots are a view of the outputs, never a reason to fail
             log.warning("could not draw plots: %s", err)
-    log_run(_plain(cfg["logger"]) if "logger" in cfg else None, metrics, out_dir, plots,
+    log_run(logger, metrics, out_dir, plots,
             resolved=_plain(cfg) if isinstance(cfg, DictConfig) else None)
     log.info("outputs written to %s", out_dir)
     return metrics

@@ -23,7 +23,8 @@ import torch
 from filelock import FileLock
 
 from fusebench.atomic import atomic_save, atomic_write_text
-from fusebench.cache import cache_key, data_file_problem, file_sha256, read_meta, remove_entries, scan_entries
+from fusebench.cache import (UNREADABLE, cache_key, data_file_problem, file_sha256, read_meta, remove_entries,
+                             scan_entries)
 from fusebench.lists import DIRECTIONS
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class ScoreStore:
                     readers[d] = StoredRows(path)
                     if tuple(readers[d].shape) != tuple(shapes[d]):
                         problem = f"{d}.npy has shape {readers[d].shape}, expected {shapes[d]}"
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except UNREADABLE as err:
             problem = f"unreadable entry ({err})"
         if problem:
             log.warning("score store entry %s is corrupt or outdated: %s; removing it and recomputing", folder, problem)

@@ -17,7 +17,10 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from fusebench import checks
+
 log = logging.getLogger(__name__)
+INIT_TIMEOUT = 15.0  # seconds; W&B's own default is 90
 
 
 def _setting(cfg: Mapping, key: str, default):
@@ -84,14 +87,51 @@ def _tables(wandb, metrics: dict) -> dict:
             "comparisons": wandb.Table(columns=comp_cols, data=comps)}
 
 
+LOGGER_KEYS = ("kind", "project", "entity", "mode", "tags", "init_timeout")
+MODES = ("offline", "online", "disabled")
+
+
+def check_logger(cfg: Mapping | None) -> None:
+    """The ``logger`` group's values, checked before any work (a typo must not surface after the run)."""
+    if not cfg:
+        return
+    checks.known_keys(cfg, "logger", LOGGER_KEYS)
+    kind = checks.choice(cfg.get("kind", "none"), "logger.kind", ("none", "wandb"))
+    if kind == "none":
+        return
+    checks.choice(cfg.get("mode"), "logger.mode", MODES, allow_none=True)
+    checks.text(cfg.get("project", "fusebench"), "logger.project")
+    checks.text(cfg.get("entity"), "logger.entity", allow_none=True)
+    checks.string_list(cfg.get("tags"), "logger.tags")
+    checks.number(_setting(cfg, "init_timeout", INIT_TIMEOUT), "logger.init_timeout", 0, open_low=True,
+                  hint="seconds to wait for W&B to start")
+
+
 def _init(cfg: Mapping, out_dir: Path, config: dict, group: str | None, name: str | None, job_type: str):
+    """Start a W&B run; an online start that fails (no network: W&B would wait 90 s) gives up after
+    ``logger.init_timeout`` seconds and logs offline instead, so the record can be uploaded later."""
     import wandb
 
     mode = _setting(cfg, "mode", os.environ.get("WANDB_MODE", "offline"))
-    return wandb, wandb.init(project=_setting(cfg, "project", "fusebench"), entity=cfg.get("entity") if cfg else None,
-                             mode=mode, dir=str(out_dir), config=config, group=group, name=name, job_type=job_type,
-                             tags=list(_setting(cfg, "tags", [])), reinit="finish_previous", settings=wandb.Settings(
-                                 silent=True, console="off", x_disable_stats=True))
+
+    def start(mode: str):
+        # only an online start gets the short timeout; an offline one keeps W&B's own (a busy machine is slow)
+        timeout = {"init_timeout": float(_setting(cfg, "init_timeout", INIT_TIMEOUT))} if mode == "online" else {}
+        return wandb.init(project=_setting(cfg, "project", "fusebench"), entity=cfg.get("entity") if cfg else None,
+                          mode=mode, dir=str(out_dir), config=config, group=group, name=name, job_type=job_type,
+                          tags=list(_setting(cfg, "tags", [])), reinit="finish_previous", settings=wandb.Settings(
+                              silent=True, console="off", x_disable_stats=True, **timeout))
+
+    if mode != "online":
+        return wandb, start(mode)
+    try:
+        return wandb, start("online")
+    except Exception as err:  # noqa: BLE001 - no network, no key, server down: keep an offline record
+        reason = (str(err).strip().splitlines() or [""])[0]
+        log.warning("W&B could not start online within logger.init_timeout (%s%s); logging offline under "
+                    "%s/wandb instead (upload later with `wandb sync`)", type(err).__name__,
+                    f": {reason}" if reason and reason != "<no message>" else "", out_dir)
+        return wandb, start("offline")
 
 
 def log_run(cfg: Mapping | None, metrics: dict, out_dir: str | Path, plots: list[Path], resolved: dict | None = None) -> None:

@@ -21,6 +21,7 @@ from PIL import Image
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus, validate_corpus
+from fusebench.data.text import read_utf8, utf8_lines
 
 SHOW = 50  # missing or unreadable paths listed in an error message (all are written to a file)
 
@@ -67,16 +68,14 @@ def _coco_format(data: dict, source: str) -> list[tuple[str, str, list[str]]]:
 
 def _flickr_txt(path: Path) -> list[tuple[str, str, list[str]]]:
     order: dict[str, list[str]] = {}
-    with path.open(encoding="utf-8") as fh:
-        fh.readline()  # header
-        for lineno, line in enumerate(fh, start=2):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            image, sep, caption = line.partition(".jpg,")
-            if not sep:
-                raise FusebenchError(f"{path}:{lineno}: expected 'IMAGE.jpg,caption' (CLIP_benchmark's Flickr format).")
-            order.setdefault(image + ".jpg", []).append(caption)
+    for lineno, line in utf8_lines(path):
+        line = line.rstrip("\r\n")
+        if lineno == 1 or not line.strip():  # line 1: the header
+            continue
+        image, sep, caption = line.partition(".jpg,")
+        if not sep:
+            raise FusebenchError(f"{path}:{lineno}: expected 'IMAGE.jpg,caption' (CLIP_benchmark's Flickr format).")
+        order.setdefault(image + ".jpg", []).append(caption)
     return [(name, name, caps) for name, caps in order.items()]
 
 
@@ -89,7 +88,7 @@ def read_annotations(path: str | Path, split: str = "test") -> list[tuple[str, s
     if path.suffix == ".txt":
         return _flickr_txt(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_utf8(path))
     except json.JSONDecodeError as err:
         raise FusebenchError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}).") from None
     if not isinstance(data, dict) or "images" not in data:

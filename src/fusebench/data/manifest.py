@@ -12,6 +12,7 @@ import numpy as np
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus, validate_corpus
+from fusebench.data.text import utf8_lines
 
 
 def _parse_line(text: str, where: str) -> tuple[str, str | None, list[str]]:
@@ -49,20 +50,19 @@ def load_manifest(path: str | Path, name: str = "manifest", image_root: str | Pa
     captions: list[str] = []
     caption_image: list[int] = []
     first_line: dict[str, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            where = f"{path}:{lineno}"
-            image_id, image_path, caps = _parse_line(text, where)
-            if image_id in first_line:
-                raise FusebenchError(f"{where}: duplicate image_id {image_id!r} (first seen on line {first_line[image_id]}).")
-            first_line[image_id] = lineno
-            index = len(image_ids)
-            image_ids.append(image_id)
-            paths.append(None if image_path is None else str(root / Path(image_path).expanduser()))
-            captions.extend(caps)
-            caption_image.extend([index] * len(caps))
+    for lineno, text in utf8_lines(path):
+        if not text.strip():
+            continue
+        where = f"{path}:{lineno}"
+        image_id, image_path, caps = _parse_line(text, where)
+        if image_id in first_line:
+            raise FusebenchError(f"{where}: duplicate image_id {image_id!r} (first seen on line {first_line[image_id]}).")
+        first_line[image_id] = lineno
+        index = len(image_ids)
+        image_ids.append(image_id)
+        paths.append(None if image_path is None else str(root / Path(image_path).expanduser()))
+        captions.extend(caps)
+        caption_image.extend([index] * len(caps))
     if not image_ids:
         raise FusebenchError(f"{path}: the manifest is empty; it needs one JSON line per image.")
     corpus = Corpus(

@@ -44,6 +44,9 @@ def sim_stand_in(name: str, spec: Mapping) -> dict:
     """On a simulated corpus a real model (hf, open_clip) runs as its ``sim:`` stand-in; its text noise may
     depend on ``text.case`` (so a preprocessing study shows an effect on simulated data too)."""
     block = spec.get("sim")
+    if block and not isinstance(block, Mapping):
+        raise FusebenchError(f"models.{name}.sim={block!r} is not valid; valid: a block of dim, image_noise, "
+                             "text_noise, seed.")
     if not block:
         raise FusebenchError(f"models.{name} is a real model ({spec.get('kind')}) and has no 'sim:' stand-in, so it "
                              "cannot run on dataset=sim; add a sim: block (dim, image_noise, text_noise, seed) or "
@@ -57,18 +60,18 @@ def sim_stand_in(name: str, spec: Mapping) -> dict:
 
 def load_raw(name: str, spec: Mapping, corpus: Corpus, runtime=None) -> RawEmbeddings:
     kind = spec.get("kind")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise FusebenchError(f"models.{name}.kind={kind!r} is not a known model kind; valid kinds: {', '.join(KINDS)}.")
     if corpus.meta.get("simulated") and kind in ("hf", "open_clip"):
         stand_in = sim_stand_in(name, spec)
-        image, text = sim_arrays(stand_in, corpus)
+        image, text = sim_arrays(stand_in, corpus, f"models.{name}.sim")
         source = f"sim stand-in of model {name!r}"
         return RawEmbeddings(name, image, text, source, source, dict(spec), {"stand_in": stand_in})
-    if kind not in KINDS:
-        raise FusebenchError(f"models.{name}.kind={kind!r} is not a known model kind; valid kinds: {', '.join(KINDS)}.")
     if kind == "vectors":
         image, text, image_src, text_src = vector_arrays(name, spec)
         return RawEmbeddings(name, image, text, image_src, text_src, dict(spec))
     if kind == "sim":
-        image, text = sim_arrays(spec, corpus)
+        image, text = sim_arrays(spec, corpus, f"models.{name}")
         return RawEmbeddings(name, image, text, f"sim model {name!r}", f"sim model {name!r}", dict(spec))
     from fusebench.encoders.real import Runtime, embed_real
 

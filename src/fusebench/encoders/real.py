@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fusebench import FusebenchError
+from fusebench import checks
 from fusebench.cache import EmbeddingCache
 from fusebench.data.corpus import Corpus
 from fusebench.encoders.fingerprint import images_fingerprint, texts_fingerprint
@@ -47,19 +47,24 @@ class Runtime:
 
     @classmethod
     def from_config(cls, cfg: Mapping | None) -> Runtime:
-        cfg = dict(cfg or {})
-        cache = dict(cfg.pop("cache", {}) or {})
-        known = set(cls.__dataclass_fields__)
-        flat = {**cfg, **{f"cache_{k}" if k != "chunk_rows" else k: v for k, v in cache.items()}}
-        unknown = sorted(set(flat) - known)
-        if unknown:
-            raise FusebenchError(f"embed: unknown key(s) {unknown}; valid: {sorted(known)}.")
-        runtime = cls(**flat)
-        if runtime.precision not in PRECISIONS:
-            raise FusebenchError(f"embed.precision={runtime.precision!r} is not valid; valid: {', '.join(PRECISIONS)}.")
-        if runtime.batch_size < 1 or runtime.text_batch_size < 1 or runtime.num_workers < 0:
-            raise FusebenchError("embed.batch_size and embed.text_batch_size must be >= 1, embed.num_workers >= 0.")
-        return runtime
+        cfg = checks.mapping(cfg, "embed")
+        cache = checks.mapping(cfg.pop("cache", None), "embed.cache")
+        checks.known_keys(cfg, "embed", ("device", "precision", "batch_size", "text_batch_size", "num_workers",
+                                         "on_bad_image", "cache"))
+        checks.known_keys(cache, "embed.cache", ("dir", "dtype", "chunk_rows"))
+        defaults = cls()
+        return cls(
+            device=checks.text(cfg.get("device", defaults.device), "embed.device", hint="auto, cpu, cuda, cuda:1 or mps"),
+            precision=checks.choice(cfg.get("precision", defaults.precision), "embed.precision", PRECISIONS),
+            batch_size=checks.integer(cfg.get("batch_size", defaults.batch_size), "embed.batch_size", 1),
+            text_batch_size=checks.integer(cfg.get("text_batch_size", defaults.text_batch_size),
+                                           "embed.text_batch_size", 1),
+            num_workers=checks.integer(cfg.get("num_workers", defaults.num_workers), "embed.num_workers", 0),
+            on_bad_image=checks.choice(cfg.get("on_bad_image", defaults.on_bad_image), "embed.on_bad_image",
+                                       ("fail", "skip")),
+            cache_dir=checks.text(cache.get("dir", defaults.cache_dir), "embed.cache.dir", hint="a folder"),
+            cache_dtype=checks.choice(cache.get("dtype", defaults.cache_dtype), "embed.cache.dtype", ("fp16", "fp32")),
+            chunk_rows=checks.integer(cache.get("chunk_rows", defaults.chunk_rows), "embed.cache.chunk_rows", 1))
 
     def resolved_precision(self, device: torch.device) -> str:
         if self.precision != "auto":

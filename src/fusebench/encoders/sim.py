@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from fusebench import checks
 from fusebench.data.corpus import Corpus
 from fusebench.data.sim import sim_model_embeddings
 
@@ -27,9 +28,16 @@ def _key(settings: dict, corpus: Corpus) -> str:
     return json.dumps({**settings, **sim_meta, "n": [corpus.n_images, corpus.n_captions]}, sort_keys=True)
 
 
-def sim_arrays(spec: Mapping, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
-    settings = {"dim": int(spec.get("dim", 512)), "image_noise": float(spec.get("image_noise", 0.5)),
-                "text_noise": float(spec.get("text_noise", 0.5)), "seed": int(spec.get("seed", 0))}
+def sim_settings(spec: Mapping, where: str = "models.NAME") -> dict:
+    """A sim model's parameters, checked (``where`` names the config block in errors)."""
+    return {"dim": checks.integer(spec.get("dim", 512), f"{where}.dim", 1),
+            "image_noise": checks.number(spec.get("image_noise", 0.5), f"{where}.image_noise", 0),
+            "text_noise": checks.number(spec.get("text_noise", 0.5), f"{where}.text_noise", 0),
+            "seed": checks.integer(spec.get("seed", 0), f"{where}.seed", 0)}
+
+
+def sim_arrays(spec: Mapping, corpus: Corpus, where: str = "models.NAME") -> tuple[np.ndarray, np.ndarray]:
+    settings = sim_settings(spec, where)
     key = _key(settings, corpus)
     if key in _MEMO:
         _MEMO.move_to_end(key)

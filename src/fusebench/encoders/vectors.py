@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import FusebenchError
+from fusebench.cache import UNREADABLE
+
+NPY_MAGIC = b"\x93NUMPY"
 
 
 def _load_npy(path_value, key: str, name: str) -> tuple[np.ndarray, str]:
@@ -16,11 +19,27 @@ def _load_npy(path_value, key: str, name: str) -> tuple[np.ndarray, str]:
     path = Path(str(path_value)).expanduser()
     if not path.is_file():
         raise FusebenchError(f"models.{name}.{key}: file not found: {path}")
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as err:
-        raise FusebenchError(f"models.{name}.{key}: {path} is not a readable .npy array ({err}).") from None
+    problem = npy_problem(path)
+    if problem is None:
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except UNREADABLE as err:
+            problem = f"is not a readable .npy array ({type(err).__name__}: {err})"
+    if problem:
+        raise FusebenchError(f"models.{name}.{key}: {path} {problem}; write the rows with numpy.save "
+                             "(a 2-D float array, one row per image or caption in manifest order).")
     return array, str(path)
+
+
+def npy_problem(path: Path) -> str | None:
+    """What makes ``path`` plainly not a .npy file (empty, no NumPy header), before numpy reads it."""
+    with path.open("rb") as fh:
+        head = fh.read(6)
+    if not head:
+        return "is empty (0 bytes)"
+    if head != NPY_MAGIC:
+        return "is not a .npy file (it does not start with NumPy's header)"
+    return None
 
 
 def vector_arrays(name: str, spec: Mapping) -> tuple[np.ndarray, np.ndarray, str, str]:

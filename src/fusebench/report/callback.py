@@ -1,4 +1,7 @@
-"""Hydra callback: at the end of a multirun, write the sweep report (and log it to W&B when enabled)."""
+"""Hydra callback: at the end of a multirun, write the sweep report (and log it to W&B when enabled).
+
+``SweepReport.failed`` holds the job dirs that did not finish (or whose outputs are damaged), so that the
+``fusebench`` command can exit non-zero and name them."""
 
 from __future__ import annotations
 
@@ -12,11 +15,16 @@ log = logging.getLogger(__name__)
 
 
 class SweepReport(Callback):
+    failed: list[str] | None = None  # set at the end of each multirun in this process
+
     def __init__(self, draws: int = 2000, seed: int = 0):
         self.draws, self.seed = draws, seed
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         folder = Path(config.hydra.sweep.dir)
+        from fusebench.report.runs import scan_runs
+
+        SweepReport.failed = sorted(scan_runs(folder).failed) if folder.is_dir() else []
         try:
             from fusebench.report.sweep import write_report
 

@@ -14,17 +14,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     folder = Path(args.sweep_dir)
+    if args.draws < 1:
+        print(f"fusebench-report: error: --draws={args.draws} is not valid; valid: an integer >= 1", file=sys.stderr)
+        return 2
     if not folder.is_dir():
         print(f"fusebench-report: error: {folder} is not a folder", file=sys.stderr)
         return 2
-    from fusebench.report.sweep import load_runs, write_report
+    from fusebench.report.runs import scan_runs
+    from fusebench.report.sweep import write_report
 
-    runs, failed = load_runs(folder)
-    if not runs:
-        print(f"fusebench-report: error: no finished runs (metrics.json) below {folder}"
-              + (f"; failed: {', '.join(failed)}" if failed else ""), file=sys.stderr)
+    scan = scan_runs(folder)
+    if not scan.runs:
+        print(f"fusebench-report: error: no finished runs (a run dir with a readable metrics.json) below {folder}"
+              + "".join(f"\n  {name}: {why}" for name, why in scan.failed.items()), file=sys.stderr)
         return 2
-    write_report(folder, draws=args.draws, seed=args.seed)
+    try:
+        write_report(folder, draws=args.draws, seed=args.seed)
+    except OSError as err:
+        print(f"fusebench-report: error: cannot write the report into {folder}: {err.strerror or err}",
+              file=sys.stderr)
+        return 2
     print((folder / "summary.md").read_text())
     return 0
 

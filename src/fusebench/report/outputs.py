@@ -2,7 +2,8 @@
 
 Everything is first written into a hidden staging folder inside the run dir and moved into place only
 once complete; metrics.json is written last, via a temp file and an atomic rename, so its presence means
-the run finished.
+the run finished. metrics.json records the sha256 of every file in ranks/ and topk/ (``files``), so that
+reports can tell a damaged or replaced rank file from the run's own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from fusebench.atomic import atomic_write_text
+from fusebench.cache import file_sha256
 
 
 def _clean(value):
@@ -30,6 +32,29 @@ def _clean(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+# what a run writes into its dir: (name, the file patterns a folder of that name may hold)
+RUN_OUTPUTS = {"metrics.json": None, "error.txt": None, "ranks": ("*.npy", "*.npz"), "topk": ("*.npz",),
+               "plots": ("*.png",)}
+
+
+def clear_run_outputs(out_dir: str | Path) -> list[str]:
+    """Remove the outputs of an earlier run from ``out_dir`` (metrics.json first, so the dir never reads as
+    finished); a folder is removed only when it holds nothing but files of the kind fusebench writes there.
+    Returns what was removed."""
+    out_dir, removed = Path(out_dir), []
+    for name, patterns in RUN_OUTPUTS.items():
+        path = out_dir / name
+        if patterns is None and path.is_file():
+            path.unlink()
+            removed.append(name)
+        elif patterns is not None and path.is_dir():
+            files = list(path.iterdir())
+            if all(f.is_file() and any(f.match(p) for p in patterns) for f in files):
+                shutil.rmtree(path)
+                removed.append(name + "/")
+    return removed
 
 
 def write_run_outputs(out_dir: str | Path, lists: dict, metrics: dict, save_topk: int | None,
@@ -57,11 +82,13 @@ def write_run_outputs(out_dir: str | Path, lists: dict, metrics: dict, save_topk
                 if ranked.contributors is not None:
                     arrays["contributors"] = ranked.contributors[:, cut].numpy().astype(np.int32)
                 np.savez(staging / "topk" / f"{name}.{direction}.npz", **arrays)
+        files = {f"{sub}/{f.name}": file_sha256(f) for sub in ("ranks", "topk") for f in sorted((staging / sub).iterdir())}
         for sub in ("ranks", "topk"):
             target = out_dir / sub
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staging / sub, target)
-        atomic_write_text(out_dir / "metrics.json", json.dumps(_clean(metrics), indent=2) + "\n")
+        record = {**metrics, "files": files}  # checksums: a report never trusts a rank file changed after the run
+        atomic_write_text(out_dir / "metrics.json", json.dumps(_clean(record), indent=2) + "\n")
     finally:
         shutil.rmtree(staging, ignore_errors=True)

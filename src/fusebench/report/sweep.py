@@ -1,7 +1,8 @@
 """Sweep reports: the article-style table, paired gains across runs, and a cost table, from run dirs on disk.
 
-Works on any folder holding run dirs (a Hydra multirun dir, or several run dirs): every subfolder with a
-``metrics.json`` is a finished run; one without is listed as failed. Paired statistics use the saved per-query
+Works on any folder holding run dirs (a Hydra multirun dir, or several run dirs): every intact run dir with a
+``metrics.json`` is reported; one without, or with damaged files, is listed as failed with the reason
+(``fusebench.report.runs``). Paired statistics use the saved per-query
 ranks (``ranks/*.npy``), so retrievers from different jobs are compared query by query.
 """
 
@@ -10,13 +11,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from fusebench.atomic import atomic_write_text
 from fusebench.metrics import hits_at_k
+from fusebench.report.runs import Run, Scan, load_runs, scan_runs
 from fusebench.stats import clustered_bootstrap, holm_adjust, mcnemar_p, paired_bootstrap
 
 FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines
@@ -25,49 +24,7 @@ FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselin
     "text": ["as_typed", "canonicalize", "lowercase"],
 }
 IGNORED_SPEC_KEYS = ("weight", "published", "label")
-
-
-@dataclass
-class Run:
-    path: Path
-    name: str
-    metrics: dict
-    overrides: list[str] = field(default_factory=list)
-
-    @property
-    def dataset_key(self) -> tuple:
-        d = self.metrics["dataset"]
-        return d["name"], d["n_images"], d["n_captions"]
-
-    def ranks(self, retriever: str, direction: str) -> np.ndarray:
-        return np.load(self.path / "ranks" / f"{retriever}.{direction}.npy")
-
-    def clusters(self, direction: str) -> np.ndarray:
-        queries = self.path / "ranks" / "queries.npz"
-        if queries.is_file():
-            with np.load(queries) as data:
-                return data[f"{direction}_image"]
-        return np.arange(len(self.ranks(next(iter(self.metrics["retrievers"])), direction)))
-
-
-def load_runs(folder: str | Path) -> tuple[list[Run], list[str]]:
-    """(finished runs, failed run dirs) below ``folder`` (itself included), sorted by path."""
-    folder = Path(folder)
-    runs, failed = [], []
-    candidates = sorted({p.parent.parent for p in folder.rglob(".hydra/config.yaml")}
-                        | {p.parent for p in folder.rglob("metrics.json")})
-    for path in candidates:
-        metrics_path = path / "metrics.json"
-        if not metrics_path.is_file():
-            failed.append(str(path.relative_to(folder)) or ".")
-            continue
-        overrides_path = path / ".hydra" / "overrides.yaml"
-        overrides = []
-        if overrides_path.is_file():
-            overrides = [line[2:].strip() for line in overrides_path.read_text().splitlines() if line.startswith("- ")]
-        name = " ".join(overrides) if overrides else (str(path.relative_to(folder)) or path.name)
-        runs.append(Run(path, name, json.loads(metrics_path.read_text()), overrides))
-    return runs, failed
+__all__ = ["Run", "Scan", "build_report", "load_runs", "scan_runs", "write_report"]
 
 
 def _model_identity(spec: dict) -> dict:
@@ -258,9 +215,10 @@ def _csv(rows: list[dict]) -> str:
 
 
 def build_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
-    runs, failed = load_runs(folder)
+    scan = scan_runs(folder)
+    runs, failed = scan.runs, list(scan.failed)
     ks = sorted({k for r in runs for k in r.metrics.get("eval", {}).get("ks", [1, 5, 10])}) or [1, 5, 10]
-    return {"runs": runs, "failed": failed, "ks": ks, "article": article_rows(runs, ks),
+    return {"runs": runs, "failed": failed, "reasons": scan.failed, "ks": ks, "article": article_rows(runs, ks),
             "gains": paired_gain_rows(runs, ks, draws=draws, seed=seed), "cost": cost_rows(runs)}
 
 
@@ -276,6 +234,7 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
     lines = [f"# Sweep summary: {folder}", "",
              f"{len(report['runs'])} finished runs" + (f", {len(report['failed'])} failed: {', '.join(report['failed'])}"
                                                       if report["failed"] else "") + ".", "",
+             *([f"- {name}: {why}" for name, why in report["reasons"].items()] + [""] if report["failed"] else []),
              "## Recall (percent)", "", _table(report["article"], ["retriever", *metric_cols]), "",
              f"## Paired gains at R@{ks[0]} (points; 95% bootstrap intervals over queries and over images; "
              "McNemar p, Holm-adjusted over the whole sweep)", "",

@@ -16,11 +16,14 @@ def format_table(metrics: dict) -> str:
     if dataset.get("simulated"):
         title += "  [SIMULATED DATA: synthetic embeddings, not real model results]"
     name_width = max(22, *(len(n) + 2 for n in metrics["retrievers"]))
-    header = f"{'retriever':<{name_width}}" + "".join(f"{d + ' R@' + str(k):>11}" for d in ("t2i", "i2t") for k in ks)
+    columns = [(d, k, f"{d} R@{k}") for d in ("t2i", "i2t") for k in ks]
+    width = {label: max(11, len(label) + 2) for _, _, label in columns}  # a space before every header, any k
+    header = f"{'retriever':<{name_width}}" + "".join(f"{label:>{width[label]}}" for _, _, label in columns)
     header += f"{'mean R@1':>10}" if 1 in ks else ""
     lines = [title, header, "-" * len(header)]
     for name, entry in metrics["retrievers"].items():
-        row = f"{name:<{name_width}}" + "".join(f"{_fmt(entry[d]['R@' + str(k)]):>11}" for d in ("t2i", "i2t") for k in ks)
+        row = f"{name:<{name_width}}" + "".join(f"{_fmt(entry[d]['R@' + str(k)]):>{width[label]}}"
+                                                for d, k, label in columns)
         row += f"{_fmt(entry['mean']['R@1']):>10}" if 1 in ks else ""
         lines.append(row)
     published = []

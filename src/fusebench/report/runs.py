@@ -1,0 +1,136 @@
+"""Run dirs on disk, as reports read them: every finished, intact run, and the others with the reason.
+
+A run dir is a folder with ``.hydra/config.yaml`` or ``metrics.json``. It is reported when its metrics.json
+is a readable object with the fields reports use and its rank files are readable, of one length per
+direction, and match the sha256 that metrics.json recorded for them (``files``); otherwise it is listed as
+failed (no metrics.json: the job failed or was stopped) or damaged (which file, and how).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fusebench.cache import file_sha256
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str
+    metrics: dict
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def dataset_key(self) -> tuple:
+        d = self.metrics["dataset"]
+        return d["name"], d["n_images"], d["n_captions"]
+
+    def ranks(self, retriever: str, direction: str) -> np.ndarray:
+        return np.load(self.path / "ranks" / f"{retriever}.{direction}.npy")
+
+    def clusters(self, direction: str) -> np.ndarray:
+        queries = self.path / "ranks" / "queries.npz"
+        if queries.is_file():
+            with np.load(queries) as data:
+                return data[f"{direction}_image"]
+        return np.arange(len(self.ranks(next(iter(self.metrics["retrievers"])), direction)))
+
+
+@dataclass
+class Scan:
+    runs: list[Run]
+    failed: dict[str, str]  # run dir (relative) -> why it is not reported: unfinished, or which file is damaged
+
+
+def _run_problem(path: Path, metrics) -> str | None:
+    """Why a finished run's files cannot be reported (metrics.json without the fields a report reads, rank
+    files missing, unreadable or of the wrong shape), or None."""
+    if not isinstance(metrics, dict):
+        return f"metrics.json holds a JSON {type(metrics).__name__}, not an object"
+    dataset, retrievers = metrics.get("dataset"), metrics.get("retrievers")
+    if not isinstance(dataset, dict) or not {"name", "n_images", "n_captions"} <= set(dataset):
+        return "metrics.json: 'dataset' lacks name, n_images or n_captions"
+    if not isinstance(retrievers, dict) or not retrievers:
+        return "metrics.json: 'retrievers' is missing or empty"
+    for name, entry in retrievers.items():
+        if not isinstance(entry, dict) or not all(isinstance(entry.get(d), dict) for d in ("t2i", "i2t", "mean")) \
+                or not isinstance(entry.get("spec"), dict):
+            return f"metrics.json: retriever {name!r} lacks its t2i/i2t/mean recalls or its spec"
+    recorded = metrics.get("files") or {}
+    if not isinstance(recorded, dict):
+        return "metrics.json: 'files' is not a mapping of file -> sha256"
+    for relative, digest in recorded.items():
+        file = path / relative
+        if not file.is_file():
+            return f"{relative} is missing"
+        if file_sha256(file) != digest:
+            return f"{relative} does not match the checksum metrics.json recorded (damaged or replaced after the run)"
+    counts = {}
+    for direction in ("t2i", "i2t"):
+        lengths = set()
+        for name in retrievers:
+            file = path / "ranks" / f"{name}.{direction}.npy"
+            try:
+                ranks = np.load(file, allow_pickle=False)
+            except Exception as err:  # noqa: BLE001 - any reader failure means a damaged file
+                return f"{file.relative_to(path)} is unreadable ({type(err).__name__}: {err})"
+            if ranks.ndim != 1 or ranks.dtype.kind not in "iu":
+                return f"{file.relative_to(path)} is not a 1-D integer array (shape {ranks.shape}, {ranks.dtype})"
+            lengths.add(len(ranks))
+        if len(lengths) > 1:
+            return f"ranks/*.{direction}.npy have different lengths {sorted(lengths)}"
+        counts[direction] = lengths.pop()
+    queries = path / "ranks" / "queries.npz"
+    if queries.exists():
+        try:
+            with np.load(queries, allow_pickle=False) as data:
+                sizes = {d: len(data[f"{d}_image"]) for d in ("t2i", "i2t")}
+        except Exception as err:  # noqa: BLE001
+            return f"ranks/queries.npz is unreadable ({type(err).__name__}: {err})"
+        for direction, size in sizes.items():
+            if size != counts[direction]:
+                return f"ranks/queries.npz has {size} {direction} queries, the rank files {counts[direction]}"
+    return None
+
+
+def scan_runs(folder: str | Path) -> Scan:
+    """Every run dir below ``folder`` (itself included), sorted by path: the finished, readable runs, and the
+    others with the reason (no metrics.json: failed or killed; or which file is damaged and how)."""
+    folder = Path(folder)
+    runs, failed = [], {}
+    candidates = sorted({p.parent.parent for p in folder.rglob(".hydra/config.yaml")}
+                        | {p.parent for p in folder.rglob("metrics.json")})
+    for path in candidates:
+        label = str(path.relative_to(folder)) or "."
+        metrics_path = path / "metrics.json"
+        if not metrics_path.is_file():
+            failed[label] = "no metrics.json (the job failed or was stopped" + (
+                "; see error.txt)" if (path / "error.txt").is_file() else ")")
+            continue
+        try:
+            metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            failed[label] = f"metrics.json is damaged ({type(err).__name__}: {err})"
+            continue
+        problem = _run_problem(path, metrics)
+        if problem:
+            failed[label] = problem
+            continue
+        overrides_path = path / ".hydra" / "overrides.yaml"
+        overrides = []
+        if overrides_path.is_file():
+            text = overrides_path.read_text(encoding="utf-8", errors="replace")
+            overrides = [line[2:].strip() for line in text.splitlines() if line.startswith("- ")]
+        name = " ".join(overrides) if overrides else (str(path.relative_to(folder)) or path.name)
+        runs.append(Run(path, name, metrics, overrides))
+    return Scan(runs, failed)
+
+
+def load_runs(folder: str | Path) -> tuple[list[Run], list[str]]:
+    """(finished runs, run dirs that are not: failed, stopped or damaged) below ``folder``, sorted by path."""
+    scan = scan_runs(folder)
+    return scan.runs, list(scan.failed)
