@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: run test bench venv clean
+.PHONY: run test test-fast lint bench venv clean
 
 venv: $(VENV)/.installed
 
@@ -21,6 +21,12 @@ run: venv
 
 test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: venv  # the unit tier: no whole jobs, sweeps, subprocesses or notebook
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check src tests scripts
 
 bench: venv
 	$(BIN)/python scripts/bench_eval.py --cli --distractors

@@ -32,8 +32,9 @@ import torch
 from bench_common import cpu_model, run_fusebench
 from omegaconf import OmegaConf
 
+from fusebench import FUSED
 from fusebench.cli import CONFIG_DIR
-from fusebench.comparisons import paired_comparisons, retriever_metrics
+from fusebench.comparisons import paired_comparisons, retriever_result
 from fusebench.data.sim import make_sim_corpus
 from fusebench.encoders import embed
 from fusebench.fusion import EVIDENCE, FusionConfig, fuse_in_blocks
@@ -88,9 +89,9 @@ def evaluate(models, corpus, fusion, settings: SearchSettings, device) -> tuple[
     lists = retrieve(models, corpus.caption_image, fusion, keep_k=25, settings=settings)
     ranks = {name: {d: lists[name][d].ranks for d in ("t2i", "i2t")} for name in lists}
     for name in lists:
-        retriever_metrics(ranks[name], [1, 5, 10])
+        retriever_result(name, ranks[name], [1, 5, 10], {})
     clusters = {"t2i": corpus.caption_image, "i2t": corpus.i2t_query_images}
-    comparisons = paired_comparisons(ranks, ["fused"], [m.name for m in models], clusters, [1, 5, 10], 2000, 0.95, 0)
+    comparisons = paired_comparisons(ranks, [FUSED], [m.name for m in models], clusters, [1, 5, 10], 2000, 0.95, 0)
     sync(device)
     return time.perf_counter() - start, ranks, comparisons
 
@@ -152,14 +153,14 @@ def main() -> None:
     for direction in ("t2i", "i2t"):
         single = [(full[m.name][direction].ids, full[m.name][direction].scores) for m in models]
         start = time.perf_counter()
-        fuse_in_blocks([l[0] for l in single], [l[1] for l in single], fusion, 100)
+        fuse_in_blocks([ids for ids, _ in single], [scores for _, scores in single], fusion, 100)
         t_fuse_vec += time.perf_counter() - start
         queries = single[0][0].shape[0]
         sample = rng.choice(queries, size=min(args.python_sample, queries), replace=False)
         t_sample = python_fusion([(i.numpy(), s.numpy()) for i, s in single], args.method, sample, 100)
         t_fuse_py_all += t_sample * queries / len(sample)
 
-    cand = hits_at_k(ranks["fused"]["t2i"], 1)
+    cand = hits_at_k(ranks[FUSED]["t2i"], 1)
     base = hits_at_k(ranks[models[0].name]["t2i"], 1)
     start = time.perf_counter()
     repeats = 50

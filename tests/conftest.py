@@ -1,10 +1,8 @@
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from helpers.corpora import write_manifest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -29,11 +27,6 @@ def compose_cfg():
 
     yield _compose
     GlobalHydra.instance().clear()
-
-
-def write_manifest(path: Path, records: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records), encoding="utf-8")
-    return path
 
 
 @pytest.fixture

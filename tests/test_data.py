@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from conftest import write_manifest
+from helpers.corpora import write_manifest
 
 from fusebench import FusebenchError
 from fusebench.data import load_corpus
@@ -28,7 +28,8 @@ def test_manifest_loads_in_order_with_distractors(tmp_path):
     (['{"image_id": "a", "captions": ["x"]}', '{"image_id": "b", "captions": ["y"'], r"m\.jsonl:2: not valid JSON"),
     (['{"image_id": "a", "captions": "a dog"}'], r"m\.jsonl:1: 'captions' must be a list of strings"),
     (['{"image_id": "a", "captions": ["ok", 3]}'], r"m\.jsonl:1: 'captions' must be a list of strings"),
-    (['{"image_id": "a", "captions": []}', '{"image_id": "a", "captions": []}'], r"m\.jsonl:2: duplicate image_id 'a' \(first seen on line 1\)"),
+    (['{"image_id": "a", "captions": []}', '{"image_id": "a", "captions": []}'],
+     r"m\.jsonl:2: duplicate image_id 'a' \(first seen on line 1\)"),
     (['{"captions": ["x"]}'], r"m\.jsonl:1: missing key 'image_id'"),
     (['["a", "b"]'], r"m\.jsonl:1: expected a JSON object"),
     (['{"image_id": "a", "path": 3}'], r"m\.jsonl:1: 'path' must be a string"),

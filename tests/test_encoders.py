@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from conftest import write_manifest
+from helpers.corpora import write_manifest
 
 from fusebench import FusebenchError
 from fusebench.data.manifest import load_manifest

@@ -29,6 +29,7 @@ from fusebench.cli import unknown_models
 from fusebench.data.karpathy import read_annotations
 from fusebench.data.manifest import load_manifest
 from fusebench.pipeline import run
+from fusebench.record import RunRecord
 from fusebench.report.cli import main as report_main
 from fusebench.report.sweep import scan_runs
 from fusebench.report.table import format_table
@@ -126,6 +127,7 @@ def _vectors_args(vectors_case, image: Path) -> list[str]:
             "eval.bootstrap.draws=50", "logger=none", "plots=false"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage,fragment", [
     (lambda p: p.write_bytes(b""), "is empty (0 bytes)"),
     (lambda p: p.write_text("0.1 0.2 0.3\n0.4 0.5 0.6\n"), "is not a .npy file"),
@@ -184,6 +186,7 @@ def test_every_config_value_is_checked_before_any_work(compose_cfg, tmp_path, ov
     assert [p.name for p in (tmp_path / "run").iterdir()] == []  # nothing written, not even a half
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override,fragment", [
     ("eval.bootstrap.draws=abc", "eval.bootstrap.draws='abc' is not valid; valid: an integer >= 1"),
     ("eval.ks=5", "eval.ks=5 is not valid; valid: a non-empty list of integers >= 1"),
@@ -212,6 +215,7 @@ def test_hydra_sweep_syntax_for_models_is_accepted():
     assert unknown_models(["models=[]", "+models.a.kind=sim", "models=glob(*"]) == []  # Hydra reports bad syntax
 
 
+@pytest.mark.slow
 def test_models_glob_sweep_runs_and_unknown_choice_is_named(tmp_path):
     result = fusebench("-m", *SMALL, "models=glob(sim_*,exclude=sim_third)", "hydra.sweep.dir=sweep", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -224,6 +228,7 @@ def test_models_glob_sweep_runs_and_unknown_choice_is_named(tmp_path):
 
 # ---------------------------------------------------------------- sweeps, reruns, interrupts, unwritable dirs
 
+@pytest.mark.slow
 def test_sweep_exit_code_names_failed_jobs(tmp_path):
     result = fusebench("-m", *SMALL, "fusion.top_k=5,3", "hydra.sweep.dir=all_fail", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -234,6 +239,7 @@ def test_sweep_exit_code_names_failed_jobs(tmp_path):
     assert (tmp_path / "some_fail" / "0" / "metrics.json").is_file()  # finished work is kept
 
 
+@pytest.mark.slow
 def test_rerun_into_a_run_dir_clears_the_old_results_first(tmp_path):
     assert fusebench(*SMALL, "plots=true", "hydra.run.dir=run", cwd=tmp_path).returncode == 0
     assert (tmp_path / "run" / "metrics.json").is_file() and (tmp_path / "run" / "plots").is_dir()
@@ -244,6 +250,7 @@ def test_rerun_into_a_run_dir_clears_the_old_results_first(tmp_path):
     assert "eval.ks=[0]" in (tmp_path / "run" / ".hydra" / "overrides.yaml").read_text()  # the dir's config
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_without_traceback_or_outputs(tmp_path):
     env = {**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
     proc = subprocess.Popen([FUSEBENCH, "dataset.n_images=20000", "dataset.n_captions=100000", "logger=none",
@@ -261,6 +268,7 @@ def test_ctrl_c_exits_130_without_traceback_or_outputs(tmp_path):
     assert not list((tmp_path / "run").glob(".staging-*"))
 
 
+@pytest.mark.slow
 def test_unwritable_run_dir_fails_before_the_work(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
@@ -268,6 +276,7 @@ def test_unwritable_run_dir_fails_before_the_work(tmp_path):
     user_error(result, str(blocker))
 
 
+@pytest.mark.slow
 def test_write_probe_and_disk_full_are_one_message(compose_cfg, tmp_path, monkeypatch):
     cfg = compose_cfg(["dataset.n_images=50", "dataset.n_captions=100", "logger=none", "plots=false",
                        "eval.lists.store=false"])
@@ -385,6 +394,7 @@ RUN_FILE_DAMAGE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relative,damage,reason", RUN_FILE_DAMAGE,
                          ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(RUN_FILE_DAMAGE)])
 def test_report_lists_a_damaged_run_and_reports_the_others(two_runs, tmp_path, capsys, relative, damage, reason):
@@ -410,17 +420,19 @@ def test_report_on_a_folder_of_garbage(tmp_path, capsys):
 
 
 def test_table_headers_stay_apart_for_large_k():
-    metrics = {"eval": {"ks": [1, 5, 10000]}, "dataset": {"name": "d", "n_images": 1, "n_captions": 1},
-               "retrievers": {"m": {d: {"R@1": 50.0, "R@5": 60.0, "R@10000": 100.0} for d in ("t2i", "i2t", "mean")}},
-               "comparisons": []}
-    header = format_table(metrics).splitlines()[1]
+    record = RunRecord.from_json({
+        "eval": {"ks": [1, 5, 10000]}, "dataset": {"name": "d", "n_images": 1, "n_captions": 1}, "comparisons": [],
+        "retrievers": {"m": {**{d: {"R@1": 50.0, "R@5": 60.0, "R@10000": 100.0} for d in ("t2i", "i2t", "mean")},
+                             "spec": {"kind": "sim"}}}})
+    header = format_table(record).splitlines()[1]
     assert "R@5 " in header and " t2i R@10000" in header and " i2t R@10000" in header
-    row = format_table(metrics).splitlines()[3]
+    row = format_table(record).splitlines()[3]
     assert len(row) == len(header)
 
 
 # ---------------------------------------------------------------- W&B online without a network
 
+@pytest.mark.slow
 def test_wandb_online_without_network_fails_fast_and_logs_offline(tmp_path):
     env = {"WANDB_MODE": "", "WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9",
            "WANDB_DIR": str(tmp_path)}

@@ -1,44 +1,11 @@
 import json
 
 import pytest
-from PIL import Image
+from helpers.corpora import jpeg, mini_coco, mini_flickr
 
 from fusebench import FusebenchError
 from fusebench.data import load_corpus
 from fusebench.data.karpathy import load_karpathy, read_annotations
-
-
-def _jpeg(path, colour=(200, 30, 30)):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.new("RGB", (12, 8), colour).save(path, "JPEG")
-
-
-def mini_coco(root, n_test=3, extra_caption=True):
-    """A miniature dataset_coco.json with test/val/restval/train images under root/val2014 and root/train2014."""
-    images = []
-    for i in range(n_test + 4):
-        split = "test" if i < n_test else ["val", "restval", "train", "val"][i - n_test]
-        folder = "train2014" if split == "train" else "val2014"
-        name = f"COCO_{folder}_{i:012d}.jpg"
-        _jpeg(root / folder / name)
-        captions = [f"  A raw caption {j} of image {i}, As Typed.  " for j in range(5 + (i == 0 and extra_caption))]
-        images.append({"filepath": folder, "filename": name, "split": split, "cocoid": 1000 + i, "imgid": i,
-                       "sentences": [{"raw": c, "tokens": c.lower().split(), "imgid": i} for c in captions]})
-    path = root / "dataset_coco.json"
-    path.write_text(json.dumps({"images": images, "dataset": "coco"}))
-    return path
-
-
-def mini_flickr(root, n_test=2):
-    images = []
-    for i in range(n_test + 1):
-        name = f"{1000 + i}.jpg"
-        _jpeg(root / "flickr30k-images" / name)
-        images.append({"filename": name, "split": "test" if i < n_test else "train", "imgid": i,
-                       "sentences": [{"raw": f"Person {j} in picture {i}."} for j in range(5)]})
-    path = root / "dataset_flickr30k.json"
-    path.write_text(json.dumps({"images": images, "dataset": "flickr30k"}))
-    return path
 
 
 def test_coco_test_split_exact_raw_captions_and_paths(tmp_path):
@@ -65,7 +32,7 @@ def test_flickr_karpathy_json(tmp_path):
 
 def test_clip_benchmark_formats(tmp_path):
     for i in range(2):
-        _jpeg(tmp_path / "val2014" / f"COCO_val2014_{i}.jpg")
+        jpeg(tmp_path / "val2014" / f"COCO_val2014_{i}.jpg")
     coco = {"images": [{"id": 7, "file_name": "COCO_val2014_0.jpg"}, {"id": 9, "file_name": "COCO_val2014_1.jpg"}],
             "annotations": [{"id": 1, "image_id": 9, "caption": "b one"}, {"id": 2, "image_id": 7, "caption": "a one"},
                             {"id": 3, "image_id": 7, "caption": "a two"}]}
@@ -73,7 +40,7 @@ def test_clip_benchmark_formats(tmp_path):
     corpus = load_karpathy(tmp_path / "coco_test_karpathy.json", tmp_path / "val2014")
     assert corpus.image_ids == ["7", "9"] and corpus.captions == ["a one", "a two", "b one"]
     for name in ("1.jpg", "2.jpg"):
-        _jpeg(tmp_path / "flickr" / name)
+        jpeg(tmp_path / "flickr" / name)
     (tmp_path / "flickr30k_test_karpathy.txt").write_text(
         "image,caption\n1.jpg,A dog, running.\n1.jpg,Another, with commas, here.\n2.jpg,Two.\n\n")
     flickr = load_karpathy(tmp_path / "flickr30k_test_karpathy.txt", tmp_path / "flickr")

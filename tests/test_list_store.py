@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from reference import integer_embeddings
+from helpers.reference import integer_embeddings
 
+from fusebench import score_store
 from fusebench.cache_cli import main as cache_main
 from fusebench.fusion import FUSE_ON, FusionConfig
-from fusebench import score_store
 from fusebench.list_store import FORMAT, ListStore
-from fusebench.score_store import ScoreStore
 from fusebench.retrieval import ListSource, ModelInput, SearchSettings, retrieve
+from fusebench.score_store import ScoreStore
 from fusebench.search import MATMULS
 
 METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore"]
@@ -151,6 +151,7 @@ def test_damaged_entry_is_reported_and_recomputed(case, tmp_path, caplog, damage
     assert records["a"]["hit"] and blocks == 0  # rebuilt entry is whole again
 
 
+@pytest.mark.slow
 def test_two_processes_compute_one_entry_once(case, tmp_path):
     models, caption_image = case
     np.save(tmp_path / "image.npy", np.asarray(models[0].image))
@@ -193,6 +194,7 @@ def _dense(models, caption_image, store, method="zscore", fuse_on="source_object
     return out, source.records, MATMULS["blocks"] - before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["rrf", "dbsf"])
 @pytest.mark.parametrize("fuse_on", FUSE_ON)
 def test_whole_ranking_jobs_read_stored_score_matrices(case, tmp_path, method, fuse_on):

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from fusebench.metrics import hits_at_k, i2t_list_ranks, mean_of_directions, median_rank, recall_at_k, summarize_ranks, t2i_list_ranks
+from fusebench.comparisons import retriever_result
+from fusebench.metrics import hits_at_k, i2t_list_ranks, median_rank, recall_at_k, t2i_list_ranks
 
 
 def test_recall_and_median_exact_numbers():
@@ -30,10 +31,10 @@ def test_list_ranks_both_directions():
     assert i2t_list_ranks(ids, torch.tensor([4, 1, 3]), caption_image).tolist() == [3, 2, 1]
 
 
-def test_summaries_and_mean_of_directions():
-    t2i = summarize_ranks(np.array([1, 2, 3, 4]), [1, 5])
-    i2t = summarize_ranks(np.array([1, 1, 9, 0]), [1, 5])
-    assert t2i == {"R@1": 25.0, "R@5": 100.0, "median_rank": 2.5, "n_queries": 4}
-    assert mean_of_directions(t2i, i2t, [1, 5]) == {"R@1": 37.5, "R@5": 75.0}
-    # the published DFN5B COCO "63.1" is this mean: (53.96 + 72.26) / 2
-    assert mean_of_directions({"R@1": 53.96}, {"R@1": 72.26}, [1])["R@1"] == pytest.approx(63.11)
+def test_retriever_result_and_mean_of_directions():
+    result = retriever_result("m", {"t2i": np.array([1, 2, 3, 4]), "i2t": np.array([1, 1, 9, 0])}, [1, 5], {"kind": "sim"})
+    assert result.to_json()["t2i"] == {"R@1": 25.0, "R@5": 100.0, "median_rank": 2.5, "n_queries": 4}
+    assert result.to_json()["mean"] == {"R@1": 37.5, "R@5": 75.0} and not result.is_fusion
+    # the published DFN5B COCO "63.1" is this mean: (53.96 + 72.26) / 2 (5000 and 25000 queries here)
+    t2i, i2t = np.r_[np.ones(2698), np.zeros(2302)], np.r_[np.ones(18065), np.zeros(6935)]
+    assert retriever_result("d", {"t2i": t2i, "i2t": i2t}, [1], {}).recall("mean", 1) == pytest.approx(63.11)

@@ -6,10 +6,13 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from fusebench.report.explore import won_and_lost
 from fusebench.report.sweep import load_runs
+
+pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore_results.ipynb"
 
@@ -22,12 +25,14 @@ def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
                             text=True, timeout=600, env={**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out")})
     assert result.returncode == 0, result.stderr
     monkeypatch.setenv("FUSEBENCH_SWEEP", str(sweep))
+    reports = {name: (sweep / name).read_bytes() for name in ("summary.md", "summary.csv", "gains.csv", "cost.csv")}
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "2 runs, 2 with fusion" in outputs and "best single model:" in outputs
     errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    assert {name: (sweep / name).read_bytes() for name in reports} == reports  # the sweep's report is only read
 
 
 def test_won_and_lost_agree_with_the_ranks(tmp_path):
@@ -37,9 +42,8 @@ def test_won_and_lost_agree_with_the_ranks(tmp_path):
                    env={**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out")})
     run = load_runs(tmp_path)[0][0]
     examples = won_and_lost(run, k=1)
-    comparison = next(c for c in run.metrics["comparisons"] if c["baseline"] == examples["best_single"]
-                      and c["direction"] == "t2i" and c["k"] == 1)
-    assert len(examples["won"]) == comparison["wins"] and len(examples["lost"]) == comparison["losses"]
+    comparison = run.record.comparison("fused", examples["best_single"], "t2i", 1)
+    assert len(examples["won"]) == comparison.wins and len(examples["lost"]) == comparison.losses
     row = examples["won"][0]
     assert row["rank fused"] == 1 and row[f"rank {examples['best_single']}"] > 1
     assert row["text"].startswith("simulated caption")

@@ -6,13 +6,16 @@ import pytest
 from fusebench import FusebenchError
 from fusebench.metrics import recall_at_k
 from fusebench.pipeline import run
+from fusebench.record import RunRecord
+
+pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
 
 SMALL_SIM = ["dataset.n_images=300", "dataset.n_captions=1510", "eval.bootstrap.draws=300"]
 
 
 def test_run_writes_consistent_outputs(compose_cfg, tmp_path, capsys):
     cfg = compose_cfg(SMALL_SIM + ["eval.save_topk=20"])
-    metrics = run(cfg, str(tmp_path))
+    metrics = run(cfg, str(tmp_path)).to_json()
     on_disk = json.loads((tmp_path / "metrics.json").read_text())
     assert on_disk["dataset"]["simulated"] is True and on_disk["dataset"]["n_captions"] == 1510
     assert set(on_disk["retrievers"]) == {"sim_siglip2_like", "sim_dfn5b_like", "fused"}
@@ -36,14 +39,15 @@ def test_run_writes_consistent_outputs(compose_cfg, tmp_path, capsys):
         assert c["gain"] == pytest.approx(100 * (c["wins"] - c["losses"]) / c["n_queries"])
     oracle = on_disk["oracle"]["t2i"]["R@1"]
     assert oracle >= max(on_disk["retrievers"][n]["t2i"]["R@1"] for n in ("sim_siglip2_like", "sim_dfn5b_like"))
-    assert metrics["retrievers"].keys() == on_disk["retrievers"].keys()
+    assert metrics == on_disk  # metrics.json is the run record, serialised
+    assert RunRecord.from_json(on_disk).to_json() == on_disk
     assert "SIMULATED" in capsys.readouterr().out
     assert not list(tmp_path.glob(".staging-*"))
 
 
 def test_sim_defaults_land_near_article_and_fusion_helps(compose_cfg, tmp_path):
     """The default job (COCO-sized sim): singles near the article's ~54-56 t2i R@1, fusion gains a few points."""
-    metrics = run(compose_cfg(["eval.bootstrap.draws=200"]), str(tmp_path))
+    metrics = run(compose_cfg(["eval.bootstrap.draws=200"]), str(tmp_path)).to_json()
     singles = [metrics["retrievers"][n]["t2i"]["R@1"] for n in ("sim_siglip2_like", "sim_dfn5b_like")]
     assert all(48 < s < 62 for s in singles)
     gain = metrics["retrievers"]["fused"]["t2i"]["R@1"] - max(singles)
@@ -90,7 +94,7 @@ def test_bad_embeddings_leave_no_outputs_and_keep_earlier_results(compose_cfg, t
 def test_table_prints_published_numbers_beside_the_run(compose_cfg, tmp_path, capsys):
     cfg = compose_cfg(SMALL_SIM + ["+models.sim_siglip2_like.published.sim.t2i_r1=55.81",
                                    "+models.sim_siglip2_like.published.source=the article"])
-    metrics = run(cfg, str(tmp_path))
+    metrics = run(cfg, str(tmp_path)).to_json()
     out = capsys.readouterr().out
     ours = metrics["retrievers"]["sim_siglip2_like"]["t2i"]["R@1"]
     assert f"sim_siglip2_like t2i R@1: {ours:.2f} here, 55.81 published (the article)" in out

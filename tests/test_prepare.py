@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_karpathy import mini_coco, mini_flickr
+from helpers.corpora import mini_coco, mini_flickr
 
 from fusebench import FusebenchError
 from fusebench.data.prepare import download, prepare

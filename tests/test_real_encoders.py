@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import write_manifest
+from helpers.corpora import write_manifest
+from helpers.tiny_models import build_hf, build_open_clip
 from PIL import Image
-from tiny_models import build_hf, build_open_clip
 
 from fusebench import FusebenchError
 from fusebench.data.tiny import load_tiny
@@ -18,6 +18,8 @@ from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.real import Runtime
 from fusebench.encoders.text import preprocess_text, text_settings
 from fusebench.pipeline import run
+
+pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +133,7 @@ def test_bad_image_fails_naming_the_file_or_is_skipped_and_counted(checkpoints, 
     with pytest.raises(FusebenchError, match=r"broken\.jpg\) cannot be read.*embed\.on_bad_image=skip"):
         run(compose_cfg(base), str(tmp_path / "fail"))
     assert not (tmp_path / "fail" / "metrics.json").exists()
-    metrics = run(compose_cfg(base + ["embed.on_bad_image=skip"]), str(tmp_path / "skip"))
+    metrics = run(compose_cfg(base + ["embed.on_bad_image=skip"]), str(tmp_path / "skip")).to_json()
     assert metrics["dataset"]["n_images"] == 5 and metrics["dataset"]["dropped_images"] == 1
     assert metrics["dataset"]["n_captions"] == 21
     kept = [c for r in map(json.loads, manifest.read_text().splitlines()) if r["image_id"] != "broken"
@@ -190,8 +192,8 @@ def test_tiny_end_to_end_with_workers_and_warm_rerun(checkpoints, compose_cfg, t
                  f"+models.oc.model=local-dir:{checkpoints['open_clip']}", "+models.siglip.kind=hf",
                  f"+models.siglip.checkpoint={checkpoints['siglip']}", f"embed.cache.dir={tmp_path / 'cache'}",
                  "embed.num_workers=2", "eval.bootstrap.draws=100", "fusion.top_k=20"]
-    cold = run(compose_cfg(overrides), str(tmp_path / "cold"))
-    warm = run(compose_cfg(overrides), str(tmp_path / "warm"))
+    cold = run(compose_cfg(overrides), str(tmp_path / "cold")).to_json()
+    warm = run(compose_cfg(overrides), str(tmp_path / "warm")).to_json()
     for name in ("oc", "siglip"):
         assert cold["retrievers"][name]["embedding"]["model_loaded"]
         assert not warm["retrievers"][name]["embedding"]["model_loaded"]
@@ -210,7 +212,7 @@ def test_nonstandard_coco_run_is_marked_everywhere(checkpoints, compose_cfg, tmp
             f"embed.cache.dir={tmp_path / 'cache'}", "embed.num_workers=0", "eval.bootstrap.draws=50"]
     with pytest.raises(FusebenchError, match="not comparable"):
         run(compose_cfg(base), str(tmp_path / "refused"))
-    metrics = run(compose_cfg(base + ["dataset.allow_nonstandard=true"]), str(tmp_path / "run"))
+    metrics = run(compose_cfg(base + ["dataset.allow_nonstandard=true"]), str(tmp_path / "run")).to_json()
     assert metrics["dataset"]["nonstandard"] is True and metrics["dataset"]["n_images"] == 3
     assert "NON-STANDARD" in capsys.readouterr().out
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["dataset"]["nonstandard"] is True

@@ -10,6 +10,8 @@ from fusebench.report.cli import main as report_main
 from fusebench.report.sweep import build_report, load_runs
 from fusebench.stats import holm_adjust, paired_bootstrap
 
+pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
+
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 SMALL = ["dataset.n_images=300", "dataset.n_captions=1500", "eval.bootstrap.draws=200"]
 
@@ -50,7 +52,7 @@ def test_pairs_differ_in_one_factor_and_stats_come_from_saved_ranks(method_sweep
     rrf_doc = [g for g in gains if g["factor"] == "fused vs best single" and "rrf by document" in g["candidate"]
                and g["k"] == 1 and g["baseline"] == "sim_siglip2_like"]
     assert rrf_doc and all(g["wins"] == g["losses"] == 0 for g in rrf_doc if g["direction"] == "t2i")
-    runs = {r.metrics["fusion"]["method"] + "/" + r.metrics["fusion"]["fuse_on"]: r for r in report["runs"]}
+    runs = {r.record.fusion["method"] + "/" + r.record.fusion["fuse_on"]: r for r in report["runs"]}
     row = next(g for g in gains if g["factor"] == "method" and "by document" in g["candidate"] and g["k"] == 5
                and g["direction"] == "t2i")
     cand = hits_at_k(runs["dbsf/document"].ranks("fused", "t2i"), 5)
@@ -99,7 +101,7 @@ def test_launchers(tmp_path, launcher):
     folder, _ = sweep(tmp_path, "fusion=rrf,dbsf", f"hydra/launcher={launcher}", name=launcher)
     runs, failed = load_runs(folder)
     assert len(runs) == 2 and not failed
-    assert {r.metrics["fusion"]["method"] for r in runs} == {"rrf", "dbsf"}
+    assert {r.record.fusion["method"] for r in runs} == {"rrf", "dbsf"}
     assert json.loads((folder / "0" / "metrics.json").read_text())["retrievers"]
 
 
@@ -115,10 +117,11 @@ def test_article_experiment_runs_on_sim_stand_ins(tmp_path):
     assert studies == {f"study={s}" for s in ("siglip2_as_typed", "siglip2_lowercase", "dfn5b", "pair_dbsf_source",
                                               "pair_rrf_document", "pair_rrf_source", "four_dbsf_source")}
     for run in runs:
-        assert run.metrics["dataset"]["simulated"] is True
-        for name, entry in run.metrics["retrievers"].items():
-            if name != "fused":
-                assert entry["embedding"]["stand_in"]["kind"] == "sim"
+        assert run.record.simulated is True
+        for entry in run.record.retrievers.values():
+            if not entry.is_fusion:  # the record says what ran, and what it stood in for
+                assert entry.embedding["stand_in"]["kind"] == "sim" and entry.spec["kind"] == "sim"
+                assert entry.spec["stands_in_for"]["kind"] in ("hf", "open_clip")
     gains = build_report(tmp_path / "article", draws=100)["gains"]
     text = [g for g in gains if g["factor"] == "text" and g["direction"] == "t2i" and g["k"] == 1]
     assert text and text[0]["candidate"].endswith("(lowercase)") and text[0]["gain"] > 0

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from reference import fuse_one_query, i2t_rank, integer_embeddings, stable_order, t2i_rank
+from helpers.reference import fuse_one_query, i2t_rank, integer_embeddings, stable_order, t2i_rank
 
 import fusebench.lists
 from fusebench.fusion import FUSE_ON, FusionConfig
@@ -99,11 +99,11 @@ def _check_fused_against_reference(models, caption_image, method, fuse_on, top_k
 
     for q in range(len(caption_image)):
         expected = fuse_one_query(per_model_lists([s[q].tolist() for s in all_scores]), method, fuse_on, final_k, weights)
-        check(out["fused"]["t2i"], q, expected, lambda item: item == caption_image[q])
+        check(out["fused"]["t2i"], q, expected, lambda item, q=q: item == caption_image[q])
     for row, image in enumerate(query_images):
         expected = fuse_one_query(per_model_lists([s[:, image].tolist() for s in all_scores]), method, fuse_on,
                                   final_k, weights)
-        check(out["fused"]["i2t"], row, expected, lambda item: caption_image[item] == image)
+        check(out["fused"]["i2t"], row, expected, lambda item, image=image: caption_image[item] == image)
 
 
 @pytest.mark.parametrize("method", METHODS)

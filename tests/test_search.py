@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from reference import i2t_rank, integer_embeddings, stable_order, t2i_rank
+from helpers.reference import i2t_rank, integer_embeddings, stable_order, t2i_rank
 
 from fusebench.search import column_target_ranks, merge_topk, resolve_device, target_ranks, topk_stable
 

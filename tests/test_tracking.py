@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from fusebench.pipeline import run
+from fusebench.record import RunRecord
 from fusebench.tracking import read_wandb_file, summary_metrics
+
+pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
 
 SMALL = ["dataset.n_images=300", "dataset.n_captions=1500", "eval.bootstrap.draws=200"]
 
@@ -37,7 +40,7 @@ def records(folder: Path) -> dict:
 
 def test_offline_run_logs_config_summary_tables_plots_and_artifact(compose_cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    metrics = run(compose_cfg(SMALL), str(tmp_path))
+    metrics = run(compose_cfg(SMALL), str(tmp_path)).to_json()
     got = records(tmp_path)
     assert got["config"]["fusion"]["method"] == "dbsf"
     assert set(got["config"]["models"]) == {"sim_siglip2_like", "sim_dfn5b_like"}
@@ -62,9 +65,10 @@ def test_offline_run_logs_config_summary_tables_plots_and_artifact(compose_cfg, 
 
 
 def test_summary_metric_names_for_a_single_model():
-    metrics = {"eval": {"ks": [1]}, "dataset": {}, "comparisons": [],
-               "retrievers": {"a": {"t2i": {"R@1": 50.0}, "i2t": {"R@1": 70.0}, "mean": {"R@1": 60.0}}}}
-    out = summary_metrics(metrics)
+    record = RunRecord.from_json({
+        "eval": {"ks": [1]}, "dataset": {"name": "d", "n_images": 1, "n_captions": 1}, "comparisons": [],
+        "retrievers": {"a": {"t2i": {"R@1": 50.0}, "i2t": {"R@1": 70.0}, "mean": {"R@1": 60.0}, "spec": {"kind": "sim"}}}})
+    out = summary_metrics(record)
     assert out["headline"] == "a" and out["t2i/R@1"] == 50.0 and out["mean/R@1"] == 60.0 and "gain/t2i/R@1" not in out
 
 
@@ -74,7 +78,7 @@ def test_wandb_failing_or_absent_never_fails_a_run(compose_cfg, tmp_path, monkey
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setattr(wandb, "init", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no W&B today")))
     with caplog.at_level("WARNING"):
-        metrics = run(compose_cfg(SMALL), str(tmp_path / "a"))
+        metrics = run(compose_cfg(SMALL), str(tmp_path / "a")).to_json()
     assert (tmp_path / "a" / "metrics.json").is_file() and metrics["retrievers"]
     assert "W&B logging failed (no W&B today)" in caplog.text
     monkeypatch.setitem(sys.modules, "wandb", None)  # not installed

@@ -1,4 +1,5 @@
-"""The ``fusebench`` command: a Hydra app over ``conf/`` (run ``fusebench --help`` for the config groups).
+"""The ``fusebench`` command: a Hydra app over the package's ``conf/`` (``fusebench --help`` lists the groups,
+``fusebench-models`` the model registry; ``--config-dir DIR`` adds a folder of your own configs).
 
 How it ends: 0 when every job finished; 2 with one ``fusebench: error: ...`` line for a user's mistake
 (bad input, bad config, an output folder that cannot be written); 1 when a sweep finished but some of its
@@ -22,16 +23,42 @@ from omegaconf import DictConfig
 
 from fusebench import FusebenchError
 
-# conf/ lives at the repository root (install with `pip install -e .`, as the Makefile does).
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+# the configs ship inside the package, so `pip install .` (a wheel) works from any folder
+CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
 # an OSError with one of these is the machine's state (permissions, a full disk), not a bug
 ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.ENOTDIR,
                       errno.EISDIR}
 
 
-def registry() -> list[str]:
-    """The model configs in conf/models/, by name."""
-    return sorted(p.stem for p in (Path(CONFIG_DIR) / "models").glob("*.yaml"))
+def user_config_dirs(argv: list[str]) -> list[Path]:
+    """Folders given with Hydra's ``--config-dir DIR`` / ``-cd DIR`` (their models/ extend the registry)."""
+    dirs = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            dirs.append(Path(argv[i + 1]).expanduser())
+        elif arg.startswith("--config-dir="):
+            dirs.append(Path(arg.split("=", 1)[1]).expanduser())
+    return dirs
+
+
+def registry(extra_dirs: list[Path] | None = None) -> list[str]:
+    """The model configs by name: the package's conf/models/, plus models/ of any --config-dir."""
+    folders = [Path(CONFIG_DIR), *(extra_dirs or [])]
+    return sorted({p.stem for folder in folders for p in (folder / "models").glob("*.yaml")})
+
+
+def list_models(argv: list[str] | None = None) -> int:
+    """``fusebench-models``: the model registry, one line per model: name, kind and what it loads."""
+    import yaml
+
+    argv = sys.argv[1:] if argv is None else argv
+    folders = [Path(CONFIG_DIR), *user_config_dirs(argv)]
+    for name in registry(folders[1:]):
+        path = next(f / "models" / f"{name}.yaml" for f in reversed(folders) if (f / "models" / f"{name}.yaml").is_file())
+        spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        what = spec.get("checkpoint") or " ".join(str(spec[k]) for k in ("model", "pretrained") if spec.get(k)) or "-"
+        print(f"{name:<28} {spec.get('kind', '?'):<10} {what}")
+    return 0
 
 
 def _names(value) -> list[str]:
@@ -40,7 +67,7 @@ def _names(value) -> list[str]:
     return [str(value)] if value is not None and str(value).strip() else []
 
 
-def unknown_models(argv: list[str]) -> list[str]:
+def unknown_models(argv: list[str], extra_dirs: list[Path] | None = None) -> list[str]:
     """Names in ``models=...`` overrides (lists, ``a,b`` and ``choice(...)`` sweeps too) that have no
     conf/models/NAME.yaml. Parsed with Hydra's own override grammar; ``glob(...)`` only matches configs that
     exist, and an override Hydra cannot parse is left for Hydra to report."""
@@ -58,20 +85,21 @@ def unknown_models(argv: list[str]) -> list[str]:
             names += _names(list(override.sweep_iterator()) if override.is_sweep_override() else override.value())
         except Exception:  # noqa: BLE001 - Hydra reports its own syntax errors
             continue
-    known = set(registry())
+    known = set(registry(extra_dirs))
     return list(dict.fromkeys(n for n in names if n not in known))
 
 
-def unknown_models_message(missing: list[str]) -> str:
-    return (f"unknown model(s) {', '.join(missing)}. The registry (conf/models/) has: {', '.join(registry())}. "
-            "Add a YAML file there, or describe a model inline with +models.NAME.kind=... overrides.")
+def unknown_models_message(missing: list[str], extra_dirs: list[Path] | None = None) -> str:
+    return (f"unknown model(s) {', '.join(missing)}. The registry (fusebench-models) has: "
+            f"{', '.join(registry(extra_dirs))}. Add a YAML file to models/ of a folder you pass with --config-dir, "
+            "or describe a model inline with +models.NAME.kind=... overrides.")
 
 
 def hydra_error_message(err: CompactHydraException) -> str:
     """Hydra's own message for a config mistake, without the search-path dump; unknown models name the registry."""
     missing = getattr(err, "missing_cfg_file", None) or ""
     if isinstance(err, MissingConfigException) and missing.startswith("models/"):
-        return unknown_models_message([missing.split("/", 1)[1]])
+        return unknown_models_message([missing.split("/", 1)[1]], user_config_dirs(sys.argv[1:]))
     text = str(err).split("\nConfig search path:")[0].strip()
     if err.__cause__ is not None:
         text += f"\n{str(err.__cause__).strip()}"
@@ -86,9 +114,10 @@ def _fail(message: str, code: int = 2) -> None:
 def main() -> None:
     """Console entry: check model names against the registry, run the Hydra app, turn mistakes into exit 2."""
     verbose = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    missing = unknown_models(sys.argv[1:])
+    extra = user_config_dirs(sys.argv[1:])
+    missing = unknown_models(sys.argv[1:], extra)
     if missing:
-        _fail(unknown_models_message(missing))
+        _fail(unknown_models_message(missing, extra))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # exceptions reach the handlers below instead of Hydra's printer
     from fusebench.report.callback import SweepReport
 

@@ -43,15 +43,3 @@ def median_rank(ranks: np.ndarray) -> float | None:
         return None
     value = float(np.median(np.where(ranks >= 1, ranks, np.inf)))
     return value if np.isfinite(value) else None
-
-
-def summarize_ranks(ranks: np.ndarray, ks: list[int]) -> dict:
-    out: dict = {f"R@{k}": recall_at_k(ranks, k) for k in ks}
-    out["median_rank"] = median_rank(ranks)
-    out["n_queries"] = int(len(ranks))
-    return out
-
-
-def mean_of_directions(t2i: dict, i2t: dict, ks: list[int]) -> dict:
-    """The mean of t2i and i2t recall, the form some published tables report (e.g. DFN5B's COCO '63.1')."""
-    return {f"R@{k}": (t2i[f"R@{k}"] + i2t[f"R@{k}"]) / 2 for k in ks}

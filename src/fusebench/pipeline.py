@@ -19,17 +19,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from fusebench import FusebenchError, __version__, checks
-from fusebench.comparisons import oracle_metrics, paired_comparisons, retriever_metrics
+from fusebench import FUSED, FusebenchError, __version__, checks
+from fusebench.comparisons import oracle_metrics, paired_comparisons, retriever_result
 from fusebench.data import load_corpus
 from fusebench.encoders import drop_unreadable, finalize, load_raw
 from fusebench.encoders.real import Runtime
 from fusebench.fusion import FusionConfig
+from fusebench.record import RunRecord
 from fusebench.report.outputs import clear_run_outputs, write_run_outputs
 from fusebench.report.table import format_table
-from fusebench.tracking import check_logger, log_run
-from fusebench.retrieval import FUSED, ListSource, ModelInput, SearchSettings, retrieve
+from fusebench.retrieval import ListSource, ModelInput, SearchSettings, retrieve
 from fusebench.search import MATMULS, resolve_device
+from fusebench.tracking import check_logger, log_run
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -123,8 +124,9 @@ def _progress_bar(desc: str, total: int):
     return update
 
 
-def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
-    """Evaluate every selected model and their fusion on the dataset; write outputs into ``out_dir``."""
+def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
+    """Evaluate every selected model and their fusion on the dataset; write outputs into ``out_dir``; return
+    the run record (what metrics.json holds)."""
     started = time.perf_counter()
     check_writable(out_dir)
     settings = eval_settings(checks.mapping(_plain(cfg.get("eval")), "eval"))
@@ -159,44 +161,41 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> dict:
     clusters = {"t2i": corpus.caption_image, "i2t": corpus.i2t_query_images}
     retrievers = {}
     for name in lists:
-        retrievers[name] = retriever_metrics(ranks[name], settings["ks"])
         if name == FUSED:
-            retrievers[name]["spec"] = {"kind": "fusion", "members": singles, **fusion.__dict__}
+            spec, info = {"kind": "fusion", "members": singles, **fusion.__dict__}, None
         else:
             model = by_name[name]
-            retrievers[name]["spec"] = {**specs[name], "dim": model.dim}
-            if model.info:
-                retrievers[name]["embedding"] = model.info
-    metrics = {
-        "dataset": corpus.summary(),
-        "retrievers": retrievers,
-        "comparisons": paired_comparisons(ranks, [FUSED] if FUSED in lists else [], singles, clusters,
-                                          settings["ks"], settings["draws"], settings["level"], settings["seed"]),
-        "oracle": oracle_metrics({n: ranks[n] for n in singles}, settings["ks"]) if len(singles) > 1 else None,
-        "fusion": fusion.__dict__,
-        "eval": settings,
-        "run": {"device": str(device), "seconds": round(time.perf_counter() - started, 3),
-                "search_seconds": round(search_seconds, 3), "lists": source.records,
-                "similarity_blocks": MATMULS["blocks"] - matmuls_before,
-                "query_ms": round(1000 * search_seconds / (corpus.n_captions + len(clusters["i2t"])), 4),
-                "versions": {"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}},
-    }
+            spec, info = {**model.spec, "dim": model.dim}, model.info  # what ran (a sim stand-in says so)
+        retrievers[name] = retriever_result(name, ranks[name], settings["ks"], spec, info)
+    record = RunRecord(
+        dataset=corpus.summary(),
+        retrievers=retrievers,
+        comparisons=paired_comparisons(ranks, [FUSED] if FUSED in lists else [], singles, clusters,
+                                       settings["ks"], settings["draws"], settings["level"], settings["seed"]),
+        oracle=oracle_metrics({n: ranks[n] for n in singles}, settings["ks"]) if len(singles) > 1 else None,
+        fusion=dict(fusion.__dict__),
+        eval=settings,
+        run={"device": str(device), "seconds": round(time.perf_counter() - started, 3),
+             "search_seconds": round(search_seconds, 3), "lists": source.records,
+             "similarity_blocks": MATMULS["blocks"] - matmuls_before,
+             "query_ms": round(1000 * search_seconds / (corpus.n_captions + len(clusters["i2t"])), 4),
+             "versions": {"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}},
+    )
     try:
-        write_run_outputs(out_dir, lists, metrics, settings["save_topk"], queries=clusters)
+        write_run_outputs(out_dir, lists, record, settings["save_topk"], queries=clusters)
     except OSError as err:
         raise FusebenchError(f"could not write the outputs to {out_dir}: {err.strerror or err} "
                              f"({err.filename or 'run dir'}); nothing was left half-written. Free space or choose "
                              "another dir (hydra.run.dir=...) and rerun.") from None
-    print(format_table(metrics))
+    print(format_table(record))
     plots = []
     if draw_plots:
         try:
             from fusebench.report.plots import run_plots
 
-            plots = run_plots(out_dir, metrics)
+            plots = run_plots(out_dir, record)
         except Exception as err:  # noqa: BLE001 - plots are a view of the outputs, never a reason to fail
             log.warning("could not draw plots: %s", err)
-    log_run(logger, metrics, out_dir, plots,
-            resolved=_plain(cfg) if isinstance(cfg, DictConfig) else None)
+    log_run(logger, record, out_dir, plots, resolved=_plain(cfg) if isinstance(cfg, DictConfig) else None)
     log.info("outputs written to %s", out_dir)
-    return metrics
+    return record

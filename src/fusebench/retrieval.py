@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fusebench import FUSED
 from fusebench.dense import DenseSide, RowBlocks, correct_items, dense_fuse
 from fusebench.fusion import FusionConfig, fuse_in_blocks
-from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists, full_rows, tiles
 from fusebench.list_store import ListStore, list_material
-from fusebench.score_store import ScoreStore
+from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists, full_rows, tiles
 from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
+from fusebench.score_store import ScoreStore
 
-FUSED = "fused"
 Progress = Callable[[str, int], Callable[[int], None]]  # (description, total) -> update(n)
 
 
@@ -189,6 +189,7 @@ def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: Fu
     keep = keep_k if keep_k is not None else depth
     for d in DIRECTIONS:
         final_k = fusion.final_k(n_items[d], len(models))
-        fused, ranks = dense_fuse(sides[d], weights, fusion, keep, final_k, 2 * settings.tile_bytes, progress(f"fuse {d} (whole rankings)", len(sides[d].correct)))
+        fused, ranks = dense_fuse(sides[d], weights, fusion, keep, final_k, 2 * settings.tile_bytes,
+                                  progress(f"fuse {d} (whole rankings)", len(sides[d].correct)))
         results[FUSED][d] = RankedLists(ranks, fused.ids, fused.scores, fused.contributors)
     return results

@@ -23,8 +23,7 @@ import torch
 from filelock import FileLock
 
 from fusebench.atomic import atomic_save, atomic_write_text
-from fusebench.cache import (UNREADABLE, cache_key, data_file_problem, file_sha256, read_meta, remove_entries,
-                             scan_entries)
+from fusebench.cache import UNREADABLE, cache_key, data_file_problem, file_sha256, read_meta, remove_entries, scan_entries
 from fusebench.lists import DIRECTIONS
 
 log = logging.getLogger(__name__)

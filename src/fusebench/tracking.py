@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fusebench import checks
+from fusebench.record import RunRecord
 
 log = logging.getLogger(__name__)
 INIT_TIMEOUT = 15.0  # seconds; W&B's own default is 90
@@ -51,38 +52,37 @@ def _job_identity() -> tuple[str | None, str | None]:
         return None, None
 
 
-def summary_metrics(metrics: dict) -> dict:
-    ks = metrics["eval"]["ks"]
-    headline = "fused" if "fused" in metrics["retrievers"] else next(iter(metrics["retrievers"]))
-    out: dict = {"headline": headline, "simulated": bool(metrics["dataset"].get("simulated")),
-                 "nonstandard": bool(metrics["dataset"].get("nonstandard"))}
-    for name, entry in metrics["retrievers"].items():
+def summary_metrics(record: RunRecord) -> dict:
+    ks = record.ks
+    fusions = record.fusions
+    headline = fusions[0] if fusions else next(iter(record.retrievers))
+    out: dict = {"headline": headline, "simulated": record.simulated,
+                 "nonstandard": bool(record.dataset.get("nonstandard"))}
+    for name, result in record.retrievers.items():
         for direction in ("t2i", "i2t", "mean"):
             for k in ks:
-                value = entry[direction].get(f"R@{k}")
+                value = result.recall(direction, k)
                 out[f"retrievers/{name}/{direction}/R@{k}"] = value
                 if name == headline:
                     out[f"{direction}/R@{k}"] = value
-    if headline == "fused":
+    if fusions:
         for direction in ("t2i", "i2t"):
             for k in ks:
-                rows = [c for c in metrics["comparisons"] if c["direction"] == direction and c["k"] == k]
-                if rows:
-                    best = max(rows, key=lambda c: c["baseline_recall"])
-                    out[f"gain/{direction}/R@{k}"] = best["gain"]
-                    out[f"gain_ci_low/{direction}/R@{k}"] = best["ci_low"]
-                    out[f"gain_ci_high/{direction}/R@{k}"] = best["ci_high"]
+                row = record.comparison(headline, record.best_single(direction, k), direction, k)
+                if row:
+                    out[f"gain/{direction}/R@{k}"] = row.gain
+                    out[f"gain_ci_low/{direction}/R@{k}"] = row.ci_low
+                    out[f"gain_ci_high/{direction}/R@{k}"] = row.ci_high
     return out
 
 
-def _tables(wandb, metrics: dict) -> dict:
-    ks = metrics["eval"]["ks"]
+def _tables(wandb, record: RunRecord) -> dict:
+    ks = record.ks
     columns = ["retriever"] + [f"{d} R@{k}" for d in ("t2i", "i2t", "mean") for k in ks]
-    rows = [[name] + [e[d].get(f"R@{k}") for d in ("t2i", "i2t", "mean") for k in ks]
-            for name, e in metrics["retrievers"].items()]
+    rows = [[name] + [r.recall(d, k) for d in ("t2i", "i2t", "mean") for k in ks] for name, r in record.retrievers.items()]
     comp_cols = ["candidate", "baseline", "direction", "k", "gain", "ci_low", "ci_high", "cluster_ci_low",
                  "cluster_ci_high", "wins", "losses", "p_value"]
-    comps = [[c[col] for col in comp_cols] for c in metrics["comparisons"]]
+    comps = [[getattr(c, col) for col in comp_cols] for c in record.comparisons]
     return {"retrievers": wandb.Table(columns=columns, data=rows),
             "comparisons": wandb.Table(columns=comp_cols, data=comps)}
 
@@ -134,7 +134,8 @@ def _init(cfg: Mapping, out_dir: Path, config: dict, group: str | None, name: st
         return wandb, start("offline")
 
 
-def log_run(cfg: Mapping | None, metrics: dict, out_dir: str | Path, plots: list[Path], resolved: dict | None = None) -> None:
+def log_run(cfg: Mapping | None, record: RunRecord, out_dir: str | Path, plots: list[Path],
+            resolved: dict | None = None) -> None:
     """Log one finished run; any W&B failure is a warning, the run dir stays the record."""
     if not cfg or cfg.get("kind", "none") == "none":
         return
@@ -144,15 +145,15 @@ def log_run(cfg: Mapping | None, metrics: dict, out_dir: str | Path, plots: list
     out_dir = Path(out_dir)
     try:
         group, name = _job_identity()
-        config = {**(resolved or {}), "fusebench": {"git_commit": git_commit(), "versions": metrics["run"]["versions"]},
-                  "dataset_summary": metrics["dataset"], "fusion": metrics["fusion"], "eval": metrics["eval"]}
+        config = {**(resolved or {}), "fusebench": {"git_commit": git_commit(), "versions": record.run.get("versions")},
+                  "dataset_summary": record.dataset, "fusion": record.fusion, "eval": record.eval}
         wandb, run = _init(cfg, out_dir, config, group, name, "evaluate")
         try:
-            run.summary.update(summary_metrics(metrics))
-            payload = _tables(wandb, metrics)
+            run.summary.update(summary_metrics(record))
+            payload = _tables(wandb, record)
             payload.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in plots})
             run.log(payload)
-            artifact = wandb.Artifact(f"run-{run.id}", type="fusebench-run", metadata={"dataset": metrics["dataset"]})
+            artifact = wandb.Artifact(f"run-{run.id}", type="fusebench-run", metadata={"dataset": record.dataset})
             artifact.add_file(str(out_dir / "metrics.json"))
             artifact.add_dir(str(out_dir / "ranks"), name="ranks")
             run.log_artifact(artifact)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 FUSEBENCH = shutil.which("fusebench") or str(Path(sys.executable).with_name("fusebench"))
 SMALL_SIM = ["dataset.n_images=200", "dataset.n_captions=1000", "eval.bootstrap.draws=200"]
 
@@ -98,8 +98,7 @@ def test_unknown_model_name_lists_the_registry(tmp_path):
 
 
 def test_tiny_dataset_with_tiny_models_through_the_cli(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tiny_models import build_hf, build_open_clip
+    from helpers.tiny_models import build_hf, build_open_clip
 
     oc, siglip = build_open_clip(tmp_path / "oc"), build_hf(tmp_path / "siglip", "siglip")
     args = ["dataset=tiny", "dataset.limit=8", "models=[]", "+models.oc.kind=open_clip", f"+models.oc.model=local-dir:{oc}",

@@ -21,7 +21,8 @@ def _parse_line(text: str, where: str) -> tuple[str, str | None, list[str]]:
     except json.JSONDecodeError as err:
         raise FusebenchError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); each line must be one JSON object.") from None
     if not isinstance(record, dict):
-        raise FusebenchError(f"{where}: expected a JSON object like {{\"image_id\": ..., \"captions\": [...]}}, got {type(record).__name__}.")
+        raise FusebenchError(f"{where}: expected a JSON object like {{\"image_id\": ..., \"captions\": [...]}}, "
+                             f"got {type(record).__name__}.")
     if "image_id" not in record:
         raise FusebenchError(f"{where}: missing key 'image_id' (valid keys: image_id, path, captions).")
     image_id = record["image_id"]

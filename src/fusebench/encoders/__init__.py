@@ -58,6 +58,17 @@ def sim_stand_in(name: str, spec: Mapping) -> dict:
     return {**block, "kind": "sim", "text_noise": text_noise}
 
 
+RECORD_KEYS = ("weight", "text", "label", "published")  # what a stand-in keeps of the model it stands in for
+
+
+def stand_in_record(spec: Mapping, stand_in: Mapping) -> dict:
+    """The spec recorded for a real model run as its sim stand-in: what actually ran (``kind: sim`` and its
+    parameters) and, under ``stands_in_for``, the real model it replaced; weight, text settings, label and
+    published numbers are kept, so reports treat it as that model with that preprocessing."""
+    real = {k: v for k, v in spec.items() if k not in (*RECORD_KEYS, "sim")}
+    return {**dict(stand_in), **{k: spec[k] for k in RECORD_KEYS if k in spec}, "stands_in_for": real}
+
+
 def load_raw(name: str, spec: Mapping, corpus: Corpus, runtime=None) -> RawEmbeddings:
     kind = spec.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
@@ -66,7 +77,7 @@ def load_raw(name: str, spec: Mapping, corpus: Corpus, runtime=None) -> RawEmbed
         stand_in = sim_stand_in(name, spec)
         image, text = sim_arrays(stand_in, corpus, f"models.{name}.sim")
         source = f"sim stand-in of model {name!r}"
-        return RawEmbeddings(name, image, text, source, source, dict(spec), {"stand_in": stand_in})
+        return RawEmbeddings(name, image, text, source, source, stand_in_record(spec, stand_in), {"stand_in": stand_in})
     if kind == "vectors":
         image, text, image_src, text_src = vector_arrays(name, spec)
         return RawEmbeddings(name, image, text, image_src, text_src, dict(spec))

@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 class SweepReport(Callback):
     failed: list[str] | None = None  # set at the end of each multirun in this process
 
-    def __init__(self, draws: int = 2000, seed: int = 0):
-        self.draws, self.seed = draws, seed
+    def __init__(self, draws: int = 2000, seed: int = 0, level: float = 0.95):
+        self.draws, self.seed, self.level = draws, seed, level
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         folder = Path(config.hydra.sweep.dir)
@@ -28,7 +28,7 @@ class SweepReport(Callback):
         try:
             from fusebench.report.sweep import write_report
 
-            report = write_report(folder, draws=self.draws, seed=self.seed)
+            report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level)
             log.info("sweep report: %s (%d runs, %d failed)", folder / "summary.md", len(report["runs"]),
                      len(report["failed"]))
             if report["failed"]:

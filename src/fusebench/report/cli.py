@@ -12,8 +12,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep_dir", help="a multirun dir, or any folder holding run dirs")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws per paired comparison")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--level", type=float, default=0.95, help="interval coverage (default 0.95)")
     args = parser.parse_args(argv)
     folder = Path(args.sweep_dir)
+    if not 0 < args.level < 1:
+        print(f"fusebench-report: error: --level={args.level} is not valid; valid: a number in (0, 1), e.g. 0.95",
+              file=sys.stderr)
+        return 2
     if args.draws < 1:
         print(f"fusebench-report: error: --draws={args.draws} is not valid; valid: an integer >= 1", file=sys.stderr)
         return 2
@@ -29,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
               + "".join(f"\n  {name}: {why}" for name, why in scan.failed.items()), file=sys.stderr)
         return 2
     try:
-        write_report(folder, draws=args.draws, seed=args.seed)
+        write_report(folder, draws=args.draws, seed=args.seed, level=args.level)
     except OSError as err:
         print(f"fusebench-report: error: cannot write the report into {folder}: {err.strerror or err}",
               file=sys.stderr)

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from fusebench import FUSED
 from fusebench.data import load_corpus
-from fusebench.report.sweep import Run, load_runs
+from fusebench.report.runs import Run, load_runs
 
 
 def latest_sweep(outputs: str | Path | None = None) -> Path | None:
@@ -27,11 +28,10 @@ def run_corpus(run: Run):
     return load_corpus(OmegaConf.to_container(cfg.dataset, resolve=True))
 
 
-def won_and_lost(run: Run, k: int = 1, direction: str = "t2i", candidate: str = "fused") -> dict[str, list[dict]]:
+def won_and_lost(run: Run, k: int = 1, direction: str = "t2i", candidate: str = FUSED) -> dict[str, list[dict]]:
     """Queries where ``candidate`` is right within k and the best single model is not (won), and the reverse."""
-    retrievers = run.metrics["retrievers"]
-    singles = [n for n in retrievers if n != candidate and retrievers[n]["spec"].get("kind") != "fusion"]
-    best = max(singles, key=lambda n: retrievers[n][direction][f"R@{k}"])
+    singles = [n for n in run.record.singles if n != candidate]
+    best = run.record.best_single(direction, k, among=singles)
     ranks = {n: run.ranks(n, direction) for n in [candidate, *singles]}
 
     def hit(r):

@@ -19,6 +19,7 @@ import numpy as np
 
 from fusebench.atomic import atomic_write_text
 from fusebench.cache import file_sha256
+from fusebench.record import RunRecord
 
 
 def _clean(value):
@@ -57,7 +58,7 @@ def clear_run_outputs(out_dir: str | Path) -> list[str]:
     return removed
 
 
-def write_run_outputs(out_dir: str | Path, lists: dict, metrics: dict, save_topk: int | None,
+def write_run_outputs(out_dir: str | Path, lists: dict, record: RunRecord, save_topk: int | None,
                       queries: dict | None = None) -> None:
     """``lists``: {retriever: {direction: RankedLists}}; ``save_topk`` caps the saved list length (None = all).
 
@@ -88,7 +89,7 @@ def write_run_outputs(out_dir: str | Path, lists: dict, metrics: dict, save_topk
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staging / sub, target)
-        record = {**metrics, "files": files}  # checksums: a report never trusts a rank file changed after the run
-        atomic_write_text(out_dir / "metrics.json", json.dumps(_clean(record), indent=2) + "\n")
+        record.files = files  # checksums: a report never trusts a rank file changed after the run
+        atomic_write_text(out_dir / "metrics.json", json.dumps(_clean(record.to_json()), indent=2) + "\n")
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fusebench.comparisons import level_label
+from fusebench.record import RunRecord
+
 log = logging.getLogger(__name__)
 DPI = 120
 
@@ -20,46 +23,49 @@ def _plt():
     return plt
 
 
-def wilson(p_percent: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson interval of a recall (percent) over n queries, in percent."""
+def wilson(p_percent: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson interval (coverage ``level``) of a recall (percent) over n queries, in percent."""
     if not n:
         return 0.0, 0.0
+    from scipy.special import ndtri
+
+    z = float(ndtri(0.5 + level / 2))
     p = p_percent / 100
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return 100 * (centre - half), 100 * (centre + half)
 
 
-def recall_bars(metrics: dict, path: Path) -> Path:
+def recall_bars(record: RunRecord, path: Path) -> Path:
     plt = _plt()
-    ks = metrics["eval"]["ks"]
-    names = list(metrics["retrievers"])
+    ks, level = record.ks, record.level
+    names = list(record.retrievers)
     fig, axes = plt.subplots(1, 2, figsize=(5 + 1.6 * len(names), 4.2), sharey=True)
     width = 0.8 / len(names)
     for ax, direction in zip(axes, ("t2i", "i2t")):
         for i, name in enumerate(names):
-            entry = metrics["retrievers"][name][direction]
-            values = [entry[f"R@{k}"] for k in ks]
-            lows, highs = zip(*(wilson(v, entry["n_queries"]) for v in values))
+            entry = record.retrievers[name].direction(direction)
+            values = [entry.at(k) for k in ks]
+            lows, highs = zip(*(wilson(v, entry.n_queries, level) for v in values))
             x = np.arange(len(ks)) + i * width
             ax.bar(x, values, width, label=name, yerr=[np.subtract(values, lows), np.subtract(highs, values)], capsize=3)
             for xi, v, hi in zip(x, values, highs):
                 ax.text(xi, hi + 1, f"{v:.1f}", ha="center", fontsize=7)
         ax.set_xticks(np.arange(len(ks)) + width * (len(names) - 1) / 2, [f"R@{k}" for k in ks])
-        ax.set_title(f"{direction} recall (95% Wilson interval)")
+        ax.set_title(f"{direction} recall ({level_label(level)} Wilson interval)")
         ax.set_ylim(0, 108)
     axes[0].set_ylabel("recall (%)")
     axes[1].legend(fontsize=8, loc="lower right")
-    fig.suptitle(_title(metrics))
+    fig.suptitle(_title(record))
     return _save(fig, path)
 
 
-def recall_curves(run_dir: Path, metrics: dict, path: Path, max_k: int = 50) -> Path:
+def recall_curves(run_dir: Path, record: RunRecord, path: Path, max_k: int = 50) -> Path:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     ks = np.arange(1, max_k + 1)
     for ax, direction in zip(axes, ("t2i", "i2t")):
-        for name in metrics["retrievers"]:
+        for name in record.retrievers:
             ranks = np.load(run_dir / "ranks" / f"{name}.{direction}.npy")
             found = np.where(ranks >= 1, ranks, np.inf)
             ax.plot(ks, [100 * np.mean(found <= k) for k in ks], label=name)
@@ -68,7 +74,7 @@ def recall_curves(run_dir: Path, metrics: dict, path: Path, max_k: int = 50) -> 
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("recall (%)")
     axes[1].legend(fontsize=8)
-    fig.suptitle(_title(metrics))
+    fig.suptitle(_title(record))
     return _save(fig, path)
 
 
@@ -117,12 +123,13 @@ def forest(rows: list[dict], path: Path, title: str) -> Path | None:
     y = np.arange(len(rows))[::-1]
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.5))
     gains = np.array([r["gain"] for r in rows])
+    level = level_label(rows[0].get("level", 0.95))
     ax.errorbar(gains, y, xerr=[gains - [r["ci_low"] for r in rows], np.array([r["ci_high"] for r in rows]) - gains],
-                fmt="o", capsize=3, label="95% CI over queries")
+                fmt="o", capsize=3, label=f"{level} CI over queries")
     if all("cluster_ci_low" in r for r in rows):
         ax.errorbar(gains, y - 0.2, xerr=[gains - [r["cluster_ci_low"] for r in rows],
                                           np.array([r["cluster_ci_high"] for r in rows]) - gains],
-                    fmt="none", ecolor="gray", capsize=2, label="95% CI over images")
+                    fmt="none", ecolor="gray", capsize=2, label=f"{level} CI over images")
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(y, [_pair_label(r) for r in rows], fontsize=7)
     ax.set_xlabel(f"gain in R@{rows[0]['k']} (points)")
@@ -131,15 +138,15 @@ def forest(rows: list[dict], path: Path, title: str) -> Path | None:
     return _save(fig, path)
 
 
-def score_distributions(run_dir: Path, metrics: dict, path: Path) -> Path | None:
+def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | None:
     """Each single model's top-list scores, raw and DBSF-rescaled per query (what fusion adds up)."""
-    singles = [n for n, e in metrics["retrievers"].items() if e["spec"].get("kind") != "fusion"]
+    singles = record.singles
     files = [run_dir / "topk" / f"{n}.t2i.npz" for n in singles]
     if not singles or not all(f.is_file() for f in files):
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    ddof = metrics.get("fusion", {}).get("ddof", 0)
+    ddof = record.fusion.get("ddof", 0)
     for name, file in zip(singles, files):
         with np.load(file) as data:
             scores = data["scores"].astype(np.float64)
@@ -150,7 +157,7 @@ def score_distributions(run_dir: Path, metrics: dict, path: Path) -> Path | None
     axes[0].set_title("t2i top-list scores, raw cosine")
     axes[1].set_title("the same, DBSF-rescaled per query list")
     axes[1].legend(fontsize=8)
-    fig.suptitle(_title(metrics))
+    fig.suptitle(_title(record))
     return _save(fig, path)
 
 
@@ -163,9 +170,10 @@ def cost_vs_gain(cost: list[dict], article: list[dict], path: Path) -> Path | No
         for column, value in r.items():
             if column.endswith(" t2i R@1") and value is not None:
                 recall[(column.split(" ")[0], r["retriever"])] = value
-    best: dict = {}
+    fusion = {(row["dataset"], row["retriever"]): row.get("fusion", False) for row in cost}
+    best: dict = {}  # the best single model per dataset at t2i R@1 (fusions are flagged in the cost rows)
     for (dataset, retriever), value in recall.items():
-        if not retriever.startswith("fused"):
+        if not fusion.get((dataset, retriever), False):
             best[dataset] = max(best.get(dataset, value), value)
     points = [(row, recall[(row["dataset"], row["retriever"])] - best[row["dataset"]]) for row in cost
               if (row["dataset"], row["retriever"]) in recall and row["dataset"] in best]
@@ -174,8 +182,7 @@ def cost_vs_gain(cost: list[dict], article: list[dict], path: Path) -> Path | No
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for row, gain in points:
-        ax.scatter(row["bytes_per_image_fp32"], gain, color="tab:orange" if row["retriever"].startswith("fused")
-                   else "tab:blue")
+        ax.scatter(row["bytes_per_image_fp32"], gain, color="tab:orange" if row.get("fusion") else "tab:blue")
         ax.annotate(_clip(f"{row['dataset']}: {row['retriever']}", 50), (row["bytes_per_image_fp32"], gain), fontsize=7)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel("index bytes per image (fp32)")
@@ -185,14 +192,15 @@ def cost_vs_gain(cost: list[dict], article: list[dict], path: Path) -> Path | No
     return _save(fig, path)
 
 
-def run_plots(run_dir: str | Path, metrics: dict) -> list[Path]:
+def run_plots(run_dir: str | Path, record: RunRecord) -> list[Path]:
     run_dir = Path(run_dir)
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
-    made = [recall_bars(metrics, out / "recall_bars.png"), recall_curves(run_dir, metrics, out / "recall_at_k.png"),
-            wins_losses(metrics["comparisons"], out / "wins_losses.png", "fused vs each model: wins and losses"),
-            forest(metrics["comparisons"], out / "paired_gains.png", "paired gains of the fusion"),
-            score_distributions(run_dir, metrics, out / "score_distributions.png")]
+    comparisons = [c.to_json() for c in record.comparisons]  # the rows the run and sweep plots share
+    made = [recall_bars(record, out / "recall_bars.png"), recall_curves(run_dir, record, out / "recall_at_k.png"),
+            wins_losses(comparisons, out / "wins_losses.png", "the fusion vs each model: wins and losses"),
+            forest(comparisons, out / "paired_gains.png", "paired gains of the fusion"),
+            score_distributions(run_dir, record, out / "score_distributions.png")]
     return [p for p in made if p is not None]
 
 
@@ -205,8 +213,8 @@ def sweep_plots(folder: str | Path, report: dict) -> list[Path]:
     return [p for p in made if p is not None]
 
 
-def _title(metrics: dict) -> str:
-    d = metrics["dataset"]
+def _title(record: RunRecord) -> str:
+    d = record.dataset
     flag = " [SIMULATED]" if d.get("simulated") else (" [NON-STANDARD]" if d.get("nonstandard") else "")
     return f"{d['name']}: {d['n_images']} images, {d['n_captions']} captions{flag}"
 

@@ -15,18 +15,19 @@ from pathlib import Path
 import numpy as np
 
 from fusebench.cache import file_sha256
+from fusebench.record import RecordError, RunRecord
 
 
 @dataclass
 class Run:
     path: Path
     name: str
-    metrics: dict
+    record: RunRecord
     overrides: list[str] = field(default_factory=list)
 
     @property
     def dataset_key(self) -> tuple:
-        d = self.metrics["dataset"]
+        d = self.record.dataset
         return d["name"], d["n_images"], d["n_captions"]
 
     def ranks(self, retriever: str, direction: str) -> np.ndarray:
@@ -37,7 +38,7 @@ class Run:
         if queries.is_file():
             with np.load(queries) as data:
                 return data[f"{direction}_image"]
-        return np.arange(len(self.ranks(next(iter(self.metrics["retrievers"])), direction)))
+        return np.arange(len(self.ranks(next(iter(self.record.retrievers)), direction)))
 
 
 @dataclass
@@ -46,24 +47,10 @@ class Scan:
     failed: dict[str, str]  # run dir (relative) -> why it is not reported: unfinished, or which file is damaged
 
 
-def _run_problem(path: Path, metrics) -> str | None:
-    """Why a finished run's files cannot be reported (metrics.json without the fields a report reads, rank
-    files missing, unreadable or of the wrong shape), or None."""
-    if not isinstance(metrics, dict):
-        return f"metrics.json holds a JSON {type(metrics).__name__}, not an object"
-    dataset, retrievers = metrics.get("dataset"), metrics.get("retrievers")
-    if not isinstance(dataset, dict) or not {"name", "n_images", "n_captions"} <= set(dataset):
-        return "metrics.json: 'dataset' lacks name, n_images or n_captions"
-    if not isinstance(retrievers, dict) or not retrievers:
-        return "metrics.json: 'retrievers' is missing or empty"
-    for name, entry in retrievers.items():
-        if not isinstance(entry, dict) or not all(isinstance(entry.get(d), dict) for d in ("t2i", "i2t", "mean")) \
-                or not isinstance(entry.get("spec"), dict):
-            return f"metrics.json: retriever {name!r} lacks its t2i/i2t/mean recalls or its spec"
-    recorded = metrics.get("files") or {}
-    if not isinstance(recorded, dict):
-        return "metrics.json: 'files' is not a mapping of file -> sha256"
-    for relative, digest in recorded.items():
+def _run_problem(path: Path, record: RunRecord) -> str | None:
+    """Why a finished run's files cannot be reported (rank files missing, changed since the run, unreadable or
+    of the wrong shape), or None."""
+    for relative, digest in record.files.items():
         file = path / relative
         if not file.is_file():
             return f"{relative} is missing"
@@ -72,7 +59,7 @@ def _run_problem(path: Path, metrics) -> str | None:
     counts = {}
     for direction in ("t2i", "i2t"):
         lengths = set()
-        for name in retrievers:
+        for name in record.retrievers:
             file = path / "ranks" / f"{name}.{direction}.npy"
             try:
                 ranks = np.load(file, allow_pickle=False)
@@ -112,11 +99,14 @@ def scan_runs(folder: str | Path) -> Scan:
                 "; see error.txt)" if (path / "error.txt").is_file() else ")")
             continue
         try:
-            metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as err:
+            record = RunRecord.from_json(json.loads(metrics_path.read_text(encoding="utf-8")))
+        except RecordError as err:
+            failed[label] = str(err)
+            continue
+        except (OSError, UnicodeDecodeError, ValueError, TypeError) as err:
             failed[label] = f"metrics.json is damaged ({type(err).__name__}: {err})"
             continue
-        problem = _run_problem(path, metrics)
+        problem = _run_problem(path, record)
         if problem:
             failed[label] = problem
             continue
@@ -126,7 +116,7 @@ def scan_runs(folder: str | Path) -> Scan:
             text = overrides_path.read_text(encoding="utf-8", errors="replace")
             overrides = [line[2:].strip() for line in text.splitlines() if line.startswith("- ")]
         name = " ".join(overrides) if overrides else (str(path.relative_to(folder)) or path.name)
-        runs.append(Run(path, name, metrics, overrides))
+        runs.append(Run(path, name, record, overrides))
     return Scan(runs, failed)
 
 

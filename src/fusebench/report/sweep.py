@@ -13,10 +13,12 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
+
 from fusebench.atomic import atomic_write_text
-from fusebench.metrics import hits_at_k
+from fusebench.comparisons import compare, format_p, level_label
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
-from fusebench.stats import clustered_bootstrap, holm_adjust, mcnemar_p, paired_bootstrap
+from fusebench.stats import holm_adjust
 
 FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines
     "method": ["none", "sum", "minmax", "zscore", "rrf", "dbsf"],
@@ -28,14 +30,18 @@ __all__ = ["Run", "Scan", "build_report", "load_runs", "scan_runs", "write_repor
 
 
 def _model_identity(spec: dict) -> dict:
+    """What makes a model that model: its spec without weight, labels, text settings and dim. A sim stand-in
+    is the model it stands in for (its text noise follows the text settings, which are the 'text' factor)."""
+    spec = spec.get("stands_in_for") or spec
     return {k: v for k, v in spec.items() if k not in IGNORED_SPEC_KEYS and k != "text" and k != "dim"}
 
 
 def retriever_factors(run: Run, name: str) -> dict:
     """What a retriever is, as comparable factors (dataset aside)."""
-    spec = run.metrics["retrievers"][name]["spec"]
-    if spec.get("kind") == "fusion":
-        members = [run.metrics["retrievers"][m]["spec"] for m in spec["members"]]
+    result = run.record.retrievers[name]
+    spec = result.spec
+    if result.is_fusion:
+        members = [run.record.retrievers[m].spec for m in result.members]
         return {"kind": "fusion", "model": json.dumps([_model_identity(m) for m in members], sort_keys=True),
                 "text": json.dumps([(m.get("text") or {}) for m in members], sort_keys=True),
                 "weights": json.dumps([m.get("weight", 1.0) for m in members]),
@@ -46,15 +52,16 @@ def retriever_factors(run: Run, name: str) -> dict:
 
 
 def describe(run: Run, name: str) -> str:
-    spec = run.metrics["retrievers"][name]["spec"]
-    if spec.get("kind") == "fusion":
-        parts = [_short(run, m) for m in spec["members"]]
+    result = run.record.retrievers[name]
+    spec = result.spec
+    if result.is_fusion:
+        parts = [_short(run, m) for m in result.members]
         return f"fused {spec['method']} by {spec['fuse_on']} top_k={spec['top_k']} [{' + '.join(parts)}]"
     return _short(run, name)
 
 
 def _short(run: Run, name: str) -> str:
-    text = run.metrics["retrievers"][name]["spec"].get("text") or {}
+    text = run.record.retrievers[name].spec.get("text") or {}
     extra = [text["case"]] if text.get("case", "as_typed") != "as_typed" else []
     if text.get("template"):
         extra.append(f"template={text['template']!r}")
@@ -65,7 +72,7 @@ def unique_retrievers(runs: list[Run]) -> list[tuple[Run, str]]:
     """Each distinct retriever once per dataset (a single model evaluated in several jobs counts once)."""
     seen, out = set(), []
     for run in runs:
-        for name in run.metrics["retrievers"]:
+        for name in run.record.retrievers:
             key = (run.dataset_key, json.dumps(retriever_factors(run, name), sort_keys=True))
             if key not in seen:
                 seen.add(key)
@@ -83,18 +90,18 @@ def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
     rows: dict[str, dict] = {}
     labels: dict[tuple, str] = {}
     for run in runs:  # one column group per dataset; same-named datasets of other sizes get their counts added
-        label = _dataset_label(run.metrics["dataset"])
+        label = _dataset_label(run.record.dataset)
         if run.dataset_key not in labels:
             clash = label in labels.values()
             labels[run.dataset_key] = f"{label} {run.dataset_key[1]}/{run.dataset_key[2]}" if clash else label
     for run, name in unique_retrievers(runs):
-        entry = run.metrics["retrievers"][name]
+        result = run.record.retrievers[name]
         label = describe(run, name)
         row = rows.setdefault(label, {"retriever": label})
         dataset = labels[run.dataset_key]
         for direction in ("t2i", "i2t"):
             for k in ks:
-                row[f"{dataset} {direction} R@{k}"] = entry[direction].get(f"R@{k}")
+                row[f"{dataset} {direction} R@{k}"] = result.recall(direction, k)
     columns = sorted({c for r in rows.values() for c in r if c != "retriever"},
                      key=lambda c: (c.rsplit(" ", 2)[0], c.rsplit(" ", 2)[1] != "t2i", int(c.rsplit("@", 1)[1])))
     return [{"retriever": r["retriever"], **{c: r.get(c) for c in columns}} for r in rows.values()]
@@ -116,8 +123,7 @@ def _orient(factor: str, a_value, b_value) -> bool:
 
 
 def comparable_pairs(runs: list[Run]) -> list[tuple[str, tuple[Run, str], tuple[Run, str]]]:
-    """(factor, candidate, baseline): retrievers on one dataset differing in exactly one factor, plus each
-    fused retriever against its best single member (by t2i R@1) in its own run."""
+    """(factor, candidate, baseline): retrievers on one dataset differing in exactly one factor."""
     items = unique_retrievers(runs)
     pairs = []
     for i, (run_a, a) in enumerate(items):
@@ -133,32 +139,38 @@ def comparable_pairs(runs: list[Run]) -> list[tuple[str, tuple[Run, str], tuple[
                 factor = differing[0]
                 first = _orient(factor, fa[factor], fb[factor])
                 pairs.append((factor, (run_a, a), (run_b, b)) if first else (factor, (run_b, b), (run_a, a)))
-    for run in runs:
-        for name, entry in run.metrics["retrievers"].items():
-            if entry["spec"].get("kind") == "fusion":
-                best = max(entry["spec"]["members"], key=lambda m: run.metrics["retrievers"][m]["t2i"]["R@1"] or 0)
-                pairs.append(("fused vs best single", (run, name), (run, best)))
     return pairs
+
+
+def _run_ranks(run: Run, name: str) -> dict[str, np.ndarray]:
+    return {d: run.ranks(name, d) for d in ("t2i", "i2t")}
 
 
 def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: float = 0.95,
                      seed: int = 0) -> list[dict]:
+    """Every comparable pair (one factor apart), and each fusion against its best single member at each
+    direction and k (:meth:`RunRecord.best_single`), through the run's own comparison function
+    (:func:`fusebench.comparisons.compare`); p-values Holm-adjusted over the whole sweep."""
     rows = []
+
+    def add(factor: str, run_c: Run, cand: str, run_b: Run, base: str, **options) -> None:
+        clusters = {d: run_c.clusters(d) for d in ("t2i", "i2t")}
+        found = compare(describe(run_c, cand), describe(run_b, base), _run_ranks(run_c, cand), _run_ranks(run_b, base),
+                        clusters, options.pop("ks", ks), draws, level, seed, **options)
+        for row in found:
+            values = {k: v for k, v in row.to_json().items() if k not in ("baseline_recall", "candidate_recall")}
+            rows.append({"dataset": run_c.record.dataset["name"], "factor": factor, "candidate": row.candidate,
+                         "baseline": row.baseline, **values})
+
     for factor, (run_c, cand), (run_b, base) in comparable_pairs(runs):
-        for direction in ("t2i", "i2t"):
-            c_ranks, b_ranks = run_c.ranks(cand, direction), run_b.ranks(base, direction)
-            if len(c_ranks) != len(b_ranks):
-                continue
-            clusters = run_c.clusters(direction)
-            for k in ks:
-                c_hits, b_hits = hits_at_k(c_ranks, k), hits_at_k(b_ranks, k)
-                q = paired_bootstrap(c_hits, b_hits, draws=draws, level=level, seed=seed)
-                img = clustered_bootstrap(c_hits, b_hits, clusters, draws=draws, level=level, seed=seed)
-                rows.append({"dataset": run_c.metrics["dataset"]["name"], "factor": factor,
-                             "candidate": describe(run_c, cand), "baseline": describe(run_b, base),
-                             "direction": direction, "k": k, "gain": q.gain, "ci_low": q.ci_low, "ci_high": q.ci_high,
-                             "cluster_ci_low": img.ci_low, "cluster_ci_high": img.ci_high, "wins": q.wins,
-                             "losses": q.losses, "p_value": mcnemar_p(q.wins, q.losses), "n_queries": q.n})
+        add(factor, run_c, cand, run_b, base)
+    for run in runs:
+        for name in run.record.fusions:
+            members = run.record.retrievers[name].members
+            for direction in ("t2i", "i2t"):
+                for k in ks:
+                    best = run.record.best_single(direction, k, among=members)
+                    add("fused vs best single", run, name, run, best, ks=[k], directions=(direction,))
     adjusted = holm_adjust([r["p_value"] for r in rows])
     for row, p in zip(rows, adjusted):
         row["p_holm"] = p
@@ -168,39 +180,44 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
 def cost_rows(runs: list[Run]) -> list[dict]:
     rows = []
     for run, name in unique_retrievers(runs):
-        entry = run.metrics["retrievers"][name]
-        spec = entry["spec"]
-        members = spec["members"] if spec.get("kind") == "fusion" else [name]
-        dims = sum(int(run.metrics["retrievers"][m]["spec"].get("dim", 0)) for m in members)
+        result = run.record.retrievers[name]
+        members = result.members or [name]
+        dims = sum(int(run.record.retrievers[m].spec.get("dim", 0)) for m in members)
         seconds_per_image = 0.0
         measured = True
         for m in members:
-            info = run.metrics["retrievers"][m].get("embedding") or {}
+            info = run.record.retrievers[m].embedding or {}
             took = info.get("embed_seconds", {})
             if not info or info.get("cache", {}).get("image_hit", True):
                 measured = False
                 continue
-            seconds_per_image += (took["images"] - took.get("model_load", 0.0)) / max(run.metrics["dataset"]["n_images"], 1)
+            seconds_per_image += (took["images"] - took.get("model_load", 0.0)) / max(run.record.dataset["n_images"], 1)
         fp32, fp16 = 4 * dims, 2 * dims
-        rows.append({"dataset": run.metrics["dataset"]["name"], "retriever": describe(run, name), "dims": dims,
+        rows.append({"dataset": run.record.dataset["name"], "retriever": describe(run, name),
+                     "fusion": result.is_fusion, "dims": dims,
                      "bytes_per_image_fp32": fp32, "bytes_per_image_fp16": fp16,
                      "index_1M_fp32_GB": round(fp32 * 1e6 / 1e9, 2), "index_10M_fp32_GB": round(fp32 * 1e7 / 1e9, 1),
                      "index_10M_fp16_GB": round(fp16 * 1e7 / 1e9, 1),
                      "embed_img_per_s": round(1 / seconds_per_image, 1) if measured and seconds_per_image > 0 else None,
-                     "query_ms_run": run.metrics.get("run", {}).get("query_ms")})
+                     "query_ms_run": run.record.run.get("query_ms")})
     return rows
 
 
+P_COLUMNS = ("p_value", "p_holm")
+
+
 def _table(rows: list[dict], columns: list[str]) -> str:
-    def cell(v):
+    def cell(v, column: str):
         if v is None:
             return "-"
+        if column in P_COLUMNS:
+            return format_p(v)
         if isinstance(v, float):
             return f"{v:.4g}" if abs(v) < 1e-3 and v != 0 else f"{v:.2f}"
         return str(v).replace("|", "/")
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell(r.get(c), c) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -214,18 +231,19 @@ def _csv(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
-def build_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
+def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     scan = scan_runs(folder)
     runs, failed = scan.runs, list(scan.failed)
-    ks = sorted({k for r in runs for k in r.metrics.get("eval", {}).get("ks", [1, 5, 10])}) or [1, 5, 10]
+    ks = sorted({k for r in runs for k in r.record.ks}) or [1, 5, 10]
     return {"runs": runs, "failed": failed, "reasons": scan.failed, "ks": ks, "article": article_rows(runs, ks),
-            "gains": paired_gain_rows(runs, ks, draws=draws, seed=seed), "cost": cost_rows(runs)}
+            "gains": paired_gain_rows(runs, ks, draws=draws, level=level, seed=seed), "cost": cost_rows(runs),
+            "level": level}
 
 
-def write_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
+def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     """Write summary.md, summary.csv, gains.csv and cost.csv into ``folder``; return the report."""
     folder = Path(folder)
-    report = build_report(folder, draws=draws, seed=seed)
+    report = build_report(folder, draws=draws, seed=seed, level=level)
     ks = report["ks"]
     metric_cols = [c for c in (report["article"][0] if report["article"] else {}) if c != "retriever"]
     gain_cols = ["dataset", "factor", "candidate", "baseline", "direction", "k", "gain", "ci_low", "ci_high",
@@ -236,8 +254,8 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0) -> dict:
                                                       if report["failed"] else "") + ".", "",
              *([f"- {name}: {why}" for name, why in report["reasons"].items()] + [""] if report["failed"] else []),
              "## Recall (percent)", "", _table(report["article"], ["retriever", *metric_cols]), "",
-             f"## Paired gains at R@{ks[0]} (points; 95% bootstrap intervals over queries and over images; "
-             "McNemar p, Holm-adjusted over the whole sweep)", "",
+             f"## Paired gains at R@{ks[0]} (points; {level_label(level)} bootstrap intervals over queries and over "
+             f"images, {draws} draws; McNemar p, Holm-adjusted over the whole sweep)", "",
              _table(headline, gain_cols) if headline else "No pairs of runs differ in exactly one factor.", "",
              "All k in gains.csv.", "", "## Cost", "",
              _table(report["cost"], list(report["cost"][0]) if report["cost"] else ["retriever"]), ""]

@@ -2,49 +2,50 @@
 
 from __future__ import annotations
 
+from fusebench.comparisons import format_p, level_label
+from fusebench.record import RunRecord
+
 
 def _fmt(value) -> str:
     return "   -  " if value is None else f"{value:6.2f}"
 
 
-def format_table(metrics: dict) -> str:
-    ks = metrics["eval"]["ks"]
-    dataset = metrics["dataset"]
+def format_table(record: RunRecord) -> str:
+    ks = record.ks
+    dataset = record.dataset
     title = f"{dataset['name']}: {dataset['n_images']} images, {dataset['n_captions']} captions"
     if dataset.get("nonstandard"):
         title += "  [NON-STANDARD corpus: counts differ from the benchmark's; not comparable to published numbers]"
     if dataset.get("simulated"):
         title += "  [SIMULATED DATA: synthetic embeddings, not real model results]"
-    name_width = max(22, *(len(n) + 2 for n in metrics["retrievers"]))
+    name_width = max(22, *(len(n) + 2 for n in record.retrievers))
     columns = [(d, k, f"{d} R@{k}") for d in ("t2i", "i2t") for k in ks]
     width = {label: max(11, len(label) + 2) for _, _, label in columns}  # a space before every header, any k
     header = f"{'retriever':<{name_width}}" + "".join(f"{label:>{width[label]}}" for _, _, label in columns)
     header += f"{'mean R@1':>10}" if 1 in ks else ""
     lines = [title, header, "-" * len(header)]
-    for name, entry in metrics["retrievers"].items():
-        row = f"{name:<{name_width}}" + "".join(f"{_fmt(entry[d]['R@' + str(k)]):>{width[label]}}"
-                                                for d, k, label in columns)
-        row += f"{_fmt(entry['mean']['R@1']):>10}" if 1 in ks else ""
+    for name, result in record.retrievers.items():
+        row = f"{name:<{name_width}}" + "".join(f"{_fmt(result.recall(d, k)):>{width[label]}}" for d, k, label in columns)
+        row += f"{_fmt(result.recall('mean', 1)):>10}" if 1 in ks else ""
         lines.append(row)
     published = []
-    for name, entry in metrics["retrievers"].items():
-        theirs = ((entry.get("spec") or {}).get("published") or {}).get(dataset["name"]) or {}
+    for name, result in record.retrievers.items():
+        theirs = (result.spec.get("published") or {}).get(dataset["name"]) or {}
         for direction in ("t2i", "i2t"):
             value = theirs.get(f"{direction}_r1")
             if value is not None and 1 in ks:
-                published.append(f"  {name} {direction} R@1: {entry[direction]['R@1']:.2f} here, {value:.2f} "
-                                 f"published ({entry['spec']['published'].get('source', 'source not given')})")
+                published.append(f"  {name} {direction} R@1: {result.recall(direction, 1):.2f} here, {value:.2f} "
+                                 f"published ({result.spec['published'].get('source', 'source not given')})")
     if published:
         lines += ["", "this run beside the published numbers:", *published]
-    gains = [c for c in metrics["comparisons"] if c["k"] == ks[0]]
+    gains = [c for c in record.comparisons if c.k == ks[0]]
     if gains:
         lines.append("")
-        lines.append(f"paired gains at R@{ks[0]} (95% bootstrap interval over queries; wins/losses):")
-        width = max(len(f"{c['candidate']} vs {c['baseline']}") for c in gains)
+        lines.append(f"paired gains at R@{ks[0]} ({level_label(record.level)} bootstrap interval over queries; "
+                     "wins/losses):")
+        width = max(len(f"{c.candidate} vs {c.baseline}") for c in gains)
         for c in gains:
-            pair = f"{c['candidate']} vs {c['baseline']}"
-            lines.append(
-                f"  {pair:<{width}}  {c['direction']}: {c['gain']:+6.2f} "
-                f"[{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]  {c['wins']} won / {c['losses']} lost  p={c['p_value']:.2g}"
-            )
+            pair = f"{c.candidate} vs {c.baseline}"
+            lines.append(f"  {pair:<{width}}  {c.direction}: {c.gain:+6.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}]  "
+                         f"{c.wins} won / {c.losses} lost  p={format_p(c.p_value)}")
     return "\n".join(lines)

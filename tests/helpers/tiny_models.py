@@ -52,8 +52,17 @@ def build_open_clip(folder: Path, seed: int = 0) -> Path:
 
 def build_hf(folder: Path, family: str, seed: int = 0) -> Path:
     """A tiny CLIPModel, SiglipModel or Siglip2Model with its tokenizer and image processor, save_pretrained."""
-    from transformers import (CLIPConfig, CLIPImageProcessor, CLIPModel, Siglip2Config, Siglip2ImageProcessor,
-                              Siglip2Model, SiglipConfig, SiglipImageProcessor, SiglipModel)
+    from transformers import (
+        CLIPConfig,
+        CLIPImageProcessor,
+        CLIPModel,
+        Siglip2Config,
+        Siglip2ImageProcessor,
+        Siglip2Model,
+        SiglipConfig,
+        SiglipImageProcessor,
+        SiglipModel,
+    )
 
     folder.mkdir(parents=True, exist_ok=True)
     max_length = 16
