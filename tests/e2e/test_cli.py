@@ -124,3 +124,17 @@ def test_tiny_dataset_with_tiny_models_through_the_cli(tmp_path):
     # image + text embeddings per model, and each model's stored ranked lists
     assert listing.returncode == 0 and "6 entries" in listing.stdout
     assert sum(" lists " in row for row in rows) == 2
+
+
+def test_a_users_config_dir_adds_models(tmp_path):
+    (tmp_path / "mine" / "models").mkdir(parents=True)
+    (tmp_path / "mine" / "models" / "my_sim.yaml").write_text(
+        "# @package models.my_sim\nkind: sim\ndim: 64\nimage_noise: 0.3\ntext_noise: 0.3\nseed: 9\n")
+    result = fusebench("--config-dir", str(tmp_path / "mine"), "models=[sim_third,my_sim]", *SMALL_SIM, "logger=none",
+                       "plots=false", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert set(metrics["retrievers"]) == {"sim_third", "my_sim", "fused"}
+    listing = subprocess.run([shutil.which("fusebench-models") or str(Path(FUSEBENCH).with_name("fusebench-models")),
+                              "--config-dir", str(tmp_path / "mine")], capture_output=True, text=True, check=True)
+    assert "my_sim" in listing.stdout and "sim_third" in listing.stdout
