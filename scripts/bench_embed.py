@@ -86,8 +86,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="fusebench-bench-embed-"))
     spec = {"kind": "open_clip", "model": f"local-dir:{random_open_clip(args.model, work / 'ckpt')}"}
     corpus = repeated_corpus(args.images)
-    runtime = Runtime(device=args.device, batch_size=args.batch_size, num_workers=args.workers,
-                      cache_dir=str(work / "cache"))
+    runtime = Runtime.with_defaults(str(work / "cache"), device=args.device, batch_size=args.batch_size,
+                                    num_workers=args.workers)
 
     forward_ips, _ = forward_only(spec, corpus, runtime, device)
     started = time.perf_counter()

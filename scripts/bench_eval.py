@@ -40,6 +40,7 @@ from fusebench.encoders import embed
 from fusebench.fusion import EVIDENCE, FusionConfig, fuse_in_blocks
 from fusebench.metrics import hits_at_k
 from fusebench.retrieval import ModelInput, SearchSettings, retrieve
+from fusebench.schema import SimDatasetSchema
 from fusebench.search import resolve_device
 from fusebench.stats import paired_bootstrap
 
@@ -126,7 +127,7 @@ def main() -> None:
     device = resolve_device(args.device)
     torch.set_float32_matmul_precision("highest")
 
-    corpus = make_sim_corpus()  # 5,000 images, 25,010 captions
+    corpus = make_sim_corpus(SimDatasetSchema())  # the default job's: 5,000 images, 25,010 captions
     specs = {name: OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml"))
              for name in ("sim_siglip2_like", "sim_dfn5b_like")}  # the default job's models, d = 1,152 and 1,024
     embedded = [embed(name, spec, corpus) for name, spec in specs.items()]

@@ -33,7 +33,7 @@ def test_compute_then_hit_and_key_sensitivity(tmp_path):
     assert second.stats == first.stats
     changed = cache.get_or_compute({**MATERIAL, "images": "abd"}, 10, lambda r: rows_of(r, calls=calls))
     assert not changed.hit and changed.key != first.key
-    assert EmbeddingCache(tmp_path, dtype="fp16").get_or_compute(MATERIAL, 10, lambda r: rows_of(r)).key != first.key
+    assert EmbeddingCache(tmp_path, dtype="fp16", chunk_rows=4).get_or_compute(MATERIAL, 10, lambda r: rows_of(r)).key != first.key
 
 
 def test_key_is_stable_and_order_independent():
@@ -98,7 +98,7 @@ def test_two_writers_one_computation(tmp_path):
 
 
 def test_encoder_producing_too_few_rows_is_an_error(tmp_path):
-    cache = EmbeddingCache(tmp_path, chunk_rows=4)
+    cache = EmbeddingCache(tmp_path, dtype="fp16", chunk_rows=4)
     with pytest.raises(RuntimeError, match="produced 2 of 4 rows"):
         cache.get_or_compute(MATERIAL, 10, lambda r: rows_of(r[:2]))
 

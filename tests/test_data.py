@@ -6,6 +6,7 @@ from fusebench import FusebenchError
 from fusebench.data import load_corpus
 from fusebench.data.manifest import load_manifest
 from fusebench.data.sim import caption_counts, make_sim_corpus, sim_latents
+from fusebench.schema import SimDatasetSchema
 
 
 def test_manifest_loads_in_order_with_distractors(tmp_path):
@@ -46,7 +47,7 @@ def test_missing_manifest_file(tmp_path):
     with pytest.raises(FusebenchError, match="manifest file not found"):
         load_manifest(tmp_path / "nope.jsonl")
     with pytest.raises(FusebenchError, match="dataset.manifest is not set"):
-        load_corpus({"kind": "manifest", "manifest": None})
+        load_corpus({"kind": "manifest", "name": "m", "manifest": None, "image_root": None})
     with pytest.raises(FusebenchError, match="valid: karpathy, manifest, sim, tiny"):
         load_corpus({"kind": "coco"})
 
@@ -54,9 +55,9 @@ def test_missing_manifest_file(tmp_path):
 def test_sim_corpus_is_coco_sized_by_default_and_seeded():
     assert caption_counts(5000, 25010).sum() == 25010
     assert (caption_counts(5000, 25010) == 6).sum() == 10
-    small = make_sim_corpus(n_images=50, n_captions=260, seed=3)
-    again = make_sim_corpus(n_images=50, n_captions=260, seed=3)
+    small = make_sim_corpus(SimDatasetSchema(n_images=50, n_captions=260, seed=3))
+    again = make_sim_corpus(SimDatasetSchema(n_images=50, n_captions=260, seed=3))
     assert small.n_images == 50 and small.n_captions == 260 and small.meta["simulated"] is True
     images, captions = sim_latents(small)
     assert np.array_equal(images, sim_latents(again)[0]) and np.array_equal(captions, sim_latents(again)[1])
-    assert not np.array_equal(images, sim_latents(make_sim_corpus(n_images=50, n_captions=260, seed=4))[0])
+    assert not np.array_equal(images, sim_latents(make_sim_corpus(SimDatasetSchema(n_images=50, n_captions=260, seed=4)))[0])

@@ -6,6 +6,7 @@ from fusebench import FusebenchError
 from fusebench.data.manifest import load_manifest
 from fusebench.data.sim import make_sim_corpus
 from fusebench.encoders import embed
+from fusebench.schema import SimDatasetSchema
 
 
 @pytest.fixture
@@ -59,10 +60,10 @@ def test_unknown_kind_lists_valid_kinds(corpus):
 def test_sim_model_needs_sim_corpus_and_is_seeded(corpus):
     with pytest.raises(FusebenchError, match="model kind 'sim' needs dataset=sim"):
         embed("s", {"kind": "sim"}, corpus)
-    sim = make_sim_corpus(n_images=30, n_captions=150)
-    a = embed("s", {"kind": "sim", "dim": 96, "seed": 1}, sim)
-    b = embed("s", {"kind": "sim", "dim": 96, "seed": 1}, sim)
-    c = embed("s", {"kind": "sim", "dim": 96, "seed": 2}, sim)
+    sim = make_sim_corpus(SimDatasetSchema(n_images=30, n_captions=150))
+    a = embed("s", {"kind": "sim", "dim": 96, "seed": 1, "image_noise": 0.5, "text_noise": 0.5}, sim)
+    b = embed("s", {"kind": "sim", "dim": 96, "seed": 1, "image_noise": 0.5, "text_noise": 0.5}, sim)
+    c = embed("s", {"kind": "sim", "dim": 96, "seed": 2, "image_noise": 0.5, "text_noise": 0.5}, sim)
     assert a.image.shape == (30, 96) and a.text.shape == (150, 96)
     assert np.array_equal(a.text, b.text) and not np.array_equal(a.text, c.text)
 
@@ -71,7 +72,7 @@ def test_sim_rows_are_kept_for_the_next_job_read_only_and_keyed_on_every_setting
     from fusebench.data.sim import make_sim_corpus
     from fusebench.encoders.sim import sim_arrays
 
-    corpus = make_sim_corpus(n_images=30, n_captions=70, seed=3)
+    corpus = make_sim_corpus(SimDatasetSchema(n_images=30, n_captions=70, seed=3))
     spec = {"dim": 8, "image_noise": 0.4, "text_noise": 0.6, "seed": 1}
     image, text = sim_arrays(spec, corpus)
     again = sim_arrays(dict(spec), corpus)
@@ -81,7 +82,7 @@ def test_sim_rows_are_kept_for_the_next_job_read_only_and_keyed_on_every_setting
         other = sim_arrays({**spec, **change}, corpus)
         assert other[0] is not image and not np.array_equal(other[1], text)
     assert sim_arrays({**spec, "dim": 9}, corpus)[0].shape == (30, 9)
-    other_corpus = make_sim_corpus(n_images=30, n_captions=70, seed=4)
+    other_corpus = make_sim_corpus(SimDatasetSchema(n_images=30, n_captions=70, seed=4))
     assert not np.array_equal(sim_arrays(spec, other_corpus)[0], image)
 
 
@@ -90,6 +91,7 @@ def test_sim_rows_of_large_corpora_are_not_kept(monkeypatch):
     from fusebench.encoders import sim
 
     monkeypatch.setattr(sim, "MEMO_ENTRY_BYTES", 1000)
-    corpus = make_sim_corpus(n_images=30, n_captions=70, seed=5)
-    first = sim.sim_arrays({"dim": 8, "seed": 7}, corpus)
-    assert sim.sim_arrays({"dim": 8, "seed": 7}, corpus)[0] is not first[0]  # 3,200 bytes > 1,000: recomputed
+    corpus = make_sim_corpus(SimDatasetSchema(n_images=30, n_captions=70, seed=5))
+    spec = {"dim": 8, "seed": 7, "image_noise": 0.5, "text_noise": 0.5}
+    first = sim.sim_arrays(spec, corpus)
+    assert sim.sim_arrays(spec, corpus)[0] is not first[0]  # 3,200 bytes > 1,000: recomputed

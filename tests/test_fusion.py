@@ -45,7 +45,7 @@ def _query_lists(ids, scores, row):
 def test_fuse_matches_per_query_reference(method, fuse_on):
     ids, scores = _random_lists(seed=10 * list(FUSING).index(method) + FUSE_ON.index(fuse_on))  # reproducible
     weights = [1.0, 0.5, 2.0]
-    fused = fuse(ids, scores, method, fuse_on, final_k=15, weights=weights, rrf_k=60.0, ddof=0)
+    fused = fuse(ids, scores, FusionConfig(method=method, fuse_on=fuse_on, rrf_k=60.0, ddof=0), final_k=15, weights=weights)
     for row in range(ids[0].shape[0]):
         expected = fuse_one_query(_query_lists(ids, scores, row), method, fuse_on, 15, weights)
         got_ids = [i for i in fused.ids[row].tolist() if i >= 0]
@@ -59,7 +59,7 @@ def test_fuse_matches_per_query_reference(method, fuse_on):
 def test_fuse_in_blocks_equals_one_block(fuse_on):
     ids, scores = _random_lists(seed=3, rows=50)
     config = FusionConfig(method="dbsf", fuse_on=fuse_on, top_k=12, final_top_k=10)
-    whole = fuse(ids, scores, "dbsf", fuse_on, 10)
+    whole = fuse(ids, scores, FusionConfig(method="dbsf", fuse_on=fuse_on), 10)
     blocked = fuse_in_blocks(ids, scores, config, 10, max_entries=100)
     assert torch.equal(whole.ids, blocked.ids) and torch.equal(whole.scores, blocked.scores)
 
@@ -78,12 +78,12 @@ def test_dbsf_exact_numbers_population_and_sample():
 def test_dbsf_ignores_padding_and_handles_zero_sd():
     scores = torch.tensor([[0.9, 0.7, 0.5, -5.0], [0.3, 0.3, 0.3, 0.3]])
     valid = torch.tensor([[True, True, True, False], [True, True, True, True]])
-    out = dbsf_evidence(scores, valid)
-    assert out[0, :3].tolist() == pytest.approx(dbsf_evidence(scores[:1, :3], valid[:1, :3])[0].tolist())
+    out = dbsf_evidence(scores, valid, ddof=0)
+    assert out[0, :3].tolist() == pytest.approx(dbsf_evidence(scores[:1, :3], valid[:1, :3], ddof=0)[0].tolist())
     assert out[1].tolist() == [0.5] * 4
     # no clipping: a score above mean + 3 sd maps above 1
     spread = torch.tensor([[10.0] + [0.0] * 20])
-    assert dbsf_evidence(spread, torch.ones_like(spread, dtype=torch.bool))[0, 0] > 1.0
+    assert dbsf_evidence(spread, torch.ones_like(spread, dtype=torch.bool), ddof=0)[0, 0] > 1.0
 
 
 def test_rrf_minmax_zscore_exact_numbers():
@@ -93,19 +93,19 @@ def test_rrf_minmax_zscore_exact_numbers():
     assert rrf_evidence(scores, valid, rrf_k=0)[0].tolist() == pytest.approx([1, 1 / 2, 1 / 3])
     assert minmax_evidence(scores, valid)[0].tolist() == pytest.approx([1.0, 4 / 6, 0.0])
     mean, sd = 1.6 / 3, np.std([0.8, 0.6, 0.2])
-    assert zscore_evidence(scores, valid)[0].tolist() == pytest.approx([(s - mean) / sd for s in (0.8, 0.6, 0.2)], rel=1e-5)
+    assert zscore_evidence(scores, valid, ddof=0)[0].tolist() == pytest.approx([(s - mean) / sd for s in (0.8, 0.6, 0.2)], rel=1e-5)
     flat = torch.tensor([[0.4, 0.4]])
     assert minmax_evidence(flat, torch.ones_like(flat, dtype=torch.bool))[0].tolist() == [0.5, 0.5]
-    assert zscore_evidence(flat, torch.ones_like(flat, dtype=torch.bool))[0].tolist() == [0.0, 0.0]
+    assert zscore_evidence(flat, torch.ones_like(flat, dtype=torch.bool), ddof=0)[0].tolist() == [0.0, 0.0]
 
 
 def test_tie_rule_first_appearance_model_by_model():
     ids = [torch.tensor([[10, 20]]), torch.tensor([[20, 10]])]
     scores = [torch.tensor([[0.9, 0.8]]), torch.tensor([[0.7, 0.6]])]
     # source_object: both get 1/61 + 1/62; 10 appears first (model 0, rank 1)
-    assert fuse(ids, scores, "rrf", "source_object", 2).ids.tolist() == [[10, 20]]
+    assert fuse(ids, scores, FusionConfig(method="rrf", fuse_on="source_object"), 2).ids.tolist() == [[10, 20]]
     # document: (m0,10)=1/61, (m1,20)=1/61, (m0,20)=1/62, (m1,10)=1/62, in that order
-    doc = fuse(ids, scores, "rrf", "document", 4)
+    doc = fuse(ids, scores, FusionConfig(method="rrf", fuse_on="document"), 4)
     assert doc.ids.tolist() == [[10, 20, 20, 10]]
     assert doc.contributors.tolist() == [[1, 2, 1, 2]]
 
@@ -113,7 +113,7 @@ def test_tie_rule_first_appearance_model_by_model():
 def test_rrf_by_document_never_changes_rank_one():
     ids, scores = _random_lists(seed=11, rows=200, models=2)
     for fuse_on, expect_same in (("document", True), ("source_object", False)):
-        fused = fuse(ids, scores, "rrf", fuse_on, 10)
+        fused = fuse(ids, scores, FusionConfig(method="rrf", fuse_on=fuse_on), 10)
         same = fused.ids[:, 0] == ids[0][:, 0]
         if expect_same:
             assert same.all()
@@ -124,8 +124,8 @@ def test_rrf_by_document_never_changes_rank_one():
 def test_weights_scale_evidence():
     ids = [torch.tensor([[1, 2]]), torch.tensor([[2, 1]])]
     scores = [torch.tensor([[0.9, 0.1]]), torch.tensor([[0.9, 0.1]])]
-    assert fuse(ids, scores, "sum", "source_object", 2, weights=[1.0, 3.0]).ids.tolist() == [[2, 1]]
-    assert fuse(ids, scores, "sum", "source_object", 2, weights=[3.0, 1.0]).ids.tolist() == [[1, 2]]
+    assert fuse(ids, scores, FusionConfig(method="sum", fuse_on="source_object"), 2, weights=[1.0, 3.0]).ids.tolist() == [[2, 1]]
+    assert fuse(ids, scores, FusionConfig(method="sum", fuse_on="source_object"), 2, weights=[3.0, 1.0]).ids.tolist() == [[1, 2]]
 
 
 def test_every_method_has_evidence():

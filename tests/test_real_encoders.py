@@ -39,8 +39,8 @@ def specs(checkpoints):
 
 
 def runtime(tmp_path, **kw):
-    return Runtime(cache_dir=str(tmp_path / "cache"), num_workers=kw.pop("num_workers", 0), batch_size=4,
-                   cache_dtype=kw.pop("cache_dtype", "fp32"), chunk_rows=kw.pop("chunk_rows", 1024), **kw)
+    return Runtime.with_defaults(str(tmp_path / "cache"), num_workers=kw.pop("num_workers", 0), batch_size=4,
+                                 cache_dtype=kw.pop("cache_dtype", "fp32"), chunk_rows=kw.pop("chunk_rows", 1024), **kw)
 
 
 @pytest.mark.parametrize("name", ["oc", "clip", "siglip", "siglip2"])
@@ -56,7 +56,7 @@ def test_each_backend_matches_a_direct_forward_pass(checkpoints, tmp_path, name)
     x = encoder.image_transform(image)
     direct = encoder.encode_images({k: v[None] for k, v in x.items()} if isinstance(x, dict) else x[None])[0].numpy()
     assert np.allclose(got.image[2], direct / np.linalg.norm(direct), atol=1e-5)
-    text = preprocess_text(corpus.captions[7], text_settings(name, spec)["case"])
+    text = preprocess_text(corpus.captions[7], text_settings(name, spec)["case"], None)
     direct = encoder.encode_texts(encoder.tokenize([text]))[0].numpy()
     assert np.allclose(got.text[7], direct / np.linalg.norm(direct), atol=1e-4)
 
@@ -172,9 +172,9 @@ def test_bad_text_settings(text, fragment):
 
 
 def test_text_preprocessing():
-    assert preprocess_text("A Dog, running!", "as_typed") == "A Dog, running!"
-    assert preprocess_text("A Dog, running!", "lowercase") == "a dog, running!"
-    assert preprocess_text("A Dog,  running!", "canonicalize") == "a dog running"
+    assert preprocess_text("A Dog, running!", "as_typed", None) == "A Dog, running!"
+    assert preprocess_text("A Dog, running!", "lowercase", None) == "a dog, running!"
+    assert preprocess_text("A Dog,  running!", "canonicalize", None) == "a dog running"
     assert preprocess_text("A dog", "lowercase", "a photo of {}.") == "a photo of a dog."
 
 

@@ -90,14 +90,17 @@ class CacheResult:
 
 
 class EmbeddingCache:
-    def __init__(self, root: str | Path, dtype: str = "fp16", chunk_rows: int = 1024):
-        if dtype not in STORE_DTYPES:
+    """``dtype`` and ``chunk_rows`` are the embed.cache settings (defaults: fusebench.schema.CacheSchema); a
+    cache opened only to list or remove entries (``fusebench-cache``) leaves them None."""
+
+    def __init__(self, root: str | Path, dtype: str | None = None, chunk_rows: int | None = None):
+        if dtype is not None and dtype not in STORE_DTYPES:
             raise FusebenchError(f"embed.cache.dtype={dtype!r} is not valid; valid: {', '.join(STORE_DTYPES)}.")
-        if chunk_rows < 1:
+        if chunk_rows is not None and chunk_rows < 1:
             raise FusebenchError(f"embed.cache.chunk_rows={chunk_rows} must be >= 1.")
         self.root = Path(root).expanduser()
         self.dtype = dtype
-        self.chunk_rows = int(chunk_rows)
+        self.chunk_rows = None if chunk_rows is None else int(chunk_rows)
 
     def entry_dir(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -110,6 +113,8 @@ class EmbeddingCache:
         batches covering exactly those rows in that order; ``stats`` are integer counters to record.
         ``info`` (model name, ...) is stored for listing but is not part of the key.
         """
+        if self.dtype is None or self.chunk_rows is None:
+            raise ValueError("this EmbeddingCache was opened to list entries; give dtype and chunk_rows to compute")
         material = {**material, "store_dtype": self.dtype, "n_rows": int(n_rows)}
         key = cache_key(material)
         folder = self.entry_dir(key)

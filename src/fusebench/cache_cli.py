@@ -3,13 +3,13 @@
     fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists/scores), shape, size, state
     fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters)
     fusebench-cache clear --yes                remove every entry
-The default DIR is the run default: $FUSEBENCH_OUTPUT/cache, else outputs/cache.
+The default DIR is the runs' own: embed.cache.dir of the composed config ($FUSEBENCH_OUTPUT/cache, else
+outputs/cache).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from fusebench import FusebenchError
@@ -40,11 +40,25 @@ def format_entries(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def default_cache_dir() -> str:
+    """embed.cache.dir as a run would resolve it (the config is the one home of that default)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fusebench.cli import CONFIG_DIR
+
+    if GlobalHydra.instance().is_initialized():
+        cfg = compose(config_name="config")
+    else:
+        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+            cfg = compose(config_name="config")
+    return str(cfg.embed.cache.dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fusebench-cache", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_dir = os.path.join(os.environ.get("FUSEBENCH_OUTPUT", "outputs"), "cache")
-    parser.add_argument("--dir", default=default_dir, help=f"cache folder (default: {default_dir})")
+    parser.add_argument("--dir", default=None, help="cache folder (default: embed.cache.dir, as runs use it)")
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {"list": sub.add_parser("list", help="list entries"),
                 "remove": sub.add_parser("remove", help="remove entries by key prefix"),
@@ -54,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     commands["remove"].add_argument("keys", nargs="+")
     commands["clear"].add_argument("--yes", action="store_true", help="confirm")
     args = parser.parse_args(argv)
+    args.dir = args.dir or default_cache_dir()
     stores = {"embeddings": EmbeddingCache(args.dir), "lists": ListStore(args.dir), "scores": ScoreStore(args.dir)}
     try:
         if args.command == "list":

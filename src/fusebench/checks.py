@@ -102,6 +102,15 @@ def mapping(value, key: str) -> dict:
     return dict(value)
 
 
+def required(cfg: Mapping, key: str, where: str):
+    """``cfg[key]``; a missing key is an error naming it (every default lives in fusebench/schema.py or the
+    group's YAML file, never in the code that reads the value)."""
+    if key not in cfg:
+        raise FusebenchError(f"{where}.{key} is missing; the composed config sets every key (see "
+                             f"fusebench --cfg job), so a config built by hand must set it too.")
+    return cfg[key]
+
+
 def known_keys(cfg: Mapping, key: str, valid: Sequence[str]) -> None:
     """Every key of ``cfg`` is in ``valid``."""
     unknown = sorted(str(k) for k in set(cfg) - set(valid))

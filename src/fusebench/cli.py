@@ -21,10 +21,11 @@ from hydra.errors import CompactHydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from fusebench import FusebenchError
+from fusebench import FusebenchError, schema
 
 # the configs ship inside the package, so `pip install .` (a wheel) works from any folder
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
+schema.register()  # the groups' schemas (types and defaults) that the YAML options start from
 # an OSError with one of these is the machine's state (permissions, a full disk), not a bug
 ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.ENOTDIR,
                       errno.EISDIR}
@@ -103,7 +104,8 @@ def hydra_error_message(err: CompactHydraException) -> str:
     text = str(err).split("\nConfig search path:")[0].strip()
     if err.__cause__ is not None:
         text += f"\n{str(err.__cause__).strip()}"
-    return text
+    internal = ("reference_type=", "object_type=")  # OmegaConf's class names say nothing to a user
+    return "\n".join(line for line in text.splitlines() if not line.strip().startswith(internal))
 
 
 def _fail(message: str, code: int = 2) -> None:

@@ -22,14 +22,16 @@ METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore")
 FUSE_ON = ("document", "source_object")
 
 
-@dataclass(frozen=True)
+@dataclass
 class FusionConfig:
-    method: str = "dbsf"
-    fuse_on: str = "source_object"
-    top_k: int | None = 100  # per model; None = all items
-    final_top_k: int | None = None  # after fusion; None = top_k
-    rrf_k: float = 60.0
-    ddof: int = 0
+    """The ``fusion`` config group's schema and defaults (registered with Hydra by :mod:`fusebench.schema`)."""
+
+    method: str = "dbsf"  # none | rrf | dbsf | sum | minmax | zscore
+    fuse_on: str = "source_object"  # source_object: one entry per image; document: each model's hit its own entry
+    top_k: int | None = 100  # per-model list length; null = all items
+    final_top_k: int | None = None  # fused list length; null = top_k
+    rrf_k: float = 60.0  # rrf only: 1 / (rrf_k + rank)
+    ddof: int = 0  # dbsf/zscore sd: 0 population, 1 sample (Qdrant)
 
     def __post_init__(self):
         checks.choice(self.method, "fusion.method", METHODS)
@@ -79,7 +81,7 @@ def _row_mean_std(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int) -
     return mean.to(scores.dtype), std.to(scores.dtype)
 
 
-def rrf_evidence(scores: torch.Tensor, valid: torch.Tensor, rrf_k: float = 60.0, **_) -> torch.Tensor:
+def rrf_evidence(scores: torch.Tensor, valid: torch.Tensor, rrf_k: float, **_) -> torch.Tensor:
     """1 / (rrf_k + rank), rank 1-based by list position."""
     rank = torch.arange(1, scores.shape[1] + 1, device=scores.device, dtype=scores.dtype)
     return (1.0 / (rrf_k + rank)).expand_as(scores).clone()
@@ -95,7 +97,7 @@ class RowAffine:
     flat_value: float
 
 
-def dbsf_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int = 0, **_) -> RowAffine:
+def dbsf_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int, **_) -> RowAffine:
     """Distribution-based score fusion: (s - (mean - 3 sd)) / (6 sd) over this list; 0.5 where sd = 0. No clipping."""
     mean, std = _row_mean_std(scores, valid, ddof)
     flat = std <= 0
@@ -115,7 +117,7 @@ def minmax_rows(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> RowAff
     return RowAffine(low, span.masked_fill(flat, 1.0), flat, 0.5)
 
 
-def zscore_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int = 0, **_) -> RowAffine:
+def zscore_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int, **_) -> RowAffine:
     """(s - mean) / sd over this list; 0 where sd = 0."""
     mean, std = _row_mean_std(scores, valid, ddof)
     flat = std <= 0
@@ -135,7 +137,7 @@ def affine_evidence(scores: torch.Tensor, rows: RowAffine) -> torch.Tensor:
     return ((scores - rows.low) / rows.scale).masked_fill_(rows.flat, rows.flat_value)
 
 
-def dbsf_evidence(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int = 0, **_) -> torch.Tensor:
+def dbsf_evidence(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int, **_) -> torch.Tensor:
     return affine_evidence(scores, dbsf_rows(scores, valid, ddof))
 
 
@@ -143,7 +145,7 @@ def minmax_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> to
     return affine_evidence(scores, minmax_rows(scores, valid))
 
 
-def zscore_evidence(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int = 0, **_) -> torch.Tensor:
+def zscore_evidence(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int, **_) -> torch.Tensor:
     return affine_evidence(scores, zscore_rows(scores, valid, ddof))
 
 
@@ -193,9 +195,11 @@ def _sum_by_id(all_ids: torch.Tensor, evidence: torch.Tensor, bits: torch.Tensor
     return total.masked_fill_(repeat | (ids == n_slots - 1), float("-inf")), positions, contributors
 
 
-def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], method: str, fuse_on: str, final_k: int,
-         weights: list[float] | None = None, rrf_k: float = 60.0, ddof: int = 0) -> FusedLists:
-    """Fuse per-model ranked lists for one batch of queries into one list of length ``final_k``."""
+def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
+         weights: list[float] | None = None) -> FusedLists:
+    """Fuse per-model ranked lists for one batch of queries into one list of length ``final_k`` with
+    ``config``'s method, key, rrf_k and ddof (``weights``: per model, None = equal)."""
+    method, fuse_on, rrf_k, ddof = config.method, config.fuse_on, config.rrf_k, config.ddof
     if method not in EVIDENCE:
         raise FusebenchError(f"fusion method {method!r} cannot fuse; valid: {', '.join(EVIDENCE)}.")
     if fuse_on not in FUSE_ON:
@@ -224,8 +228,8 @@ def fuse_in_blocks(ids: list[torch.Tensor], scores: list[torch.Tensor], config: 
     rows = ids[0].shape[0]
     width = sum(t.shape[1] for t in ids)
     step = max(1, max_entries // width)
-    blocks = [fuse([t[r:r + step] for t in ids], [t[r:r + step] for t in scores], config.method, config.fuse_on,
-                   final_k, weights, config.rrf_k, config.ddof) for r in range(0, rows, step)]
+    blocks = [fuse([t[r:r + step] for t in ids], [t[r:r + step] for t in scores], config, final_k, weights)
+              for r in range(0, rows, step)]
     if len(blocks) == 1:
         return blocks[0]
     return FusedLists(*(torch.cat([getattr(b, f) for b in blocks]) for f in ("ids", "scores", "contributors")))

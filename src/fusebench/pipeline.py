@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from fusebench import FUSED, FusebenchError, __version__, checks
@@ -25,7 +25,7 @@ from fusebench.data import load_corpus
 from fusebench.encoders import drop_unreadable, finalize, load_raw
 from fusebench.encoders.real import Runtime
 from fusebench.fusion import FusionConfig
-from fusebench.record import RunRecord
+from fusebench.record import DEFAULT_WEIGHT, RunRecord
 from fusebench.report.outputs import clear_run_outputs, write_run_outputs
 from fusebench.report.table import format_table
 from fusebench.retrieval import ListSource, ModelInput, SearchSettings, retrieve
@@ -36,40 +36,47 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def _plain(cfg) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+def _plain(cfg):
+    """A composed config node as plain Python (dicts, lists, values), interpolations resolved."""
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return dict(cfg) if isinstance(cfg, Mapping) else cfg
 
 
 EVAL_KEYS = ("ks", "bootstrap", "device", "chunk_size", "item_chunk_size", "save_topk", "lists")
 
 
 def eval_settings(cfg: Mapping) -> dict:
+    """The eval group's values, checked (defaults: :class:`fusebench.schema.EvalSchema`)."""
+    def need(mapping, key, where="eval"):
+        return checks.required(mapping, key, where)
+
     checks.known_keys(cfg, "eval", EVAL_KEYS)
-    ks = checks.integer_list(cfg.get("ks", [1, 5, 10]), "eval.ks")
-    boot = checks.mapping(cfg.get("bootstrap"), "eval.bootstrap")
+    ks = checks.integer_list(need(cfg, "ks"), "eval.ks")
+    boot = checks.mapping(need(cfg, "bootstrap"), "eval.bootstrap")
     checks.known_keys(boot, "eval.bootstrap", ("draws", "level", "seed"))
-    draws = checks.integer(boot.get("draws", 2000), "eval.bootstrap.draws", 1, "resamples per comparison, e.g. 2000")
-    level = checks.number(boot.get("level", 0.95), "eval.bootstrap.level", 0, 1, open_low=True, open_high=True,
-                          hint="the interval's coverage, e.g. 0.95")
-    seed = checks.integer(boot.get("seed", 0), "eval.bootstrap.seed", 0)
-    save_topk = checks.optional_integer(cfg.get("save_topk", 25), "eval.save_topk", 1, "null = whole lists")
-    chunks = {key: checks.integer(cfg.get(key, default), f"eval.{key}", 1)
-              for key, default in (("chunk_size", 4096), ("item_chunk_size", 16384))}
-    lists = checks.mapping(cfg.get("lists"), "eval.lists")
+    draws = checks.integer(need(boot, "draws", "eval.bootstrap"), "eval.bootstrap.draws", 1,
+                           "resamples per comparison, e.g. 2000")
+    level = checks.number(need(boot, "level", "eval.bootstrap"), "eval.bootstrap.level", 0, 1, open_low=True,
+                          open_high=True, hint="the interval's coverage, e.g. 0.95")
+    seed = checks.integer(need(boot, "seed", "eval.bootstrap"), "eval.bootstrap.seed", 0)
+    save_topk = checks.optional_integer(need(cfg, "save_topk"), "eval.save_topk", 1, "null = whole lists")
+    chunks = {key: checks.integer(need(cfg, key), f"eval.{key}", 1) for key in ("chunk_size", "item_chunk_size")}
+    lists = checks.mapping(need(cfg, "lists"), "eval.lists")
     checks.known_keys(lists, "eval.lists", ("store", "depth", "max_scores_mb"))
-    depth = checks.integer(lists.get("depth", 100), "eval.lists.depth", 1, "list length stored per query")
-    max_mb = checks.integer(lists.get("max_scores_mb", 2048), "eval.lists.max_scores_mb", 0,
+    depth = checks.integer(need(lists, "depth", "eval.lists"), "eval.lists.depth", 1, "list length stored per query")
+    max_mb = checks.integer(need(lists, "max_scores_mb", "eval.lists"), "eval.lists.max_scores_mb", 0,
                             "0: never store score matrices")
-    store = checks.boolean(lists.get("store", True), "eval.lists.store")
-    device = checks.text(cfg.get("device", "auto"), "eval.device", hint="auto, cpu, cuda, cuda:1 or mps")
+    store = checks.boolean(need(lists, "store", "eval.lists"), "eval.lists.store")
+    device = checks.text(need(cfg, "device"), "eval.device", hint="auto, cpu, cuda, cuda:1 or mps")
     return {"ks": sorted(set(ks)), "draws": draws, "level": level, "seed": seed, "save_topk": save_topk, **chunks,
             "lists": {"store": store, "depth": depth, "max_scores_mb": max_mb}, "device": device}
 
 
 def fusion_settings(cfg: Mapping, ks: list[int]) -> FusionConfig:
-    known = set(FusionConfig.__dataclass_fields__)
-    checks.known_keys(cfg, "fusion", sorted(known))
-    fusion = FusionConfig(**{k: cfg[k] for k in cfg})
+    known = list(FusionConfig.__dataclass_fields__)
+    checks.known_keys(cfg, "fusion", known)
+    fusion = FusionConfig(**{k: checks.required(cfg, k, "fusion") for k in known})
     fusion.check_ks(ks)
     return fusion
 
@@ -87,7 +94,8 @@ def model_specs(cfg: Mapping) -> dict[str, dict]:
 
 
 def model_weight(name: str, spec: Mapping) -> float:
-    return checks.number(spec.get("weight", 1.0), f"models.{name}.weight", 0, hint="the model's weight in the fused score")
+    return checks.number(spec.get("weight", DEFAULT_WEIGHT), f"models.{name}.weight", 0,
+                         hint="the model's weight in the fused score")
 
 
 def check_writable(out_dir: str | Path) -> None:
@@ -129,15 +137,17 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
     the run record (what metrics.json holds)."""
     started = time.perf_counter()
     check_writable(out_dir)
-    settings = eval_settings(checks.mapping(_plain(cfg.get("eval")), "eval"))
-    fusion = fusion_settings(checks.mapping(_plain(cfg.get("fusion")), "fusion"), settings["ks"])
-    specs = model_specs(_plain(cfg["models"]))
-    draw_plots = checks.boolean(cfg.get("plots", True), "plots")
-    logger = checks.mapping(_plain(cfg["logger"]) if "logger" in cfg else None, "logger")
+    group = {key: _plain(checks.required(cfg, key, "config"))
+             for key in ("eval", "fusion", "models", "plots", "logger", "embed", "dataset")}
+    settings = eval_settings(checks.mapping(group["eval"], "eval"))
+    fusion = fusion_settings(checks.mapping(group["fusion"], "fusion"), settings["ks"])
+    specs = model_specs(group["models"])
+    draw_plots = checks.boolean(group["plots"], "plots")
+    logger = checks.mapping(group["logger"], "logger")
     check_logger(logger)
     device = resolve_device(settings["device"])  # checked before any embedding work
-    runtime = Runtime.from_config(_plain(cfg["embed"]) if "embed" in cfg else None)
-    corpus = load_corpus(_plain(cfg["dataset"]))
+    runtime = Runtime.from_config(group["embed"])
+    corpus = load_corpus(group["dataset"])
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
 
     raws = [load_raw(name, spec, corpus, runtime) for name, spec in specs.items()]
@@ -165,7 +175,8 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
             spec, info = {"kind": "fusion", "members": singles, **fusion.__dict__}, None
         else:
             model = by_name[name]
-            spec, info = {**model.spec, "dim": model.dim}, model.info  # what ran (a sim stand-in says so)
+            spec = {**model.spec, "weight": model_weight(name, model.spec), "dim": model.dim}  # what ran
+            info = model.info
         retrievers[name] = retriever_result(name, ranks[name], settings["ks"], spec, info)
     record = RunRecord(
         dataset=corpus.summary(),

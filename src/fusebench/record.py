@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 
 RECORD_VERSION = 2
 DIRECTIONS = ("t2i", "i2t")
+DEFAULT_WEIGHT = 1.0  # a model's weight in the fused score when its spec sets none
 
 
 class RecordError(ValueError):

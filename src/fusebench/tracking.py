@@ -21,12 +21,6 @@ from fusebench import checks
 from fusebench.record import RunRecord
 
 log = logging.getLogger(__name__)
-INIT_TIMEOUT = 15.0  # seconds; W&B's own default is 90
-
-
-def _setting(cfg: Mapping, key: str, default):
-    value = cfg.get(key) if cfg else None
-    return default if value is None else value
 
 
 def git_commit() -> str | None:
@@ -91,20 +85,19 @@ LOGGER_KEYS = ("kind", "project", "entity", "mode", "tags", "init_timeout")
 MODES = ("offline", "online", "disabled")
 
 
-def check_logger(cfg: Mapping | None) -> None:
-    """The ``logger`` group's values, checked before any work (a typo must not surface after the run)."""
-    if not cfg:
-        return
-    checks.known_keys(cfg, "logger", LOGGER_KEYS)
-    kind = checks.choice(cfg.get("kind", "none"), "logger.kind", ("none", "wandb"))
+def check_logger(cfg: Mapping) -> None:
+    """The ``logger`` group's values, checked before any work (keys and defaults: fusebench.schema.WandbSchema)."""
+    kind = checks.choice(checks.required(cfg, "kind", "logger"), "logger.kind", ("none", "wandb"))
     if kind == "none":
         return
-    checks.choice(cfg.get("mode"), "logger.mode", MODES, allow_none=True)
-    checks.text(cfg.get("project", "fusebench"), "logger.project")
-    checks.text(cfg.get("entity"), "logger.entity", allow_none=True)
-    checks.string_list(cfg.get("tags"), "logger.tags")
-    checks.number(_setting(cfg, "init_timeout", INIT_TIMEOUT), "logger.init_timeout", 0, open_low=True,
-                  hint="seconds to wait for W&B to start")
+    checks.known_keys(cfg, "logger", LOGGER_KEYS)
+    for key in LOGGER_KEYS:
+        checks.required(cfg, key, "logger")
+    checks.choice(cfg["mode"], "logger.mode", MODES, allow_none=True)
+    checks.text(cfg["project"], "logger.project")
+    checks.text(cfg["entity"], "logger.entity", allow_none=True)
+    checks.string_list(cfg["tags"], "logger.tags")
+    checks.number(cfg["init_timeout"], "logger.init_timeout", 0, open_low=True, hint="seconds to wait for W&B to start")
 
 
 def _init(cfg: Mapping, out_dir: Path, config: dict, group: str | None, name: str | None, job_type: str):
@@ -112,15 +105,15 @@ def _init(cfg: Mapping, out_dir: Path, config: dict, group: str | None, name: st
     ``logger.init_timeout`` seconds and logs offline instead, so the record can be uploaded later."""
     import wandb
 
-    mode = _setting(cfg, "mode", os.environ.get("WANDB_MODE", "offline"))
+    mode = cfg["mode"] or os.environ.get("WANDB_MODE") or "offline"
 
     def start(mode: str):
         # only an online start gets the short timeout; an offline one keeps W&B's own (a busy machine is slow)
-        timeout = {"init_timeout": float(_setting(cfg, "init_timeout", INIT_TIMEOUT))} if mode == "online" else {}
-        return wandb.init(project=_setting(cfg, "project", "fusebench"), entity=cfg.get("entity") if cfg else None,
-                          mode=mode, dir=str(out_dir), config=config, group=group, name=name, job_type=job_type,
-                          tags=list(_setting(cfg, "tags", [])), reinit="finish_previous", settings=wandb.Settings(
-                              silent=True, console="off", x_disable_stats=True, **timeout))
+        timeout = {"init_timeout": float(cfg["init_timeout"])} if mode == "online" else {}
+        return wandb.init(project=cfg["project"], entity=cfg["entity"], mode=mode, dir=str(out_dir), config=config,
+                          group=group, name=name, job_type=job_type, tags=list(cfg["tags"] or []),
+                          reinit="finish_previous", settings=wandb.Settings(silent=True, console="off",
+                                                                            x_disable_stats=True, **timeout))
 
     if mode != "online":
         return wandb, start(mode)
@@ -137,10 +130,7 @@ def _init(cfg: Mapping, out_dir: Path, config: dict, group: str | None, name: st
 def log_run(cfg: Mapping | None, record: RunRecord, out_dir: str | Path, plots: list[Path],
             resolved: dict | None = None) -> None:
     """Log one finished run; any W&B failure is a warning, the run dir stays the record."""
-    if not cfg or cfg.get("kind", "none") == "none":
-        return
-    if cfg.get("kind") != "wandb":
-        log.warning("logger.kind=%r is not known (valid: none, wandb); nothing logged", cfg.get("kind"))
+    if not cfg or cfg["kind"] != "wandb":  # checked before the run (check_logger): none, or wandb
         return
     out_dir = Path(out_dir)
     try:
@@ -165,7 +155,7 @@ def log_run(cfg: Mapping | None, record: RunRecord, out_dir: str | Path, plots: 
 
 def log_sweep(cfg: Mapping | None, folder: str | Path, report: dict) -> None:
     """The sweep summary run: the sweep's tables and plots, grouped with its jobs."""
-    if not cfg or cfg.get("kind") != "wandb":
+    if not cfg or cfg["kind"] != "wandb":
         return
     folder = Path(folder)
     try:

@@ -10,6 +10,7 @@ from fusebench.data.karpathy import load_karpathy
 from fusebench.data.manifest import load_manifest
 from fusebench.data.sim import make_sim_corpus
 from fusebench.data.tiny import load_tiny
+from fusebench.schema import SimDatasetSchema
 
 DATASET_KINDS = ("karpathy", "manifest", "sim", "tiny")
 
@@ -23,41 +24,41 @@ DATASET_KEYS = {
 
 
 def load_corpus(cfg: Mapping) -> Corpus:
+    """The corpus a ``dataset`` config describes (every key set: sim's defaults are
+    :class:`fusebench.schema.SimDatasetSchema`, the other kinds' their YAML files)."""
     cfg = checks.mapping(cfg, "dataset")
-    kind = checks.choice(cfg.get("kind"), "dataset.kind", DATASET_KINDS)
+    kind = checks.choice(checks.required(cfg, "kind", "dataset"), "dataset.kind", DATASET_KINDS)
     checks.known_keys(cfg, "dataset", DATASET_KEYS[kind])
-    name = checks.text(cfg.get("name", kind), "dataset.name")
+    need = {key: checks.required(cfg, key, "dataset") for key in DATASET_KEYS[kind]}
+    name = checks.text(need["name"], "dataset.name")
     if kind == "manifest":
-        if not cfg.get("manifest"):
+        if not need["manifest"]:
             raise FusebenchError("dataset.manifest is not set: pass dataset.manifest=/path/to/manifest.jsonl.")
-        return load_manifest(checks.text(cfg["manifest"], "dataset.manifest"), name=name,
-                             image_root=checks.text(cfg.get("image_root"), "dataset.image_root", allow_none=True))
+        return load_manifest(checks.text(need["manifest"], "dataset.manifest"), name=name,
+                             image_root=checks.text(need["image_root"], "dataset.image_root", allow_none=True))
     if kind == "karpathy":
         for key in ("annotations", "image_root"):
-            if not cfg.get(key):
+            if not need[key]:
                 raise FusebenchError(f"dataset.{key} is not set (see conf/dataset/{name}.yaml and paths.data_root).")
-        verify = checks.choice(cfg.get("verify_images", "header"), "dataset.verify_images", ("none", "header", "full"))
-        expected = checks.mapping(cfg.get("expected"), "dataset.expected")
+        verify = checks.choice(need["verify_images"], "dataset.verify_images", ("none", "header", "full"))
+        expected = checks.mapping(need["expected"], "dataset.expected")
         checks.known_keys(expected, "dataset.expected", ("images", "captions"))
         for key, value in expected.items():
             checks.integer(value, f"dataset.expected.{key}", 1)
-        return load_karpathy(checks.text(cfg["annotations"], "dataset.annotations"),
-                             checks.text(cfg["image_root"], "dataset.image_root"),
-                             split=checks.text(cfg.get("split", "test"), "dataset.split"), name=name,
-                             expected=expected or None,
-                             allow_nonstandard=checks.boolean(cfg.get("allow_nonstandard", False),
-                                                              "dataset.allow_nonstandard"),
+        return load_karpathy(checks.text(need["annotations"], "dataset.annotations"),
+                             checks.text(need["image_root"], "dataset.image_root"),
+                             split=checks.text(need["split"], "dataset.split"), name=name, expected=expected or None,
+                             allow_nonstandard=checks.boolean(need["allow_nonstandard"], "dataset.allow_nonstandard"),
                              verify=verify)
     if kind == "tiny":
-        return load_tiny(limit=checks.optional_integer(cfg.get("limit"), "dataset.limit", 1, "null = all images"),
-                         name=name)
-    return make_sim_corpus(
-        n_images=checks.integer(cfg.get("n_images", 5000), "dataset.n_images", 1),
-        n_captions=checks.integer(cfg.get("n_captions", 25010), "dataset.n_captions", 1),
-        latent_dim=checks.integer(cfg.get("latent_dim", 64), "dataset.latent_dim", 1),
-        caption_noise=checks.number(cfg.get("caption_noise", 1.3), "dataset.caption_noise", 0),
-        shared_caption_noise=checks.number(cfg.get("shared_caption_noise", 1.36), "dataset.shared_caption_noise", 0),
-        seed=checks.integer(cfg.get("seed", 0), "dataset.seed", 0), name=name)
+        return load_tiny(limit=checks.optional_integer(need["limit"], "dataset.limit", 1, "null = all images"), name=name)
+    return make_sim_corpus(SimDatasetSchema(
+        name=name, n_images=checks.integer(need["n_images"], "dataset.n_images", 1),
+        n_captions=checks.integer(need["n_captions"], "dataset.n_captions", 1),
+        latent_dim=checks.integer(need["latent_dim"], "dataset.latent_dim", 1),
+        caption_noise=checks.number(need["caption_noise"], "dataset.caption_noise", 0),
+        shared_caption_noise=checks.number(need["shared_caption_noise"], "dataset.shared_caption_noise", 0),
+        seed=checks.integer(need["seed"], "dataset.seed", 0)))
 
 
 __all__ = ["Corpus", "DATASET_KINDS", "load_corpus", "validate_corpus"]

@@ -12,6 +12,7 @@ import numpy as np
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus, validate_corpus
+from fusebench.schema import SimDatasetSchema
 
 
 def caption_counts(n_images: int, n_captions: int) -> np.ndarray:
@@ -25,9 +26,11 @@ def caption_counts(n_images: int, n_captions: int) -> np.ndarray:
     return counts
 
 
-def make_sim_corpus(n_images: int = 5000, n_captions: int = 25010, latent_dim: int = 64,
-                    caption_noise: float = 1.3, shared_caption_noise: float = 1.36, seed: int = 0,
-                    name: str = "sim") -> Corpus:
+def make_sim_corpus(settings: SimDatasetSchema) -> Corpus:
+    """The simulated corpus ``settings`` describe (``SimDatasetSchema()``: COCO 5k-sized, the default job's)."""
+    name, n_images, n_captions, seed = settings.name, settings.n_images, settings.n_captions, settings.seed
+    latent_dim, caption_noise, shared_caption_noise = (settings.latent_dim, settings.caption_noise,
+                                                       settings.shared_caption_noise)
     counts = caption_counts(n_images, n_captions)
     caption_image = np.repeat(np.arange(n_images, dtype=np.int64), counts)
     rank_in_image = np.arange(n_captions) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -43,20 +46,25 @@ def make_sim_corpus(n_images: int = 5000, n_captions: int = 25010, latent_dim: i
     return validate_corpus(corpus, "sim dataset")
 
 
-def sim_latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
-    """The shared latents of a sim corpus: (image latents (N, L), caption latents (Q, L)), float32."""
+def require_sim_corpus(corpus: Corpus) -> None:
+    """Sim models simulate embeddings of a sim corpus only."""
     if not corpus.meta.get("simulated"):
         raise FusebenchError(
             f"model kind 'sim' needs dataset=sim (it simulates embeddings of a synthetic corpus); "
             f"dataset {corpus.name!r} is real data: use kind 'vectors' or a real encoder."
         )
+
+
+def sim_latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
+    """The shared latents of a sim corpus: (image latents (N, L), caption latents (Q, L)), float32."""
+    require_sim_corpus(corpus)
     rng = np.random.default_rng([int(corpus.meta["sim_seed"]), 0])
     dim = int(corpus.meta["sim_latent_dim"])
     images = rng.standard_normal((corpus.n_images, dim), dtype=np.float32)
     noise = rng.standard_normal((corpus.n_captions, dim), dtype=np.float32)
     # what every caption of an image misses alike (shared), then what each caption adds or misses on its own
     shared = rng.standard_normal((corpus.n_images, dim), dtype=np.float32)
-    captions = (images + np.float32(corpus.meta.get("sim_shared_caption_noise", 0.0)) * shared)[corpus.caption_image]
+    captions = (images + np.float32(corpus.meta["sim_shared_caption_noise"]) * shared)[corpus.caption_image]
     captions += np.float32(corpus.meta["sim_caption_noise"]) * noise
     return images, captions
 

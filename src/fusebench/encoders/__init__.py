@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fusebench import FusebenchError
+from fusebench import FusebenchError, checks
 from fusebench.data.corpus import Corpus
 from fusebench.encoders.base import ModelEmbeddings, check_embeddings
 from fusebench.encoders.sim import sim_arrays
+from fusebench.encoders.text import text_settings
 from fusebench.encoders.vectors import vector_arrays
 
 KINDS = ("hf", "open_clip", "sim", "vectors")
@@ -51,10 +52,13 @@ def sim_stand_in(name: str, spec: Mapping) -> dict:
         raise FusebenchError(f"models.{name} is a real model ({spec.get('kind')}) and has no 'sim:' stand-in, so it "
                              "cannot run on dataset=sim; add a sim: block (dim, image_noise, text_noise, seed) or "
                              "use a real dataset.")
-    text_noise = block.get("text_noise", 0.5)
-    if isinstance(text_noise, Mapping):
-        case = (spec.get("text") or {}).get("case", "as_typed")
-        text_noise = text_noise.get(case, text_noise.get("as_typed", 0.5))
+    text_noise = checks.required(block, "text_noise", f"models.{name}.sim")
+    if isinstance(text_noise, Mapping):  # per text.case: the preprocessing study's effect on simulated data
+        case = text_settings(name, spec)["case"]
+        if case not in text_noise:
+            raise FusebenchError(f"models.{name}.sim.text_noise has no value for text.case={case!r}; it has "
+                                 f"{', '.join(map(str, text_noise))}: add {case}: NOISE.")
+        text_noise = text_noise[case]
     return {**block, "kind": "sim", "text_noise": text_noise}
 
 
@@ -84,9 +88,11 @@ def load_raw(name: str, spec: Mapping, corpus: Corpus, runtime=None) -> RawEmbed
     if kind == "sim":
         image, text = sim_arrays(spec, corpus, f"models.{name}")
         return RawEmbeddings(name, image, text, f"sim model {name!r}", f"sim model {name!r}", dict(spec))
-    from fusebench.encoders.real import Runtime, embed_real
+    from fusebench.encoders.real import embed_real
 
-    real = embed_real(name, spec, corpus, runtime or Runtime())
+    if runtime is None:
+        raise ValueError(f"model {name!r} ({kind}) needs a Runtime (the embed config group) to run")
+    real = embed_real(name, spec, corpus, runtime)
     source = f"model {name!r} ({kind})"
     return RawEmbeddings(name, real.image, real.text, source, source, dict(spec), real.info)
 

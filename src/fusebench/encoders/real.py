@@ -10,7 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.images import image_batches
 from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.text import preprocess_texts, text_settings
+from fusebench.schema import EmbedSchema
 from fusebench.search import resolve_device
 
 log = logging.getLogger(__name__)
@@ -33,38 +34,53 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 @dataclass
 class Runtime:
-    """How to run models and where to cache (the ``embed`` config group)."""
+    """How to run models and where to cache: the ``embed`` config group, checked (keys and defaults:
+    :class:`fusebench.schema.EmbedSchema`)."""
 
-    device: str = "auto"
-    precision: str = "auto"
-    batch_size: int = 32
-    text_batch_size: int = 256
-    num_workers: int = 4
-    on_bad_image: str = "fail"
-    cache_dir: str = "outputs/cache"
-    cache_dtype: str = "fp16"
-    chunk_rows: int = 1024
+    device: str
+    precision: str
+    batch_size: int
+    text_batch_size: int
+    num_workers: int
+    on_bad_image: str
+    cache_dir: str
+    cache_dtype: str
+    chunk_rows: int
 
     @classmethod
-    def from_config(cls, cfg: Mapping | None) -> Runtime:
+    def from_config(cls, cfg: Mapping) -> Runtime:
         cfg = checks.mapping(cfg, "embed")
-        cache = checks.mapping(cfg.pop("cache", None), "embed.cache")
+        cache = checks.mapping(checks.required(cfg, "cache", "embed"), "embed.cache")
         checks.known_keys(cfg, "embed", ("device", "precision", "batch_size", "text_batch_size", "num_workers",
                                          "on_bad_image", "cache"))
         checks.known_keys(cache, "embed.cache", ("dir", "dtype", "chunk_rows"))
-        defaults = cls()
+
+        def need(mapping, key, where="embed"):
+            return checks.required(mapping, key, where)
+
         return cls(
-            device=checks.text(cfg.get("device", defaults.device), "embed.device", hint="auto, cpu, cuda, cuda:1 or mps"),
-            precision=checks.choice(cfg.get("precision", defaults.precision), "embed.precision", PRECISIONS),
-            batch_size=checks.integer(cfg.get("batch_size", defaults.batch_size), "embed.batch_size", 1),
-            text_batch_size=checks.integer(cfg.get("text_batch_size", defaults.text_batch_size),
-                                           "embed.text_batch_size", 1),
-            num_workers=checks.integer(cfg.get("num_workers", defaults.num_workers), "embed.num_workers", 0),
-            on_bad_image=checks.choice(cfg.get("on_bad_image", defaults.on_bad_image), "embed.on_bad_image",
-                                       ("fail", "skip")),
-            cache_dir=checks.text(cache.get("dir", defaults.cache_dir), "embed.cache.dir", hint="a folder"),
-            cache_dtype=checks.choice(cache.get("dtype", defaults.cache_dtype), "embed.cache.dtype", ("fp16", "fp32")),
-            chunk_rows=checks.integer(cache.get("chunk_rows", defaults.chunk_rows), "embed.cache.chunk_rows", 1))
+            device=checks.text(need(cfg, "device"), "embed.device", hint="auto, cpu, cuda, cuda:1 or mps"),
+            precision=checks.choice(need(cfg, "precision"), "embed.precision", PRECISIONS),
+            batch_size=checks.integer(need(cfg, "batch_size"), "embed.batch_size", 1),
+            text_batch_size=checks.integer(need(cfg, "text_batch_size"), "embed.text_batch_size", 1),
+            num_workers=checks.integer(need(cfg, "num_workers"), "embed.num_workers", 0),
+            on_bad_image=checks.choice(need(cfg, "on_bad_image"), "embed.on_bad_image", ("fail", "skip")),
+            cache_dir=checks.text(need(cache, "dir", "embed.cache"), "embed.cache.dir", hint="a folder"),
+            cache_dtype=checks.choice(need(cache, "dtype", "embed.cache"), "embed.cache.dtype", ("fp16", "fp32")),
+            chunk_rows=checks.integer(need(cache, "chunk_rows", "embed.cache"), "embed.cache.chunk_rows", 1))
+
+    @classmethod
+    def with_defaults(cls, cache_dir: str, **changes) -> Runtime:
+        """For code outside Hydra (tests, benchmarks): the embed group's defaults, a cache folder, and
+        ``changes`` by field name (``batch_size=4``, ``cache_dtype="fp32"``)."""
+        cfg = asdict(EmbedSchema())
+        cfg["cache"]["dir"] = cache_dir
+        for key, value in changes.items():
+            if key in ("cache_dtype", "chunk_rows"):
+                cfg["cache"][key.removeprefix("cache_")] = value
+            else:
+                cfg[key] = value
+        return cls.from_config(cfg)
 
     def resolved_precision(self, device: torch.device) -> str:
         if self.precision != "auto":

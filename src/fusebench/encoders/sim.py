@@ -16,7 +16,7 @@ import numpy as np
 
 from fusebench import checks
 from fusebench.data.corpus import Corpus
-from fusebench.data.sim import sim_model_embeddings
+from fusebench.data.sim import require_sim_corpus, sim_model_embeddings
 
 MEMO_BYTES = 768 << 20
 MEMO_ENTRY_BYTES = 256 << 20
@@ -29,14 +29,19 @@ def _key(settings: dict, corpus: Corpus) -> str:
 
 
 def sim_settings(spec: Mapping, where: str = "models.NAME") -> dict:
-    """A sim model's parameters, checked (``where`` names the config block in errors)."""
-    return {"dim": checks.integer(spec.get("dim", 512), f"{where}.dim", 1),
-            "image_noise": checks.number(spec.get("image_noise", 0.5), f"{where}.image_noise", 0),
-            "text_noise": checks.number(spec.get("text_noise", 0.5), f"{where}.text_noise", 0),
-            "seed": checks.integer(spec.get("seed", 0), f"{where}.seed", 0)}
+    """A sim model's parameters (all four set, as conf/models/sim_*.yaml do), checked; ``where`` names the
+    config block in errors."""
+    def need(key):
+        return checks.required(spec, key, where)
+
+    return {"dim": checks.integer(need("dim"), f"{where}.dim", 1),
+            "image_noise": checks.number(need("image_noise"), f"{where}.image_noise", 0),
+            "text_noise": checks.number(need("text_noise"), f"{where}.text_noise", 0),
+            "seed": checks.integer(need("seed"), f"{where}.seed", 0)}
 
 
 def sim_arrays(spec: Mapping, corpus: Corpus, where: str = "models.NAME") -> tuple[np.ndarray, np.ndarray]:
+    require_sim_corpus(corpus)
     settings = sim_settings(spec, where)
     key = _key(settings, corpus)
     if key in _MEMO:

@@ -27,7 +27,7 @@ def text_settings(name: str, spec: Mapping) -> dict:
     return text
 
 
-def preprocess_text(text: str, case: str = "as_typed", template: str | None = None) -> str:
+def preprocess_text(text: str, case: str, template: str | None) -> str:
     if case == "lowercase":
         text = text.lower()
     elif case == "canonicalize":
@@ -39,5 +39,5 @@ def preprocess_text(text: str, case: str = "as_typed", template: str | None = No
     return template.format(text) if template else text
 
 
-def preprocess_texts(texts: list[str], case: str = "as_typed", template: str | None = None) -> list[str]:
+def preprocess_texts(texts: list[str], case: str, template: str | None) -> list[str]:
     return [preprocess_text(t, case, template) for t in texts]

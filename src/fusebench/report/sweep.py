@@ -17,6 +17,7 @@ import numpy as np
 
 from fusebench.atomic import atomic_write_text
 from fusebench.comparisons import compare, format_p, level_label
+from fusebench.record import DEFAULT_WEIGHT
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
 from fusebench.stats import holm_adjust
 
@@ -44,7 +45,7 @@ def retriever_factors(run: Run, name: str) -> dict:
         members = [run.record.retrievers[m].spec for m in result.members]
         return {"kind": "fusion", "model": json.dumps([_model_identity(m) for m in members], sort_keys=True),
                 "text": json.dumps([(m.get("text") or {}) for m in members], sort_keys=True),
-                "weights": json.dumps([m.get("weight", 1.0) for m in members]),
+                "weights": json.dumps([m.get("weight", DEFAULT_WEIGHT) for m in members]),
                 "method": spec["method"], "fuse_on": spec["fuse_on"],
                 "top_k": json.dumps([spec["top_k"], spec["final_top_k"], spec["rrf_k"], spec["ddof"]])}
     return {"kind": "single", "model": json.dumps(_model_identity(spec), sort_keys=True),
