@@ -23,10 +23,10 @@ import torch
 
 from fusebench.data.corpus import Corpus
 from fusebench.data.tiny import load_tiny
+from fusebench.devices import resolve_device
 from fusebench.encoders import load_raw
 from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.real import Runtime, autocast
-from fusebench.search import resolve_device
 
 
 def random_open_clip(model: str, folder: Path) -> Path:
@@ -54,7 +54,7 @@ def forward_only(spec: dict, corpus: Corpus, runtime: Runtime, device: torch.dev
     encoder = OpenClipEncoder("bench", spec)
     precision = runtime.resolved_precision(device)
     started = time.perf_counter()
-    encoder.load(device, precision)
+    encoder.load(device)
     load_seconds = time.perf_counter() - started
     from PIL import Image
 

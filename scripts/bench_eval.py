@@ -36,12 +36,12 @@ from fusebench import FUSED
 from fusebench.cli import CONFIG_DIR
 from fusebench.comparisons import paired_comparisons, retriever_result
 from fusebench.data.sim import make_sim_corpus
+from fusebench.devices import resolve_device
 from fusebench.encoders import embed
 from fusebench.fusion import EVIDENCE, FusionConfig, fuse_in_blocks
 from fusebench.metrics import hits_at_k
-from fusebench.retrieval import ModelInput, SearchSettings, retrieve
+from fusebench.retrieval import SearchSettings, retrieve
 from fusebench.schema import SimDatasetSchema
-from fusebench.search import resolve_device
 from fusebench.stats import paired_bootstrap
 
 
@@ -130,8 +130,7 @@ def main() -> None:
     corpus = make_sim_corpus(SimDatasetSchema())  # the default job's: 5,000 images, 25,010 captions
     specs = {name: OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml"))
              for name in ("sim_siglip2_like", "sim_dfn5b_like")}  # the default job's models, d = 1,152 and 1,024
-    embedded = [embed(name, spec, corpus) for name, spec in specs.items()]
-    models = [ModelInput(e.name, e.image, e.text) for e in embedded]
+    models = [embed(name, spec, corpus) for name, spec in specs.items()]
     fusion = FusionConfig(method=args.method, fuse_on="source_object", top_k=100)
 
     bare_matmuls(models, args.chunk_size, device)  # warm-up (thread pools, allocator)

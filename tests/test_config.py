@@ -1,17 +1,30 @@
+from dataclasses import asdict
+
 import pytest
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from fusebench.fusion import METHODS
+from fusebench.fusion import METHODS, FusionConfig
+from fusebench.schema import EmbedSchema, EvalSchema, SimDatasetSchema, WandbSchema
 
 
-def test_default_config_two_sim_models_and_dbsf(compose_cfg):
+def test_default_job_takes_every_default_from_the_schemas(compose_cfg):
+    """One home per default: the composed default job is exactly the schemas' defaults (no YAML restates them)."""
     cfg = compose_cfg()
     assert list(cfg.models) == ["sim_siglip2_like", "sim_dfn5b_like"]
-    assert cfg.models.sim_siglip2_like.kind == "sim" and cfg.models.sim_siglip2_like.dim == 1152
-    assert cfg.dataset.kind == "sim" and cfg.dataset.n_images == 5000 and cfg.dataset.n_captions == 25010
-    assert cfg.fusion.method == "dbsf" and cfg.fusion.fuse_on == "source_object" and cfg.fusion.top_k == 100
-    assert list(cfg.eval.ks) == [1, 5, 10] and cfg.eval.bootstrap.draws == 2000
-    assert cfg.logger.kind == "wandb" and cfg.logger.mode is None  # offline unless WANDB_MODE says otherwise
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    assert plain["fusion"] == asdict(FusionConfig())
+    assert plain["eval"] == asdict(EvalSchema())
+    assert plain["embed"] == asdict(EmbedSchema())
+    assert plain["dataset"] == asdict(SimDatasetSchema())
+    assert plain["logger"] == asdict(WandbSchema())
+
+
+def test_a_wrong_type_is_refused_while_composing(compose_cfg):
+    with pytest.raises(HydraException, match="eval.bootstrap.draws"):
+        compose_cfg(["eval.bootstrap.draws=abc"])
+    with pytest.raises(HydraException, match="fusion.top_k"):
+        compose_cfg(["fusion.top_k=all"])
 
 
 def test_models_multi_select_and_by_hand(compose_cfg):
@@ -26,12 +39,14 @@ def test_models_multi_select_and_by_hand(compose_cfg):
 @pytest.mark.parametrize("method", METHODS)
 def test_every_fusion_method_has_a_config(compose_cfg, method):
     cfg = compose_cfg([f"fusion={method}"])
-    assert cfg.fusion.method == method and cfg.fusion.rrf_k == 60 and cfg.fusion.ddof == 0
+    assert cfg.fusion.method == method
+    assert {k: v for k, v in cfg.fusion.items() if k != "method"} == {
+        k: v for k, v in asdict(FusionConfig()).items() if k != "method"}  # every option shares the schema
 
 
 def test_dataset_manifest_group(compose_cfg):
     cfg = compose_cfg(["dataset=manifest", "dataset.manifest=M.jsonl"])
-    assert cfg.dataset.kind == "manifest" and cfg.dataset.manifest == "M.jsonl"
+    assert cfg.dataset.kind == "manifest" and cfg.dataset.image_root is None
 
 
 def test_hydra_dirs_under_output_dir(compose_cfg, monkeypatch):

@@ -95,3 +95,14 @@ def test_sim_rows_of_large_corpora_are_not_kept(monkeypatch):
     spec = {"dim": 8, "seed": 7, "image_noise": 0.5, "text_noise": 0.5}
     first = sim.sim_arrays(spec, corpus)
     assert sim.sim_arrays(spec, corpus)[0] is not first[0]  # 3,200 bytes > 1,000: recomputed
+
+
+def test_every_real_backend_implements_the_encoder_protocol():
+    from fusebench.encoders.base import Encoder
+    from fusebench.encoders.real import ENCODERS
+
+    specs = {"open_clip": {"kind": "open_clip", "model": "ViT-B-32"}, "hf": {"kind": "hf", "checkpoint": "x/y"}}
+    assert set(ENCODERS) == set(specs)
+    for kind, cls in ENCODERS.items():
+        encoder = cls("m", specs[kind])  # nothing loaded yet
+        assert isinstance(encoder, Encoder) and encoder.backend == kind and encoder.dim == 0

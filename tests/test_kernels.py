@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fusebench.kernels import Heaps
-from fusebench.search import topk_stable
+from fusebench.topk import topk_stable
 
 
 def _blocks():

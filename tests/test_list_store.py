@@ -13,11 +13,12 @@ from helpers.reference import integer_embeddings
 
 from fusebench import score_store
 from fusebench.cache_cli import main as cache_main
+from fusebench.encoders.base import ModelEmbeddings
 from fusebench.fusion import FUSE_ON, FusionConfig
 from fusebench.list_store import FORMAT, ListStore
-from fusebench.retrieval import ListSource, ModelInput, SearchSettings, retrieve
+from fusebench.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.score_store import ScoreStore
-from fusebench.search import MATMULS
+from fusebench.topk import MATMULS
 
 METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore"]
 
@@ -27,8 +28,8 @@ def case():
     rng = np.random.default_rng(3)
     counts = rng.integers(0, 4, size=40)
     caption_image = np.repeat(np.arange(40), counts)
-    models = [ModelInput("a", integer_embeddings(rng, 40), integer_embeddings(rng, len(caption_image))),
-              ModelInput("b", integer_embeddings(rng, 40, dim=7), integer_embeddings(rng, len(caption_image), dim=7))]
+    models = [ModelEmbeddings("a", integer_embeddings(rng, 40), integer_embeddings(rng, len(caption_image))),
+              ModelEmbeddings("b", integer_embeddings(rng, 40, dim=7), integer_embeddings(rng, len(caption_image), dim=7))]
     return models, caption_image
 
 
@@ -125,7 +126,7 @@ def _wrong_shapes(entry: Path):
     arrays["t2i_ranks"] = arrays["t2i_ranks"][:-1]
     np.savez(entry / "lists.npz", **arrays)
     meta = json.loads((entry / "meta.json").read_text())
-    from fusebench.cache import file_sha256
+    from fusebench.files import file_sha256
 
     meta.update(bytes=(entry / "lists.npz").stat().st_size, sha256=file_sha256(entry / "lists.npz"))
     (entry / "meta.json").write_text(json.dumps(meta))
@@ -159,9 +160,10 @@ def test_two_processes_compute_one_entry_once(case, tmp_path):
     np.save(tmp_path / "caption_image.npy", caption_image)
     script = textwrap.dedent(f"""
         import json, numpy as np
-        from fusebench.retrieval import ListSource, ModelInput, SearchSettings, model_lists
+        from fusebench.encoders.base import ModelEmbeddings
+        from fusebench.retrieval import ListSource, SearchSettings, model_lists
         d = {str(tmp_path)!r}
-        model = ModelInput("a", np.load(d + "/image.npy"), np.load(d + "/text.npy"))
+        model = ModelEmbeddings("a", np.load(d + "/image.npy"), np.load(d + "/text.npy"))
         source = ListSource()
         model_lists(model, np.load(d + "/caption_image.npy"), 30, SearchSettings(store_dir=d + "/store"), source)
         print(json.dumps(source.records["a"]["hit"]))

@@ -51,7 +51,8 @@ def test_each_backend_matches_a_direct_forward_pass(checkpoints, tmp_path, name)
     assert got.image.shape[0] == 5 and got.text.shape[0] == 25
     assert np.allclose(np.linalg.norm(got.image, axis=1), 1, atol=1e-5)
     encoder = (OpenClipEncoder if spec["kind"] == "open_clip" else HFEncoder)(name, spec)
-    encoder.load(torch.device("cpu"), "fp32")
+    encoder.load(torch.device("cpu"))
+    assert encoder.dim == got.image.shape[1]  # load() sets the width (the Encoder protocol)
     image = Image.open(corpus.image_paths[2]).convert("RGB")
     x = encoder.image_transform(image)
     direct = encoder.encode_images({k: v[None] for k, v in x.items()} if isinstance(x, dict) else x[None])[0].numpy()
@@ -63,7 +64,7 @@ def test_each_backend_matches_a_direct_forward_pass(checkpoints, tmp_path, name)
 
 def test_siglip_texts_are_padded_to_max_length(checkpoints):
     encoder = HFEncoder("siglip", specs(checkpoints)["siglip"])
-    encoder.load(torch.device("cpu"), "fp32")
+    encoder.load(torch.device("cpu"))
     tokens = encoder.tokenize(["a dog", "a red bus near a tree"])
     assert tokens["input_ids"].shape == (2, 16)  # the trained length (max_position_embeddings), not the longest
     assert "max_length" == encoder.padding
@@ -139,9 +140,9 @@ def test_bad_image_fails_naming_the_file_or_is_skipped_and_counted(checkpoints, 
     kept = [c for r in map(json.loads, manifest.read_text().splitlines()) if r["image_id"] != "broken"
             for c in r["captions"]]
     clip = HFEncoder("clip", {"checkpoint": str(checkpoints["clip"])})
-    clip.load(torch.device("cpu"), "fp32")
+    clip.load(torch.device("cpu"))
     oc = OpenClipEncoder("oc", {"model": f"local-dir:{checkpoints['open_clip']}"})
-    oc.load(torch.device("cpu"), "fp32")
+    oc.load(torch.device("cpu"))
     expected = {"clip": sum(len(clip.tokenizer(c)["input_ids"]) > 16 for c in kept),
                 "oc": sum(len(oc.tokenizer.encode(c)) + 2 > 16 for c in kept)}
     for name in ("clip", "oc"):

@@ -4,8 +4,9 @@ import torch
 from helpers.reference import fuse_one_query, i2t_rank, integer_embeddings, stable_order, t2i_rank
 
 import fusebench.lists
+from fusebench.encoders.base import ModelEmbeddings
 from fusebench.fusion import FUSE_ON, FusionConfig
-from fusebench.retrieval import ModelInput, SearchSettings, retrieve
+from fusebench.retrieval import SearchSettings, retrieve
 
 N_IMAGES = 23
 METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore"]
@@ -16,8 +17,8 @@ def _case(seed: int, n_images: int, distractors: list[int]):
     counts = rng.integers(1, 5, size=n_images)
     counts[distractors] = 0  # distractors: retrievable, ask no i2t query
     caption_image = np.repeat(np.arange(n_images), counts)
-    models = [ModelInput("a", integer_embeddings(rng, n_images), integer_embeddings(rng, len(caption_image))),
-              ModelInput("b", integer_embeddings(rng, n_images, dim=5), integer_embeddings(rng, len(caption_image), dim=5),
+    models = [ModelEmbeddings("a", integer_embeddings(rng, n_images), integer_embeddings(rng, len(caption_image))),
+              ModelEmbeddings("b", integer_embeddings(rng, n_images, dim=5), integer_embeddings(rng, len(caption_image), dim=5),
                          weight=0.7)]
     return models, caption_image
 

@@ -31,7 +31,7 @@ import numpy as np
 from filelock import FileLock
 
 from fusebench import FusebenchError
-from fusebench.atomic import atomic_save, atomic_write_text
+from fusebench.files import atomic_save, atomic_write_text, file_sha256
 
 log = logging.getLogger(__name__)
 STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
@@ -47,20 +47,23 @@ def cache_key(material: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def file_sha256(path: Path, block: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def read_meta(path: Path) -> dict:
     """An entry's meta.json as a dict; ValueError when it is not a JSON object (or not JSON at all)."""
     meta = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(meta, dict):
         raise ValueError(f"{path.name} holds a JSON {type(meta).__name__}, not an object")
     return meta
+
+
+def unreadable(err: BaseException) -> str:
+    """The problem text for an entry whose files could not be read."""
+    return f"unreadable entry ({type(err).__name__}: {err})"
+
+
+def discard_entry(folder: Path, store: str, problem: str) -> None:
+    """Report a corrupt or outdated store entry and remove it, so that it is recomputed (never trusted)."""
+    log.warning("%s entry %s is corrupt or outdated: %s; removing it and recomputing", store, folder, problem)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def data_file_problem(path: Path, meta: dict) -> str | None:
@@ -137,10 +140,9 @@ class EmbeddingCache:
                 if data.shape[0] != n_rows:
                     problem = f"embeddings.npy has {data.shape[0]} rows, expected {n_rows}"
         except UNREADABLE as err:
-            problem = f"unreadable entry ({type(err).__name__}: {err})"
+            problem = unreadable(err)
         if problem:
-            log.warning("cache entry %s is corrupt: %s; removing it and recomputing", folder, problem)
-            shutil.rmtree(folder, ignore_errors=True)
+            discard_entry(folder, "cache", problem)
             return None
         return CacheResult(data.astype(np.float32), key, hit=True, stats=meta.get("stats", {}),
                            seconds=float(meta.get("seconds", 0.0)))

@@ -22,7 +22,7 @@ import torch
 from fusebench import kernels
 from fusebench.fusion import AFFINE, FusedLists, FusionConfig, affine_evidence, rrf_evidence
 from fusebench.lists import tiles
-from fusebench.search import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable
+from fusebench.topk import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable
 
 RowBlocks = Callable[[int, int], torch.Tensor]  # (r0, r1) -> that block of a model's score rows (r1-r0, items)
 

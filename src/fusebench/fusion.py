@@ -16,7 +16,7 @@ import torch
 
 from fusebench import FusebenchError, checks
 from fusebench.kernels import row_mean_std
-from fusebench.search import sort_desc_with_tiebreak, sort_rows
+from fusebench.topk import sort_desc_with_tiebreak, sort_rows
 
 METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore")
 FUSE_ON = ("document", "source_object")

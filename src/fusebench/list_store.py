@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock
 
-from fusebench.atomic import atomic_save, atomic_write_text
-from fusebench.cache import UNREADABLE, cache_key, data_file_problem, file_sha256, read_meta, remove_entries, scan_entries
+from fusebench.cache import UNREADABLE, cache_key, data_file_problem, discard_entry, read_meta, remove_entries, scan_entries, unreadable
+from fusebench.files import atomic_save, atomic_write_text, file_sha256
 from fusebench.lists import DIRECTIONS, ModelLists
 
 log = logging.getLogger(__name__)
@@ -108,10 +108,9 @@ class ListStore:
                     arrays = {name: npz[name] for name in FIELDS}
                 problem = _shape_problem(arrays, n_images, n_captions)
         except UNREADABLE as err:
-            problem = f"unreadable entry ({err})"
+            problem = unreadable(err)
         if problem:
-            log.warning("list store entry %s is corrupt or outdated: %s; removing it and recomputing", folder, problem)
-            shutil.rmtree(folder, ignore_errors=True)
+            discard_entry(folder, "list store", problem)
             return None
         return ModelLists(int(meta["depth"]), arrays)
 

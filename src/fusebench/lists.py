@@ -19,7 +19,7 @@ import torch
 
 from fusebench.kernels import Heaps
 from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
-from fusebench.search import column_target_ranks, merge_topk, similarity, target_ranks, topk_stable
+from fusebench.topk import column_target_ranks, merge_topk, similarity, target_ranks, topk_stable
 
 DIRECTIONS = ("t2i", "i2t")
 

@@ -22,14 +22,15 @@ from tqdm.auto import tqdm
 from fusebench import FUSED, FusebenchError, __version__, checks
 from fusebench.comparisons import oracle_metrics, paired_comparisons, retriever_result
 from fusebench.data import load_corpus
-from fusebench.encoders import drop_unreadable, finalize, load_raw
+from fusebench.devices import resolve_device
+from fusebench.encoders import drop_unreadable, finalize, load_raw, model_weight
 from fusebench.encoders.real import Runtime
 from fusebench.fusion import FusionConfig
-from fusebench.record import DEFAULT_WEIGHT, RunRecord
+from fusebench.record import RunRecord
 from fusebench.report.outputs import clear_run_outputs, write_run_outputs
 from fusebench.report.table import format_table
-from fusebench.retrieval import ListSource, ModelInput, SearchSettings, retrieve
-from fusebench.search import MATMULS, resolve_device
+from fusebench.retrieval import ListSource, SearchSettings, retrieve
+from fusebench.topk import MATMULS
 from fusebench.tracking import check_logger, log_run
 
 log = logging.getLogger(__name__)
@@ -93,11 +94,6 @@ def model_specs(cfg: Mapping) -> dict[str, dict]:
     return specs
 
 
-def model_weight(name: str, spec: Mapping) -> float:
-    return checks.number(spec.get("weight", DEFAULT_WEIGHT), f"models.{name}.weight", 0,
-                         hint="the model's weight in the fused score")
-
-
 def check_writable(out_dir: str | Path) -> None:
     """Fail before any work when ``out_dir`` cannot be created or written (a read-only or missing mount)."""
     out_dir = Path(out_dir)
@@ -155,7 +151,6 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
     embeddings = []
     while raws:  # one model's raw rows at a time beside the normalised ones (a 100k-image corpus is GBs)
         embeddings.append(finalize(raws.pop(0), corpus))
-    inputs = [ModelInput(e.name, e.image, e.text, model_weight(e.name, specs[e.name])) for e in embeddings]
     search_started = time.perf_counter()
     source, matmuls_before = ListSource(), MATMULS["blocks"]
     search = SearchSettings(device=device, chunk_size=settings["chunk_size"],
@@ -163,7 +158,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
                             max_scores_mb=settings["lists"]["max_scores_mb"],
                             store_dir=runtime.cache_dir if settings["lists"]["store"] else None,
                             progress=_progress_bar)
-    lists = retrieve(inputs, corpus.caption_image, fusion, keep_k=settings["save_topk"], settings=search, source=source)
+    lists = retrieve(embeddings, corpus.caption_image, fusion, keep_k=settings["save_topk"], settings=search, source=source)
     search_seconds = time.perf_counter() - search_started
     ranks = {name: {d: lists[name][d].ranks for d in ("t2i", "i2t")} for name in lists}
     singles = [e.name for e in embeddings]
@@ -175,7 +170,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
             spec, info = {"kind": "fusion", "members": singles, **fusion.__dict__}, None
         else:
             model = by_name[name]
-            spec = {**model.spec, "weight": model_weight(name, model.spec), "dim": model.dim}  # what ran
+            spec = {**model.spec, "weight": model.weight, "dim": model.dim}  # what ran
             info = model.info
         retrievers[name] = retriever_result(name, ranks[name], settings["ks"], spec, info)
     record = RunRecord(

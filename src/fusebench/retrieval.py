@@ -20,6 +20,7 @@ import torch
 
 from fusebench import FUSED
 from fusebench.dense import DenseSide, RowBlocks, correct_items, dense_fuse
+from fusebench.encoders.base import ModelEmbeddings
 from fusebench.fusion import FusionConfig, fuse_in_blocks
 from fusebench.list_store import ListStore, list_material
 from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists, full_rows, tiles
@@ -27,14 +28,6 @@ from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.score_store import ScoreStore
 
 Progress = Callable[[str, int], Callable[[int], None]]  # (description, total) -> update(n)
-
-
-@dataclass
-class ModelInput:
-    name: str
-    image: np.ndarray | torch.Tensor  # (N, d), L2-normalised
-    text: np.ndarray | torch.Tensor  # (Q, d), L2-normalised
-    weight: float = 1.0
 
 
 @dataclass
@@ -72,7 +65,7 @@ class ListSource:
     records: dict[str, dict] = field(default_factory=dict)
     materials: dict[str, dict] = field(default_factory=dict)
 
-    def material(self, model: ModelInput, caption_image: np.ndarray, device_type: str) -> dict:
+    def material(self, model: ModelEmbeddings, caption_image: np.ndarray, device_type: str) -> dict:
         if model.name not in self.materials:
             self.materials[model.name] = list_material(np.asarray(model.image), np.asarray(model.text),
                                                        caption_image, device_type)
@@ -83,7 +76,7 @@ def _no_progress(_desc: str, _total: int) -> Callable[[int], None]:
     return lambda _n: None
 
 
-def model_lists(model: ModelInput, caption_image: np.ndarray, depth: int, settings: SearchSettings,
+def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, settings: SearchSettings,
                 source: ListSource) -> ModelLists:
     """One model's lists at least ``depth`` deep: from the store when present, else computed (and stored)."""
     device = torch.device(settings.device)
@@ -106,7 +99,7 @@ def model_lists(model: ModelInput, caption_image: np.ndarray, depth: int, settin
     return found.lists
 
 
-def score_rows(model: ModelInput, caption_image: np.ndarray, query_images: np.ndarray, settings: SearchSettings,
+def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: np.ndarray, settings: SearchSettings,
                source: ListSource) -> dict[str, RowBlocks]:
     """Per direction, the model's whole score rows by block: from the score store (computed once) when the
     matrices fit under ``max_scores_mb``, else computed afresh for each block."""
@@ -144,7 +137,7 @@ def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
     return torch.from_numpy(array[:, :length].astype(np.int64 if array.dtype.kind == "i" else np.float32))
 
 
-def retrieve(models: Sequence[ModelInput], caption_image: np.ndarray, fusion: FusionConfig, keep_k: int | None,
+def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig, keep_k: int | None,
              settings: SearchSettings | None = None, source: ListSource | None = None
              ) -> dict[str, dict[str, RankedLists]]:
     """Ranked lists and ranks for each model alone and, with 2+ models and a method, for ``fused``.

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from filelock import FileLock
 
-from fusebench.atomic import atomic_save, atomic_write_text
-from fusebench.cache import UNREADABLE, cache_key, data_file_problem, file_sha256, read_meta, remove_entries, scan_entries
+from fusebench.cache import UNREADABLE, cache_key, data_file_problem, discard_entry, read_meta, remove_entries, scan_entries, unreadable
+from fusebench.files import atomic_save, atomic_write_text, file_sha256
 from fusebench.lists import DIRECTIONS
 
 log = logging.getLogger(__name__)
@@ -114,10 +114,9 @@ class ScoreStore:
                     if tuple(readers[d].shape) != tuple(shapes[d]):
                         problem = f"{d}.npy has shape {readers[d].shape}, expected {shapes[d]}"
         except UNREADABLE as err:
-            problem = f"unreadable entry ({err})"
+            problem = unreadable(err)
         if problem:
-            log.warning("score store entry %s is corrupt or outdated: %s; removing it and recomputing", folder, problem)
-            shutil.rmtree(folder, ignore_errors=True)
+            discard_entry(folder, "score store", problem)
             return None
         return readers
 

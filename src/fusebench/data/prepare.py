@@ -26,7 +26,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from fusebench import FusebenchError
-from fusebench.cache import file_sha256
+from fusebench.files import file_sha256
 
 log = logging.getLogger(__name__)
 

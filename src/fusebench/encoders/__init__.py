@@ -8,37 +8,16 @@ L2-normalises them once every model is loaded (images no model could read are dr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from fusebench import FusebenchError, checks
 from fusebench.data.corpus import Corpus
-from fusebench.encoders.base import ModelEmbeddings, check_embeddings
+from fusebench.encoders.base import ModelEmbeddings, RawEmbeddings, check_embeddings, model_weight
 from fusebench.encoders.sim import sim_arrays
 from fusebench.encoders.text import text_settings
 from fusebench.encoders.vectors import vector_arrays
-
-KINDS = ("hf", "open_clip", "sim", "vectors")
-
-
-@dataclass
-class RawEmbeddings:
-    name: str
-    image: np.ndarray
-    text: np.ndarray
-    image_source: str
-    text_source: str
-    spec: dict
-    info: dict = field(default_factory=dict)
-
-    @property
-    def unreadable_images(self) -> np.ndarray | None:
-        """Rows the encoder skipped as unreadable files (all-NaN rows of a real model); None if none."""
-        if self.info.get("skipped_images"):
-            return np.isnan(self.image).all(axis=1)
-        return None
 
 
 def sim_stand_in(name: str, spec: Mapping) -> dict:
@@ -73,33 +52,46 @@ def stand_in_record(spec: Mapping, stand_in: Mapping) -> dict:
     return {**dict(stand_in), **{k: spec[k] for k in RECORD_KEYS if k in spec}, "stands_in_for": real}
 
 
-def load_raw(name: str, spec: Mapping, corpus: Corpus, runtime=None) -> RawEmbeddings:
-    kind = spec.get("kind")
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise FusebenchError(f"models.{name}.kind={kind!r} is not a known model kind; valid kinds: {', '.join(KINDS)}.")
-    if corpus.meta.get("simulated") and kind in ("hf", "open_clip"):
+def _vectors(name: str, spec: Mapping, corpus: Corpus, runtime) -> RawEmbeddings:
+    image, text, image_src, text_src = vector_arrays(name, spec)
+    return RawEmbeddings(name, image, text, image_src, text_src, dict(spec))
+
+
+def _sim(name: str, spec: Mapping, corpus: Corpus, runtime) -> RawEmbeddings:
+    image, text = sim_arrays(spec, corpus, f"models.{name}")
+    return RawEmbeddings(name, image, text, f"sim model {name!r}", f"sim model {name!r}", dict(spec))
+
+
+def _real(name: str, spec: Mapping, corpus: Corpus, runtime) -> RawEmbeddings:
+    if corpus.meta.get("simulated"):  # a real model on a simulated corpus runs as its stand-in, and says so
         stand_in = sim_stand_in(name, spec)
         image, text = sim_arrays(stand_in, corpus, f"models.{name}.sim")
         source = f"sim stand-in of model {name!r}"
         return RawEmbeddings(name, image, text, source, source, stand_in_record(spec, stand_in), {"stand_in": stand_in})
-    if kind == "vectors":
-        image, text, image_src, text_src = vector_arrays(name, spec)
-        return RawEmbeddings(name, image, text, image_src, text_src, dict(spec))
-    if kind == "sim":
-        image, text = sim_arrays(spec, corpus, f"models.{name}")
-        return RawEmbeddings(name, image, text, f"sim model {name!r}", f"sim model {name!r}", dict(spec))
     from fusebench.encoders.real import embed_real
 
     if runtime is None:
-        raise ValueError(f"model {name!r} ({kind}) needs a Runtime (the embed config group) to run")
-    real = embed_real(name, spec, corpus, runtime)
-    source = f"model {name!r} ({kind})"
-    return RawEmbeddings(name, real.image, real.text, source, source, dict(spec), real.info)
+        raise ValueError(f"model {name!r} ({spec['kind']}) needs a Runtime (the embed config group) to run")
+    return embed_real(name, spec, corpus, runtime)
+
+
+# the one registry of model kinds: kind -> loader (the real kinds' backends: fusebench.encoders.real.ENCODERS)
+KINDS: dict[str, Callable[[str, Mapping, Corpus, object], RawEmbeddings]] = {
+    "hf": _real, "open_clip": _real, "sim": _sim, "vectors": _vectors}
+
+
+def load_raw(name: str, spec: Mapping, corpus: Corpus, runtime=None) -> RawEmbeddings:
+    """A model's rows for ``corpus``, by its kind (``runtime``: the embed group, for real models)."""
+    kind = spec.get("kind")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise FusebenchError(f"models.{name}.kind={kind!r} is not a known model kind; valid kinds: {', '.join(KINDS)}.")
+    return KINDS[kind](name, spec, corpus, runtime)
 
 
 def finalize(raw: RawEmbeddings, corpus: Corpus) -> ModelEmbeddings:
+    """The checked, L2-normalised embeddings the evaluator takes, with the model's weight."""
     embeddings = check_embeddings(raw.name, raw.image, raw.text, corpus.n_images, corpus.n_captions,
-                                  raw.image_source, raw.text_source, raw.spec)
+                                  raw.image_source, raw.text_source, raw.spec, model_weight(raw.name, raw.spec))
     embeddings.info = raw.info
     return embeddings
 
@@ -124,4 +116,4 @@ def embed(name: str, spec: Mapping, corpus: Corpus, runtime=None) -> ModelEmbedd
 
 
 __all__ = ["KINDS", "ModelEmbeddings", "RawEmbeddings", "check_embeddings", "drop_unreadable", "embed",
-           "finalize", "load_raw"]
+           "finalize", "load_raw", "model_weight"]

@@ -1,27 +1,123 @@
-"""What every backend returns, and the checks every embedding passes before evaluation."""
+"""The contract of a real model backend, and the two embedding types: a model's rows as loaded
+(:class:`RawEmbeddings`, unchecked) and as the evaluator takes them (:class:`ModelEmbeddings`: validated,
+L2-normalised, with the model's weight), with the checks between them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from fusebench import FusebenchError
+from fusebench import FusebenchError, checks
+from fusebench.record import DEFAULT_WEIGHT
+
+if TYPE_CHECKING:
+    import torch
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """A real model backend (model kinds ``open_clip`` and ``hf``; ``fusebench.encoders.real.ENCODERS`` maps
+    a kind to its class, constructed as ``Encoder(name, spec)``). Nothing is loaded until :meth:`load`."""
+
+    backend: str
+    name: str
+    dim: int  # the embedding width, known once load() has run
+
+    def fingerprint(self) -> dict:
+        """What identifies the weights, without loading them (part of the embedding cache key)."""
+
+    def versions(self) -> dict:
+        """The library versions that produce the embeddings (part of the cache key)."""
+
+    def text_preprocessing(self) -> dict:
+        """Tokenizer settings that change the text embeddings (part of the cache key)."""
+
+    def image_preprocessing(self) -> dict:
+        """Image transform settings that change the image embeddings (part of the cache key)."""
+
+    def load(self, device: torch.device) -> None:
+        """Load weights, tokenizer and transform onto ``device`` and set :attr:`dim`."""
+
+    @property
+    def image_transform(self) -> Callable[[Any], Any]:
+        """PIL image -> model input for one image (picklable, for DataLoader workers)."""
+
+    def max_text_tokens(self) -> int:
+        """The tokenizer's maximum length (captions longer than it are cut)."""
+
+    def tokenize(self, texts: list[str]) -> Any:
+        """Model inputs for a batch of (already preprocessed) captions."""
+
+    def count_truncated(self, texts: list[str]) -> int:
+        """How many of ``texts`` the tokenizer cuts at its maximum length."""
+
+    def encode_images(self, batch: Any) -> torch.Tensor:
+        """(B, dim) embeddings of a batch of transformed images."""
+
+    def encode_texts(self, tokens: Any) -> torch.Tensor:
+        """(B, dim) embeddings of a batch of tokenized captions."""
+
+
+def to_device(batch, device, non_blocking: bool = False):
+    """A batch (a tensor or a dict of tensors) on ``device``."""
+    if isinstance(batch, dict):
+        return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+    return batch.to(device, non_blocking=non_blocking)
+
+
+def embedding_width(encoder: Encoder, device) -> int:
+    """The width of a loaded encoder's embeddings (one short caption through its text tower)."""
+    import torch
+
+    with torch.no_grad():
+        return int(encoder.encode_texts(to_device(encoder.tokenize(["a photo"]), device)).shape[1])
 
 
 @dataclass
-class ModelEmbeddings:
-    """L2-normalised float32 embeddings in corpus order: ``image`` (N, d) and ``text`` (Q, d)."""
+class RawEmbeddings:
+    """A model's rows as loaded, before the checks (real models mark unreadable images with NaN rows)."""
 
     name: str
     image: np.ndarray
     text: np.ndarray
+    image_source: str
+    text_source: str
+    spec: dict
+    info: dict = field(default_factory=dict)
+
+    @property
+    def unreadable_images(self) -> np.ndarray | None:
+        """Rows the encoder skipped as unreadable files (all-NaN rows of a real model); None if none."""
+        if self.info.get("skipped_images"):
+            return np.isnan(self.image).all(axis=1)
+        return None
+
+
+@dataclass
+class ModelEmbeddings:
+    """What the evaluator takes from a model: L2-normalised float32 rows in corpus order, ``image`` (N, d) and
+    ``text`` (Q, d), the model's ``weight`` in the fused score, and what the record keeps of it."""
+
+    name: str
+    image: np.ndarray
+    text: np.ndarray
+    weight: float = DEFAULT_WEIGHT
     spec: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # real models: cache keys and hits, preprocessing, versions, stats
 
     @property
     def dim(self) -> int:
         return int(self.image.shape[1])
+
+
+def model_weight(name: str, spec: dict) -> float:
+    """A model's weight in the fused score (``weight`` in its spec; DEFAULT_WEIGHT when it sets none)."""
+    return checks.number(spec.get("weight", DEFAULT_WEIGHT), f"models.{name}.weight", 0,
+                         hint="the model's weight in the fused score")
 
 
 def _first_bad_row(array: np.ndarray, mask: np.ndarray) -> int:
@@ -59,7 +155,8 @@ def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_mean
 
 
 def check_embeddings(name: str, image: np.ndarray, text: np.ndarray, n_images: int, n_captions: int,
-                     image_source: str, text_source: str, spec: dict | None = None) -> ModelEmbeddings:
+                     image_source: str, text_source: str, spec: dict | None = None,
+                     weight: float = DEFAULT_WEIGHT) -> ModelEmbeddings:
     image = check_matrix(image, n_images, "image embeddings", image_source, "images")
     text = check_matrix(text, n_captions, "text embeddings", text_source, "captions")
     if image.shape[1] != text.shape[1]:
@@ -67,4 +164,4 @@ def check_embeddings(name: str, image: np.ndarray, text: np.ndarray, n_images: i
             f"model {name!r}: image embeddings have dimension {image.shape[1]} ({image_source}) but text embeddings "
             f"have {text.shape[1]} ({text_source}); both must come from the same model's shared space."
         )
-    return ModelEmbeddings(name=name, image=image, text=text, spec=dict(spec or {}))
+    return ModelEmbeddings(name=name, image=image, text=text, weight=weight, spec=dict(spec or {}))

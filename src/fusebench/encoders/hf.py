@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from fusebench import FusebenchError
+from fusebench.encoders.base import embedding_width
 from fusebench.encoders.fingerprint import first_line, hf_hub_revision, path_fingerprint
 
 
@@ -54,6 +55,7 @@ class HFEncoder:
         self.padding = text.get("padding", "max_length")
         self.max_length = text.get("max_length")
         self.model = self.tokenizer = self.processor = None
+        self.dim = 0  # known once loaded
 
     @property
     def local_path(self) -> Path | None:
@@ -79,7 +81,7 @@ class HFEncoder:
     def image_preprocessing(self) -> dict:
         return {"transform": "AutoImageProcessor of the checkpoint"}
 
-    def load(self, device: torch.device, precision: str) -> None:
+    def load(self, device: torch.device) -> None:
         from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
         source = str(self.local_path or self.checkpoint)
@@ -98,7 +100,7 @@ class HFEncoder:
                 f"models.{self.name}.checkpoint=/path/to/folder.") from None
         if self.max_length is None:
             self.max_length = int(getattr(self.model.config, "text_config", self.model.config).max_position_embeddings)
-        self.device = device
+        self.dim = embedding_width(self, device)
 
     @property
     def image_transform(self):

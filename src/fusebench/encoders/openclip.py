@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from fusebench import FusebenchError
+from fusebench.encoders.base import embedding_width
 from fusebench.encoders.fingerprint import first_line, path_fingerprint
 
 
@@ -28,6 +29,7 @@ class OpenClipEncoder:
         self.pretrained = spec.get("pretrained")
         self.context_length = spec.get("context_length")
         self.model = self.preprocess = self.tokenizer = None
+        self.dim = 0  # known once loaded
 
     def fingerprint(self) -> dict:
         """Identifies the weights without loading them."""
@@ -49,7 +51,7 @@ class OpenClipEncoder:
     def image_preprocessing(self) -> dict:
         return {"transform": "open_clip pretrained preprocess_cfg"}
 
-    def load(self, device: torch.device, precision: str) -> None:
+    def load(self, device: torch.device) -> None:
         import open_clip
 
         try:
@@ -63,6 +65,7 @@ class OpenClipEncoder:
                 f"`huggingface-cli download REPO`) or be given as a local file (pretrained=/path/model.safetensors) "
                 f"or folder (model=local-dir:/path with open_clip_config.json and weights).") from None
         self.model, self.preprocess = model.eval(), preprocess
+        self.dim = embedding_width(self, device)
 
     @property
     def image_transform(self):

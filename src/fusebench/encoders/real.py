@@ -19,16 +19,17 @@ from tqdm.auto import tqdm
 from fusebench import checks
 from fusebench.cache import EmbeddingCache
 from fusebench.data.corpus import Corpus
+from fusebench.devices import resolve_device
+from fusebench.encoders.base import Encoder, RawEmbeddings, to_device
 from fusebench.encoders.fingerprint import images_fingerprint, texts_fingerprint
 from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.images import image_batches
 from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.text import preprocess_texts, text_settings
 from fusebench.schema import EmbedSchema
-from fusebench.search import resolve_device
 
 log = logging.getLogger(__name__)
-ENCODERS = {"open_clip": OpenClipEncoder, "hf": HFEncoder}
+ENCODERS: dict[str, type[Encoder]] = {"open_clip": OpenClipEncoder, "hf": HFEncoder}  # real kind -> backend
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
@@ -95,46 +96,32 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def _to_device(batch, device: torch.device, non_blocking: bool):
-    if isinstance(batch, dict):
-        return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
-    return batch.to(device, non_blocking=non_blocking)
-
-
-@dataclass
-class RealEmbeddings:
-    image: np.ndarray  # (N, d) float32; NaN rows for images skipped as unreadable
-    text: np.ndarray  # (Q, d) float32
-    info: dict  # cache keys and hits, preprocessing, versions, stats
-
-
 class LazyModel:
     """Loads the encoder the first time a cache miss needs it, never otherwise."""
 
-    def __init__(self, encoder, device: torch.device, precision: str):
-        self.encoder, self.device, self.precision, self.loaded = encoder, device, precision, False
+    def __init__(self, encoder: Encoder, device: torch.device):
+        self.encoder, self.device, self.loaded = encoder, device, False
         self.load_seconds = 0.0
 
-    def get(self):
+    def get(self) -> Encoder:
         if not self.loaded:
             started = time.perf_counter()
             log.info("loading %s model %s on %s", self.encoder.backend, self.encoder.name, self.device)
-            self.encoder.load(self.device, self.precision)
-            with autocast(self.device, self.precision):  # the output width, for batches of unreadable images
-                probe = self.encoder.encode_texts(_to_device(self.encoder.tokenize(["a photo"]), self.device, False))
-            self.encoder.dim = int(probe.shape[1])
+            self.encoder.load(self.device)
             self.loaded = True
             self.load_seconds = time.perf_counter() - started
         return self.encoder
 
 
-def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> RealEmbeddings:
+def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> RawEmbeddings:
+    """A real model's rows through the embedding cache (the model is loaded only on a cache miss); precision
+    is applied here, by autocast around each batch."""
     kind = spec.get("kind")
     encoder = ENCODERS[kind](name, spec)
     text = text_settings(name, spec)
     device = resolve_device(runtime.device)
     precision = runtime.resolved_precision(device)
-    lazy = LazyModel(encoder, device, precision)
+    lazy = LazyModel(encoder, device)
     cache = EmbeddingCache(runtime.cache_dir, runtime.cache_dtype, runtime.chunk_rows)
     common = {"model": encoder.fingerprint(), "versions": encoder.versions(), "precision": precision}
     info = {"model": name}
@@ -149,7 +136,7 @@ def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> Re
                 block = np.full((len(all_rows), model.dim), np.nan, dtype=np.float32)
                 if good_rows:
                     with autocast(device, precision):
-                        out = model.encode_images(_to_device(batch, device, pin)).float().cpu().numpy()
+                        out = model.encode_images(to_device(batch, device, pin)).float().cpu().numpy()
                     where = {row: i for i, row in enumerate(all_rows)}
                     block[[where[r] for r in good_rows]] = out
                 bar.update(len(all_rows))
@@ -164,7 +151,7 @@ def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> Re
                 chunk = [texts[i] for i in rows[start:start + runtime.text_batch_size]]
                 truncated = model.count_truncated(chunk)
                 with autocast(device, precision):
-                    out = model.encode_texts(_to_device(model.tokenize(chunk), device, False))
+                    out = model.encode_texts(to_device(model.tokenize(chunk), device, False))
                 bar.update(len(chunk))
                 yield out.float().cpu().numpy(), {"truncated_captions": truncated}
 
@@ -176,7 +163,8 @@ def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> Re
     captions = cache.get_or_compute(text_material, corpus.n_captions, compute_texts, f"{name} texts", info)
     if not lazy.loaded:
         log.info("%s: image and text embeddings read from the cache (model not loaded)", name)
-    return RealEmbeddings(images.embeddings, captions.embeddings, {
+    source = f"model {name!r} ({kind})"
+    return RawEmbeddings(name, images.embeddings, captions.embeddings, source, source, dict(spec), {
         "cache": {"image_key": images.key, "image_hit": images.hit, "text_key": captions.key, "text_hit": captions.hit,
                   "dir": str(cache.root)},
         "model_loaded": lazy.loaded, "precision": precision, "text": text, **common,

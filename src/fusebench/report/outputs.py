@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.atomic import atomic_write_text
-from fusebench.cache import file_sha256
+from fusebench.files import atomic_write_text, file_sha256
 from fusebench.record import RunRecord
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.cache import file_sha256
+from fusebench.files import file_sha256
 from fusebench.record import RecordError, RunRecord
 
 

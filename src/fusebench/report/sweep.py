@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.atomic import atomic_write_text
 from fusebench.comparisons import compare, format_p, level_label
+from fusebench.files import atomic_write_text
 from fusebench.record import DEFAULT_WEIGHT
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
 from fusebench.stats import holm_adjust

@@ -1,7 +1,9 @@
-"""Atomic file writes: write a temp file beside the target, then rename it into place."""
+"""Files fusebench writes and checks: atomic writes (a temp file beside the target, renamed into place) and
+SHA-256 digests."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -25,3 +27,11 @@ def atomic_save(path: Path, writer: Callable[[Path], None]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_save(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def file_sha256(path: Path, block: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
