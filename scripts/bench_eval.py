@@ -110,7 +110,7 @@ def vectors_command(models, corpus, folder: Path, method: str) -> list[str]:
         np.save(folder / f"{m.name}_txt.npy", m.text)
         args += [f"+models.{m.name}.kind=vectors", f"+models.{m.name}.image_embeddings={folder / (m.name + '_img.npy')}",
                  f"+models.{m.name}.text_embeddings={folder / (m.name + '_txt.npy')}"]
-    return args + [f"fusion.method={method}", "fusion.fuse_on=source_object", "fusion.top_k=100",
+    return args + [f"fusion={method}", "fusion.fuse_on=source_object", "fusion.top_k=100",
                    "eval.bootstrap.draws=2000", "logger=none", f"hydra.run.dir={folder / 'run'}"]
 
 

@@ -27,7 +27,7 @@ def test_documented_vectors_command(vectors_case, tmp_path):
         "dataset=manifest", f"dataset.manifest={vectors_case['manifest']}", "models=[]",
         "+models.a.kind=vectors", f"+models.a.image_embeddings={files['A'][0]}", f"+models.a.text_embeddings={files['A'][1]}",
         "+models.b.kind=vectors", f"+models.b.image_embeddings={files['B'][0]}", f"+models.b.text_embeddings={files['B'][1]}",
-        "fusion.method=dbsf", "fusion.fuse_on=source_object", "fusion.top_k=100", "fusion.final_top_k=100",
+        "fusion=dbsf", "fusion.fuse_on=source_object", "fusion.top_k=100", "fusion.final_top_k=100",
         "eval.ks=[1,5,10]", "eval.bootstrap.draws=2000", "eval.bootstrap.seed=0", "logger=none", f"hydra.run.dir={out}",
         cwd=tmp_path)
     assert result.returncode == 0, result.stderr
