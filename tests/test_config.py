@@ -1,4 +1,5 @@
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 from hydra.errors import HydraException
@@ -54,3 +55,51 @@ def test_hydra_dirs_under_output_dir(compose_cfg, monkeypatch):
     cfg = compose_cfg(return_hydra_config=True)
     assert cfg.paths.output_dir == "/tmp/fb-out"
     assert cfg.hydra.job.chdir is False
+
+
+FUSED_STUDIES = ("pair_dbsf_source", "pair_rrf_document", "pair_rrf_source", "four_dbsf_source")
+
+
+@pytest.mark.parametrize("study", FUSED_STUDIES)
+def test_fused_article_jobs_use_lowercased_siglip2_as_published(compose_cfg, study):
+    """The article fused lowercased SigLIP 2 queries (its gains are over lowercased SigLIP 2)."""
+    cfg = compose_cfg(["experiment=article_coco", f"study={study}"])
+    siglip2 = [name for name in cfg.models if name.startswith("siglip2_")]
+    assert siglip2 and all(cfg.models[name].text.case == "lowercase" for name in siglip2)
+    assert cfg.reference.study == study and cfg.reference.dataset == "coco5k"
+
+
+def test_four_model_job_is_the_articles_four_models(compose_cfg):
+    cfg = compose_cfg(["experiment=article_flickr", "study=four_dbsf_source"])
+    assert set(cfg.models) == {"siglip2_so400m_p14_384", "siglip2_so400m_p16_384", "dfn5b_h14_224",
+                               "metaclip_h14_fullcc"}
+    assert cfg.reference.dataset == "flickr1k"
+
+
+def test_published_numbers_say_their_protocol_and_source(compose_cfg):
+    import yaml
+
+    from fusebench.cli import CONFIG_DIR, registry
+
+    for name in registry():
+        spec = yaml.safe_load((Path(CONFIG_DIR) / "models" / f"{name}.yaml").read_text())
+        for dataset, numbers in (spec.get("published") or {}).items():
+            assert numbers["protocol"] in ("paper", "clip_benchmark") and numbers["source"], (name, dataset)
+            assert 0 < numbers["t2i_r1"] < 100 and 0 < numbers["i2t_r1"] < 100
+    spec = yaml.safe_load((Path(CONFIG_DIR) / "models" / "siglip2_so400m_p14_384.yaml").read_text())
+    assert spec["published"]["coco5k"]["t2i_r1"] == 55.8 and spec["published"]["coco5k"]["protocol"] == "paper"
+
+
+def test_article_reference_rows_point_at_real_study_jobs():
+    from fusebench.cli import CONFIG_DIR
+    from fusebench.reference import article
+
+    studies = {p.stem for p in (Path(CONFIG_DIR) / "study").glob("*.yaml")}
+    for dataset in ("coco5k", "flickr1k"):
+        rows = {k: v for k, v in article()[dataset].items() if isinstance(v, dict)}
+        assert rows and set(rows) <= studies
+        for row in rows.values():
+            assert row.get("baseline") is None or row["baseline"] in studies
+            if row.get("ci"):
+                assert row["ci"][0] <= row["gain_t2i_r1"] <= row["ci"][1]
+    assert article()["coco5k"]["pair_dbsf_source"]["t2i_r1"] == 58.10

@@ -98,3 +98,6 @@ def test_table_prints_published_numbers_beside_the_run(compose_cfg, tmp_path, ca
     out = capsys.readouterr().out
     ours = metrics["retrievers"]["sim_siglip2_like"]["t2i"]["R@1"]
     assert f"sim_siglip2_like t2i R@1: {ours:.2f} here, 55.81 published (the article)" in out
+    cfg = compose_cfg(SMALL_SIM + ["+models.sim_dfn5b_like.published.sim={t2i_r1: 50.0, protocol: paper, source: P}"])
+    run(cfg, str(tmp_path / "b"))
+    assert "55.81" not in (out := capsys.readouterr().out) and "50.00 published (paper protocol, P)" in out

@@ -122,6 +122,10 @@ def test_article_experiment_runs_on_sim_stand_ins(tmp_path):
             if not entry.is_fusion:  # the record says what ran, and what it stood in for
                 assert entry.embedding["stand_in"]["kind"] == "sim" and entry.spec["kind"] == "sim"
                 assert entry.spec["stands_in_for"]["kind"] in ("hf", "open_clip")
+    summary = (tmp_path / "article" / "summary.md").read_text()  # the article's numbers beside the simulated ones
+    assert "## Beside the article" in summary and "coco5k (simulated run)" in summary and "58.10" in summary
+    assert "1438/864" in summary and "[+1.93, +2.69]" in summary
+    assert "the article (coco5k, SigLIP 2 (lowercased) + DFN5B, DBSF by source image) [this run is SIMULATED" in result.stdout
     gains = build_report(tmp_path / "article", draws=100)["gains"]
     text = [g for g in gains if g["factor"] == "text" and g["direction"] == "t2i" and g["k"] == 1]
     assert text and text[0]["candidate"].endswith("(lowercase)") and text[0]["gain"] > 0

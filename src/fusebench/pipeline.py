@@ -27,6 +27,7 @@ from fusebench.encoders import drop_unreadable, finalize, load_raw, model_weight
 from fusebench.encoders.real import Runtime
 from fusebench.fusion import FusionConfig
 from fusebench.record import RunRecord
+from fusebench.reference import reference_row
 from fusebench.report.outputs import clear_run_outputs, write_run_outputs
 from fusebench.report.table import format_table
 from fusebench.retrieval import ListSource, SearchSettings, retrieve
@@ -134,13 +135,14 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
     started = time.perf_counter()
     check_writable(out_dir)
     group = {key: _plain(checks.required(cfg, key, "config"))
-             for key in ("eval", "fusion", "models", "plots", "logger", "embed", "dataset")}
+             for key in ("eval", "fusion", "models", "plots", "logger", "embed", "dataset", "reference")}
     settings = eval_settings(checks.mapping(group["eval"], "eval"))
     fusion = fusion_settings(checks.mapping(group["fusion"], "fusion"), settings["ks"])
     specs = model_specs(group["models"])
     draw_plots = checks.boolean(group["plots"], "plots")
     logger = checks.mapping(group["logger"], "logger")
     check_logger(logger)
+    reference = reference_row(group["reference"])
     device = resolve_device(settings["device"])  # checked before any embedding work
     runtime = Runtime.from_config(group["embed"])
     corpus = load_corpus(group["dataset"])
@@ -186,6 +188,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
              "similarity_blocks": MATMULS["blocks"] - matmuls_before,
              "query_ms": round(1000 * search_seconds / (corpus.n_captions + len(clusters["i2t"])), 4),
              "versions": {"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}},
+        reference=reference,
     )
     try:
         write_run_outputs(out_dir, lists, record, settings["save_topk"], queries=clusters)

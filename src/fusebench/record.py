@@ -147,6 +147,7 @@ class RunRecord:
     run: dict
     oracle: dict | None = None
     files: dict[str, str] = field(default_factory=dict)
+    reference: dict | None = None  # the article's row for this job (fusebench.reference), when it has one
     version: int = RECORD_VERSION
 
     @property
@@ -182,10 +183,13 @@ class RunRecord:
                      == (candidate, baseline, direction, k)), None)
 
     def to_json(self) -> dict:
-        return {"version": self.version, "dataset": self.dataset,
-                "retrievers": {n: r.to_json() for n, r in self.retrievers.items()},
-                "comparisons": [c.to_json() for c in self.comparisons], "oracle": self.oracle, "fusion": self.fusion,
-                "eval": self.eval, "run": self.run, "files": self.files}
+        out = {"version": self.version, "dataset": self.dataset,
+               "retrievers": {n: r.to_json() for n, r in self.retrievers.items()},
+               "comparisons": [c.to_json() for c in self.comparisons], "oracle": self.oracle, "fusion": self.fusion,
+               "eval": self.eval, "run": self.run, "files": self.files}
+        if self.reference is not None:
+            out["reference"] = self.reference
+        return out
 
     @classmethod
     def from_json(cls, data) -> RunRecord:
@@ -213,4 +217,5 @@ class RunRecord:
             raise RecordError("metrics.json: 'eval' is not an object")
         return cls(dataset=dataset, retrievers={str(n): RetrieverResult.from_json(str(n), r) for n, r in retrievers.items()},
                    comparisons=[Comparison.from_json(c) for c in comparisons], fusion=data.get("fusion") or {},
-                   eval=eval_, run=data.get("run") or {}, oracle=data.get("oracle"), files=files, version=version)
+                   eval=eval_, run=data.get("run") or {}, oracle=data.get("oracle"), files=files,
+                   reference=data.get("reference") if isinstance(data.get("reference"), dict) else None, version=version)

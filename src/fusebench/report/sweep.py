@@ -18,6 +18,7 @@ import numpy as np
 from fusebench.comparisons import compare, format_p, level_label
 from fusebench.files import atomic_write_text
 from fusebench.record import DEFAULT_WEIGHT
+from fusebench.reference import beside_article
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
 from fusebench.stats import holm_adjust
 
@@ -232,13 +233,31 @@ def _csv(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+def beside_article_rows(runs: list[Run]) -> list[dict]:
+    """Each article job of the sweep beside the article's row for it (t2i R@1; gain, interval, won/lost)."""
+    def interval(values):
+        return None if not values else f"[{values[0]:+.2f}, {values[1]:+.2f}]"
+
+    rows = []
+    for run in runs:
+        b = beside_article(run.record)
+        if b is not None:
+            rows.append({"dataset": b["dataset"] + (" (simulated run)" if b["simulated"] else ""), "job": b["label"],
+                         "article t2i R@1": b["article_t2i_r1"], "this t2i R@1": b["t2i_r1"],
+                         "article gain": b["article_gain"], "article CI": interval(b["article_ci"]),
+                         "article won/lost": None if b["article_won"] is None else f"{b['article_won']}/{b['article_lost']}",
+                         "this gain": b["gain"], "this CI": interval(b["ci"]),
+                         "this won/lost": None if b["won"] is None else f"{b['won']}/{b['lost']}"})
+    return rows
+
+
 def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     scan = scan_runs(folder)
     runs, failed = scan.runs, list(scan.failed)
     ks = sorted({k for r in runs for k in r.record.ks}) or [1, 5, 10]
     return {"runs": runs, "failed": failed, "reasons": scan.failed, "ks": ks, "article": article_rows(runs, ks),
             "gains": paired_gain_rows(runs, ks, draws=draws, level=level, seed=seed), "cost": cost_rows(runs),
-            "level": level}
+            "level": level, "beside_article": beside_article_rows(runs)}
 
 
 def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
@@ -258,7 +277,11 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
              f"## Paired gains at R@{ks[0]} (points; {level_label(level)} bootstrap intervals over queries and over "
              f"images, {draws} draws; McNemar p, Holm-adjusted over the whole sweep)", "",
              _table(headline, gain_cols) if headline else "No pairs of runs differ in exactly one factor.", "",
-             "All k in gains.csv.", "", "## Cost", "",
+             "All k in gains.csv.", "",
+             *(["## Beside the article (its reported numbers: fusebench/data/article_reference.json)", "",
+                _table(report["beside_article"], list(report["beside_article"][0])), ""]
+               if report["beside_article"] else []),
+             "## Cost", "",
              _table(report["cost"], list(report["cost"][0]) if report["cost"] else ["retriever"]), ""]
     atomic_write_text(folder / "summary.md", "\n".join(lines))
     atomic_write_text(folder / "summary.csv", _csv(report["article"]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fusebench.comparisons import format_p, level_label
 from fusebench.record import RunRecord
+from fusebench.reference import reference_lines
 
 
 def _fmt(value) -> str:
@@ -30,14 +31,22 @@ def format_table(record: RunRecord) -> str:
         lines.append(row)
     published = []
     for name, result in record.retrievers.items():
-        theirs = (result.spec.get("published") or {}).get(dataset["name"]) or {}
+        block = result.spec.get("published") or {}
+        theirs = block.get(dataset["name"]) or {}
         for direction in ("t2i", "i2t"):
             value = theirs.get(f"{direction}_r1")
             if value is not None and 1 in ks:
+                where = ", ".join(x for x in (f"{theirs['protocol']} protocol" if theirs.get("protocol") else "",
+                                              theirs.get("source") or block.get("source") or "source not given") if x)
                 published.append(f"  {name} {direction} R@1: {result.recall(direction, 1):.2f} here, {value:.2f} "
-                                 f"published ({result.spec['published'].get('source', 'source not given')})")
+                                 f"published ({where})")
     if published:
-        lines += ["", "this run beside the published numbers:", *published]
+        lines += ["", "this run beside the published numbers (each with its protocol: paper = the authors' own "
+                  "evaluation, clip_benchmark = CLIP_benchmark's):" if any("protocol" in p for p in published)
+                  else "this run beside the published numbers:", *published]
+    reference = reference_lines(record)
+    if reference:
+        lines += ["", *reference]
     gains = [c for c in record.comparisons if c.k == ks[0]]
     if gains:
         lines.append("")
