@@ -103,3 +103,11 @@ def test_article_reference_rows_point_at_real_study_jobs():
             if row.get("ci"):
                 assert row["ci"][0] <= row["gain_t2i_r1"] <= row["ci"][1]
     assert article()["coco5k"]["pair_dbsf_source"]["t2i_r1"] == 58.10
+
+
+@pytest.mark.parametrize("name", ["qdrant_rrf", "qdrant_dbsf", "elasticsearch_rrf"])
+def test_engine_presets_compose_and_sweep(compose_cfg, name):
+    cfg = compose_cfg([f"fusion={name}"])
+    assert cfg.fusion.preset == name and FusionConfig(**OmegaConf.to_container(cfg.fusion)).method in METHODS
+    sweep = compose_cfg(["experiment=fusion_engines", "dataset=sim"], return_hydra_config=True)
+    assert name in sweep.hydra.sweeper.params["fusion"].split(",")

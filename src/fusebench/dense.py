@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fusebench import kernels
-from fusebench.fusion import AFFINE, FusedLists, FusionConfig, affine_evidence, rrf_evidence
+from fusebench.fusion import AFFINE, FusedLists, FusionConfig, affine_evidence, weighted_evidence
 from fusebench.lists import tiles
 from fusebench.topk import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable
 
@@ -104,7 +104,7 @@ def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionCo
         return out, torch.from_numpy(keys & 0xFFFFFFFF)
     if method == "rrf":
         ranks, order = full_ranks(scores)
-        evidence = (1.0 / (config.rrf_k + ranks.to(torch.float32))) * weight
+        evidence = _rank_evidence(scores.shape[1], weight, config, scores.device)[ranks - 1]
         return (evidence if out is None else out.add_(evidence)), order
     rows = AFFINE[method](scores, None, ddof=config.ddof)
     if scores.device.type != "cpu":
@@ -153,7 +153,7 @@ def _source_object_block(scores, weights, config, correct, keep):
 def _rank_evidence(n_items: int, weight: float, config: FusionConfig, device) -> torch.Tensor:
     """RRF evidence of the entry at each rank 1..n (computed as the list path computes it)."""
     ranks = torch.zeros(1, n_items, device=device)
-    return rrf_evidence(ranks, None, config.rrf_k)[0] * weight
+    return weighted_evidence(ranks, None, config, weight)[0]
 
 
 def _count_in_descending(ev: torch.Tensor, e: torch.Tensor):

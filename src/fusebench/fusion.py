@@ -20,6 +20,7 @@ from fusebench.topk import sort_desc_with_tiebreak, sort_rows
 
 METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore")
 FUSE_ON = ("document", "source_object")
+RRF_WEIGHTINGS = ("multiply", "rank")
 
 
 @dataclass
@@ -32,6 +33,8 @@ class FusionConfig:
     final_top_k: int | None = None  # fused list length; null = top_k
     rrf_k: float = 60.0  # rrf only: 1 / (rrf_k + rank)
     ddof: int = 0  # dbsf/zscore sd: 0 population, 1 sample (Qdrant)
+    rrf_weighting: str = "multiply"  # rrf only: multiply: w / (rrf_k + rank) | rank: 1 / (rank / w + rrf_k) (Qdrant)
+    preset: str | None = None  # the engine preset this is (conf/fusion/ENGINE_METHOD.yaml), for labels
 
     def __post_init__(self):
         checks.choice(self.method, "fusion.method", METHODS)
@@ -41,6 +44,8 @@ class FusionConfig:
         if isinstance(self.ddof, bool) or self.ddof not in (0, 1):
             raise FusebenchError(f"fusion.ddof={self.ddof!r} is not valid: use 0 (population sd) or 1 (sample sd, as Qdrant).")
         checks.number(self.rrf_k, "fusion.rrf_k", 0, hint="rrf only: 1 / (rrf_k + rank); the usual value is 60")
+        checks.choice(self.rrf_weighting, "fusion.rrf_weighting", RRF_WEIGHTINGS)
+        checks.text(self.preset, "fusion.preset", allow_none=True)
 
     def per_model_k(self, n_items: int) -> int:
         return n_items if self.top_k is None else min(self.top_k, n_items)
@@ -195,17 +200,29 @@ def _sum_by_id(all_ids: torch.Tensor, evidence: torch.Tensor, bits: torch.Tensor
     return total.masked_fill_(repeat | (ids == n_slots - 1), float("-inf")), positions, contributors
 
 
+def weighted_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig,
+                      weight: float) -> torch.Tensor:
+    """One model's evidence for its list, times its weight; with ``rrf_weighting: rank`` (Qdrant) RRF divides
+    the rank by the weight instead: 1 / (rank / w + rrf_k), and a weight <= 0 gives 0."""
+    if config.method == "rrf" and config.rrf_weighting == "rank":
+        if weight <= 0:
+            return torch.zeros_like(scores)
+        rank = torch.arange(1, scores.shape[1] + 1, device=scores.device, dtype=scores.dtype)
+        return (1.0 / (rank / weight + config.rrf_k)).expand_as(scores).clone()
+    return EVIDENCE[config.method](scores, valid, rrf_k=config.rrf_k, ddof=config.ddof) * weight
+
+
 def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
          weights: list[float] | None = None) -> FusedLists:
     """Fuse per-model ranked lists for one batch of queries into one list of length ``final_k`` with
     ``config``'s method, key, rrf_k and ddof (``weights``: per model, None = equal)."""
-    method, fuse_on, rrf_k, ddof = config.method, config.fuse_on, config.rrf_k, config.ddof
+    method, fuse_on = config.method, config.fuse_on
     if method not in EVIDENCE:
         raise FusebenchError(f"fusion method {method!r} cannot fuse; valid: {', '.join(EVIDENCE)}.")
     if fuse_on not in FUSE_ON:
         raise FusebenchError(f"fuse_on={fuse_on!r} is not valid; valid: {', '.join(FUSE_ON)}.")
     weights = [1.0] * len(ids) if weights is None else list(weights)
-    evidence = torch.cat([EVIDENCE[method](s.to(torch.float32), i >= 0, rrf_k=rrf_k, ddof=ddof) * w
+    evidence = torch.cat([weighted_evidence(s.to(torch.float32), i >= 0, config, w)
                           for i, s, w in zip(ids, scores, weights)], dim=1)
     all_ids = torch.cat(ids, dim=1)
     bits = torch.cat([torch.full_like(i, 1 << m) for m, i in enumerate(ids)], dim=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fusebench.fusion import EVIDENCE
+from fusebench.fusion import FusionConfig, weighted_evidence
 
 
 def stable_order(row_scores) -> list[int]:
@@ -25,7 +25,7 @@ def i2t_rank(column_scores, correct: set[int]) -> int:
 
 
 def fuse_one_query(lists: list[tuple[list[int], list[float]]], method: str, fuse_on: str, final_k: int,
-                   weights=None, rrf_k=60.0, ddof=0) -> list[tuple[int, float, int]]:
+                   weights=None, rrf_k=60.0, ddof=0, rrf_weighting="multiply") -> list[tuple[int, float, int]]:
     """Fuse one query's per-model lists (ids with -1 padding, scores) with a dict, model by model, rank by rank.
 
     Evidence per list comes from the library's normaliser applied to that one list (checked on its own
@@ -37,7 +37,8 @@ def fuse_one_query(lists: list[tuple[list[int], list[float]]], method: str, fuse
     for m, (ids, scores) in enumerate(lists):
         ids_t = torch.tensor([ids])
         scores_t = torch.tensor([scores], dtype=torch.float32)
-        evidence = (EVIDENCE[method](scores_t, ids_t >= 0, rrf_k=rrf_k, ddof=ddof) * weights[m])[0].numpy()
+        config = FusionConfig(method=method, fuse_on=fuse_on, rrf_k=rrf_k, ddof=ddof, rrf_weighting=rrf_weighting)
+        evidence = weighted_evidence(scores_t, ids_t >= 0, config, weights[m])[0].numpy()
         for item, value in zip(ids, evidence):
             if item < 0:
                 continue

@@ -47,8 +47,9 @@ def retriever_factors(run: Run, name: str) -> dict:
         return {"kind": "fusion", "model": json.dumps([_model_identity(m) for m in members], sort_keys=True),
                 "text": json.dumps([(m.get("text") or {}) for m in members], sort_keys=True),
                 "weights": json.dumps([m.get("weight", DEFAULT_WEIGHT) for m in members]),
-                "method": spec["method"], "fuse_on": spec["fuse_on"],
-                "top_k": json.dumps([spec["top_k"], spec["final_top_k"], spec["rrf_k"], spec["ddof"]])}
+                "method": spec.get("preset") or spec["method"], "fuse_on": spec["fuse_on"],
+                "top_k": json.dumps([spec["top_k"], spec["final_top_k"], spec["rrf_k"], spec["ddof"],
+                                     spec.get("rrf_weighting", "multiply")])}
     return {"kind": "single", "model": json.dumps(_model_identity(spec), sort_keys=True),
             "text": json.dumps(spec.get("text") or {}, sort_keys=True)}
 
@@ -58,7 +59,8 @@ def describe(run: Run, name: str) -> str:
     spec = result.spec
     if result.is_fusion:
         parts = [_short(run, m) for m in result.members]
-        return f"fused {spec['method']} by {spec['fuse_on']} top_k={spec['top_k']} [{' + '.join(parts)}]"
+        method = spec.get("preset") or spec["method"]
+        return f"fused {method} by {spec['fuse_on']} top_k={spec['top_k']} [{' + '.join(parts)}]"
     return _short(run, name)
 
 
@@ -118,9 +120,9 @@ def _orient(factor: str, a_value, b_value) -> bool:
         b_case = b_case[0] if isinstance(b_case, list) else b_case
         order = FACTOR_ORDER["text"]
         return order.index(a_case.get("case", "as_typed")) > order.index(b_case.get("case", "as_typed"))
-    if factor in FACTOR_ORDER:
+    if factor in FACTOR_ORDER and a_value in FACTOR_ORDER[factor] and b_value in FACTOR_ORDER[factor]:
         order = FACTOR_ORDER[factor]
-        return order.index(a_value) > order.index(b_value)
+        return order.index(a_value) > order.index(b_value)  # engine presets: by name, below
     return str(a_value) > str(b_value)
 
 
