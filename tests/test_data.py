@@ -61,3 +61,50 @@ def test_sim_corpus_is_coco_sized_by_default_and_seeded():
     images, captions = sim_latents(small)
     assert np.array_equal(images, sim_latents(again)[0]) and np.array_equal(captions, sim_latents(again)[1])
     assert not np.array_equal(images, sim_latents(make_sim_corpus(SimDatasetSchema(n_images=50, n_captions=260, seed=4)))[0])
+
+
+def test_score_location_is_an_exact_affine_map_that_keeps_every_ranking():
+    from fusebench.data.sim import with_score_location
+
+    rng = np.random.default_rng(5)
+    image, text = rng.standard_normal((60, 8)), rng.standard_normal((40, 8))
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    cos = unit(text) @ unit(image).T
+    for scale, shift in ((0.3, 0.0), (0.4, 0.12), (0.5, -0.5), (1.0, 0.0)):
+        new_image, new_text = with_score_location(image, text, scale, shift)
+        assert np.allclose(np.linalg.norm(new_image, axis=1), 1, atol=1e-6)  # still unit rows: cosine = dot
+        moved = new_text @ new_image.T
+        assert np.allclose(moved, scale * cos + shift, atol=1e-6)
+        assert np.array_equal(np.argsort(-moved, axis=1, kind="stable")[:, :10], np.argsort(-cos, axis=1, kind="stable")[:, :10])
+    with pytest.raises(FusebenchError, match="score_scale"):
+        with_score_location(image, text, 0.3, 0.8)
+
+
+def test_sim_families_sit_where_real_ones_do_and_raw_sum_follows_the_wider_model(compose_cfg, tmp_path):
+    """SigLIP-like cosines sit low (matched ~0.14, unmatched ~0), CLIP-like higher (~0.30 / ~0.12) and wider; so
+    raw-score sum leans toward the CLIP-like model's ranking, while DBSF (per-list normalised) does not."""
+    import torch
+
+    from fusebench.encoders import embed
+    from fusebench.fusion import FusionConfig, fuse
+
+    corpus = make_sim_corpus(SimDatasetSchema(n_images=400, n_captions=2000))
+    cfg = compose_cfg(["models=[sim_siglip2_like,sim_dfn5b_like]"])
+    models = {n: embed(n, dict(cfg.models[n]), corpus) for n in cfg.models}
+    matched, top = {}, {}
+    for name, m in models.items():
+        sims = m.text @ m.image.T
+        matched[name] = float(sims[np.arange(len(sims)), corpus.caption_image].mean())
+        top[name] = torch.topk(torch.from_numpy(sims), 50, dim=1)
+        unmatched = float(np.median(sims))
+        assert (name == "sim_siglip2_like") == (unmatched < 0.05)
+    assert 0.1 < matched["sim_siglip2_like"] < 0.2 and 0.25 < matched["sim_dfn5b_like"] < 0.35
+    ids, scores = [t.indices for t in top.values()], [t.values for t in top.values()]
+
+    def agreement(method):
+        fused = fuse(ids, scores, FusionConfig(method=method, top_k=50), 1).ids[:, 0]
+        return [float((fused == i[:, 0]).float().mean()) for i in ids]
+
+    siglip_sum, clip_sum = agreement("sum")
+    siglip_dbsf, clip_dbsf = agreement("dbsf")
+    assert clip_sum - siglip_sum > clip_dbsf - siglip_dbsf + 0.02  # sum is pulled toward the wider-scored model (0.031 here)

@@ -69,9 +69,31 @@ def sim_latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     return images, captions
 
 
+def with_score_location(image: np.ndarray, text: np.ndarray, scale: float, shift: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose cosines are ``scale * cosine + shift`` of the given rows' cosines, exactly (two more dims).
+
+    With unit rows u (text) and v (image): u' = [sqrt(a) u, sqrt(1 - a) (cos f, sin f)] and
+    v' = [sqrt(a) v, sqrt(1 - a) (1, 0)], so u'.v' = a u.v + (1 - a) cos f: scale a in (0, 1], shift in
+    [-(1 - a), 1 - a]. Every query's ranking is unchanged (a positive affine map); only where the scores sit,
+    and how spread they are, changes: what raw-score fusion (sum) sees and normalising fusions undo."""
+    if not 0 < scale <= 1 or abs(shift) > 1 - scale + 1e-12:
+        raise FusebenchError(f"sim model: score_scale={scale} and score_shift={shift} are not valid; valid: 0 < "
+                             "score_scale <= 1 and |score_shift| <= 1 - score_scale.")
+    image = image / np.linalg.norm(image, axis=1, keepdims=True)
+    text = text / np.linalg.norm(text, axis=1, keepdims=True)
+    rest = np.sqrt(1.0 - scale)
+    angle = 0.0 if rest == 0 else float(np.arccos(np.clip(shift / (1.0 - scale), -1.0, 1.0)))
+    image_extra = np.tile(np.array([rest, 0.0], dtype=np.float32), (len(image), 1))
+    text_extra = np.tile(np.array([rest * np.cos(angle), rest * np.sin(angle)], dtype=np.float32), (len(text), 1))
+    root = np.float32(np.sqrt(scale))
+    return (np.hstack([root * image, image_extra]).astype(np.float32),
+            np.hstack([root * text, text_extra]).astype(np.float32))
+
+
 def sim_model_embeddings(corpus: Corpus, dim: int, image_noise: float, text_noise: float,
-                         seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """One simulated model's (image, text) embeddings: its own noise, then its own projection to ``dim``."""
+                         seed: int, score: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One simulated model's (image, text) embeddings: its own noise, then its own projection to ``dim``;
+    ``score`` = (scale, shift) places its cosines like a real family's (:func:`with_score_location`)."""
     if dim < 1:
         raise FusebenchError(f"sim model: dim must be >= 1, got {dim}.")
     images, captions = sim_latents(corpus)
@@ -81,4 +103,6 @@ def sim_model_embeddings(corpus: Corpus, dim: int, image_noise: float, text_nois
     proj = np.linalg.qr(gaussian)[0][:dim].T.astype(np.float32)  # orthonormal rows when dim >= latent_dim
     seen_images = images + np.float32(image_noise) * rng.standard_normal(images.shape, dtype=np.float32)
     seen_captions = captions + np.float32(text_noise) * rng.standard_normal(captions.shape, dtype=np.float32)
-    return seen_images @ proj, seen_captions @ proj
+    if score is None:
+        return seen_images @ proj, seen_captions @ proj
+    return with_score_location(seen_images @ proj, seen_captions @ proj, *score)

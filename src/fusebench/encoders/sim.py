@@ -29,15 +29,20 @@ def _key(settings: dict, corpus: Corpus) -> str:
 
 
 def sim_settings(spec: Mapping, where: str = "models.NAME") -> dict:
-    """A sim model's parameters (all four set, as conf/models/sim_*.yaml do), checked; ``where`` names the
-    config block in errors."""
+    """A sim model's parameters (dim, image_noise, text_noise, seed: all set, as conf/models/sim_*.yaml do;
+    score_scale and score_shift: where its cosines sit, both or neither), checked; ``where`` names the config
+    block in errors."""
     def need(key):
         return checks.required(spec, key, where)
 
-    return {"dim": checks.integer(need("dim"), f"{where}.dim", 1),
-            "image_noise": checks.number(need("image_noise"), f"{where}.image_noise", 0),
-            "text_noise": checks.number(need("text_noise"), f"{where}.text_noise", 0),
-            "seed": checks.integer(need("seed"), f"{where}.seed", 0)}
+    settings = {"dim": checks.integer(need("dim"), f"{where}.dim", 1),
+                "image_noise": checks.number(need("image_noise"), f"{where}.image_noise", 0),
+                "text_noise": checks.number(need("text_noise"), f"{where}.text_noise", 0),
+                "seed": checks.integer(need("seed"), f"{where}.seed", 0), "score": None}
+    if "score_scale" in spec or "score_shift" in spec:
+        settings["score"] = (checks.number(need("score_scale"), f"{where}.score_scale", 0, 1, open_low=True),
+                             checks.number(need("score_shift"), f"{where}.score_shift", -1, 1))
+    return settings
 
 
 def sim_arrays(spec: Mapping, corpus: Corpus, where: str = "models.NAME") -> tuple[np.ndarray, np.ndarray]:
