@@ -148,11 +148,14 @@ def test_qdrant_rrf_weights_divide_the_rank():
 
 
 @pytest.mark.slow  # ranx compiles its numba kernels on first use (~50 s)
-def test_elasticsearch_rrf_matches_ranx(case):
-    """Elasticsearch's RRF (1 / (rank_constant + rank), rank 1-based, 60) is ranx's rrf with k = 60."""
+@pytest.mark.parametrize("name,method,params", [("elasticsearch_rrf", "rrf", {"k": 60}), ("ranx_combmnz", "mnz", {}),
+                                                ("ranx_combmax", "max", {}), ("ranx_isr", "isr", {})])
+def test_presets_match_ranx(case, name, method, params):
+    """Elasticsearch's RRF (1 / (rank_constant + rank), rank 1-based, 60) is ranx's rrf with k = 60; CombMNZ,
+    CombMAX (both over min-max normalised lists) and ISR are ranx's mnz, max and isr."""
     ranx = pytest.importorskip("ranx", reason="ranx is a dev dependency")
     images, texts = case
-    config = preset("elasticsearch_rrf", "source_object")
+    config = preset(name, "source_object")
     ids, scores = [], []
     for m in images:
         top = torch.topk(torch.from_numpy(texts[m]) @ torch.from_numpy(images[m]).T, DEPTH, dim=1)
@@ -161,8 +164,8 @@ def test_elasticsearch_rrf_matches_ranx(case):
     ours = fuse(ids, scores, config, 2 * DEPTH)
     runs = [ranx.Run({f"q{q}": {f"d{int(i)}": float(s) for i, s in zip(ids[m][q].tolist(), scores[m][q].tolist())}
                       for q in range(N_QUERIES)}) for m in range(len(ids))]
-    fused = ranx.fuse(runs=runs, method="rrf", params={"k": 60}).to_dict()
+    fused = ranx.fuse(runs=runs, method=method, norm="min-max", params=params).to_dict()
     for q in range(N_QUERIES):
         got = {f"d{int(i)}": float(s) for i, s in zip(ours.ids[q].tolist(), ours.scores[q].tolist()) if i >= 0}
         assert got.keys() == fused[f"q{q}"].keys()
-        assert np.allclose([got[k] for k in got], [fused[f"q{q}"][k] for k in got], atol=1e-7)
+        assert np.allclose([got[k] for k in got], [fused[f"q{q}"][k] for k in got], atol=1e-6)

@@ -5,6 +5,7 @@ from helpers.reference import fuse_one_query
 
 from fusebench import FusebenchError
 from fusebench.fusion import (
+    COMBINES,
     EVIDENCE,
     FUSE_ON,
     METHODS,
@@ -42,12 +43,14 @@ def _query_lists(ids, scores, row):
 
 @pytest.mark.parametrize("method", FUSING)
 @pytest.mark.parametrize("fuse_on", FUSE_ON)
-def test_fuse_matches_per_query_reference(method, fuse_on):
+@pytest.mark.parametrize("combine", COMBINES)
+def test_fuse_matches_per_query_reference(method, fuse_on, combine):
     ids, scores = _random_lists(seed=10 * list(FUSING).index(method) + FUSE_ON.index(fuse_on))  # reproducible
     weights = [1.0, 0.5, 2.0]
-    fused = fuse(ids, scores, FusionConfig(method=method, fuse_on=fuse_on, rrf_k=60.0, ddof=0), final_k=15, weights=weights)
+    config = FusionConfig(method=method, fuse_on=fuse_on, rrf_k=60.0, ddof=0, combine=combine)
+    fused = fuse(ids, scores, config, final_k=15, weights=weights)
     for row in range(ids[0].shape[0]):
-        expected = fuse_one_query(_query_lists(ids, scores, row), method, fuse_on, 15, weights)
+        expected = fuse_one_query(_query_lists(ids, scores, row), method, fuse_on, 15, weights, combine=combine)
         got_ids = [i for i in fused.ids[row].tolist() if i >= 0]
         assert got_ids == [e[0] for e in expected], (method, fuse_on, row)
         assert fused.scores[row, : len(expected)].tolist() == pytest.approx([e[1] for e in expected], abs=0)

@@ -82,7 +82,8 @@ def test_torch_selection_path_equals_cpu_heaps(case, monkeypatch):
     _assert_same(heaps, _run(models, caption_image, config, chunk_size=4, item_chunk_size=6))
 
 
-def _check_fused_against_reference(models, caption_image, method, fuse_on, top_k, final_k, out, keep=None):
+def _check_fused_against_reference(models, caption_image, method, fuse_on, top_k, final_k, out, keep=None,
+                                   combine="sum"):
     weights = [m.weight for m in models]
     all_scores = [_scores(m) for m in models]
     query_images = np.unique(caption_image)
@@ -99,11 +100,12 @@ def _check_fused_against_reference(models, caption_image, method, fuse_on, top_k
         assert ranked.ranks[row] == (hits[0] if hits else 0)
 
     for q in range(len(caption_image)):
-        expected = fuse_one_query(per_model_lists([s[q].tolist() for s in all_scores]), method, fuse_on, final_k, weights)
+        expected = fuse_one_query(per_model_lists([s[q].tolist() for s in all_scores]), method, fuse_on, final_k, weights,
+                                  combine=combine)
         check(out["fused"]["t2i"], q, expected, lambda item, q=q: item == caption_image[q])
     for row, image in enumerate(query_images):
         expected = fuse_one_query(per_model_lists([s[:, image].tolist() for s in all_scores]), method, fuse_on,
-                                  final_k, weights)
+                                  final_k, weights, combine=combine)
         check(out["fused"]["i2t"], row, expected, lambda item, image=image: caption_image[item] == image)
 
 
@@ -127,6 +129,19 @@ def test_dense_path_matches_reference_on_whole_rankings(case, method, fuse_on, f
     n_items = max(N_IMAGES, len(caption_image))
     final_k = final_top_k or 2 * n_items
     _check_fused_against_reference(models, caption_image, method, fuse_on, n_items, final_k, out, keep=12)
+
+
+@pytest.mark.parametrize("combine", ["max", "mnz"])
+@pytest.mark.parametrize("method", ["sum", "minmax", "isr", "rrf"])
+@pytest.mark.parametrize("top_k", [5, None])
+def test_combmax_and_combmnz_match_the_reference(case, combine, method, top_k):
+    """CombMAX / CombMNZ over per-model lists (top_k 5) and over whole rankings (dense path)."""
+    models, caption_image = case
+    config = FusionConfig(method=method, fuse_on="source_object", top_k=top_k, final_top_k=9, combine=combine)
+    out = _run(models, caption_image, config, keep_k=9, chunk_size=5, item_chunk_size=4)
+    n_items = max(N_IMAGES, len(caption_image))
+    _check_fused_against_reference(models, caption_image, method, "source_object", top_k or n_items, 9, out, keep=9,
+                                   combine=combine)
 
 
 def test_dense_blocks_of_one_query_give_the_same_result(case):

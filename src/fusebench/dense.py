@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fusebench import kernels
-from fusebench.fusion import AFFINE, FusedLists, FusionConfig, affine_evidence, weighted_evidence
+from fusebench.fusion import AFFINE, RANK_METHODS, FusedLists, FusionConfig, affine_evidence, weighted_evidence
 from fusebench.lists import tiles
 from fusebench.topk import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable
 
@@ -95,14 +95,14 @@ def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionCo
               out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each item's weighted evidence over the whole row (added into ``out`` when given), and the row's order
     when RRF needed it. On the CPU a score normaliser's element-wise step is one numba pass."""
-    if method == "rrf" and scores.device.type == "cpu":  # scatter each rank's evidence, no rank tensor
+    if method in RANK_METHODS and scores.device.type == "cpu":  # scatter each rank's evidence, no rank tensor
         keys = kernels.sorted_keys(scores.contiguous().numpy())
         accumulate = out is not None
         out = torch.empty_like(scores) if out is None else out
         by_rank = _rank_evidence(scores.shape[1], weight, config, scores.device)
         kernels.scatter_by_rank(keys, by_rank.numpy(), out.numpy(), accumulate)
         return out, torch.from_numpy(keys & 0xFFFFFFFF)
-    if method == "rrf":
+    if method in RANK_METHODS:
         ranks, order = full_ranks(scores)
         evidence = _rank_evidence(scores.shape[1], weight, config, scores.device)[ranks - 1]
         return (evidence if out is None else out.add_(evidence)), order
@@ -130,7 +130,12 @@ def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _source_object_block(scores, weights, config, correct, keep):
     fused, order0 = _evidence(scores[0], config.method, weights[0], config)
     for s, w in zip(scores[1:], weights[1:]):
-        _evidence(s, config.method, w, config, out=fused)
+        if config.combine == "max":
+            fused = torch.maximum(fused, _evidence(s, config.method, w, config)[0])
+        else:
+            _evidence(s, config.method, w, config, out=fused)
+    if config.combine == "mnz":  # whole rankings: every list holds every image
+        fused *= len(scores)
     # ties: first appearance = position in model 0's full list, i.e. model 0's score desc, then index asc
     best, best_s0, index = first_correct(fused, scores[0], correct)
     ranks = 1 + count_ahead(fused, scores[0], best, best_s0, index)
@@ -166,7 +171,7 @@ def _count_in_descending(ev: torch.Tensor, e: torch.Tensor):
 
 def _document_block(scores, weights, config, correct, keep):
     n_models, n_items = len(scores), scores[0].shape[1]
-    rrf = config.method == "rrf"  # evidence depends on the rank alone: count it, never materialise it
+    rrf = config.method in RANK_METHODS  # evidence depends on the rank alone: count it, never materialise it
     evidence = [None if rrf else _evidence(s, config.method, w, config)[0] for s, w in zip(scores, weights)]
     rank_ev = [_rank_evidence(n_items, w, config, scores[0].device) for w in weights] if rrf else None
     firsts = []  # each model's first correct item by its own order: (score, index, rank, evidence)
@@ -205,7 +210,7 @@ def dense_fuse(side: DenseSide, weights: list[float], config: FusionConfig, keep
                progress: Callable[[int], None] | None = None) -> tuple[FusedLists, np.ndarray]:
     """Fused lists (first ``keep`` entries) and exact ranks of the first correct entry for every query."""
     n_models, n_queries, n_items = len(side.rows), side.correct.shape[0], side.n_items
-    per_row = n_items * n_models * (24 if config.method == "rrf" else 12)  # scores, evidence, ranks per model
+    per_row = n_items * n_models * (24 if config.method in RANK_METHODS else 12)  # scores, evidence, ranks per model
     block = max(1, min(n_queries, budget_bytes // per_row))
     keep = min(keep, final_k)
     outs, ranks = [], []

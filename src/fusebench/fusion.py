@@ -18,9 +18,11 @@ from fusebench import FusebenchError, checks
 from fusebench.kernels import row_mean_std
 from fusebench.topk import sort_desc_with_tiebreak, sort_rows
 
-METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore")
+METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore", "isr")
 FUSE_ON = ("document", "source_object")
 RRF_WEIGHTINGS = ("multiply", "rank")
+COMBINES = ("sum", "max", "mnz")  # how an image's evidence from several lists adds up (source_object)
+RANK_METHODS = ("rrf", "isr")  # evidence from the rank alone
 
 
 @dataclass
@@ -34,6 +36,7 @@ class FusionConfig:
     rrf_k: float = 60.0  # rrf only: 1 / (rrf_k + rank)
     ddof: int = 0  # dbsf/zscore sd: 0 population, 1 sample (Qdrant)
     rrf_weighting: str = "multiply"  # rrf only: multiply: w / (rrf_k + rank) | rank: 1 / (rank / w + rrf_k) (Qdrant)
+    combine: str = "sum"  # source_object: sum (CombSUM) | max (CombMAX) | mnz (sum x lists holding it, CombMNZ)
     preset: str | None = None  # the engine preset this is (conf/fusion/ENGINE_METHOD.yaml), for labels
 
     def __post_init__(self):
@@ -45,6 +48,7 @@ class FusionConfig:
             raise FusebenchError(f"fusion.ddof={self.ddof!r} is not valid: use 0 (population sd) or 1 (sample sd, as Qdrant).")
         checks.number(self.rrf_k, "fusion.rrf_k", 0, hint="rrf only: 1 / (rrf_k + rank); the usual value is 60")
         checks.choice(self.rrf_weighting, "fusion.rrf_weighting", RRF_WEIGHTINGS)
+        checks.choice(self.combine, "fusion.combine", COMBINES)
         checks.text(self.preset, "fusion.preset", allow_none=True)
 
     def per_model_k(self, n_items: int) -> int:
@@ -84,6 +88,12 @@ def _row_mean_std(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int) -
     denom = count - ddof
     std = torch.sqrt(sq / denom.clamp(min=1)).masked_fill_(denom <= 0, 0.0)
     return mean.to(scores.dtype), std.to(scores.dtype)
+
+
+def isr_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> torch.Tensor:
+    """Inverse square rank (Mourao et al. 2015): 1 / rank^2, rank 1-based by list position."""
+    rank = torch.arange(1, scores.shape[1] + 1, device=scores.device, dtype=scores.dtype)
+    return (1.0 / rank**2).expand_as(scores).clone()
 
 
 def rrf_evidence(scores: torch.Tensor, valid: torch.Tensor, rrf_k: float, **_) -> torch.Tensor:
@@ -160,6 +170,7 @@ def sum_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> torch
 
 EVIDENCE = {
     "rrf": rrf_evidence,
+    "isr": isr_evidence,
     "dbsf": dbsf_evidence,
     "minmax": minmax_evidence,
     "zscore": zscore_evidence,
@@ -174,9 +185,11 @@ class FusedLists:
     contributors: torch.Tensor  # (B, L) int64 bitmask of the models whose lists hold this entry
 
 
-def _sum_by_id(all_ids: torch.Tensor, evidence: torch.Tensor, bits: torch.Tensor, n_models: int):
-    """Per row, one entry per distinct id: its evidence summed in position order (= model by model, in
-    config order), at the position of its first appearance; every other entry gets -inf.
+def _sum_by_id(all_ids: torch.Tensor, evidence: torch.Tensor, bits: torch.Tensor, n_models: int,
+               combine: str):
+    """Per row, one entry per distinct id: its evidence combined (``sum`` in position order, = model by model
+    in config order; ``max``; ``mnz``: the sum times the lists holding it), at the position of its first
+    appearance; every other entry gets -inf.
 
     Returns (scores, first positions, contributor bits), all in (id, position)-sorted layout. Each model's
     list holds an id at most once, so an id's entries are at most ``n_models`` apart after the sort.
@@ -193,8 +206,13 @@ def _sum_by_id(all_ids: torch.Tensor, evidence: torch.Tensor, bits: torch.Tensor
     total, contributors = parts.clone(), owners.clone()
     for step in range(1, n_models):
         apart = ids[:, step:] != ids[:, :-step]
-        total[:, :-step] += parts[:, step:].masked_fill(apart, 0.0)
+        if combine == "max":
+            total[:, :-step] = torch.maximum(total[:, :-step], parts[:, step:].masked_fill(apart, float("-inf")))
+        else:
+            total[:, :-step] += parts[:, step:].masked_fill(apart, 0.0)
         contributors[:, :-step] |= owners[:, step:].masked_fill(apart, 0)
+    if combine == "mnz":  # times the number of lists that hold the id
+        total *= sum((contributors >> m) & 1 for m in range(n_models)).to(total.dtype)
     repeat = torch.zeros_like(ids, dtype=torch.bool)
     repeat[:, 1:] = ids[:, 1:] == ids[:, :-1]
     return total.masked_fill_(repeat | (ids == n_slots - 1), float("-inf")), positions, contributors
@@ -227,7 +245,7 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConf
     all_ids = torch.cat(ids, dim=1)
     bits = torch.cat([torch.full_like(i, 1 << m) for m, i in enumerate(ids)], dim=1)
     if fuse_on == "source_object":
-        fused, positions, bits_by_id = _sum_by_id(all_ids, evidence, bits, len(ids))
+        fused, positions, bits_by_id = _sum_by_id(all_ids, evidence, bits, len(ids), config.combine)
         out_scores, out_positions = sort_desc_with_tiebreak(fused, positions)
         bits = torch.zeros_like(bits).scatter_(1, positions, bits_by_id)
     else:

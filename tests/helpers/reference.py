@@ -25,7 +25,8 @@ def i2t_rank(column_scores, correct: set[int]) -> int:
 
 
 def fuse_one_query(lists: list[tuple[list[int], list[float]]], method: str, fuse_on: str, final_k: int,
-                   weights=None, rrf_k=60.0, ddof=0, rrf_weighting="multiply") -> list[tuple[int, float, int]]:
+                   weights=None, rrf_k=60.0, ddof=0, rrf_weighting="multiply",
+                   combine="sum") -> list[tuple[int, float, int]]:
     """Fuse one query's per-model lists (ids with -1 padding, scores) with a dict, model by model, rank by rank.
 
     Evidence per list comes from the library's normaliser applied to that one list (checked on its own
@@ -37,17 +38,24 @@ def fuse_one_query(lists: list[tuple[list[int], list[float]]], method: str, fuse
     for m, (ids, scores) in enumerate(lists):
         ids_t = torch.tensor([ids])
         scores_t = torch.tensor([scores], dtype=torch.float32)
-        config = FusionConfig(method=method, fuse_on=fuse_on, rrf_k=rrf_k, ddof=ddof, rrf_weighting=rrf_weighting)
+        config = FusionConfig(method=method, fuse_on=fuse_on, rrf_k=rrf_k, ddof=ddof, rrf_weighting=rrf_weighting,
+                              combine=combine)
         evidence = weighted_evidence(scores_t, ids_t >= 0, config, weights[m])[0].numpy()
         for item, value in zip(ids, evidence):
             if item < 0:
                 continue
             key = item if fuse_on == "source_object" else (m, item)
             if key not in table:
-                table[key] = [np.float32(0.0), position, 0, item]
-            table[key][0] = np.float32(table[key][0] + np.float32(value))
+                table[key] = [np.float32(-np.inf if combine == "max" else 0.0), position, 0, item]
+            if combine == "max":
+                table[key][0] = max(table[key][0], np.float32(value))
+            else:
+                table[key][0] = np.float32(table[key][0] + np.float32(value))
             table[key][2] |= 1 << m
             position += 1
+    if combine == "mnz":  # CombMNZ: times the number of lists holding the item
+        for entry in table.values():
+            entry[0] = np.float32(entry[0] * bin(entry[2]).count("1"))
     ranked = sorted(table.values(), key=lambda e: (-e[0], e[1]))[:final_k]
     return [(e[3], float(e[0]), e[2]) for e in ranked]
 

@@ -23,7 +23,7 @@ from fusebench.report.runs import Run, Scan, load_runs, scan_runs
 from fusebench.stats import holm_adjust
 
 FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines
-    "method": ["none", "sum", "minmax", "zscore", "rrf", "dbsf"],
+    "method": ["none", "sum", "minmax", "zscore", "isr", "rrf", "dbsf"],
     "fuse_on": ["document", "source_object"],
     "text": ["as_typed", "canonicalize", "lowercase"],
 }
@@ -49,7 +49,7 @@ def retriever_factors(run: Run, name: str) -> dict:
                 "weights": json.dumps([m.get("weight", DEFAULT_WEIGHT) for m in members]),
                 "method": spec.get("preset") or spec["method"], "fuse_on": spec["fuse_on"],
                 "top_k": json.dumps([spec["top_k"], spec["final_top_k"], spec["rrf_k"], spec["ddof"],
-                                     spec.get("rrf_weighting", "multiply")])}
+                                     spec.get("rrf_weighting", "multiply"), spec.get("combine", "sum")])}
     return {"kind": "single", "model": json.dumps(_model_identity(spec), sort_keys=True),
             "text": json.dumps(spec.get("text") or {}, sort_keys=True)}
 
