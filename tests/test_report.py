@@ -138,7 +138,7 @@ def test_experiments_compose(compose_cfg):
     assert list(cfg.models) == ["siglip2_so400m_p14_384", "dfn5b_h14_224"] and cfg.dataset.kind == "sim"
     cfg = compose_cfg(["experiment=article_flickr", "study=four_dbsf_source"])
     assert cfg.dataset.name == "flickr1k" and len(cfg.models) == 4 and cfg.fusion.method == "dbsf"
-    assert cfg.models.siglip2_so400m_p14_384.text.case == "as_typed"
+    assert cfg.models.siglip2_so400m_p14_384.text.case == "lowercase"  # as the article fused it
 
 
 def test_real_model_without_stand_in_is_refused_on_sim(compose_cfg, tmp_path):
