@@ -54,11 +54,15 @@ def list_models(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     folders = [Path(CONFIG_DIR), *user_config_dirs(argv)]
-    for name in registry(folders[1:]):
-        path = next(f / "models" / f"{name}.yaml" for f in reversed(folders) if (f / "models" / f"{name}.yaml").is_file())
-        spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        what = spec.get("checkpoint") or " ".join(str(spec[k]) for k in ("model", "pretrained") if spec.get(k)) or "-"
-        print(f"{name:<28} {spec.get('kind', '?'):<10} {what}")
+    try:
+        for name in registry(folders[1:]):
+            path = next(f / "models" / f"{name}.yaml" for f in reversed(folders)
+                        if (f / "models" / f"{name}.yaml").is_file())
+            spec = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            what = spec.get("checkpoint") or " ".join(str(spec[k]) for k in ("model", "pretrained") if spec.get(k)) or "-"
+            print(f"{name:<28} {spec.get('kind', '?'):<10} {what}")
+    except BrokenPipeError:  # `fusebench-models | head`: the reader has what it wanted
+        sys.stderr.close()
     return 0
 
 
