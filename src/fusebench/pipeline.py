@@ -172,7 +172,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
             spec, info = {"kind": "fusion", "members": singles, **fusion.__dict__}, None
         else:
             model = by_name[name]
-            spec = {**model.spec, "weight": model.weight, "dim": model.dim}  # what ran
+            spec = {**model.spec, "weight": model.weight, "dim": model.index_dim}  # what ran
             info = model.info
         retrievers[name] = retriever_result(name, ranks[name], settings["ks"], spec, info)
     record = RunRecord(

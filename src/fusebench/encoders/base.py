@@ -113,6 +113,14 @@ class ModelEmbeddings:
     def dim(self) -> int:
         return int(self.image.shape[1])
 
+    @property
+    def index_dim(self) -> int:
+        """The width an index of this model stores (what cost tables count): the embedding width, except for a
+        sim model, whose declared ``dim`` it is (its two score-location dims are a device of the simulation)."""
+        if self.spec.get("kind") == "sim" and "dim" in self.spec:
+            return int(self.spec["dim"])
+        return self.dim
+
 
 def model_weight(name: str, spec: dict) -> float:
     """A model's weight in the fused score (``weight`` in its spec; DEFAULT_WEIGHT when it sets none)."""
