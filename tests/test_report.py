@@ -38,6 +38,9 @@ def test_multirun_writes_the_report_files(method_sweep):
         assert (method_sweep / "0" / "plots" / f"{name}.png").stat().st_size > 5000
     summary = (method_sweep / "summary.md").read_text()
     assert "4 finished runs" in summary and "| sim_siglip2_like |" in summary
+    ranked = summary.split("## Fusions ranked")[1].split("##")[0]  # the four fusions, best gain first
+    gains = [float(line.split("|")[4]) for line in ranked.splitlines() if line.startswith("| sim")]
+    assert len(gains) == 4 and gains == sorted(gains, reverse=True)
     assert "| retriever | sim (simulated) t2i R@1 | sim (simulated) t2i R@5 |" in summary
 
 

@@ -235,6 +235,17 @@ def _csv(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+def ranked_fusions(gains: list[dict], k: int) -> list[dict]:
+    """Every fusion of the sweep ranked by its t2i R@k gain over its best single model (the paired rows of
+    factor 'fused vs best single'), per dataset: gain, interval over queries and over images, won/lost, Holm p."""
+    rows = [g for g in gains if g["factor"] == "fused vs best single" and g["direction"] == "t2i" and g["k"] == k]
+    rows.sort(key=lambda g: (g["dataset"], -g["gain"], g["candidate"]))
+    return [{"dataset": g["dataset"], "fusion": g["candidate"], "over": g["baseline"], f"t2i R@{k} gain": g["gain"],
+             "ci_low": g["ci_low"], "ci_high": g["ci_high"], "cluster_ci_low": g["cluster_ci_low"],
+             "cluster_ci_high": g["cluster_ci_high"], "won/lost": f"{g['wins']}/{g['losses']}", "p_holm": g["p_holm"]}
+            for g in rows]
+
+
 def beside_article_rows(runs: list[Run]) -> list[dict]:
     """Each article job of the sweep beside the article's row for it (t2i R@1; gain, interval, won/lost)."""
     def interval(values):
@@ -271,6 +282,7 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
     gain_cols = ["dataset", "factor", "candidate", "baseline", "direction", "k", "gain", "ci_low", "ci_high",
                  "cluster_ci_low", "cluster_ci_high", "wins", "losses", "p_value", "p_holm"]
     headline = [r for r in report["gains"] if r["k"] == ks[0]]
+    ranked = ranked_fusions(report["gains"], ks[0])
     lines = [f"# Sweep summary: {folder}", "",
              f"{len(report['runs'])} finished runs" + (f", {len(report['failed'])} failed: {', '.join(report['failed'])}"
                                                       if report["failed"] else "") + ".", "",
@@ -280,6 +292,8 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
              f"images, {draws} draws; McNemar p, Holm-adjusted over the whole sweep)", "",
              _table(headline, gain_cols) if headline else "No pairs of runs differ in exactly one factor.", "",
              "All k in gains.csv.", "",
+             *([f"## Fusions ranked (t2i R@{ks[0]} gain over each one's best single model, "
+                f"{level_label(level)} intervals)", "", _table(ranked, list(ranked[0])), ""] if ranked else []),
              *(["## Beside the article (its reported numbers: fusebench/data/article_reference.json)", "",
                 _table(report["beside_article"], list(report["beside_article"][0])), ""]
                if report["beside_article"] else []),
