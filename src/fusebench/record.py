@@ -163,6 +163,11 @@ class RunRecord:
         return [n for n, r in self.retrievers.items() if r.is_fusion]
 
     @property
+    def headline(self) -> str:
+        """The retriever a run is about: its fusion when there is one, else its first model."""
+        return self.fusions[0] if self.fusions else next(iter(self.retrievers))
+
+    @property
     def singles(self) -> list[str]:
         return [n for n, r in self.retrievers.items() if not r.is_fusion]
 

@@ -46,7 +46,7 @@ def beside_article(record: RunRecord) -> dict | None:
     row = record.reference
     if not row:
         return None
-    name = record.fusions[0] if record.fusions else next(iter(record.retrievers))
+    name = record.headline
     out = {"dataset": row["dataset"], "study": row["study"], "label": row.get("label", row["study"]),
            "retriever": name, "simulated": record.simulated, "t2i_r1": record.retrievers[name].recall("t2i", 1),
            "article_t2i_r1": row.get("t2i_r1"), "article_gain": row.get("gain_t2i_r1"), "article_ci": row.get("ci"),

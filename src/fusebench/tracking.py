@@ -48,8 +48,7 @@ def _job_identity() -> tuple[str | None, str | None]:
 
 def summary_metrics(record: RunRecord) -> dict:
     ks = record.ks
-    fusions = record.fusions
-    headline = fusions[0] if fusions else next(iter(record.retrievers))
+    fusions, headline = record.fusions, record.headline
     out: dict = {"headline": headline, "simulated": record.simulated,
                  "nonstandard": bool(record.dataset.get("nonstandard"))}
     for name, result in record.retrievers.items():

@@ -22,13 +22,11 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         folder = Path(config.hydra.sweep.dir)
-        from fusebench.report.runs import scan_runs
-
-        SweepReport.failed = sorted(scan_runs(folder).failed) if folder.is_dir() else []
         try:
             from fusebench.report.sweep import write_report
 
             report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level)
+            SweepReport.failed = sorted(report["failed"])
             log.info("sweep report: %s (%d runs, %d failed)", folder / "summary.md", len(report["runs"]),
                      len(report["failed"]))
             if report["failed"]:
@@ -39,4 +37,7 @@ class SweepReport(Callback):
 
             log_sweep(OmegaConf.to_container(config.logger, resolve=True) if "logger" in config else None, folder, report)
         except Exception as err:  # noqa: BLE001 - a report failure must never fail the sweep
+            from fusebench.report.runs import scan_runs
+
+            SweepReport.failed = sorted(scan_runs(folder).failed) if folder.is_dir() else []
             log.error("could not write the sweep report for %s: %s (run fusebench-report %s)", folder, err, folder)

@@ -24,6 +24,7 @@ class Run:
     name: str
     record: RunRecord
     overrides: list[str] = field(default_factory=list)
+    _loaded: dict = field(default_factory=dict, repr=False, compare=False)  # arrays read once per Run
 
     @property
     def dataset_key(self) -> tuple:
@@ -31,14 +32,21 @@ class Run:
         return d["name"], d["n_images"], d["n_captions"]
 
     def ranks(self, retriever: str, direction: str) -> np.ndarray:
-        return np.load(self.path / "ranks" / f"{retriever}.{direction}.npy")
+        key = ("ranks", retriever, direction)
+        if key not in self._loaded:
+            self._loaded[key] = np.load(self.path / "ranks" / f"{retriever}.{direction}.npy")
+        return self._loaded[key]
 
     def clusters(self, direction: str) -> np.ndarray:
-        queries = self.path / "ranks" / "queries.npz"
-        if queries.is_file():
-            with np.load(queries) as data:
-                return data[f"{direction}_image"]
-        return np.arange(len(self.ranks(next(iter(self.record.retrievers)), direction)))
+        key = ("clusters", direction)
+        if key not in self._loaded:
+            queries = self.path / "ranks" / "queries.npz"
+            if queries.is_file():
+                with np.load(queries) as data:
+                    self._loaded[key] = data[f"{direction}_image"]
+            else:
+                self._loaded[key] = np.arange(len(self.ranks(next(iter(self.record.retrievers)), direction)))
+        return self._loaded[key]
 
 
 @dataclass
