@@ -8,6 +8,8 @@ sums (1/14 + 1/35 = 1/10) are ordered by rounding. Every fused item is compared 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -169,3 +171,170 @@ def test_presets_match_ranx(case, name, method, params):
         got = {f"d{int(i)}": float(s) for i, s in zip(ours.ids[q].tolist(), ours.scores[q].tolist()) if i >= 0}
         assert got.keys() == fused[f"q{q}"].keys()
         assert np.allclose([got[k] for k in got], [fused[f"q{q}"][k] for k in got], atol=1e-6)
+
+
+# --- the other engines: hand-computed cases, then each engine's code transcribed literally --------------------
+
+# Two lists of cosines: a holds images 1, 2, 3 (0.9, 0.5, 0.1), b holds 3, 4 (0.8, 0.2). Lucene's kNN score
+# (1 + cos) / 2 makes them a: 0.95, 0.75, 0.55 and b: 0.9, 0.6.
+_NA, _NB = math.sqrt(0.95**2 + 0.75**2 + 0.55**2), math.sqrt(0.9**2 + 0.6**2)
+_ZA = math.sqrt((0.4**2 + 0 + 0.4**2) / 3)  # population sd of a's cosines (mean 0.5); b's is 0.3
+HAND = {
+    "elasticsearch_linear_minmax": {1: 1.0, 2: 0.5, 3: 0.0 + 1.0, 4: 0.0},
+    "elasticsearch_linear_l2": {1: 0.95 / _NA, 2: 0.75 / _NA, 3: 0.55 / _NA + 0.9 / _NB, 4: 0.6 / _NB},
+    "opensearch_minmax": {1: 1.0 / 2, 2: 0.5 / 2, 3: (0.001 + 1.0) / 2, 4: 0.001 / 2},  # 0 -> 0.001; mean of 2
+    "opensearch_minmax_geometric": {1: 1.0, 2: 0.5, 3: math.sqrt(0.001 * 1.0), 4: 0.001},
+    "opensearch_minmax_harmonic": {1: 1.0, 2: 0.5, 3: 2 / (1 / 0.001 + 1 / 1.0), 4: 0.001},
+    "opensearch_l2": {1: 0.95 / _NA / 2, 2: 0.75 / _NA / 2, 3: (0.55 / _NA + 0.9 / _NB) / 2, 4: 0.6 / _NB / 2},
+    "opensearch_zscore": {1: 0.4 / _ZA / 2, 2: 0.001 / 2, 3: (0.001 + 0.3 / 0.3) / 2, 4: 0.001 / 2},
+    "weaviate_ranked": {1: 1 / 60, 2: 1 / 61, 3: 1 / 62 + 1 / 60, 4: 1 / 61},  # w / (60 + 0-based position)
+    "weaviate_relative_score": {1: 1.0, 2: 0.5, 3: 0.0 + 1.0, 4: 0.0},
+    "milvus_rrf": {1: 1 / 61, 2: 1 / 62, 3: 1 / 63 + 1 / 61, 4: 1 / 62},
+    "milvus_weighted": {1: 0.95, 2: 0.75, 3: 0.55 + 0.9, 4: 0.6},
+    "milvus_weighted_ip": {i: sum(0.5 + math.atan(s) / math.pi for s in v)
+                           for i, v in {1: [0.9], 2: [0.5], 3: [0.1, 0.8], 4: [0.2]}.items()},
+    "lancedb_rrf": {1: 1 / 61, 2: 1 / 62, 3: 1 / 63 + 1 / 64, 4: 1 / 65},  # b's ranks run on after a's 3
+    # n = 4 candidates: a gives 4, 3, 2 and (4 - 3 + 1) / 2 = 1 to image 4; b gives 4, 3 and 1.5 to 1 and 2
+    "ranx_borda": {1: 4 + 1.5, 2: 3 + 1.5, 3: 2 + 4, 4: 1 + 3},
+}
+
+
+@pytest.mark.parametrize("name", HAND)
+def test_presets_by_hand(name):
+    config = preset(name, "source_object")
+    ids = [torch.tensor([[1, 2, 3]]), torch.tensor([[3, 4, -1]])]
+    scores = [torch.tensor([[0.9, 0.5, 0.1]]), torch.tensor([[0.8, 0.2, float("-inf")]])]
+    ours = fuse(ids, scores, config, 4)
+    got = {int(i): float(s) for i, s in zip(ours.ids[0].tolist(), ours.scores[0].tolist()) if i >= 0}
+    assert got == pytest.approx(HAND[name], rel=1e-5), name
+    assert ours.scores[0].tolist() == sorted(ours.scores[0].tolist(), reverse=True)
+
+
+def _opensearch(lists, weights, normalization: str, combination: str) -> dict:
+    """neural-search's NormalizationProcessor transcribed: float32 normalisation per sub-query, a zero-filled
+    score array per document, then ArithmeticMean / GeometricMean / HarmonicMean ScoreCombinationTechnique."""
+    f32 = np.float32
+    normalised = []
+    for ids, cosines in lists:
+        scores = [f32((1 + c) / 2) for c in cosines]  # Lucene's cosine kNN score
+        out = {}
+        if normalization == "min_max":
+            low, high = min(scores), max(scores)
+            for i, s in zip(ids, scores):
+                if high == low and s == high:
+                    out[i] = f32(1.0)
+                else:
+                    v = f32(f32(s - low) / f32(high - low))
+                    out[i] = f32(0.001) if v == 0 else v
+        elif normalization == "l2":
+            norm = f32(math.sqrt(sum(f32(s * s) for s in scores)))
+            out = {i: f32(0.0) if norm == 0 else f32(s / norm) for i, s in zip(ids, scores)}
+        else:  # z_score
+            mean = f32(sum(scores) / f32(len(scores)))
+            sd = f32(math.sqrt(sum((float(s) - float(mean)) ** 2 for s in scores) / len(scores)))
+            for i, s in zip(ids, scores):
+                if s == mean:
+                    out[i] = f32(1.0)
+                elif sd == 0:
+                    out[i] = f32(0.001)
+                else:
+                    z = f32((s - mean) / sd)
+                    out[i] = f32(0.001) if z <= 0 else z
+        normalised.append(out)
+    fused = {}
+    for doc in {i for ids, _ in lists for i in ids}:
+        row = [normalised[j].get(doc, f32(0.0)) for j in range(len(lists))]
+        if combination == "arithmetic_mean":
+            pairs = [(w, s) for w, s in zip(weights, row) if s >= 0.0]
+            fused[doc] = sum(w * s for w, s in pairs) / sum(w for w, _ in pairs)
+        elif combination == "geometric_mean":
+            pairs = [(w, s) for w, s in zip(weights, row) if s > 0]
+            fused[doc] = math.exp(sum(w * math.log(s) for w, s in pairs) / sum(w for w, _ in pairs))
+        else:
+            pairs = [(w, s) for w, s in zip(weights, row) if s > 0]
+            fused[doc] = sum(w for w, _ in pairs) / sum(w / s for w, s in pairs)
+    return fused
+
+
+def _per_set(lists, weights, normalise) -> dict:
+    """Weighted sum over the result sets that hold the document (Elasticsearch linear, Weaviate, Milvus)."""
+    fused: dict = {}
+    for (ids, cosines), w in zip(lists, weights):
+        for i, v in zip(ids, normalise(list(cosines))):
+            fused[i] = fused.get(i, 0.0) + w * v
+    return fused
+
+
+def _minmax(scores, flat):
+    low, high = min(scores), max(scores)
+    return [flat if high - low <= 0 else (s - low) / (high - low) for s in scores]
+
+
+def _by_rank(lists, weights, value) -> dict:
+    fused: dict = {}
+    for m, ((ids, _), w) in enumerate(zip(lists, weights)):
+        for position, i in enumerate(ids):
+            fused[i] = fused.get(i, 0.0) + w * value(m, position)
+    return fused
+
+
+ENGINES = {  # each engine's fusion of one query's lists, transcribed from its code (see conf/fusion/NAME.yaml)
+    "opensearch_minmax": lambda L, W: _opensearch(L, W, "min_max", "arithmetic_mean"),
+    "opensearch_minmax_geometric": lambda L, W: _opensearch(L, W, "min_max", "geometric_mean"),
+    "opensearch_minmax_harmonic": lambda L, W: _opensearch(L, W, "min_max", "harmonic_mean"),
+    "opensearch_l2": lambda L, W: _opensearch(L, W, "l2", "arithmetic_mean"),
+    "opensearch_zscore": lambda L, W: _opensearch(L, W, "z_score", "arithmetic_mean"),
+    "elasticsearch_linear_minmax": lambda L, W: _per_set(L, W, lambda c: _minmax([(1 + x) / 2 for x in c], 1.0)),
+    "elasticsearch_linear_l2": lambda L, W: _per_set(
+        L, W, lambda c: [(1 + x) / 2 / math.sqrt(sum(((1 + y) / 2) ** 2 for y in c)) for x in c]),
+    "weaviate_relative_score": lambda L, W: _per_set(L, W, lambda c: _minmax(c, 1.0)),
+    "milvus_weighted": lambda L, W: _per_set(L, W, lambda c: [(1 + x) * 0.5 for x in c]),
+    "milvus_weighted_ip": lambda L, W: _per_set(L, W, lambda c: [0.5 + math.atan(x) / math.pi for x in c]),
+    "weaviate_ranked": lambda L, W: _by_rank(L, W, lambda m, i: 1 / (i + 60)),
+    "milvus_rrf": lambda L, W: _by_rank(L, W, lambda m, i: 1 / (60 + i + 1)),
+    "lancedb_rrf": lambda L, W: _by_rank(L, W, lambda m, i: 1 / (m * DEPTH + i + 1 + 60)),  # one concatenated list
+}
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_presets_match_the_engines_code(case, name):
+    """Every fused image and score of 200 queries equals the engine's own computation (transcribed from its
+    source: OpenSearch neural-search, Elasticsearch x-pack rank, Weaviate, Milvus, LanceDB) to float
+    rounding; weights 1 and 0.5 where the engine takes weights."""
+    images, texts = case
+    config = preset(name, "source_object")
+    weights = [1.0, 1.0] if name == "lancedb_rrf" else [1.0, 0.5]  # LanceDB's RRF takes no weights
+    ids, scores = [], []
+    for m in images:
+        top = torch.topk(torch.from_numpy(texts[m]) @ torch.from_numpy(images[m]).T, DEPTH, dim=1)
+        ids.append(top.indices)
+        scores.append(top.values)
+    ours = fuse(ids, scores, config, 2 * DEPTH, weights=weights)
+    for q in range(N_QUERIES):
+        lists = [(ids[m][q].tolist(), scores[m][q].tolist()) for m in range(len(ids))]
+        theirs = ENGINES[name](lists, weights)
+        got = {int(i): float(s) for i, s in zip(ours.ids[q].tolist(), ours.scores[q].tolist()) if i >= 0}
+        assert got.keys() == theirs.keys(), q
+        # OpenSearch's z_score sums 20 float32 scores near 0.75 (error ~1e-6) and divides by an sd near 0.02:
+        # its own rounding reaches ~1e-4 there; fusebench accumulates the mean in float64
+        tol = 1e-4 if name == "opensearch_zscore" else 1e-6
+        assert [got[k] for k in got] == pytest.approx([theirs[k] for k in got], rel=2e-5, abs=tol), (name, q)
+
+
+@pytest.mark.slow  # ranx compiles its numba kernels on first use
+def test_borda_matches_ranx_bordafuse(case):
+    ranx = pytest.importorskip("ranx", reason="ranx is a dev dependency")
+    images, texts = case
+    config = preset("ranx_borda", "source_object")
+    ids, scores = [], []
+    for m in images:
+        top = torch.topk(torch.from_numpy(texts[m]) @ torch.from_numpy(images[m]).T, DEPTH, dim=1)
+        ids.append(top.indices)
+        scores.append(top.values)
+    ours = fuse(ids, scores, config, 2 * DEPTH)
+    runs = [ranx.Run({f"q{q}": {f"d{int(i)}": float(s) for i, s in zip(ids[m][q].tolist(), scores[m][q].tolist())}
+                      for q in range(N_QUERIES)}) for m in range(len(ids))]
+    fused = ranx.fuse(runs=runs, method="bordafuse").to_dict()
+    for q in range(N_QUERIES):
+        got = {f"d{int(i)}": float(s) for i, s in zip(ours.ids[q].tolist(), ours.scores[q].tolist()) if i >= 0}
+        assert got == pytest.approx(fused[f"q{q}"], abs=1e-6)

@@ -9,7 +9,7 @@ from fusebench.fusion import FUSE_ON, FusionConfig
 from fusebench.retrieval import SearchSettings, retrieve
 
 N_IMAGES = 23
-METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore"]
+METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore", "l2"]
 
 
 def _case(seed: int, n_images: int, distractors: list[int]):
@@ -83,7 +83,7 @@ def test_torch_selection_path_equals_cpu_heaps(case, monkeypatch):
 
 
 def _check_fused_against_reference(models, caption_image, method, fuse_on, top_k, final_k, out, keep=None,
-                                   combine="sum"):
+                                   combine="sum", **settings):
     weights = [m.weight for m in models]
     all_scores = [_scores(m) for m in models]
     query_images = np.unique(caption_image)
@@ -101,11 +101,11 @@ def _check_fused_against_reference(models, caption_image, method, fuse_on, top_k
 
     for q in range(len(caption_image)):
         expected = fuse_one_query(per_model_lists([s[q].tolist() for s in all_scores]), method, fuse_on, final_k, weights,
-                                  combine=combine)
+                                  combine=combine, **settings)
         check(out["fused"]["t2i"], q, expected, lambda item, q=q: item == caption_image[q])
     for row, image in enumerate(query_images):
         expected = fuse_one_query(per_model_lists([s[:, image].tolist() for s in all_scores]), method, fuse_on,
-                                  final_k, weights, combine=combine)
+                                  final_k, weights, combine=combine, **settings)
         check(out["fused"]["i2t"], row, expected, lambda item, image=image: caption_image[item] == image)
 
 
@@ -142,6 +142,35 @@ def test_combmax_and_combmnz_match_the_reference(case, combine, method, top_k):
     n_items = max(N_IMAGES, len(caption_image))
     _check_fused_against_reference(models, caption_image, method, "source_object", top_k or n_items, 9, out, keep=9,
                                    combine=combine)
+
+
+ENGINE_SETTINGS = {  # the engine presets' mechanics (conf/fusion/*.yaml), each on both paths
+    "opensearch_minmax": {"method": "minmax", "combine": "mean", "flat_score": 1.0, "floor": 0.001,
+                          "score_map": "cosine01"},
+    "opensearch_zscore": {"method": "zscore", "combine": "mean", "flat_score": 1.0, "floor": 0.001},
+    "opensearch_geometric": {"method": "minmax", "combine": "geometric", "flat_score": 1.0, "floor": 0.001},
+    "opensearch_harmonic": {"method": "l2", "combine": "harmonic", "score_map": "cosine01"},
+    "elasticsearch_linear_l2": {"method": "l2", "score_map": "cosine01"},
+    "milvus_weighted_ip": {"method": "sum", "score_map": "atan"},
+    "lancedb_rrf": {"method": "rrf", "rrf_ranks": "concatenated"},
+    "ranx_borda": {"method": "borda"},
+}
+
+
+@pytest.mark.parametrize("name", ENGINE_SETTINGS)
+@pytest.mark.parametrize("top_k", [5, None])
+def test_engine_mechanics_match_the_reference_on_both_paths(case, name, top_k):
+    """Score maps, flat values, floors, OpenSearch's means, LanceDB's running ranks and Borda: per-model lists
+    (top_k 5) and whole rankings (the dense path) against the per-query reference."""
+    models, caption_image = case
+    settings = dict(ENGINE_SETTINGS[name])
+    method, combine = settings.pop("method"), settings.pop("combine", "sum")
+    config = FusionConfig(method=method, fuse_on="source_object", top_k=top_k, final_top_k=9, combine=combine,
+                          **settings)
+    out = _run(models, caption_image, config, keep_k=9, chunk_size=5, item_chunk_size=4)
+    n_items = max(N_IMAGES, len(caption_image))
+    _check_fused_against_reference(models, caption_image, method, "source_object", top_k or n_items, 9, out, keep=9,
+                                   combine=combine, **settings)
 
 
 def test_dense_blocks_of_one_query_give_the_same_result(case):

@@ -20,7 +20,14 @@ import numpy as np
 import torch
 
 from fusebench import kernels
-from fusebench.fusion import AFFINE, RANK_METHODS, FusedLists, FusionConfig, affine_evidence, weighted_evidence
+from fusebench.fusion import (
+    RANK_METHODS,
+    FusedLists,
+    FusionConfig,
+    method_rows,
+    plain_evidence,
+    weighted_evidence,
+)
 from fusebench.lists import tiles
 from fusebench.topk import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable
 
@@ -92,29 +99,47 @@ def count_ahead(values: torch.Tensor, tiebreak: torch.Tensor | None, best, best_
 
 
 def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionConfig,
-              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+              out: torch.Tensor | None = None, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each item's weighted evidence over the whole row (added into ``out`` when given), and the row's order
-    when RRF needed it. On the CPU a score normaliser's element-wise step is one numba pass."""
+    when RRF needed it. On the CPU a score normaliser's element-wise step is one numba pass; an engine's
+    score map or floor takes the plain torch path. ``offset``: where this model's ranks start (LanceDB)."""
     if method in RANK_METHODS and scores.device.type == "cpu":  # scatter each rank's evidence, no rank tensor
         keys = kernels.sorted_keys(scores.contiguous().numpy())
         accumulate = out is not None
         out = torch.empty_like(scores) if out is None else out
-        by_rank = _rank_evidence(scores.shape[1], weight, config, scores.device)
+        by_rank = _rank_evidence(scores.shape[1], weight, config, scores.device, offset)
         kernels.scatter_by_rank(keys, by_rank.numpy(), out.numpy(), accumulate)
         return out, torch.from_numpy(keys & 0xFFFFFFFF)
     if method in RANK_METHODS:
         ranks, order = full_ranks(scores)
-        evidence = _rank_evidence(scores.shape[1], weight, config, scores.device)[ranks - 1]
+        evidence = _rank_evidence(scores.shape[1], weight, config, scores.device, offset)[ranks - 1]
         return (evidence if out is None else out.add_(evidence)), order
-    rows = AFFINE[method](scores, None, ddof=config.ddof)
-    if scores.device.type != "cpu":
-        evidence = affine_evidence(scores, rows) * weight
+    if scores.device.type != "cpu" or config.score_map != "none" or config.floor is not None:
+        evidence = plain_evidence(scores, None, config) * weight
         return (evidence if out is None else out.add_(evidence)), None
+    rows = method_rows(scores, None, config)
     accumulate = out is not None
     out = torch.empty_like(scores) if out is None else out
     kernels.affine_evidence(scores.numpy(), rows.low[:, 0].contiguous().numpy(), rows.scale[:, 0].contiguous().numpy(),
                             rows.flat[:, 0].contiguous().numpy(), rows.flat_value, weight, out.numpy(), accumulate)
     return out, None
+
+
+def _weighted_mean(scores, weights, config: FusionConfig):
+    """OpenSearch's geometric or harmonic mean of each item's evidence over the lists where it is > 0 (whole
+    rankings: every list holds every item), and model 0's order when RRF needed it."""
+    num = den = order0 = None
+    for m, (s, w) in enumerate(zip(scores, weights)):
+        e, order = _evidence(s, config.method, 1.0, config)
+        order0 = order if m == 0 else order0
+        counted = e > 0
+        safe = torch.where(counted, e, torch.ones_like(e))
+        part = w * torch.log(safe) if config.combine == "geometric" else w / safe
+        part, part_w = part.masked_fill_(~counted, 0.0), torch.where(counted, w, 0.0).to(e.dtype)
+        num, den = (part, part_w) if num is None else (num + part, den + part_w)
+    if config.combine == "geometric":
+        return torch.where(den > 0, torch.exp(num / den.clamp(min=1e-30)), 0.0), order0
+    return torch.where(num > 0, den / num.clamp(min=1e-30), 0.0), order0
 
 
 def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,14 +153,20 @@ def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _source_object_block(scores, weights, config, correct, keep):
-    fused, order0 = _evidence(scores[0], config.method, weights[0], config)
-    for s, w in zip(scores[1:], weights[1:]):
+    n_items = scores[0].shape[1]
+    if config.combine in ("geometric", "harmonic"):
+        fused, order0 = _weighted_mean(scores, weights, config)
+    else:
+        fused, order0 = _evidence(scores[0], config.method, weights[0], config)
+    for m, (s, w) in enumerate(zip(scores[1:], weights[1:]), start=1):
         if config.combine == "max":
-            fused = torch.maximum(fused, _evidence(s, config.method, w, config)[0])
-        else:
-            _evidence(s, config.method, w, config, out=fused)
+            fused = torch.maximum(fused, _evidence(s, config.method, w, config, offset=m * n_items)[0])
+        elif config.combine not in ("geometric", "harmonic"):
+            _evidence(s, config.method, w, config, out=fused, offset=m * n_items)
     if config.combine == "mnz":  # whole rankings: every list holds every image
         fused *= len(scores)
+    if config.combine == "mean":  # OpenSearch's arithmetic mean over every list
+        fused /= sum(weights) if sum(weights) > 0 else 1.0
     # ties: first appearance = position in model 0's full list, i.e. model 0's score desc, then index asc
     best, best_s0, index = first_correct(fused, scores[0], correct)
     ranks = 1 + count_ahead(fused, scores[0], best, best_s0, index)
@@ -155,10 +186,10 @@ def _source_object_block(scores, weights, config, correct, keep):
     return FusedLists(ids, values, contributors), ranks
 
 
-def _rank_evidence(n_items: int, weight: float, config: FusionConfig, device) -> torch.Tensor:
+def _rank_evidence(n_items: int, weight: float, config: FusionConfig, device, offset: int = 0) -> torch.Tensor:
     """RRF evidence of the entry at each rank 1..n (computed as the list path computes it)."""
     ranks = torch.zeros(1, n_items, device=device)
-    return weighted_evidence(ranks, None, config, weight)[0]
+    return weighted_evidence(ranks, None, config, weight, offset=offset)[0]
 
 
 def _count_in_descending(ev: torch.Tensor, e: torch.Tensor):
@@ -173,7 +204,8 @@ def _document_block(scores, weights, config, correct, keep):
     n_models, n_items = len(scores), scores[0].shape[1]
     rrf = config.method in RANK_METHODS  # evidence depends on the rank alone: count it, never materialise it
     evidence = [None if rrf else _evidence(s, config.method, w, config)[0] for s, w in zip(scores, weights)]
-    rank_ev = [_rank_evidence(n_items, w, config, scores[0].device) for w in weights] if rrf else None
+    rank_ev = [_rank_evidence(n_items, w, config, scores[0].device, m * n_items) for m, w in enumerate(weights)] \
+        if rrf else None
     firsts = []  # each model's first correct item by its own order: (score, index, rank, evidence)
     for m in range(n_models):
         s_best, _, index = first_correct(scores[m], None, correct)

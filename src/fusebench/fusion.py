@@ -10,7 +10,8 @@ are read model by model in config order, each from rank 1 down.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -18,18 +19,22 @@ from fusebench import FusebenchError, checks
 from fusebench.kernels import row_mean_std
 from fusebench.topk import sort_desc_with_tiebreak, sort_rows
 
-METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore", "isr")
+METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore", "isr", "l2", "borda")
 FUSE_ON = ("document", "source_object")
 RRF_WEIGHTINGS = ("multiply", "rank")
-COMBINES = ("sum", "max", "mnz")  # how an image's evidence from several lists adds up (source_object)
-RANK_METHODS = ("rrf", "isr")  # evidence from the rank alone
+# how an image's evidence from several lists adds up (source_object); the last three are OpenSearch's
+COMBINES = ("sum", "max", "mnz", "mean", "geometric", "harmonic")
+MEANS = ("mean", "geometric", "harmonic")  # weighted means: per image, never per (model, hit) entry
+RANK_METHODS = ("rrf", "isr", "borda")  # evidence from the rank alone
+SCORE_MAPS = ("none", "cosine01", "atan")  # an engine's own score for a cosine s, before normalising
+RRF_RANKS = ("own", "concatenated")  # concatenated: ranks run on through the models' lists (LanceDB)
 
 
 @dataclass
 class FusionConfig:
     """The ``fusion`` config group's schema and defaults (registered with Hydra by :mod:`fusebench.schema`)."""
 
-    method: str = "dbsf"  # none | rrf | dbsf | sum | minmax | zscore
+    method: str = "dbsf"  # none | rrf | isr | borda | dbsf | sum | minmax | zscore | l2
     fuse_on: str = "source_object"  # source_object: one entry per image; document: each model's hit its own entry
     top_k: int | None = 100  # per-model list length; null = all items
     final_top_k: int | None = None  # fused list length; null = top_k
@@ -37,6 +42,11 @@ class FusionConfig:
     ddof: int = 0  # dbsf/zscore sd: 0 population, 1 sample (Qdrant)
     rrf_weighting: str = "multiply"  # rrf only: multiply: w / (rrf_k + rank) | rank: 1 / (rank / w + rrf_k) (Qdrant)
     combine: str = "sum"  # source_object: sum (CombSUM) | max (CombMAX) | mnz (sum x lists holding it, CombMNZ)
+    #   | mean (sum / all weights) | geometric | harmonic (weighted means over the lists holding it: OpenSearch)
+    score_map: str = "none"  # none | cosine01: (1 + s) / 2 (Lucene, Milvus COSINE) | atan: 1/2 + atan(s) / pi (Milvus IP)
+    flat_score: float | None = None  # evidence for a list whose scores are all equal; null = the method's own
+    floor: float | None = None  # evidence <= 0 becomes this (OpenSearch's 0.001); null = none
+    rrf_ranks: str = "own"  # rank methods: own list's rank | concatenated: model m's ranks start after the lists before it
     preset: str | None = None  # the engine preset this is (conf/fusion/ENGINE_METHOD.yaml), for labels
 
     def __post_init__(self):
@@ -49,7 +59,22 @@ class FusionConfig:
         checks.number(self.rrf_k, "fusion.rrf_k", 0, hint="rrf only: 1 / (rrf_k + rank); the usual value is 60")
         checks.choice(self.rrf_weighting, "fusion.rrf_weighting", RRF_WEIGHTINGS)
         checks.choice(self.combine, "fusion.combine", COMBINES)
+        checks.choice(self.score_map, "fusion.score_map", SCORE_MAPS)
+        checks.choice(self.rrf_ranks, "fusion.rrf_ranks", RRF_RANKS)
+        for key in ("flat_score", "floor"):
+            if getattr(self, key) is not None:
+                checks.number(getattr(self, key), f"fusion.{key}", hint="null = none")
         checks.text(self.preset, "fusion.preset", allow_none=True)
+        if self.fuse_on == "document" and (self.combine in MEANS or self.method == "borda"):
+            what = f"fusion.combine={self.combine}" if self.combine in MEANS else "fusion.method=borda"
+            raise FusebenchError(f"{what} combines an image's entries across lists, so it needs "
+                                 "fusion.fuse_on=source_object (fuse_on=document keeps each model's hit apart).")
+        if self.method == "borda" and self.combine != "sum":
+            raise FusebenchError(f"fusion.combine={self.combine} is not valid with fusion.method=borda: Borda adds "
+                                 "every list's points (fusion.combine=sum).")
+        if self.combine in MEANS and self.rrf_weighting == "rank":
+            raise FusebenchError(f"fusion.combine={self.combine} weighs each list's evidence by its weight: use "
+                                 "fusion.rrf_weighting=multiply with it.")
 
     def per_model_k(self, n_items: int) -> int:
         return n_items if self.top_k is None else min(self.top_k, n_items)
@@ -90,16 +115,43 @@ def _row_mean_std(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int) -
     return mean.to(scores.dtype), std.to(scores.dtype)
 
 
-def isr_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> torch.Tensor:
+def _ranks(scores: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """1-based list positions (plus ``offset``: the entries of the lists before this one, LanceDB's ranks)."""
+    return torch.arange(1 + offset, scores.shape[1] + 1 + offset, device=scores.device, dtype=scores.dtype)
+
+
+def isr_evidence(scores: torch.Tensor, valid: torch.Tensor | None, offset: int = 0, **_) -> torch.Tensor:
     """Inverse square rank (Mourao et al. 2015): 1 / rank^2, rank 1-based by list position."""
-    rank = torch.arange(1, scores.shape[1] + 1, device=scores.device, dtype=scores.dtype)
-    return (1.0 / rank**2).expand_as(scores).clone()
+    return (1.0 / _ranks(scores, offset) ** 2).expand_as(scores).clone()
 
 
-def rrf_evidence(scores: torch.Tensor, valid: torch.Tensor, rrf_k: float, **_) -> torch.Tensor:
+def rrf_evidence(scores: torch.Tensor, valid: torch.Tensor, rrf_k: float, offset: int = 0, **_) -> torch.Tensor:
     """1 / (rrf_k + rank), rank 1-based by list position."""
-    rank = torch.arange(1, scores.shape[1] + 1, device=scores.device, dtype=scores.dtype)
-    return (1.0 / (rrf_k + rank)).expand_as(scores).clone()
+    return (1.0 / (rrf_k + _ranks(scores, offset))).expand_as(scores).clone()
+
+
+def borda_evidence(scores: torch.Tensor, valid: torch.Tensor | None, candidates: torch.Tensor | None = None,
+                   **_) -> torch.Tensor:
+    """Borda points (Aslam and Montague 2001, as ranx's bordafuse): n - rank + 1, where n is the number of
+    distinct items in all the query's lists (``candidates``, (B, 1); None: this list's length). An item a list
+    lacks gets (n - that list's length + 1) / 2 from it: :func:`borda_absent_points`."""
+    n = torch.full((scores.shape[0], 1), scores.shape[1], dtype=scores.dtype, device=scores.device) \
+        if candidates is None else candidates.to(scores.dtype)
+    return n - _ranks(scores) + 1
+
+
+def borda_absent_points(valid: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """(B, 1): the points a list gives each candidate it does not hold, (n - its length + 1) / 2."""
+    return (candidates - valid.sum(dim=1, keepdim=True) + 1).to(torch.float32) / 2
+
+
+def map_scores(scores: torch.Tensor, score_map: str) -> torch.Tensor:
+    """An engine's own score for a cosine ``s`` (monotone, so lists keep their order)."""
+    if score_map == "cosine01":  # Lucene's cosine (Elasticsearch, OpenSearch), Milvus' COSINE normalisation
+        return (1 + scores) * 0.5
+    if score_map == "atan":  # Milvus' IP normalisation
+        return 0.5 + torch.atan(scores) / math.pi
+    return scores
 
 
 @dataclass
@@ -139,13 +191,29 @@ def zscore_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int, **_
     return RowAffine(mean, std.masked_fill(flat, 1.0), flat, 0.0)
 
 
+def l2_rows(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> RowAffine:
+    """s / sqrt(sum of the list's s^2) (Elasticsearch ``l2_norm``, OpenSearch ``l2``); 0 where that norm is 0."""
+    wide = scores.to(torch.float64)
+    if valid is not None:
+        wide = wide.masked_fill(~valid, 0.0)
+    norm = torch.sqrt((wide * wide).sum(dim=1, keepdim=True)).to(scores.dtype)
+    flat = norm <= 0
+    return RowAffine(torch.zeros_like(norm), norm.masked_fill(flat, 1.0), flat, 0.0)
+
+
 def sum_rows(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> RowAffine:
     """The raw cosine score (CombSUM): (s - 0) / 1."""
     zeros = torch.zeros(scores.shape[0], 1, dtype=scores.dtype, device=scores.device)
     return RowAffine(zeros, torch.ones_like(zeros), torch.zeros_like(zeros, dtype=torch.bool), 0.0)
 
 
-AFFINE = {"dbsf": dbsf_rows, "minmax": minmax_rows, "zscore": zscore_rows, "sum": sum_rows}
+AFFINE = {"dbsf": dbsf_rows, "minmax": minmax_rows, "zscore": zscore_rows, "l2": l2_rows, "sum": sum_rows}
+
+
+def method_rows(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig) -> RowAffine:
+    """The method's per-row affine map, with ``config.flat_score`` for flat lists where set."""
+    rows = AFFINE[config.method](scores, valid, ddof=config.ddof)
+    return rows if config.flat_score is None else replace(rows, flat_value=float(config.flat_score))
 
 
 def affine_evidence(scores: torch.Tensor, rows: RowAffine) -> torch.Tensor:
@@ -168,9 +236,15 @@ def sum_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> torch
     return scores.clone()
 
 
+def l2_evidence(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> torch.Tensor:
+    return affine_evidence(scores, l2_rows(scores, valid))
+
+
 EVIDENCE = {
     "rrf": rrf_evidence,
     "isr": isr_evidence,
+    "borda": borda_evidence,
+    "l2": l2_evidence,
     "dbsf": dbsf_evidence,
     "minmax": minmax_evidence,
     "zscore": zscore_evidence,
@@ -185,15 +259,9 @@ class FusedLists:
     contributors: torch.Tensor  # (B, L) int64 bitmask of the models whose lists hold this entry
 
 
-def _sum_by_id(all_ids: torch.Tensor, evidence: torch.Tensor, bits: torch.Tensor, n_models: int,
-               combine: str):
-    """Per row, one entry per distinct id: its evidence combined (``sum`` in position order, = model by model
-    in config order; ``max``; ``mnz``: the sum times the lists holding it), at the position of its first
-    appearance; every other entry gets -inf.
-
-    Returns (scores, first positions, contributor bits), all in (id, position)-sorted layout. Each model's
-    list holds an id at most once, so an id's entries are at most ``n_models`` apart after the sort.
-    """
+def _group_by_id(all_ids: torch.Tensor):
+    """Per row, the entries sorted by (id, position): (ids, positions, first-of-its-id mask, padding slot id).
+    Each model's list holds an id at most once, so an id's entries are at most ``n_models`` apart."""
     width = all_ids.shape[1]
     shift = max(1, (width - 1).bit_length())
     n_slots = int(all_ids.max()) + 2 if all_ids.numel() else 1  # the last slot holds padding
@@ -202,59 +270,128 @@ def _sum_by_id(all_ids: torch.Tensor, evidence: torch.Tensor, bits: torch.Tensor
     slot.masked_fill_(slot < 0, n_slots - 1)
     keys = sort_rows((slot << shift) | torch.arange(width, device=all_ids.device, dtype=dtype))
     ids, positions = keys >> shift, (keys & ((1 << shift) - 1)).long()
-    parts, owners = evidence.gather(1, positions), bits.gather(1, positions)
-    total, contributors = parts.clone(), owners.clone()
+    first = torch.ones_like(ids, dtype=torch.bool)
+    first[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    return ids, positions, first, n_slots - 1
+
+
+def _group_reduce(ids: torch.Tensor, parts: torch.Tensor, n_models: int, op: str) -> torch.Tensor:
+    """Each id's parts reduced (``sum`` in position order, ``max``, ``or``) at its first entry."""
+    total = parts.clone()
     for step in range(1, n_models):
         apart = ids[:, step:] != ids[:, :-step]
-        if combine == "max":
+        if op == "max":
             total[:, :-step] = torch.maximum(total[:, :-step], parts[:, step:].masked_fill(apart, float("-inf")))
+        elif op == "or":
+            total[:, :-step] |= parts[:, step:].masked_fill(apart, 0)
         else:
             total[:, :-step] += parts[:, step:].masked_fill(apart, 0.0)
-        contributors[:, :-step] |= owners[:, step:].masked_fill(apart, 0)
+    return total
+
+
+def _popcount(bits: torch.Tensor, n_models: int) -> torch.Tensor:
+    return sum((bits >> m) & 1 for m in range(n_models))
+
+
+def _combine_by_id(ids, gather, weighted, plain, entry_weights, bits, n_models, config: FusionConfig):
+    """Per id (at its first entry in the sorted layout): the evidence combined as ``config.combine`` says,
+    and the bitmask of the lists holding it. ``gather`` puts an entry tensor in the sorted layout."""
+    contributors = _group_reduce(ids, gather(bits), n_models, "or")
+    combine = config.combine
+    if combine == "max":
+        return _group_reduce(ids, gather(weighted), n_models, "max"), contributors
+    if combine in ("geometric", "harmonic"):  # weighted means over the lists holding it with evidence > 0
+        value, w = gather(plain), gather(entry_weights)
+        counted = value > 0
+        safe = torch.where(counted, value, torch.ones_like(value))
+        den = _group_reduce(ids, w.masked_fill(~counted, 0.0), n_models, "sum")
+        if combine == "geometric":  # exp(sum w ln s / sum w)
+            num = _group_reduce(ids, (w * torch.log(safe)).masked_fill_(~counted, 0.0), n_models, "sum")
+            return torch.where(den > 0, torch.exp(num / den.clamp(min=1e-30)), 0.0), contributors
+        num = _group_reduce(ids, (w / safe).masked_fill_(~counted, 0.0), n_models, "sum")  # sum w / sum (w / s)
+        return torch.where(num > 0, den / num.clamp(min=1e-30), 0.0), contributors
+    total = _group_reduce(ids, gather(weighted), n_models, "sum")
     if combine == "mnz":  # times the number of lists that hold the id
-        total *= sum((contributors >> m) & 1 for m in range(n_models)).to(total.dtype)
-    repeat = torch.zeros_like(ids, dtype=torch.bool)
-    repeat[:, 1:] = ids[:, 1:] == ids[:, :-1]
-    return total.masked_fill_(repeat | (ids == n_slots - 1), float("-inf")), positions, contributors
+        total *= _popcount(contributors, n_models).to(total.dtype)
+    return total, contributors
 
 
 def weighted_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig,
-                      weight: float) -> torch.Tensor:
+                      weight: float, offset: int = 0, candidates: torch.Tensor | None = None) -> torch.Tensor:
     """One model's evidence for its list, times its weight; with ``rrf_weighting: rank`` (Qdrant) RRF divides
-    the rank by the weight instead: 1 / (rank / w + rrf_k), and a weight <= 0 gives 0."""
+    the rank by the weight instead: 1 / (rank / w + rrf_k), and a weight <= 0 gives 0. ``offset``: ranks
+    start after it (``rrf_ranks: concatenated``); ``candidates``: Borda's n per row."""
     if config.method == "rrf" and config.rrf_weighting == "rank":
-        if weight <= 0:
-            return torch.zeros_like(scores)
-        rank = torch.arange(1, scores.shape[1] + 1, device=scores.device, dtype=scores.dtype)
-        return (1.0 / (rank / weight + config.rrf_k)).expand_as(scores).clone()
-    return EVIDENCE[config.method](scores, valid, rrf_k=config.rrf_k, ddof=config.ddof) * weight
+        return _rank_weighted_rrf(scores, config, weight, offset)
+    return plain_evidence(scores, valid, config, offset, candidates) * weight
+
+
+def _rank_weighted_rrf(scores: torch.Tensor, config: FusionConfig, weight: float, offset: int) -> torch.Tensor:
+    offset = offset if config.rrf_ranks == "concatenated" else 0
+    if weight <= 0:
+        return torch.zeros_like(scores)
+    return (1.0 / (_ranks(scores, offset) / weight + config.rrf_k)).expand_as(scores).clone()
+
+
+def plain_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig, offset: int = 0,
+                   candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """One model's unweighted evidence: the engine's score map, the method (its flat value as configured),
+    then the floor."""
+    method = config.method
+    if method in RANK_METHODS:
+        evidence = EVIDENCE[method](scores, valid, rrf_k=config.rrf_k,
+                                    offset=offset if config.rrf_ranks == "concatenated" else 0, candidates=candidates)
+    else:
+        mapped = map_scores(scores, config.score_map)
+        evidence = mapped.clone() if method == "sum" else affine_evidence(mapped, method_rows(mapped, valid, config))
+    if config.floor is not None:
+        evidence = torch.where(evidence <= 0, torch.tensor(float(config.floor), dtype=evidence.dtype), evidence)
+    return evidence
 
 
 def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
          weights: list[float] | None = None) -> FusedLists:
     """Fuse per-model ranked lists for one batch of queries into one list of length ``final_k`` with
     ``config``'s method, key, rrf_k and ddof (``weights``: per model, None = equal)."""
-    method, fuse_on = config.method, config.fuse_on
+    method, fuse_on, n_models = config.method, config.fuse_on, len(ids)
     if method not in EVIDENCE:
         raise FusebenchError(f"fusion method {method!r} cannot fuse; valid: {', '.join(EVIDENCE)}.")
     if fuse_on not in FUSE_ON:
         raise FusebenchError(f"fuse_on={fuse_on!r} is not valid; valid: {', '.join(FUSE_ON)}.")
-    weights = [1.0] * len(ids) if weights is None else list(weights)
-    evidence = torch.cat([weighted_evidence(s.to(torch.float32), i >= 0, config, w)
-                          for i, s, w in zip(ids, scores, weights)], dim=1)
+    weights = [1.0] * n_models if weights is None else list(weights)
     all_ids = torch.cat(ids, dim=1)
     bits = torch.cat([torch.full_like(i, 1 << m) for m, i in enumerate(ids)], dim=1)
-    if fuse_on == "source_object":
-        fused, positions, bits_by_id = _sum_by_id(all_ids, evidence, bits, len(ids), config.combine)
-        out_scores, out_positions = sort_desc_with_tiebreak(fused, positions)
-        bits = torch.zeros_like(bits).scatter_(1, positions, bits_by_id)
-    else:
+    offsets = [sum(t.shape[1] for t in ids[:m]) for m in range(n_models)]
+    if fuse_on == "document":
+        evidence = torch.cat([weighted_evidence(s.to(torch.float32), i >= 0, config, w, offset=o)
+                              for i, s, w, o in zip(ids, scores, weights, offsets)], dim=1)
         fused = evidence.masked_fill(all_ids < 0, float("-inf"))
         out_scores, out_positions = sort_desc_with_tiebreak(fused)
+    else:
+        sorted_ids, positions, first, pad = _group_by_id(all_ids)
+        candidates = (first & (sorted_ids != pad)).sum(dim=1, keepdim=True) if method == "borda" else None
+        plain = torch.cat([plain_evidence(s.to(torch.float32), i >= 0, config, o, candidates)
+                           for i, s, o in zip(ids, scores, offsets)], dim=1)
+        entry_weights = torch.cat([torch.full_like(s, w, dtype=torch.float32) for s, w in zip(scores, weights)], dim=1)
+        if method == "rrf" and config.rrf_weighting == "rank":
+            weighted = torch.cat([_rank_weighted_rrf(s.to(torch.float32), config, w, o)
+                                  for s, w, o in zip(scores, weights, offsets)], dim=1)
+        else:
+            weighted = plain * entry_weights
+        total, by_id = _combine_by_id(sorted_ids, lambda t: t.gather(1, positions), weighted, plain, entry_weights,
+                                      bits, n_models, config)
+        if method == "borda":  # the points of the lists that lack the id
+            for m, (i, w) in enumerate(zip(ids, weights)):
+                total += ((by_id >> m) & 1 == 0).to(total.dtype) * (w * borda_absent_points(i >= 0, candidates))
+        if config.combine == "mean":  # OpenSearch's arithmetic mean: a list lacking the id counts as 0
+            total /= sum(weights) if sum(weights) > 0 else 1.0
+        total = total.masked_fill_(~first | (sorted_ids == pad), float("-inf"))
+        out_scores, out_positions = sort_desc_with_tiebreak(total, positions)
+        bits = torch.zeros_like(bits).scatter_(1, positions, by_id)
     out_scores, out_positions = out_scores[:, :final_k], out_positions[:, :final_k]
-    pad = out_scores == float("-inf")
-    return FusedLists(ids=all_ids.gather(1, out_positions).masked_fill_(pad, -1), scores=out_scores,
-                      contributors=bits.gather(1, out_positions).masked_fill_(pad, 0))
+    pad_out = out_scores == float("-inf")
+    return FusedLists(ids=all_ids.gather(1, out_positions).masked_fill_(pad_out, -1), scores=out_scores,
+                      contributors=bits.gather(1, out_positions).masked_fill_(pad_out, 0))
 
 
 def fuse_in_blocks(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
