@@ -129,9 +129,15 @@ def test_article_experiment_runs_on_sim_stand_ins(tmp_path):
     assert "## Beside the article" in summary and "coco5k (simulated run)" in summary and "58.10" in summary
     assert "1438/864" in summary and "[+1.93, +2.69]" in summary
     assert "the article (coco5k, SigLIP 2 (lowercased) + DFN5B, DBSF by source image) [this run is SIMULATED" in result.stdout
-    gains = build_report(tmp_path / "article", draws=100)["gains"]
+    report = build_report(tmp_path / "article", draws=100)
+    gains = report["gains"]
     text = [g for g in gains if g["factor"] == "text" and g["direction"] == "t2i" and g["k"] == 1]
     assert text and text[0]["candidate"].endswith("(lowercase)") and text[0]["gain"] > 0
+    # the article's lowercasing gain (+3.71) is between two of its jobs: measured here by pairing the two jobs
+    beside = {row["job"]: row for row in report["beside_article"]}
+    lowercased = beside["SigLIP 2 So400m/14-384, lowercased queries"]
+    assert lowercased["article gain"] == 3.71 and lowercased["this gain"] == pytest.approx(text[0]["gain"])
+    assert "gain over the siglip2_as_typed job" in result.stdout
     assert {g["factor"] for g in gains} >= {"text", "method", "fuse_on", "fused vs best single"}
 
 

@@ -51,6 +51,7 @@ def beside_article(record: RunRecord) -> dict | None:
            "retriever": name, "simulated": record.simulated, "t2i_r1": record.retrievers[name].recall("t2i", 1),
            "article_t2i_r1": row.get("t2i_r1"), "article_gain": row.get("gain_t2i_r1"), "article_ci": row.get("ci"),
            "article_won": row.get("won"), "article_lost": row.get("lost"), "baseline": row.get("baseline_model"),
+           "baseline_study": row.get("baseline"),
            "note": row.get("note")}
     c = record.comparison(name, out["baseline"], "t2i", 1) if record.fusions and out["baseline"] else None
     out.update(gain=c.gain if c else None, ci=[c.ci_low, c.ci_high] if c else None, won=c.wins if c else None,
@@ -72,7 +73,8 @@ def reference_lines(record: RunRecord) -> list[str]:
         counts = f", {b['article_won']} won / {b['article_lost']} lost" if b["article_won"] is not None else ""
         mine = (f"; here {b['gain']:+.2f} [{b['ci'][0]:+.2f}, {b['ci'][1]:+.2f}], {b['won']} won / {b['lost']} lost"
                 if b["gain"] is not None else "")
-        lines.append(f"  t2i R@1 gain over {b['baseline']}: {b['article_gain']:+.2f}{ci}{counts} in the article{mine}")
+        over = b["baseline"] or f"the {b['baseline_study']} job (the sweep report pairs the two jobs)"
+        lines.append(f"  t2i R@1 gain over {over}: {b['article_gain']:+.2f}{ci}{counts} in the article{mine}")
     if b["note"]:
         lines.append(f"  ({b['note']})")
     return lines

@@ -246,21 +246,44 @@ def ranked_fusions(gains: list[dict], k: int) -> list[dict]:
             for g in rows]
 
 
-def beside_article_rows(runs: list[Run]) -> list[dict]:
-    """Each article job of the sweep beside the article's row for it (t2i R@1; gain, interval, won/lost)."""
+def _baseline_job_gain(runs: list[Run], run: Run, b: dict, draws: int, level: float, seed: int):
+    """The gain of ``run``'s headline over the headline of the sweep's job for the article row's baseline
+    (for example lowercased over as-typed SigLIP 2: two jobs, the same queries), or None without that job."""
+    study = b.get("baseline_study")
+    if b["gain"] is not None or not study:
+        return None
+    for other in runs:
+        ref = other.record.reference
+        if ref and ref["study"] == study and ref["dataset"] == b["dataset"] \
+                and other.record.dataset.get("n_captions") == run.record.dataset.get("n_captions"):
+            head, base = run.record.headline, other.record.headline
+            clusters = {d: run.clusters(d) for d in ("t2i", "i2t")}
+            return compare(describe(run, head), describe(other, base), _run_ranks(run, head), _run_ranks(other, base),
+                           clusters, [1], draws, level, seed, directions=("t2i",))[0]
+    return None
+
+
+def beside_article_rows(runs: list[Run], draws: int = 2000, level: float = 0.95, seed: int = 0) -> list[dict]:
+    """Each article job of the sweep beside the article's row for it (t2i R@1; gain, interval, won/lost). A gain
+    the article measured between two of its jobs (lowercased over as-typed queries) is measured here the same
+    way: paired over the same queries of the two jobs."""
     def interval(values):
         return None if not values else f"[{values[0]:+.2f}, {values[1]:+.2f}]"
 
     rows = []
     for run in runs:
         b = beside_article(run.record)
-        if b is not None:
-            rows.append({"dataset": b["dataset"] + (" (simulated run)" if b["simulated"] else ""), "job": b["label"],
-                         "article t2i R@1": b["article_t2i_r1"], "this t2i R@1": b["t2i_r1"],
-                         "article gain": b["article_gain"], "article CI": interval(b["article_ci"]),
-                         "article won/lost": None if b["article_won"] is None else f"{b['article_won']}/{b['article_lost']}",
-                         "this gain": b["gain"], "this CI": interval(b["ci"]),
-                         "this won/lost": None if b["won"] is None else f"{b['won']}/{b['lost']}"})
+        if b is None:
+            continue
+        c = _baseline_job_gain(runs, run, b, draws, level, seed)
+        if c is not None:
+            b.update(gain=c.gain, ci=[c.ci_low, c.ci_high], won=c.wins, lost=c.losses)
+        rows.append({"dataset": b["dataset"] + (" (simulated run)" if b["simulated"] else ""), "job": b["label"],
+                     "article t2i R@1": b["article_t2i_r1"], "this t2i R@1": b["t2i_r1"],
+                     "article gain": b["article_gain"], "article CI": interval(b["article_ci"]),
+                     "article won/lost": None if b["article_won"] is None else f"{b['article_won']}/{b['article_lost']}",
+                     "this gain": b["gain"], "this CI": interval(b["ci"]),
+                     "this won/lost": None if b["won"] is None else f"{b['won']}/{b['lost']}"})
     return rows
 
 
@@ -270,7 +293,7 @@ def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
     ks = sorted({k for r in runs for k in r.record.ks}) or [1, 5, 10]
     return {"runs": runs, "failed": failed, "reasons": scan.failed, "ks": ks, "article": article_rows(runs, ks),
             "gains": paired_gain_rows(runs, ks, draws=draws, level=level, seed=seed), "cost": cost_rows(runs),
-            "level": level, "beside_article": beside_article_rows(runs)}
+            "level": level, "beside_article": beside_article_rows(runs, draws=draws, level=level, seed=seed)}
 
 
 def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
