@@ -179,7 +179,21 @@ def test_presets_match_ranx(case, name, method, params):
 # (1 + cos) / 2 makes them a: 0.95, 0.75, 0.55 and b: 0.9, 0.6.
 _NA, _NB = math.sqrt(0.95**2 + 0.75**2 + 0.55**2), math.sqrt(0.9**2 + 0.6**2)
 _ZA = math.sqrt((0.4**2 + 0 + 0.4**2) / 3)  # population sd of a's cosines (mean 0.5); b's is 0.3
+_SA, _SB = math.sqrt((0.4**2 + 0 + 0.4**2) / 2), math.sqrt((0.3**2 + 0.3**2) / 1)  # sample sds (Qdrant's DBSF)
+
+
+def _dbsf(s, mean, sd):
+    return (s - (mean - 3 * sd)) / (6 * sd)
+
+
 HAND = {
+    "qdrant_rrf": {1: 1 / 2, 2: 1 / 3, 3: 1 / 4 + 1 / 2, 4: 1 / 3},  # 1 / (rank / w + 2 - 1)
+    "qdrant_dbsf": {1: _dbsf(0.9, 0.5, _SA), 2: _dbsf(0.5, 0.5, _SA), 3: _dbsf(0.1, 0.5, _SA) + _dbsf(0.8, 0.5, _SB),
+                    4: _dbsf(0.2, 0.5, _SB)},
+    "elasticsearch_rrf": {1: 1 / 61, 2: 1 / 62, 3: 1 / 63 + 1 / 61, 4: 1 / 62},
+    "ranx_combmnz": {1: 1.0, 2: 0.5, 3: (0.0 + 1.0) * 2, 4: 0.0},  # min-max, summed, times the lists holding it
+    "ranx_combmax": {1: 1.0, 2: 0.5, 3: max(0.0, 1.0), 4: 0.0},
+    "ranx_isr": {1: 1.0, 2: 1 / 4, 3: (1 / 9 + 1) * 2, 4: 1 / 4},
     "elasticsearch_linear_minmax": {1: 1.0, 2: 0.5, 3: 0.0 + 1.0, 4: 0.0},
     "elasticsearch_linear_l2": {1: 0.95 / _NA, 2: 0.75 / _NA, 3: 0.55 / _NA + 0.9 / _NB, 4: 0.6 / _NB},
     "opensearch_minmax": {1: 1.0 / 2, 2: 0.5 / 2, 3: (0.001 + 1.0) / 2, 4: 0.001 / 2},  # 0 -> 0.001; mean of 2
