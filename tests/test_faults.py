@@ -204,7 +204,7 @@ def test_every_config_value_is_checked_before_any_work(compose_cfg, tmp_path, ov
     ("eval.ks=5", "eval.ks=5"),
     ("models.sim_dfn5b_like.weight=nan", "models.sim_dfn5b_like.weight=nan"),
     ("eval.nope=1", "Could not override 'eval.nope'"),  # Hydra's own config errors: exit 2, no traceback
-    ("fusion=borda", "Could not find 'fusion/borda'"),
+    ("fusion=condorcet", "Could not find 'fusion/condorcet'"),
     ("eval.ks=[1", "no viable alternative"),
 ])
 def test_config_mistakes_through_the_cli(tmp_path, override, fragment):
