@@ -36,11 +36,27 @@ def test_manifest_loads_in_order_with_distractors(tmp_path):
     (['{"image_id": "a", "path": 3}'], r"m\.jsonl:1: 'path' must be a string"),
     ([], r"the manifest is empty"),
     (['{"image_id": "a", "captions": []}'], r"no captions"),
+    (['{"image_id": 1, "captions": ["x", "y"], "caption_ids": [5]}'], r"m\.jsonl:1: 'caption_ids' must be a list of integers"),
+    (['{"image_id": 1, "captions": ["x"], "caption_ids": ["5"]}'], r"m\.jsonl:1: 'caption_ids' must be a list of integers"),
+    (['{"image_id": 1, "captions": ["x"], "caption_ids": [5]}', '{"image_id": 2, "captions": ["y"]}'],
+     r"m\.jsonl:2: no 'caption_ids', but line 1 has them"),
+    (['{"image_id": 1, "captions": ["x"], "caption_ids": [5]}', '{"image_id": 2, "captions": ["y"], "caption_ids": [5]}'],
+     r"duplicate caption id 5"),
 ])
 def test_manifest_errors_name_file_and_line(tmp_path, lines, fragment):
     path = write_manifest(tmp_path / "m.jsonl", lines)
     with pytest.raises(FusebenchError, match=fragment):
         load_manifest(path)
+
+
+def test_manifest_caption_ids_follow_the_captions(tmp_path):
+    path = write_manifest(tmp_path / "m.jsonl", ['{"image_id": 10, "captions": ["a", "b"], "caption_ids": [7, 3]}',
+                                                 '{"image_id": 11, "captions": []}',
+                                                 '{"image_id": 12, "captions": ["c"], "caption_ids": [9]}'])
+    corpus = load_manifest(path)
+    assert corpus.caption_ids == [7, 3, 9] and corpus.image_ids == ["10", "11", "12"]
+    smaller, _, _ = corpus.without_images([True, False, False])
+    assert smaller.caption_ids == [9]
 
 
 def test_missing_manifest_file(tmp_path):

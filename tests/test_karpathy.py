@@ -15,6 +15,7 @@ def test_coco_test_split_exact_raw_captions_and_paths(tmp_path):
     assert corpus.captions[0] == "  A raw caption 0 of image 0, As Typed.  "  # untouched
     assert corpus.image_paths[1] == str(tmp_path / "val2014" / "COCO_val2014_000000000001.jpg")
     assert corpus.meta["split"] == "test" and "nonstandard" not in corpus.meta
+    assert corpus.caption_ids[:7] == [700000, 700001, 700002, 700003, 700004, 700005, 700010]  # Karpathy's sentids
 
 
 def test_other_splits_are_selectable_and_marked(tmp_path):
@@ -39,6 +40,7 @@ def test_clip_benchmark_formats(tmp_path):
     (tmp_path / "coco_test_karpathy.json").write_text(json.dumps(coco))
     corpus = load_karpathy(tmp_path / "coco_test_karpathy.json", tmp_path / "val2014")
     assert corpus.image_ids == ["7", "9"] and corpus.captions == ["a one", "a two", "b one"]
+    assert corpus.caption_ids is None  # CLIP_benchmark's file: no COCO caption ids (ECCV / CxC need Karpathy's)
     for name in ("1.jpg", "2.jpg"):
         jpeg(tmp_path / "flickr" / name)
     (tmp_path / "flickr30k_test_karpathy.txt").write_text(

@@ -6,7 +6,14 @@ import numpy as np
 
 from fusebench.metrics import hits_at_k, median_rank, recall_at_k
 from fusebench.record import Comparison, DirectionMetrics, RetrieverResult
-from fusebench.stats import clustered_bootstrap, mcnemar_p, oracle_hits, paired_bootstrap
+from fusebench.stats import (
+    clustered_bootstrap,
+    clustered_bootstrap_values,
+    mcnemar_p,
+    oracle_hits,
+    paired_bootstrap,
+    paired_bootstrap_values,
+)
 
 
 def direction_metrics(ranks: np.ndarray, ks: list[int]) -> DirectionMetrics:
@@ -73,3 +80,20 @@ def format_p(p: float | None) -> str:
 def level_label(level: float) -> str:
     """An interval's coverage as a label: 0.95 -> '95%', 0.9 -> '90%', 0.995 -> '99.5%'."""
     return f"{100 * level:.4g}%"
+
+
+def compare_values(candidate: str, baseline: str, metric: str, direction: str, candidate_values: np.ndarray,
+                   baseline_values: np.ndarray, clusters: np.ndarray, draws: int, level: float,
+                   seed: int) -> Comparison:
+    """One candidate against one baseline on per-query values of ``metric`` (an extra-positive metric such as
+    "eccv mAP@R"): gain of the means, intervals over queries and over ``clusters``, queries won/lost (higher
+    value), and the exact sign test's p on them (McNemar's test for 0/1 values)."""
+    query = paired_bootstrap_values(candidate_values, baseline_values, draws=draws, level=level, seed=seed)
+    image = clustered_bootstrap_values(candidate_values, baseline_values, clusters, draws=draws, level=level, seed=seed)
+    return Comparison(candidate=candidate, baseline=baseline, direction=direction, k=0, gain=query.gain,
+                      ci_low=query.ci_low, ci_high=query.ci_high, wins=query.wins, losses=query.losses,
+                      cluster_ci_low=image.ci_low, cluster_ci_high=image.ci_high,
+                      p_value=mcnemar_p(query.wins, query.losses),
+                      baseline_recall=float(100.0 * np.mean(baseline_values)),
+                      candidate_recall=float(100.0 * np.mean(candidate_values)), n_queries=query.n, level=level,
+                      draws=draws, metric=metric)

@@ -26,6 +26,8 @@ from fusebench.devices import resolve_device
 from fusebench.encoders import drop_unreadable, finalize, load_raw, model_weight
 from fusebench.encoders.real import Runtime
 from fusebench.fusion import FusionConfig
+from fusebench.positives import POSITIVE_SETS, load_positives, needed_depth
+from fusebench.positives import evaluate as evaluate_positives
 from fusebench.record import RunRecord
 from fusebench.reference import reference_row
 from fusebench.report.outputs import clear_run_outputs, write_run_outputs
@@ -45,7 +47,7 @@ def _plain(cfg):
     return dict(cfg) if isinstance(cfg, Mapping) else cfg
 
 
-EVAL_KEYS = ("ks", "bootstrap", "device", "chunk_size", "item_chunk_size", "save_topk", "lists")
+EVAL_KEYS = ("ks", "bootstrap", "device", "chunk_size", "item_chunk_size", "save_topk", "lists", "positives")
 
 
 def eval_settings(cfg: Mapping) -> dict:
@@ -71,8 +73,15 @@ def eval_settings(cfg: Mapping) -> dict:
                             "0: never store score matrices")
     store = checks.boolean(need(lists, "store", "eval.lists"), "eval.lists.store")
     device = checks.text(need(cfg, "device"), "eval.device", hint="auto, cpu, cuda, cuda:1 or mps")
+    positives = cfg.get("positives") or []
+    if not isinstance(positives, list):
+        raise FusebenchError(f"eval.positives={positives!r} is not valid: give a list, e.g. eval.positives=[eccv,cxc] "
+                             f"(valid sets: {', '.join(POSITIVE_SETS)}).")
+    for name in positives:
+        checks.choice(name, "eval.positives", POSITIVE_SETS)
     return {"ks": sorted(set(ks)), "draws": draws, "level": level, "seed": seed, "save_topk": save_topk, **chunks,
-            "lists": {"store": store, "depth": depth, "max_scores_mb": max_mb}, "device": device}
+            "lists": {"store": store, "depth": depth, "max_scores_mb": max_mb}, "device": device,
+            "positives": list(dict.fromkeys(positives))}
 
 
 def fusion_settings(cfg: Mapping, ks: list[int]) -> FusionConfig:
@@ -117,6 +126,23 @@ def start_fresh(out_dir: str | Path) -> None:
         log.warning("%s held the outputs of an earlier run (%s); removed them first", out_dir, ", ".join(stale))
 
 
+def _list_length(settings: dict, fusion: FusionConfig, extra: list, corpus, n_models: int) -> int | None:
+    """How long each retriever's returned lists must be: ``eval.save_topk``, or longer when extra positives read
+    deeper (ECCV's mAP@R reads up to 48 captions); a fused list shorter than that is refused, naming the key."""
+    need = needed_depth(extra, settings["ks"])
+    if not need:
+        return settings["save_topk"]
+    for direction, n_items in (("t2i", corpus.n_images), ("i2t", corpus.n_captions)):
+        length = fusion.final_k(n_items, n_models) if n_models > 1 else fusion.per_model_k(n_items)
+        wanted = max(p.depth(direction, settings["ks"]) for p in extra)
+        if length < min(wanted, n_items):
+            key = "fusion.final_top_k" if fusion.final_top_k is not None else "fusion.top_k"
+            raise FusebenchError(f"eval.positives={settings['positives']} reads {direction} lists {wanted} deep "
+                                 f"(the largest number of positives, plus captions outside the gallery), but the "
+                                 f"lists hold {length}: raise {key} to at least {wanted}.")
+    return None if settings["save_topk"] is None else max(settings["save_topk"], need)
+
+
 def _progress_bar(desc: str, total: int):
     """A tqdm bar for one stage of the search; closed when it reaches its total."""
     bar = tqdm(total=total, desc=desc, unit="query", leave=False)
@@ -147,9 +173,14 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
     runtime = Runtime.from_config(group["embed"])
     corpus = load_corpus(group["dataset"])
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
+    extra = [load_positives(name, corpus) for name in settings["positives"]]  # refused before any embedding work
+    _list_length(settings, fusion, extra, corpus, len(specs))
 
     raws = [load_raw(name, spec, corpus, runtime) for name, spec in specs.items()]
     raws, corpus = drop_unreadable(raws, corpus)
+    if extra and corpus.meta.get("dropped_images"):  # unreadable images left out: map the positives again
+        extra = [load_positives(name, corpus) for name in settings["positives"]]
+    keep_k = _list_length(settings, fusion, extra, corpus, len(specs))
     embeddings = []
     while raws:  # one model's raw rows at a time beside the normalised ones (a 100k-image corpus is GBs)
         embeddings.append(finalize(raws.pop(0), corpus))
@@ -160,7 +191,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
                             max_scores_mb=settings["lists"]["max_scores_mb"],
                             store_dir=runtime.cache_dir if settings["lists"]["store"] else None,
                             progress=_progress_bar)
-    lists = retrieve(embeddings, corpus.caption_image, fusion, keep_k=settings["save_topk"], settings=search, source=source)
+    lists = retrieve(embeddings, corpus.caption_image, fusion, keep_k=keep_k, settings=search, source=source)
     search_seconds = time.perf_counter() - search_started
     ranks = {name: {d: lists[name][d].ranks for d in ("t2i", "i2t")} for name in lists}
     singles = [e.name for e in embeddings]
@@ -190,6 +221,13 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
              "versions": {"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}},
         reference=reference,
     )
+    if extra:
+        blocks, record.positive_comparisons = evaluate_positives(
+            extra, lists, clusters["i2t"], corpus.caption_image, settings["ks"], [FUSED] if FUSED in lists else [],
+            singles, settings["draws"], settings["level"], settings["seed"])
+        for name, block in blocks.items():
+            record.retrievers[name].positives = block
+        record.positives = {p.name: p.summary() for p in extra}
     try:
         write_run_outputs(out_dir, lists, record, settings["save_topk"], queries=clusters)
     except OSError as err:

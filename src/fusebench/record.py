@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 RECORD_VERSION = 2
+POSITIVE_BLOCKS = ("eccv", "cxc")  # extra-positive metric blocks a retriever may carry (fusebench.positives)
 DIRECTIONS = ("t2i", "i2t")
 DEFAULT_WEIGHT = 1.0  # a model's weight in the fused score when its spec sets none
 
@@ -61,6 +62,7 @@ class RetrieverResult:
     mean: dict[int, float]
     spec: dict
     embedding: dict | None = None
+    positives: dict[str, dict] = field(default_factory=dict)  # {"eccv": {"t2i": {"mAP@R": ...}, "i2t": {...}}}
 
     @property
     def is_fusion(self) -> bool:
@@ -82,6 +84,7 @@ class RetrieverResult:
                "spec": self.spec}
         if self.embedding:
             out["embedding"] = self.embedding
+        out.update(self.positives)  # retrievers.NAME.eccv / .cxc beside t2i and i2t
         return out
 
     @classmethod
@@ -93,9 +96,11 @@ class RetrieverResult:
         mean = _need(data, "mean", where)
         if not isinstance(mean, dict):
             raise RecordError(f"{where}: 'mean' is not an object")
+        positives = {key: data[key] for key in POSITIVE_BLOCKS if isinstance(data.get(key), dict)}
         return cls(name, DirectionMetrics.from_json(_need(data, "t2i", where), f"{where} t2i"),
                    DirectionMetrics.from_json(_need(data, "i2t", where), f"{where} i2t"),
-                   {int(k[2:]): v for k, v in mean.items() if k.startswith("R@")}, spec, data.get("embedding"))
+                   {int(k[2:]): v for k, v in mean.items() if k.startswith("R@")}, spec, data.get("embedding"),
+                   positives)
 
 
 @dataclass(frozen=True)
@@ -119,19 +124,23 @@ class Comparison:
     n_queries: int
     level: float = 0.95
     draws: int = 0
+    metric: str = ""  # "" = recall@k on the split's own positives; else e.g. "eccv mAP@R" (then k is 0)
 
     def to_json(self) -> dict:
         order = ("baseline", "candidate", "direction", "k", "gain", "ci_low", "ci_high", "wins", "losses",
                  "cluster_ci_low", "cluster_ci_high", "p_value", "baseline_recall", "candidate_recall", "n_queries",
                  "level", "draws")
-        return {key: getattr(self, key) for key in order}
+        out = {key: getattr(self, key) for key in order}
+        if self.metric:
+            out["metric"] = self.metric
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> Comparison:
         if not isinstance(data, dict):
             raise RecordError("a comparison is not an object")
         known = {f.name for f in fields(cls)}
-        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in ("level", "draws")]
+        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in ("level", "draws", "metric")]
         if missing:
             raise RecordError(f"a comparison lacks {', '.join(missing)}")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -148,6 +157,8 @@ class RunRecord:
     oracle: dict | None = None
     files: dict[str, str] = field(default_factory=dict)
     reference: dict | None = None  # the article's row for this job (fusebench.reference), when it has one
+    positives: dict | None = None  # per extra-positive set: its query counts (fusebench.positives)
+    positive_comparisons: list[Comparison] = field(default_factory=list)  # the same pairs on those metrics
     version: int = RECORD_VERSION
 
     @property
@@ -194,6 +205,9 @@ class RunRecord:
                "eval": self.eval, "run": self.run, "files": self.files}
         if self.reference is not None:
             out["reference"] = self.reference
+        if self.positives:
+            out["positives"] = self.positives
+            out["positive_comparisons"] = [c.to_json() for c in self.positive_comparisons]
         return out
 
     @classmethod
@@ -223,4 +237,7 @@ class RunRecord:
         return cls(dataset=dataset, retrievers={str(n): RetrieverResult.from_json(str(n), r) for n, r in retrievers.items()},
                    comparisons=[Comparison.from_json(c) for c in comparisons], fusion=data.get("fusion") or {},
                    eval=eval_, run=data.get("run") or {}, oracle=data.get("oracle"), files=files,
-                   reference=data.get("reference") if isinstance(data.get("reference"), dict) else None, version=version)
+                   reference=data.get("reference") if isinstance(data.get("reference"), dict) else None,
+                   positives=data.get("positives") if isinstance(data.get("positives"), dict) else None,
+                   positive_comparisons=[Comparison.from_json(c) for c in data.get("positive_comparisons") or []],
+                   version=version)

@@ -36,6 +36,7 @@ class EvalSchema:
     item_chunk_size: int = 16384  # item columns per similarity block (memory: chunk_size x item_chunk_size)
     save_topk: int | None = 25  # positions saved per list in topk/*.npz; null = whole list
     lists: ListsSchema = field(default_factory=ListsSchema)
+    positives: list[str] = field(default_factory=list)  # extra positives (COCO 5k): eccv, cxc (fusebench.positives)
 
 
 @dataclass

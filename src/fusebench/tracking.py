@@ -66,6 +66,18 @@ def summary_metrics(record: RunRecord) -> dict:
                     out[f"gain/{direction}/R@{k}"] = row.gain
                     out[f"gain_ci_low/{direction}/R@{k}"] = row.ci_low
                     out[f"gain_ci_high/{direction}/R@{k}"] = row.ci_high
+    for name, result in record.retrievers.items():  # extra positives: eccv/t2i/mAP@R, cxc/i2t/R@5, ...
+        for positive_set, block in result.positives.items():
+            for direction, values in block.items():
+                for metric, value in values.items():
+                    if metric != "n_queries":
+                        out[f"retrievers/{name}/{positive_set}/{direction}/{metric}"] = value
+                        if name == headline:
+                            out[f"{positive_set}/{direction}/{metric}"] = value
+    for c in record.positive_comparisons:
+        if c.candidate == headline and c.baseline == record.best_single(c.direction, 1):
+            positive_set, metric = c.metric.split(" ", 1)
+            out[f"gain/{positive_set}/{c.direction}/{metric}"] = c.gain
     return out
 
 

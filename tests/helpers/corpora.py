@@ -27,8 +27,10 @@ def mini_coco(root, n_test=3, extra_caption=True):
         name = f"COCO_{folder}_{i:012d}.jpg"
         jpeg(root / folder / name)
         captions = [f"  A raw caption {j} of image {i}, As Typed.  " for j in range(5 + (i == 0 and extra_caption))]
+        sentids = [700000 + 10 * i + j for j in range(len(captions))]  # as Karpathy's: COCO caption annotation ids
         images.append({"filepath": folder, "filename": name, "split": split, "cocoid": 1000 + i, "imgid": i,
-                       "sentences": [{"raw": c, "tokens": c.lower().split(), "imgid": i} for c in captions]})
+                       "sentids": sentids, "sentences": [{"raw": c, "tokens": c.lower().split(), "imgid": i, "sentid": s}
+                                                         for c, s in zip(captions, sentids)]})
     path = root / "dataset_coco.json"
     path.write_text(json.dumps({"images": images, "dataset": "coco"}))
     return path

@@ -22,6 +22,7 @@ class Corpus:
     caption_image: np.ndarray  # (Q,) int64
     image_paths: list[str | None] | None = None
     meta: dict = field(default_factory=dict)
+    caption_ids: list[int] | None = None  # stable caption ids (COCO's annotation ids: Karpathy's sentids), if known
 
     @property
     def n_images(self) -> int:
@@ -54,6 +55,7 @@ class Corpus:
             caption_image=new_index[self.caption_image[keep_captions]],
             image_paths=None if self.image_paths is None else [self.image_paths[i] for i in keep_images],
             meta={**self.meta, "dropped_images": int(self.n_images - len(keep_images))},
+            caption_ids=None if self.caption_ids is None else [self.caption_ids[c] for c in keep_captions],
         )
         return corpus, keep_images, keep_captions
 
@@ -88,4 +90,14 @@ def validate_corpus(corpus: Corpus, source: str) -> Corpus:
         raise FusebenchError(f"{source}: caption_image must be an integer array with one entry per caption.")
     if ci.size and (ci.min() < 0 or ci.max() >= corpus.n_images):
         raise FusebenchError(f"{source}: a caption points at an image index outside 0..{corpus.n_images - 1}.")
+    if corpus.caption_ids is not None:
+        if len(corpus.caption_ids) != corpus.n_captions:
+            raise FusebenchError(f"{source}: {len(corpus.caption_ids)} caption ids for {corpus.n_captions} captions; "
+                                 "give one id per caption or none.")
+        first: dict[int, int] = {}
+        for c, caption_id in enumerate(corpus.caption_ids):
+            if caption_id in first:
+                raise FusebenchError(f"{source}: duplicate caption id {caption_id} (captions {first[caption_id] + 1} "
+                                     f"and {c + 1}); caption ids must be unique.")
+            first[caption_id] = c
     return corpus

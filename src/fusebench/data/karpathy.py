@@ -26,7 +26,10 @@ from fusebench.data.text import read_utf8, utf8_lines
 SHOW = 50  # missing or unreadable paths listed in an error message (all are written to a file)
 
 
-def _karpathy(data: dict, source: str, split: str) -> list[tuple[str, str, list[str]]]:
+Record = tuple[str, str, list[str], list[int] | None]  # image id, relative path, captions, caption ids (or None)
+
+
+def _karpathy(data: dict, source: str, split: str) -> list[Record]:
     images = data["images"]
     for i, image in enumerate(images):
         for key in ("split", "filename", "sentences"):
@@ -42,17 +45,20 @@ def _karpathy(data: dict, source: str, split: str) -> list[tuple[str, str, list[
     for image in chosen:
         relative = str(Path(image.get("filepath", "")) / image["filename"])
         image_id = str(image.get("cocoid", image.get("imgid", image["filename"])))
-        captions = []
+        captions, sentids = [], []
         for j, sentence in enumerate(image["sentences"]):
             if "raw" not in sentence:
                 raise FusebenchError(f"{source}: image {image['filename']} sentence {j} has no 'raw' key "
                                      "(fusebench uses the raw sentence, not the tokens).")
             captions.append(sentence["raw"])
-        out.append((image_id, relative, captions))
+            sentids.append(sentence.get("sentid"))
+        # Karpathy's sentids are COCO's caption annotation ids (what ECCV Caption and CxC key on)
+        ids = [int(i) for i in sentids] if all(isinstance(i, int) and not isinstance(i, bool) for i in sentids) else None
+        out.append((image_id, relative, captions, ids))
     return out
 
 
-def _coco_format(data: dict, source: str) -> list[tuple[str, str, list[str]]]:
+def _coco_format(data: dict, source: str) -> list[Record]:
     captions: dict = {}
     for i, ann in enumerate(data["annotations"]):
         if "image_id" not in ann or "caption" not in ann:
@@ -62,11 +68,11 @@ def _coco_format(data: dict, source: str) -> list[tuple[str, str, list[str]]]:
     for i, image in enumerate(data["images"]):
         if "id" not in image or "file_name" not in image:
             raise FusebenchError(f"{source}: images[{i}] needs 'id' and 'file_name' (COCO captions format).")
-        out.append((str(image["id"]), image["file_name"], captions.get(image["id"], [])))
+        out.append((str(image["id"]), image["file_name"], captions.get(image["id"], []), None))  # no caption ids
     return out
 
 
-def _flickr_txt(path: Path) -> list[tuple[str, str, list[str]]]:
+def _flickr_txt(path: Path) -> list[Record]:
     order: dict[str, list[str]] = {}
     for lineno, line in utf8_lines(path):
         line = line.rstrip("\r\n")
@@ -76,11 +82,11 @@ def _flickr_txt(path: Path) -> list[tuple[str, str, list[str]]]:
         if not sep:
             raise FusebenchError(f"{path}:{lineno}: expected 'IMAGE.jpg,caption' (CLIP_benchmark's Flickr format).")
         order.setdefault(image + ".jpg", []).append(caption)
-    return [(name, name, caps) for name, caps in order.items()]
+    return [(name, name, caps, None) for name, caps in order.items()]
 
 
-def read_annotations(path: str | Path, split: str = "test") -> list[tuple[str, str, list[str]]]:
-    """(image id, path relative to the image root, raw captions) per image, in file order."""
+def read_annotations(path: str | Path, split: str = "test") -> list[Record]:
+    """(image id, path relative to the image root, raw captions, caption ids or None) per image, in file order."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FusebenchError(f"annotation file not found: {path} (run scripts/prepare_data.py, or set the "
@@ -137,15 +143,16 @@ def load_karpathy(annotations: str | Path, image_root: str | Path, split: str = 
                   expected: dict | None = None, allow_nonstandard: bool = False, verify: str = "header") -> Corpus:
     """Load a Karpathy split; with ``expected`` counts, refuse a corpus that differs unless allowed."""
     records = read_annotations(annotations, split)
-    ids = Counter(image_id for image_id, _, _ in records)
+    ids = Counter(record[0] for record in records)
     duplicates = [i for i, n in ids.items() if n > 1]
     if duplicates:
         raise FusebenchError(f"{annotations}: duplicate image ids {duplicates[:10]} ({len(duplicates)} in all).")
     root = Path(image_root).expanduser()
-    paths = [root / relative for _, relative, _ in records]
+    paths = [root / record[1] for record in records]
     check_images(paths, root, verify)
-    captions = [c for _, _, caps in records for c in caps]
-    caption_image = np.repeat(np.arange(len(records)), [len(caps) for _, _, caps in records]).astype(np.int64)
+    captions = [c for record in records for c in record[2]]
+    caption_image = np.repeat(np.arange(len(records)), [len(record[2]) for record in records]).astype(np.int64)
+    caption_ids = [i for record in records for i in record[3]] if all(r[3] is not None for r in records) else None
     counts = {"images": len(records), "captions": len(captions)}
     meta = {"source": str(annotations), "split": split}
     if expected:
@@ -160,6 +167,6 @@ def load_karpathy(annotations: str | Path, image_root: str | Path, split: str = 
             meta["nonstandard"] = True
         if split != "test":  # a deliberate choice of another split: allowed, but never passed off as the benchmark
             meta["nonstandard"] = True
-    corpus = Corpus(name=name, image_ids=[i for i, _, _ in records], captions=captions, caption_image=caption_image,
-                    image_paths=[str(p) for p in paths], meta=meta)
+    corpus = Corpus(name=name, image_ids=[record[0] for record in records], captions=captions,
+                    caption_image=caption_image, image_paths=[str(p) for p in paths], meta=meta, caption_ids=caption_ids)
     return validate_corpus(corpus, str(annotations))

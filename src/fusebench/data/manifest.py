@@ -1,6 +1,9 @@
 """The ``manifest`` dataset: a JSONL file, one line per image, in order.
 
-``{"image_id": "...", "path": "optional/relative.jpg", "captions": ["...", ...]}``
+``{"image_id": "...", "path": "optional/relative.jpg", "captions": ["...", ...], "caption_ids": [1, ...]}``
+
+``caption_ids`` (optional): one integer per caption, stable across files (COCO's caption annotation ids, as
+Karpathy's ``sentids``); extra-positive evaluation (``eval.positives``) needs them, on every line or none.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from fusebench.data.corpus import Corpus, validate_corpus
 from fusebench.data.text import utf8_lines
 
 
-def _parse_line(text: str, where: str) -> tuple[str, str | None, list[str]]:
+def _parse_line(text: str, where: str) -> tuple[str, str | None, list[str], list[int] | None]:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as err:
@@ -24,7 +27,7 @@ def _parse_line(text: str, where: str) -> tuple[str, str | None, list[str]]:
         raise FusebenchError(f"{where}: expected a JSON object like {{\"image_id\": ..., \"captions\": [...]}}, "
                              f"got {type(record).__name__}.")
     if "image_id" not in record:
-        raise FusebenchError(f"{where}: missing key 'image_id' (valid keys: image_id, path, captions).")
+        raise FusebenchError(f"{where}: missing key 'image_id' (valid keys: image_id, path, captions, caption_ids).")
     image_id = record["image_id"]
     if not isinstance(image_id, (str, int)) or isinstance(image_id, bool):
         raise FusebenchError(f"{where}: 'image_id' must be a string or integer, got {type(image_id).__name__}.")
@@ -34,7 +37,12 @@ def _parse_line(text: str, where: str) -> tuple[str, str | None, list[str]]:
     captions = record.get("captions", [])
     if not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):
         raise FusebenchError(f"{where}: 'captions' must be a list of strings (it may be empty for a distractor image).")
-    return str(image_id), path, captions
+    ids = record.get("caption_ids")
+    if ids is not None and (not isinstance(ids, list) or len(ids) != len(captions)
+                            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        raise FusebenchError(f"{where}: 'caption_ids' must be a list of integers, one per caption "
+                             f"({len(captions)} here), or absent.")
+    return str(image_id), path, captions, ids
 
 
 def load_manifest(path: str | Path, name: str = "manifest", image_root: str | Path | None = None) -> Corpus:
@@ -51,11 +59,17 @@ def load_manifest(path: str | Path, name: str = "manifest", image_root: str | Pa
     captions: list[str] = []
     caption_image: list[int] = []
     first_line: dict[str, int] = {}
+    caption_ids: list[int] = []
+    with_ids: list[int] = []  # line numbers with caption_ids
+    without_ids: list[int] = []  # line numbers with captions but no caption_ids
     for lineno, text in utf8_lines(path):
         if not text.strip():
             continue
         where = f"{path}:{lineno}"
-        image_id, image_path, caps = _parse_line(text, where)
+        image_id, image_path, caps, ids = _parse_line(text, where)
+        if caps:
+            (with_ids if ids is not None else without_ids).append(lineno)
+            caption_ids.extend(ids or [])
         if image_id in first_line:
             raise FusebenchError(f"{where}: duplicate image_id {image_id!r} (first seen on line {first_line[image_id]}).")
         first_line[image_id] = lineno
@@ -66,6 +80,9 @@ def load_manifest(path: str | Path, name: str = "manifest", image_root: str | Pa
         caption_image.extend([index] * len(caps))
     if not image_ids:
         raise FusebenchError(f"{path}: the manifest is empty; it needs one JSON line per image.")
+    if with_ids and without_ids:
+        raise FusebenchError(f"{path}:{without_ids[0]}: no 'caption_ids', but line {with_ids[0]} has them; give "
+                             "caption ids on every line with captions, or on none.")
     corpus = Corpus(
         name=name,
         image_ids=image_ids,
@@ -73,5 +90,6 @@ def load_manifest(path: str | Path, name: str = "manifest", image_root: str | Pa
         caption_image=np.asarray(caption_image, dtype=np.int64),
         image_paths=paths,
         meta={"source": str(path)},
+        caption_ids=caption_ids if with_ids else None,
     )
     return validate_corpus(corpus, str(path))

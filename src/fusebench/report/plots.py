@@ -192,6 +192,36 @@ def cost_vs_gain(cost: list[dict], article: list[dict], path: Path) -> Path | No
     return _save(fig, path)
 
 
+def corrected_metrics(record: RunRecord, path: Path) -> Path | None:
+    """A panel per extra-positive set and direction (ECCV Caption, CxC): each retriever's metrics, with the
+    fused-vs-single gain on each (eval.positives)."""
+    if not record.positives:
+        return None
+    plt = _plt()
+    names = list(record.retrievers)
+    panels = [(s, d) for s in record.positives for d in ("t2i", "i2t")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    width = 0.8 / len(names)
+    for ax, (positive_set, direction) in zip(axes[0], panels):
+        metrics = [m for m in record.retrievers[names[0]].positives.get(positive_set, {}).get(direction, {})
+                   if m != "n_queries"]
+        for i, name in enumerate(names):
+            values = [record.retrievers[name].positives.get(positive_set, {}).get(direction, {}).get(m) or 0.0
+                      for m in metrics]
+            x = np.arange(len(metrics)) + i * width
+            ax.bar(x, values, width, label=name)
+            for xi, v in zip(x, values):
+                ax.text(xi, v + 1, f"{v:.1f}", ha="center", fontsize=7)
+        ax.set_xticks(np.arange(len(metrics)) + width * (len(names) - 1) / 2, metrics)
+        n = record.positives[positive_set][f"{direction}_queries"]
+        ax.set_title(f"{positive_set} {direction} ({n} queries)")
+        ax.set_ylim(0, 108)
+    axes[0][0].set_ylabel("percent (false negatives corrected)")
+    axes[0][-1].legend(fontsize=8, loc="lower right")
+    fig.suptitle(_title(record))
+    return _save(fig, path)
+
+
 def run_plots(run_dir: str | Path, record: RunRecord) -> list[Path]:
     run_dir = Path(run_dir)
     out = run_dir / "plots"
@@ -200,7 +230,8 @@ def run_plots(run_dir: str | Path, record: RunRecord) -> list[Path]:
     made = [recall_bars(record, out / "recall_bars.png"), recall_curves(run_dir, record, out / "recall_at_k.png"),
             wins_losses(comparisons, out / "wins_losses.png", "the fusion vs each model: wins and losses"),
             forest(comparisons, out / "paired_gains.png", "paired gains of the fusion"),
-            score_distributions(run_dir, record, out / "score_distributions.png")]
+            score_distributions(run_dir, record, out / "score_distributions.png"),
+            corrected_metrics(record, out / "corrected_metrics.png")]
     return [p for p in made if p is not None]
 
 

@@ -11,6 +11,31 @@ def _fmt(value) -> str:
     return "   -  " if value is None else f"{value:6.2f}"
 
 
+def positive_lines(record: RunRecord) -> list[str]:
+    """The extra-positive metrics (ECCV Caption, CxC) per retriever, and the fusion's paired gains on them."""
+    if not record.positives:
+        return []
+    lines = []
+    for name, counts in record.positives.items():
+        metrics = [m for m in next(iter(record.retrievers.values())).positives.get(name, {}).get("t2i", {})
+                   if m != "n_queries"]
+        columns = [f"{d} {m}" for d in ("t2i", "i2t") for m in metrics]
+        width = max(22, *(len(n) + 2 for n in record.retrievers))
+        lines += ["", f"{name} positives (false negatives corrected; {counts['t2i_queries']} t2i / "
+                      f"{counts['i2t_queries']} i2t queries, {counts['captions_left_out']} captions outside its gallery):",
+                  f"{'retriever':<{width}}" + "".join(f"{c:>12}" for c in columns)]
+        for retriever, result in record.retrievers.items():
+            block = result.positives.get(name, {})
+            lines.append(f"{retriever:<{width}}" + "".join(
+                f"{_fmt(block.get(d, {}).get(m)):>12}" for d in ("t2i", "i2t") for m in metrics))
+        for c in record.positive_comparisons:  # against the best single model (all pairs: metrics.json)
+            if c.metric.startswith(f"{name} ") and c.baseline == record.best_single(c.direction, 1):
+                lines.append(f"  {c.candidate} vs {c.baseline}  {c.direction} {c.metric.split(' ', 1)[1]}: "
+                             f"{c.gain:+6.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}]  {c.wins} won / {c.losses} lost  "
+                             f"p={format_p(c.p_value)}")
+    return lines
+
+
 def format_table(record: RunRecord) -> str:
     ks = record.ks
     dataset = record.dataset
@@ -44,6 +69,7 @@ def format_table(record: RunRecord) -> str:
         lines += ["", "this run beside the published numbers (each with its protocol: paper = the authors' own "
                   "evaluation, clip_benchmark = CLIP_benchmark's):" if any("protocol" in p for p in published)
                   else "this run beside the published numbers:", *published]
+    lines += positive_lines(record)
     reference = reference_lines(record)
     if reference:
         lines += ["", *reference]
