@@ -12,6 +12,7 @@ import re
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from fusebench.report.table import format_table
 from fusebench.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.topk import MATMULS
 from fusebench.tracking import check_logger, log_run
+from fusebench.tune import TuneSettings, apply, best, grid, run_grid, seeded_split, slice_embeddings, tune_settings
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -143,9 +145,39 @@ def _list_length(settings: dict, fusion: FusionConfig, extra: list, corpus, n_mo
     return None if settings["save_topk"] is None else max(settings["save_topk"], need)
 
 
-def _progress_bar(desc: str, total: int):
+def _tune(tuning: TuneSettings, dataset_cfg: Mapping, corpus, embeddings, specs, runtime, fusion, search):
+    """Evaluate the tuning grid on the tuning split; return the tuning record, the test corpus and models
+    (without the held-out images for a seeded split) with the chosen weights, and the chosen fusion."""
+    if tuning.split == "seeded":
+        held = seeded_split(corpus, tuning.fraction, tuning.seed)
+        tune_corpus, tune_images, tune_captions = corpus.without_images(~held)
+        test_corpus, test_images, test_captions = corpus.without_images(held)
+        test_corpus = replace(test_corpus, meta={**corpus.meta, "tuning_held_out_images": int(held.sum())})
+        tune_models = slice_embeddings(embeddings, tune_images, tune_captions)
+        corpus, embeddings = test_corpus, slice_embeddings(embeddings, test_images, test_captions)
+    else:
+        tune_corpus = load_corpus({**dataset_cfg, "split": tuning.split, "expected": {}, "allow_nonstandard": True})
+        raws, tune_corpus = drop_unreadable([load_raw(n, spec, tune_corpus, runtime) for n, spec in specs.items()],
+                                            tune_corpus)
+        tune_models = [finalize(raw, tune_corpus) for raw in raws]
+    points = grid(tuning, [m.name for m in embeddings], fusion)
+    log.info("tuning on %s (%d images, %d captions): %d settings by %s", tuning.split, tune_corpus.n_images,
+             tune_corpus.n_captions, len(points), tuning.criterion)
+    quiet = replace(search, progress=None)
+    curve = run_grid(points, tune_models, tune_corpus.caption_image, fusion, tuning, quiet,
+                     progress=_progress_bar("tuning", len(points), unit="setting"))
+    chosen = best(curve)
+    embeddings, fusion = apply(chosen, embeddings, fusion)
+    record = {"split": tuning.split, "criterion": tuning.criterion, "n_images": tune_corpus.n_images,
+              "n_captions": tune_corpus.n_captions, "curve": curve, "chosen": chosen,
+              "singles": curve[0]["singles"] if curve else {},
+              **({"fraction": tuning.fraction, "seed": tuning.seed} if tuning.split == "seeded" else {})}
+    return record, corpus, embeddings, fusion
+
+
+def _progress_bar(desc: str, total: int, unit: str = "query"):
     """A tqdm bar for one stage of the search; closed when it reaches its total."""
-    bar = tqdm(total=total, desc=desc, unit="query", leave=False)
+    bar = tqdm(total=total, desc=desc, unit=unit, leave=False)
 
     def update(n: int) -> None:
         bar.update(n)
@@ -161,7 +193,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
     started = time.perf_counter()
     check_writable(out_dir)
     group = {key: _plain(checks.required(cfg, key, "config"))
-             for key in ("eval", "fusion", "models", "plots", "logger", "embed", "dataset", "reference")}
+             for key in ("eval", "fusion", "models", "plots", "logger", "embed", "dataset", "reference", "tune")}
     settings = eval_settings(checks.mapping(group["eval"], "eval"))
     fusion = fusion_settings(checks.mapping(group["fusion"], "fusion"), settings["ks"])
     specs = model_specs(group["models"])
@@ -171,7 +203,11 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
     reference = reference_row(group["reference"])
     device = resolve_device(settings["device"])  # checked before any embedding work
     runtime = Runtime.from_config(group["embed"])
-    corpus = load_corpus(group["dataset"])
+    dataset_cfg = checks.mapping(group["dataset"], "dataset")
+    tuning = tune_settings(group["tune"], dataset_cfg.get("kind"), dataset_cfg.get("split"))
+    if tuning is not None and len(specs) < 2:
+        raise FusebenchError("tune tunes a fusion: select at least two models (or tune=none).")
+    corpus = load_corpus(dataset_cfg)
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
     extra = [load_positives(name, corpus) for name in settings["positives"]]  # refused before any embedding work
     _list_length(settings, fusion, extra, corpus, len(specs))
@@ -184,13 +220,18 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
     embeddings = []
     while raws:  # one model's raw rows at a time beside the normalised ones (a 100k-image corpus is GBs)
         embeddings.append(finalize(raws.pop(0), corpus))
-    search_started = time.perf_counter()
-    source, matmuls_before = ListSource(), MATMULS["blocks"]
     search = SearchSettings(device=device, chunk_size=settings["chunk_size"],
                             item_chunk_size=settings["item_chunk_size"], depth=settings["lists"]["depth"],
                             max_scores_mb=settings["lists"]["max_scores_mb"],
                             store_dir=runtime.cache_dir if settings["lists"]["store"] else None,
                             progress=_progress_bar)
+    tuned = None
+    if tuning is not None:  # choose the weights on the tuning split, then evaluate that one setting below
+        tuned, corpus, embeddings, fusion = _tune(tuning, dataset_cfg, corpus, embeddings, specs, runtime, fusion, search)
+        if extra and tuning.split == "seeded":  # the test corpus lost the held-out images
+            extra = [load_positives(name, corpus) for name in settings["positives"]]
+    search_started = time.perf_counter()
+    source, matmuls_before = ListSource(), MATMULS["blocks"]
     lists = retrieve(embeddings, corpus.caption_image, fusion, keep_k=keep_k, settings=search, source=source)
     search_seconds = time.perf_counter() - search_started
     ranks = {name: {d: lists[name][d].ranks for d in ("t2i", "i2t")} for name in lists}
@@ -220,6 +261,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
              "query_ms": round(1000 * search_seconds / (corpus.n_captions + len(clusters["i2t"])), 4),
              "versions": {"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}},
         reference=reference,
+        tune=tuned,
     )
     if extra:
         blocks, record.positive_comparisons = evaluate_positives(

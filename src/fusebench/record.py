@@ -159,6 +159,7 @@ class RunRecord:
     reference: dict | None = None  # the article's row for this job (fusebench.reference), when it has one
     positives: dict | None = None  # per extra-positive set: its query counts (fusebench.positives)
     positive_comparisons: list[Comparison] = field(default_factory=list)  # the same pairs on those metrics
+    tune: dict | None = None  # tune mode: the tuning split, criterion, every setting's value, the chosen one
     version: int = RECORD_VERSION
 
     @property
@@ -205,6 +206,8 @@ class RunRecord:
                "eval": self.eval, "run": self.run, "files": self.files}
         if self.reference is not None:
             out["reference"] = self.reference
+        if self.tune is not None:
+            out["tune"] = self.tune
         if self.positives:
             out["positives"] = self.positives
             out["positive_comparisons"] = [c.to_json() for c in self.positive_comparisons]
@@ -240,4 +243,5 @@ class RunRecord:
                    reference=data.get("reference") if isinstance(data.get("reference"), dict) else None,
                    positives=data.get("positives") if isinstance(data.get("positives"), dict) else None,
                    positive_comparisons=[Comparison.from_json(c) for c in data.get("positive_comparisons") or []],
+                   tune=data.get("tune") if isinstance(data.get("tune"), dict) else None,
                    version=version)

@@ -70,6 +70,19 @@ class SimDatasetSchema:
 
 
 @dataclass
+class TuneSchema:
+    enabled: bool = False  # tune=weights turns it on (fusebench.tune)
+    split: str = "auto"  # auto: val for Karpathy datasets, seeded otherwise | a Karpathy split | seeded
+    fraction: float = 0.2  # seeded: share of the images with captions held out for tuning
+    seed: int = 0  # seeded: which images
+    criterion: str = "t2i R@1"  # what the chosen setting maximises on the tuning split: t2i | i2t | mean, R@k
+    weights: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0])  # models 2..M
+    rrf_k: list[float] = field(default_factory=list)  # [] = fusion.rrf_k
+    ddof: list[int] = field(default_factory=list)  # [] = fusion.ddof
+    max_points: int = 500  # refuse a larger grid
+
+
+@dataclass
 class WandbSchema:
     kind: str = "wandb"
     project: str = "fusebench"
@@ -88,5 +101,5 @@ def register() -> None:
     store = ConfigStore.instance()
     for group, name, node in (("fusion", "schema", FusionConfig), ("eval", "schema", EvalSchema),
                               ("embed", "schema", EmbedSchema), ("dataset", "sim_schema", SimDatasetSchema),
-                              ("logger", "schema", WandbSchema)):
+                              ("logger", "schema", WandbSchema), ("tune", "schema", TuneSchema)):
         store.store(group=group, name=name, node=node)

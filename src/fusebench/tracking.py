@@ -74,6 +74,10 @@ def summary_metrics(record: RunRecord) -> dict:
                         out[f"retrievers/{name}/{positive_set}/{direction}/{metric}"] = value
                         if name == headline:
                             out[f"{positive_set}/{direction}/{metric}"] = value
+    if record.tune:  # tune mode: what the tuning split chose, and its value there
+        out["tune/value"] = record.tune["chosen"]["value"]
+        out.update({f"tune/weight/{n}": w for n, w in record.tune["chosen"]["weights"].items()})
+        out.update({f"tune/{k}": v for k, v in record.tune["chosen"]["fusion"].items()})
     for c in record.positive_comparisons:
         if c.candidate == headline and c.baseline == record.best_single(c.direction, 1):
             positive_set, metric = c.metric.split(" ", 1)
@@ -88,8 +92,19 @@ def _tables(wandb, record: RunRecord) -> dict:
     comp_cols = ["candidate", "baseline", "direction", "k", "gain", "ci_low", "ci_high", "cluster_ci_low",
                  "cluster_ci_high", "wins", "losses", "p_value"]
     comps = [[getattr(c, col) for col in comp_cols] for c in record.comparisons]
-    return {"retrievers": wandb.Table(columns=columns, data=rows),
-            "comparisons": wandb.Table(columns=comp_cols, data=comps)}
+    tables = {"retrievers": wandb.Table(columns=columns, data=rows),
+              "comparisons": wandb.Table(columns=comp_cols, data=comps)}
+    if record.tune:  # the tuning split's curve: one row per setting tried
+        models = list(record.tune["chosen"]["weights"])
+        params = sorted({k for row in record.tune["curve"] for k in row["fusion"]})
+        tables["tune"] = wandb.Table(columns=[f"weight {m}" for m in models] + params + [record.tune["criterion"]],
+                                     data=[[row["weights"][m] for m in models] + [row["fusion"].get(p) for p in params]
+                                           + [row["value"]] for row in record.tune["curve"]])
+    if record.positive_comparisons:
+        tables["positive_comparisons"] = wandb.Table(
+            columns=["metric", *comp_cols], data=[[c.metric, *(getattr(c, col) for col in comp_cols)]
+                                                   for c in record.positive_comparisons])
+    return tables
 
 
 LOGGER_KEYS = ("kind", "project", "entity", "mode", "tags", "init_timeout")

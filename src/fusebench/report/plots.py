@@ -222,6 +222,33 @@ def corrected_metrics(record: RunRecord, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def tune_curve(record: RunRecord, path: Path) -> Path | None:
+    """Tune mode: each grid setting's criterion on the tuning split, the single models' as lines, the chosen one
+    marked (what the test evaluation then used)."""
+    t = record.tune
+    if not t or not t.get("curve"):
+        return None
+    from fusebench.tune import describe_point
+
+    plt = _plt()
+    curve = t["curve"]
+    fig, ax = plt.subplots(figsize=(max(7, 0.45 * len(curve) + 3), 4.4))
+    x = np.arange(len(curve))
+    ax.plot(x, [row["value"] for row in curve], marker="o", label="fused")
+    chosen = next(i for i, row in enumerate(curve) if {k: row[k] for k in ("weights", "fusion")}
+                  == {k: t["chosen"][k] for k in ("weights", "fusion")})
+    ax.scatter([chosen], [curve[chosen]["value"]], s=120, facecolors="none", edgecolors="red", label="chosen", zorder=3)
+    for i, (name, value) in enumerate((t.get("singles") or {}).items(), start=1):
+        ax.axhline(value, linestyle="--", linewidth=1, color=f"C{i}", label=name)
+    ax.set_xticks(x, [describe_point(row) or "as configured" for row in curve], rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(f"{t['criterion']} on the tuning split (%)")
+    ax.set_title(f"tuning split: {t['split']}, {t['n_images']} images (the chosen setting then runs once on test)",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    fig.suptitle(_title(record))
+    return _save(fig, path)
+
+
 def run_plots(run_dir: str | Path, record: RunRecord) -> list[Path]:
     run_dir = Path(run_dir)
     out = run_dir / "plots"
@@ -231,7 +258,7 @@ def run_plots(run_dir: str | Path, record: RunRecord) -> list[Path]:
             wins_losses(comparisons, out / "wins_losses.png", "the fusion vs each model: wins and losses"),
             forest(comparisons, out / "paired_gains.png", "paired gains of the fusion"),
             score_distributions(run_dir, record, out / "score_distributions.png"),
-            corrected_metrics(record, out / "corrected_metrics.png")]
+            corrected_metrics(record, out / "corrected_metrics.png"), tune_curve(record, out / "tune_curve.png")]
     return [p for p in made if p is not None]
 
 

@@ -5,10 +5,25 @@ from __future__ import annotations
 from fusebench.comparisons import format_p, level_label
 from fusebench.record import RunRecord
 from fusebench.reference import reference_lines
+from fusebench.tune import describe_point
 
 
 def _fmt(value) -> str:
     return "   -  " if value is None else f"{value:6.2f}"
+
+
+def tune_lines(record: RunRecord) -> list[str]:
+    """What the tuning split chose (tune mode), so the test numbers above are read as evaluated once."""
+    t = record.tune
+    if not t:
+        return []
+    where = (f"a seeded {100 * t['fraction']:g}% of the images (seed {t['seed']}), held out of the test corpus"
+             if t["split"] == "seeded" else f"the {t['split']} split")
+    singles = ", ".join(f"{n} {v:.2f}" for n, v in (t.get("singles") or {}).items())
+    return ["", f"tuned on {where} ({t['n_images']} images, {t['n_captions']} captions) by {t['criterion']}: "
+                f"{len(t['curve'])} settings, chosen {describe_point(t['chosen']) or 'the configured one'} "
+                f"({t['chosen']['value']:.2f} there; single models {singles}); the table above evaluates that one "
+                "setting on test"]
 
 
 def positive_lines(record: RunRecord) -> list[str]:
@@ -69,6 +84,7 @@ def format_table(record: RunRecord) -> str:
         lines += ["", "this run beside the published numbers (each with its protocol: paper = the authors' own "
                   "evaluation, clip_benchmark = CLIP_benchmark's):" if any("protocol" in p for p in published)
                   else "this run beside the published numbers:", *published]
+    lines += tune_lines(record)
     lines += positive_lines(record)
     reference = reference_lines(record)
     if reference:

@@ -1,0 +1,121 @@
+"""Tune mode: the grid, the refusals, and a tuned run whose curve equals plain runs on the tuning split."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fusebench import FusebenchError
+from fusebench.data.manifest import load_manifest
+from fusebench.fusion import FusionConfig
+from fusebench.pipeline import run
+from fusebench.tune import TuneSettings, best, grid, seeded_split, tune_settings
+
+BASE = {"enabled": True, "split": "auto", "fraction": 0.2, "seed": 0, "criterion": "t2i R@1",
+        "weights": [0.5, 1.0, 2.0], "rrf_k": [], "ddof": [], "max_points": 500}
+
+
+def settings(**changes) -> TuneSettings:
+    return tune_settings({**BASE, **changes}, "sim", None)
+
+
+def test_grid_keeps_the_first_weight_and_crosses_the_parameters():
+    points = grid(settings(rrf_k=[20, 60]), ["a", "b", "c"], FusionConfig(method="rrf"))
+    assert len(points) == 3 * 3 * 2
+    assert all(p["weights"]["a"] == 1.0 for p in points)
+    assert points[0] == {"weights": {"a": 1.0, "b": 0.5, "c": 0.5}, "fusion": {"rrf_k": 20}}
+    with pytest.raises(FusebenchError, match="tune.max_points=5"):
+        grid(settings(max_points=5), ["a", "b", "c"], FusionConfig())
+
+
+def test_best_is_the_highest_and_the_first_on_ties():
+    curve = [{"weights": {"a": 1, "b": w}, "fusion": {}, "value": v} for w, v in ((0.5, 70.0), (1, 71.0), (2, 71.0))]
+    assert best(curve) == {"weights": {"a": 1, "b": 1}, "fusion": {}, "value": 71.0}
+
+
+@pytest.mark.parametrize("changes,kind,split,fragment", [
+    ({"split": "auto"}, "karpathy", "test", None),  # auto -> val: allowed
+    ({"split": "test"}, "karpathy", "test", "tuning on the test split inflates the gain"),
+    ({"split": "seeded"}, "karpathy", "test", "use tune.split=val"),
+    ({"split": "val"}, "sim", None, "use tune.split=seeded"),
+    ({"criterion": "t2i mAP"}, "sim", None, "tune.criterion='t2i mAP' is not valid"),
+    ({"weights": 2.0}, "sim", None, "tune.weights=2.0 is not valid: give a list"),
+    ({"weights": [-1]}, "sim", None, "tune.weights"),
+    ({"fraction": 1.0}, "sim", None, "tune.fraction"),
+    ({"ddof": [2]}, "sim", None, "tune.ddof"),
+])
+def test_settings_refuse_what_would_mislead(changes, kind, split, fragment):
+    if fragment is None:
+        assert tune_settings({**BASE, **changes}, kind, split).split == "val"
+        return
+    with pytest.raises(FusebenchError, match=fragment):
+        tune_settings({**BASE, **changes}, kind, split)
+
+
+def test_off_means_none():
+    assert tune_settings({**BASE, "enabled": False}, "sim", None) is None and tune_settings(None, "sim", None) is None
+
+
+def _manifest_case(tmp_path: Path, n_images: int = 300):
+    rng = np.random.default_rng(5)
+    z = rng.standard_normal((n_images, 8))
+    lines, caption_image = [], []
+    for i in range(n_images):
+        caps = int(rng.integers(1, 4))
+        lines.append({"image_id": f"i{i}", "captions": [f"c{i}.{j}" for j in range(caps)]})
+        caption_image += [i] * caps
+    caption_image = np.asarray(caption_image)
+    vectors = {}
+    for name, noise in (("a", 1.0), ("b", 1.4)):
+        proj = rng.standard_normal((8, 12))
+        vectors[name] = ((z + 0.4 * rng.standard_normal(z.shape)) @ proj,
+                         (z[caption_image] + noise * rng.standard_normal((len(caption_image), 8))) @ proj)
+    return lines, caption_image, vectors
+
+
+def _write(tmp_path: Path, tag: str, lines, vectors, images: np.ndarray, captions: np.ndarray) -> list[str]:
+    (tmp_path / f"{tag}.jsonl").write_text("\n".join(json.dumps(lines[i]) for i in images) + "\n")
+    overrides = ["dataset=manifest", f"dataset.manifest={tmp_path / f'{tag}.jsonl'}", "models=[]", "logger=none",
+                 "plots=false", "eval.bootstrap.draws=100", f"embed.cache.dir={tmp_path / 'cache'}"]
+    for name, (image, text) in vectors.items():
+        np.save(tmp_path / f"{tag}_{name}_img.npy", image[images].astype(np.float32))
+        np.save(tmp_path / f"{tag}_{name}_txt.npy", text[captions].astype(np.float32))
+        overrides += [f"+models.{name}.kind=vectors", f"+models.{name}.image_embeddings={tmp_path / f'{tag}_{name}_img.npy'}",
+                      f"+models.{name}.text_embeddings={tmp_path / f'{tag}_{name}_txt.npy'}"]
+    return overrides
+
+
+def test_tuned_run_curve_equals_plain_runs_on_the_held_out_images(compose_cfg, tmp_path):
+    """Each setting's value on the tuning split is what a plain run on exactly those images gives; the test
+    evaluation runs on the other images with the chosen weight."""
+    lines, caption_image, vectors = _manifest_case(tmp_path)
+    everything = _write(tmp_path, "all", lines, vectors, np.arange(len(lines)), np.arange(len(caption_image)))
+    record = run(compose_cfg(everything + ["tune=weights", "tune.weights=[0.25,1,4]"]), str(tmp_path / "tuned"))
+    tune = record.tune
+    assert tune["split"] == "seeded" and len(tune["curve"]) == 3 and tune["criterion"] == "t2i R@1"
+    corpus = load_manifest(tmp_path / "all.jsonl")
+    held = seeded_split(corpus, 0.2, 0)
+    assert tune["n_images"] == int(held.sum()) == 60
+    assert record.dataset["n_images"] == 300 - 60 and record.dataset["tuning_held_out_images"] == 60
+    held_captions = np.flatnonzero(held[caption_image])
+    alone = _write(tmp_path, "held", lines, vectors, np.flatnonzero(held), held_captions)
+    for point in tune["curve"]:
+        plain = run(compose_cfg(alone + [f"+models.b.weight={point['weights']['b']}"]), str(tmp_path / "plain"))
+        assert plain.retrievers["fused"].recall("t2i", 1) == pytest.approx(point["value"], abs=1e-9)
+    chosen = max(tune["curve"], key=lambda p: p["value"])
+    assert tune["chosen"]["weights"] == chosen["weights"]
+    assert record.retrievers["b"].spec["weight"] == chosen["weights"]["b"]  # the test run used it
+
+
+@pytest.mark.slow
+def test_cli_refuses_tuning_on_the_test_split(tmp_path):
+    fusebench = str(Path(sys.executable).with_name("fusebench"))
+    result = subprocess.run([fusebench, "dataset=coco5k", "tune=weights", "tune.split=test", "logger=none"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "tuning on the test split inflates the gain" in result.stderr
+    assert "Traceback" not in result.stderr
