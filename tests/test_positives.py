@@ -10,6 +10,7 @@ import pytest
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus
+from fusebench.data.manifest import load_manifest
 from fusebench.positives import (
     data_dir,
     load_positives,
@@ -20,6 +21,8 @@ from fusebench.positives import (
     summarise,
 )
 from fusebench.record import RunRecord
+from fusebench.report.explore import positive_misses
+from fusebench.report.runs import load_runs
 from fusebench.report.table import format_table
 from fusebench.tracking import summary_metrics
 
@@ -168,6 +171,15 @@ def test_run_records_corrected_metrics_for_single_and_fused(compose_cfg, tmp_pat
     assert summary["eccv/t2i/mAP@R"] == record["retrievers"]["fused"]["eccv"]["t2i"]["mAP@R"]
     assert "gain/cxc/i2t/R@5" in summary
     assert RunRecord.from_json(json.loads((tmp_path / "run" / "metrics.json").read_text())).positive_comparisons
+    # the notebook's view: split "misses" whose first image is an ECCV positive, checked against the files
+    runs, _ = load_runs(tmp_path / "run")
+    manifest_corpus = load_manifest(tmp_path / "coco.jsonl")
+    misses = positive_misses(runs[0], "eccv", "fused", "t2i", corpus=manifest_corpus)
+    positives = load_positives("eccv", manifest_corpus)
+    ranks = np.load(tmp_path / "run" / "ranks" / "fused.t2i.npy")
+    t2i = np.load(tmp_path / "run" / "topk" / "fused.t2i.npz")["ids"]
+    expected = [c for c, s in zip(positives.t2i_queries, positives.t2i_sets) if ranks[c] != 1 and t2i[c][0] in s]
+    assert [m["caption_id"] for m in misses] == [manifest_corpus.caption_ids[c] for c in expected] and expected
     assert record["positives"]["eccv"] == {"t2i_queries": 1332, "i2t_queries": 1261, "captions_left_out": 10,
                                            "queries_not_in_corpus": 0, "positives_outside_gallery": 2}
     images = [int(i) for i in corpus.image_ids]
