@@ -14,6 +14,7 @@ from fusebench import FusebenchError
 from fusebench.data.manifest import load_manifest
 from fusebench.fusion import FusionConfig
 from fusebench.pipeline import run
+from fusebench.report.sweep import build_report
 from fusebench.tune import TuneSettings, best, grid, seeded_split, tune_settings
 
 BASE = {"enabled": True, "split": "auto", "fraction": 0.2, "seed": 0, "criterion": "t2i R@1",
@@ -110,6 +111,9 @@ def test_tuned_run_curve_equals_plain_runs_on_the_held_out_images(compose_cfg, t
     chosen = max(tune["curve"], key=lambda p: p["value"])
     assert tune["chosen"]["weights"] == chosen["weights"]
     assert record.retrievers["b"].spec["weight"] == chosen["weights"]["b"]  # the test run used it
+    tuned = build_report(tmp_path / "tuned", draws=50)["tuned"]  # the sweep report's "Tuned runs" row
+    assert tuned[0]["on the tuning split"] == chosen["value"] and tuned[0]["settings tried"] == 3
+    assert tuned[0]["on test"] == record.retrievers["fused"].recall("t2i", 1)
 
 
 @pytest.mark.slow

@@ -308,6 +308,23 @@ def positive_gain_rows(runs: list[Run]) -> list[dict]:
             for run in runs for c in run.record.positive_comparisons]
 
 
+def tuned_rows(runs: list[Run]) -> list[dict]:
+    """Runs in tune mode: what the tuning split chose, its value there, and the test value of that one setting."""
+    from fusebench.tune import describe_point
+
+    rows = []
+    for run in runs:
+        t = run.record.tune
+        if t:
+            direction, k = t["criterion"].split(" R@")
+            rows.append({"dataset": _dataset_label(run.record.dataset), "run": run.name,
+                         "tuning split": f"{t['split']} ({t['n_images']} images)", "criterion": t["criterion"],
+                         "settings tried": len(t["curve"]), "chosen": describe_point(t["chosen"]) or "as configured",
+                         "on the tuning split": t["chosen"]["value"],
+                         "on test": run.record.retrievers[run.record.headline].recall(direction, int(k))})
+    return rows
+
+
 def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     scan = scan_runs(folder)
     runs, failed = scan.runs, list(scan.failed)
@@ -315,7 +332,7 @@ def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
     return {"runs": runs, "failed": failed, "reasons": scan.failed, "ks": ks, "article": article_rows(runs, ks),
             "gains": paired_gain_rows(runs, ks, draws=draws, level=level, seed=seed), "cost": cost_rows(runs),
             "level": level, "beside_article": beside_article_rows(runs, draws=draws, level=level, seed=seed),
-            "positives": positive_rows(runs), "positive_gains": positive_gain_rows(runs)}
+            "positives": positive_rows(runs), "positive_gains": positive_gain_rows(runs), "tuned": tuned_rows(runs)}
 
 
 def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
@@ -342,6 +359,8 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
              *(["## Beside the article (its reported numbers: fusebench/data/article_reference.json)", "",
                 _table(report["beside_article"], list(report["beside_article"][0])), ""]
                if report["beside_article"] else []),
+             *(["## Tuned runs (settings chosen on a tuning split, then evaluated once on test)", "",
+                _table(report["tuned"], list(report["tuned"][0])), ""] if report["tuned"] else []),
              *(["## Extra positives (ECCV Caption, CxC: false negatives of the split corrected; percent)", "",
                 _table(report["positives"], list(report["positives"][0])), "",
                 "Gains on them (each run's fused vs single comparisons, its own draws and intervals):", "",
