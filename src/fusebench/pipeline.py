@@ -164,13 +164,14 @@ def _tune(tuning: TuneSettings, dataset_cfg: Mapping, corpus, embeddings, specs,
     log.info("tuning on %s (%d images, %d captions): %d settings by %s", tuning.split, tune_corpus.n_images,
              tune_corpus.n_captions, len(points), tuning.criterion)
     quiet = replace(search, progress=None)
+    started = time.perf_counter()
     curve = run_grid(points, tune_models, tune_corpus.caption_image, fusion, tuning, quiet,
                      progress=_progress_bar("tuning", len(points), unit="setting"))
     chosen = best(curve)
     embeddings, fusion = apply(chosen, embeddings, fusion)
     record = {"split": tuning.split, "criterion": tuning.criterion, "n_images": tune_corpus.n_images,
               "n_captions": tune_corpus.n_captions, "curve": curve, "chosen": chosen,
-              "singles": curve[0]["singles"] if curve else {},
+              "singles": curve[0]["singles"] if curve else {}, "seconds": round(time.perf_counter() - started, 3),
               **({"fraction": tuning.fraction, "seed": tuning.seed} if tuning.split == "seeded" else {})}
     return record, corpus, embeddings, fusion
 
