@@ -217,3 +217,27 @@ def test_nonstandard_coco_run_is_marked_everywhere(checkpoints, compose_cfg, tmp
     assert metrics["dataset"]["nonstandard"] is True and metrics["dataset"]["n_images"] == 3
     assert "NON-STANDARD" in capsys.readouterr().out
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["dataset"]["nonstandard"] is True
+
+
+def test_tuning_on_karpathy_val_then_test(checkpoints, compose_cfg, tmp_path, capsys, monkeypatch):
+    """tune=weights on a Karpathy dataset tunes on its val split (embedded with the same models and cache), and
+    each setting's value there is what a plain run on dataset.split=val gives; the test split is evaluated once."""
+    from test_karpathy import mini_coco
+
+    mini_coco(tmp_path / "data" / "coco")
+    monkeypatch.setenv("FUSEBENCH_DATA", str(tmp_path / "data"))
+    base = ["dataset=coco5k", "dataset.allow_nonstandard=true", "models=[]",
+            "+models.oc.kind=open_clip", f"+models.oc.model=local-dir:{checkpoints['open_clip']}",
+            "+models.siglip.kind=hf", f"+models.siglip.checkpoint={checkpoints['siglip']}",
+            f"embed.cache.dir={tmp_path / 'cache'}", "embed.num_workers=0", "eval.bootstrap.draws=50",
+            "eval.ks=[1]", "fusion.top_k=5", "logger=none", "plots=false"]
+    record = run(compose_cfg(base + ["tune=weights", "tune.weights=[0.25,4]"]), str(tmp_path / "tuned"))
+    tune = record.tune
+    assert tune["split"] == "val" and (tune["n_images"], tune["n_captions"]) == (2, 10)
+    assert record.dataset["n_images"] == 3 and len(tune["curve"]) == 2
+    for point in tune["curve"]:
+        plain = run(compose_cfg(base + ["dataset.split=val", f"+models.siglip.weight={point['weights']['siglip']}"]),
+                    str(tmp_path / "plain"))
+        assert plain.retrievers["fused"].recall("t2i", 1) == pytest.approx(point["value"], abs=1e-9)
+    assert record.retrievers["siglip"].spec["weight"] == tune["chosen"]["weights"]["siglip"]
+    assert "tuned on the val split (2 images, 10 captions)" in capsys.readouterr().out
