@@ -193,3 +193,19 @@ def test_final_k_defaults_to_top_k_and_caps():
     assert FusionConfig(top_k=100, final_top_k=25).final_k(5000, 2) == 25
     assert FusionConfig(top_k=None).final_k(300, 2) == 300
     assert FusionConfig(top_k=None, fuse_on="document").final_k(300, 2) == 600
+
+
+@pytest.mark.parametrize("combine", ["sum", "max", "mnz"])
+@pytest.mark.parametrize("method", ["rrf", "dbsf", "minmax"])
+def test_numba_kernel_equals_the_torch_path(method, combine, monkeypatch):
+    """On the CPU source_object fusion runs in fusebench.kernels.fuse_by_id; other devices take the torch path:
+    both must give the same lists, scores and contributor bits exactly."""
+    import fusebench.fusion as fusion
+
+    ids, scores = _random_lists(seed=21, rows=60)
+    config = FusionConfig(method=method, combine=combine)
+    kernel = fuse(ids, scores, config, 20, weights=[1.0, 0.5, 2.0])
+    monkeypatch.setattr(fusion, "_kernel_combines", lambda config, all_ids: False)
+    torch_path = fuse(ids, scores, config, 20, weights=[1.0, 0.5, 2.0])
+    assert torch.equal(kernel.ids, torch_path.ids) and torch.equal(kernel.scores, torch_path.scores)
+    assert torch.equal(kernel.contributors, torch_path.contributors)

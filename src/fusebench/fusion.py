@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
-from fusebench import FusebenchError, checks
+from fusebench import FusebenchError, checks, kernels
 from fusebench.kernels import row_mean_std
 from fusebench.topk import sort_desc_with_tiebreak, sort_rows
 
@@ -338,6 +339,8 @@ def plain_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: Fus
     """One model's unweighted evidence: the engine's score map, the method (its flat value as configured),
     then the floor."""
     method = config.method
+    if valid is not None and scores.device.type == "cpu" and bool(valid.all()):
+        valid = None  # full lists (the usual case): whole-row statistics, one numba pass per moment
     if method in RANK_METHODS:
         evidence = EVIDENCE[method](scores, valid, rrf_k=config.rrf_k,
                                     offset=offset if config.rrf_ranks == "concatenated" else 0, candidates=candidates)
@@ -347,6 +350,28 @@ def plain_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: Fus
     if config.floor is not None:
         evidence = torch.where(evidence <= 0, torch.tensor(float(config.floor), dtype=evidence.dtype), evidence)
     return evidence
+
+
+_KERNEL_COMBINES = {"sum": kernels.COMBINE_SUM, "max": kernels.COMBINE_MAX, "mnz": kernels.COMBINE_MNZ}
+
+
+def _kernel_combines(config: FusionConfig, all_ids: torch.Tensor) -> bool:
+    return (all_ids.device.type == "cpu" and config.combine in _KERNEL_COMBINES and config.method != "borda"
+            and all_ids.numel() > 0)
+
+
+def _fuse_by_id_kernel(all_ids, ids, scores, weights, offsets, config, final_k) -> FusedLists:
+    """source_object fusion by :func:`fusebench.kernels.fuse_by_id` (the same rule as the torch path below)."""
+    evidence = torch.cat([weighted_evidence(s.to(torch.float32), i >= 0, config, w, offset=o)
+                          for i, s, w, o in zip(ids, scores, weights, offsets)], dim=1)
+    rows = all_ids.shape[0]
+    out_ids = np.full((rows, final_k), -1, dtype=np.int64)
+    out_scores = np.full((rows, final_k), -np.inf, dtype=np.float32)
+    out_bits = np.zeros((rows, final_k), dtype=np.int64)
+    column_bits = np.concatenate([np.full(t.shape[1], 1 << m, dtype=np.int64) for m, t in enumerate(ids)])
+    kernels.fuse_by_id(all_ids.contiguous().numpy(), evidence.contiguous().numpy(), column_bits,
+                       int(all_ids.max()) + 1, final_k, _KERNEL_COMBINES[config.combine], out_ids, out_scores, out_bits)
+    return FusedLists(torch.from_numpy(out_ids), torch.from_numpy(out_scores), torch.from_numpy(out_bits))
 
 
 def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
@@ -360,8 +385,10 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConf
         raise FusebenchError(f"fuse_on={fuse_on!r} is not valid; valid: {', '.join(FUSE_ON)}.")
     weights = [1.0] * n_models if weights is None else list(weights)
     all_ids = torch.cat(ids, dim=1)
-    bits = torch.cat([torch.full_like(i, 1 << m) for m, i in enumerate(ids)], dim=1)
     offsets = [sum(t.shape[1] for t in ids[:m]) for m in range(n_models)]
+    if fuse_on == "source_object" and _kernel_combines(config, all_ids):  # the common case on the CPU: numba
+        return _fuse_by_id_kernel(all_ids, ids, scores, weights, offsets, config, final_k)
+    bits = torch.cat([torch.full_like(i, 1 << m) for m, i in enumerate(ids)], dim=1)
     if fuse_on == "document":
         evidence = torch.cat([weighted_evidence(s.to(torch.float32), i >= 0, config, w, offset=o)
                               for i, s, w, o in zip(ids, scores, weights, offsets)], dim=1)
