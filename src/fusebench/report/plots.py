@@ -11,7 +11,8 @@ from fusebench.comparisons import level_label
 from fusebench.record import RunRecord
 
 log = logging.getLogger(__name__)
-DPI = 120
+DPI = 100
+NUMERIC_MARGINS = {"left": 0.07, "right": 0.98, "bottom": 0.13, "top": 0.84, "wspace": 0.12}  # two panels
 
 
 def _plt():
@@ -57,7 +58,7 @@ def recall_bars(record: RunRecord, path: Path) -> Path:
     axes[0].set_ylabel("recall (%)")
     axes[1].legend(fontsize=8, loc="lower right")
     fig.suptitle(_title(record))
-    return _save(fig, path)
+    return _save(fig, path, NUMERIC_MARGINS)
 
 
 def recall_curves(run_dir: Path, record: RunRecord, path: Path, max_k: int = 50) -> Path:
@@ -75,7 +76,7 @@ def recall_curves(run_dir: Path, record: RunRecord, path: Path, max_k: int = 50)
     axes[0].set_ylabel("recall (%)")
     axes[1].legend(fontsize=8)
     fig.suptitle(_title(record))
-    return _save(fig, path)
+    return _save(fig, path, NUMERIC_MARGINS)
 
 
 MAX_PAIR_ROWS = 60  # a pair plot taller than this is unreadable (and slow); every row stays in gains.csv
@@ -158,7 +159,7 @@ def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | 
     axes[1].set_title("the same, DBSF-rescaled per query list")
     axes[1].legend(fontsize=8)
     fig.suptitle(_title(record))
-    return _save(fig, path)
+    return _save(fig, path, NUMERIC_MARGINS)
 
 
 def cost_vs_gain(cost: list[dict], article: list[dict], path: Path) -> Path | None:
@@ -286,8 +287,13 @@ def _clip(text: str, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+def _save(fig, path: Path, margins: dict | None = None) -> Path:
+    """Write ``fig``; ``margins`` (subplots_adjust) for figures whose labels are numbers, which need no
+    text measuring; the others (pair names as labels) are laid out tight."""
+    if margins:
+        fig.subplots_adjust(**margins)
+    else:
+        fig.tight_layout()
     fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": 1})  # fast zlib level: a sweep draws 5 per job
     import matplotlib.pyplot as plt
 
