@@ -4,19 +4,15 @@ import torch
 from helpers.reference import fuse_one_query
 
 from fusebench import FusebenchError
+from fusebench.evidence import EVIDENCE, dbsf_evidence, minmax_evidence, rrf_evidence, zscore_evidence
 from fusebench.fusion import (
     COMBINES,
-    EVIDENCE,
     FUSE_ON,
     MEANS,
     METHODS,
     FusionConfig,
-    dbsf_evidence,
     fuse,
     fuse_in_blocks,
-    minmax_evidence,
-    rrf_evidence,
-    zscore_evidence,
 )
 
 FUSING = [m for m in METHODS if m != "none"]
