@@ -97,7 +97,7 @@ def _tables(wandb, record: RunRecord) -> dict:
     if record.tune:  # the tuning split's curve: one row per setting tried
         models = list(record.tune["chosen"]["weights"])
         params = sorted({k for row in record.tune["curve"] for k in row["fusion"]})
-        tables["tune"] = wandb.Table(columns=[f"weight {m}" for m in models] + params + [record.tune["criterion"]],
+        tables["tune_curve"] = wandb.Table(columns=[f"weight {m}" for m in models] + params + [record.tune["criterion"]],
                                      data=[[row["weights"][m] for m in models] + [row["fusion"].get(p) for p in params]
                                            + [row["value"]] for row in record.tune["curve"]])
     if record.positive_comparisons:
