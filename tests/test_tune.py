@@ -15,6 +15,8 @@ from fusebench.data.manifest import load_manifest
 from fusebench.fusion import FusionConfig
 from fusebench.pipeline import run
 from fusebench.report.sweep import build_report
+from fusebench.report.table import format_table
+from fusebench.tracking import summary_metrics
 from fusebench.tune import TuneSettings, best, grid, seeded_split, tune_settings
 
 BASE = {"enabled": True, "split": "auto", "fraction": 0.2, "seed": 0, "criterion": "t2i R@1",
@@ -111,6 +113,9 @@ def test_tuned_run_curve_equals_plain_runs_on_the_held_out_images(compose_cfg, t
     chosen = max(tune["curve"], key=lambda p: p["value"])
     assert tune["chosen"]["weights"] == chosen["weights"]
     assert record.retrievers["b"].spec["weight"] == chosen["weights"]["b"]  # the test run used it
+    summary = summary_metrics(record)  # W&B
+    assert summary["tune/value"] == chosen["value"] and summary["tune/weight/b"] == chosen["weights"]["b"]
+    assert "tuned on a seeded 20% of the images" in format_table(record)
     tuned = build_report(tmp_path / "tuned", draws=50)["tuned"]  # the sweep report's "Tuned runs" row
     assert tuned[0]["on the tuning split"] == chosen["value"] and tuned[0]["settings tried"] == 3
     assert tuned[0]["on test"] == record.retrievers["fused"].recall("t2i", 1)
