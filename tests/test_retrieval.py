@@ -153,6 +153,7 @@ ENGINE_SETTINGS = {  # the engine presets' mechanics (conf/fusion/*.yaml), each 
     "elasticsearch_linear_l2": {"method": "l2", "score_map": "cosine01"},
     "milvus_weighted_ip": {"method": "sum", "score_map": "atan"},
     "lancedb_rrf": {"method": "rrf", "rrf_ranks": "concatenated"},
+    "running_ranks_geometric": {"method": "rrf", "rrf_ranks": "concatenated", "combine": "geometric"},
     "ranx_borda": {"method": "borda"},
 }
 

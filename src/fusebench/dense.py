@@ -129,8 +129,9 @@ def _weighted_mean(scores, weights, config: FusionConfig):
     """OpenSearch's geometric or harmonic mean of each item's evidence over the lists where it is > 0 (whole
     rankings: every list holds every item), and model 0's order when RRF needed it."""
     num = den = order0 = None
+    n_items = scores[0].shape[1]
     for m, (s, w) in enumerate(zip(scores, weights)):
-        e, order = _evidence(s, config.method, 1.0, config)
+        e, order = _evidence(s, config.method, 1.0, config, offset=m * n_items)
         order0 = order if m == 0 else order0
         counted = e > 0
         safe = torch.where(counted, e, torch.ones_like(e))
