@@ -21,9 +21,12 @@ import torch
 
 from fusebench import kernels
 from fusebench.fusion import (
+    HOLDER_MEANS,
     RANK_METHODS,
     FusedLists,
     FusionConfig,
+    mean_parts,
+    mean_total,
     method_rows,
     plain_evidence,
     weighted_evidence,
@@ -133,14 +136,9 @@ def _weighted_mean(scores, weights, config: FusionConfig):
     for m, (s, w) in enumerate(zip(scores, weights)):
         e, order = _evidence(s, config.method, 1.0, config, offset=m * n_items)
         order0 = order if m == 0 else order0
-        counted = e > 0
-        safe = torch.where(counted, e, torch.ones_like(e))
-        part = w * torch.log(safe) if config.combine == "geometric" else w / safe
-        part, part_w = part.masked_fill_(~counted, 0.0), torch.where(counted, w, 0.0).to(e.dtype)
-        num, den = (part, part_w) if num is None else (num + part, den + part_w)
-    if config.combine == "geometric":
-        return torch.where(den > 0, torch.exp(num / den.clamp(min=1e-30)), 0.0), order0
-    return torch.where(num > 0, den / num.clamp(min=1e-30), 0.0), order0
+        part, part_weight = mean_parts(e, w, config.combine)
+        num, den = (part, part_weight) if num is None else (num + part, den + part_weight)
+    return mean_total(num, den, config.combine), order0
 
 
 def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,19 +153,19 @@ def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _source_object_block(scores, weights, config, correct, keep):
     n_items = scores[0].shape[1]
-    if config.combine in ("geometric", "harmonic"):
+    if config.combine in HOLDER_MEANS:
         fused, order0 = _weighted_mean(scores, weights, config)
     else:
         fused, order0 = _evidence(scores[0], config.method, weights[0], config)
-    for m, (s, w) in enumerate(zip(scores[1:], weights[1:]), start=1):
-        if config.combine == "max":
-            fused = torch.maximum(fused, _evidence(s, config.method, w, config, offset=m * n_items)[0])
-        elif config.combine not in ("geometric", "harmonic"):
-            _evidence(s, config.method, w, config, out=fused, offset=m * n_items)
-    if config.combine == "mnz":  # whole rankings: every list holds every image
-        fused *= len(scores)
-    if config.combine == "mean":  # OpenSearch's arithmetic mean over every list
-        fused /= sum(weights) if sum(weights) > 0 else 1.0
+        for m, (s, w) in enumerate(zip(scores[1:], weights[1:]), start=1):
+            if config.combine == "max":
+                fused = torch.maximum(fused, _evidence(s, config.method, w, config, offset=m * n_items)[0])
+            else:
+                _evidence(s, config.method, w, config, out=fused, offset=m * n_items)
+        if config.combine == "mnz":  # whole rankings: every list holds every image
+            fused *= len(scores)
+        if config.combine == "mean":  # OpenSearch's arithmetic mean over every list
+            fused /= sum(weights) if sum(weights) > 0 else 1.0
     # ties: first appearance = position in model 0's full list, i.e. model 0's score desc, then index asc
     best, best_s0, index = first_correct(fused, scores[0], correct)
     ranks = 1 + count_ahead(fused, scores[0], best, best_s0, index)

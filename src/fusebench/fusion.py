@@ -26,6 +26,7 @@ RRF_WEIGHTINGS = ("multiply", "rank")
 # how an image's evidence from several lists adds up (source_object); the last three are OpenSearch's
 COMBINES = ("sum", "max", "mnz", "mean", "geometric", "harmonic")
 MEANS = ("mean", "geometric", "harmonic")  # weighted means: per image, never per (model, hit) entry
+HOLDER_MEANS = MEANS[1:]  # means over the lists that hold the image (evidence > 0), not over every list
 RANK_METHODS = ("rrf", "isr", "borda")  # evidence from the rank alone
 SCORE_MAPS = ("none", "cosine01", "atan")  # an engine's own score for a cosine s, before normalising
 RRF_RANKS = ("own", "concatenated")  # concatenated: ranks run on through the models' lists (LanceDB)
@@ -145,6 +146,23 @@ def _popcount(bits: torch.Tensor, n_models: int) -> torch.Tensor:
     return sum((bits >> m) & 1 for m in range(n_models))
 
 
+def mean_parts(value: torch.Tensor, weight, combine: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """OpenSearch's geometric and harmonic means, per entry: what the numerator and the denominator add
+    (w ln e and w, or w / e and w); an entry whose evidence e is <= 0 adds to neither. ``weight``: a number
+    or a tensor like ``value``."""
+    counted = value > 0
+    safe = torch.where(counted, value, torch.ones_like(value))
+    part = weight * torch.log(safe) if combine == "geometric" else weight / safe
+    return part.masked_fill_(~counted, 0.0), torch.where(counted, weight, 0.0).to(value.dtype)
+
+
+def mean_total(num: torch.Tensor, den: torch.Tensor, combine: str) -> torch.Tensor:
+    """The mean from the summed parts: exp(num / den) (geometric) or den / num (harmonic); 0 with no parts."""
+    if combine == "geometric":
+        return torch.where(den > 0, torch.exp(num / den.clamp(min=1e-30)), 0.0)
+    return torch.where(num > 0, den / num.clamp(min=1e-30), 0.0)
+
+
 def _combine_by_id(ids, gather, weighted, plain, entry_weights, bits, n_models, config: FusionConfig):
     """Per id (at its first entry in the sorted layout): the evidence combined as ``config.combine`` says,
     and the bitmask of the lists holding it. ``gather`` puts an entry tensor in the sorted layout."""
@@ -152,16 +170,10 @@ def _combine_by_id(ids, gather, weighted, plain, entry_weights, bits, n_models, 
     combine = config.combine
     if combine == "max":
         return _group_reduce(ids, gather(weighted), n_models, "max"), contributors
-    if combine in ("geometric", "harmonic"):  # weighted means over the lists holding it with evidence > 0
-        value, w = gather(plain), gather(entry_weights)
-        counted = value > 0
-        safe = torch.where(counted, value, torch.ones_like(value))
-        den = _group_reduce(ids, w.masked_fill(~counted, 0.0), n_models, "sum")
-        if combine == "geometric":  # exp(sum w ln s / sum w)
-            num = _group_reduce(ids, (w * torch.log(safe)).masked_fill_(~counted, 0.0), n_models, "sum")
-            return torch.where(den > 0, torch.exp(num / den.clamp(min=1e-30)), 0.0), contributors
-        num = _group_reduce(ids, (w / safe).masked_fill_(~counted, 0.0), n_models, "sum")  # sum w / sum (w / s)
-        return torch.where(num > 0, den / num.clamp(min=1e-30), 0.0), contributors
+    if combine in HOLDER_MEANS:  # weighted means over the lists holding it with evidence > 0
+        part, part_weight = mean_parts(gather(plain), gather(entry_weights), combine)
+        return mean_total(_group_reduce(ids, part, n_models, "sum"), _group_reduce(ids, part_weight, n_models, "sum"),
+                          combine), contributors
     total = _group_reduce(ids, gather(weighted), n_models, "sum")
     if combine == "mnz":  # times the number of lists that hold the id
         total *= _popcount(contributors, n_models).to(total.dtype)
@@ -178,8 +190,13 @@ def weighted_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: 
     return plain_evidence(scores, valid, config, offset, candidates) * weight
 
 
+def _rank_offset(config: FusionConfig, offset: int) -> int:
+    """Where a list's ranks start: after the lists before it (``rrf_ranks: concatenated``), else at 1."""
+    return offset if config.rrf_ranks == "concatenated" else 0
+
+
 def _rank_weighted_rrf(scores: torch.Tensor, config: FusionConfig, weight: float, offset: int) -> torch.Tensor:
-    offset = offset if config.rrf_ranks == "concatenated" else 0
+    offset = _rank_offset(config, offset)
     if weight <= 0:
         return torch.zeros_like(scores)
     return (1.0 / (_ranks(scores, offset) / weight + config.rrf_k)).expand_as(scores).clone()
@@ -193,8 +210,8 @@ def plain_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: Fus
     if valid is not None and scores.device.type == "cpu" and bool(valid.all()):
         valid = None  # full lists (the usual case): whole-row statistics, one numba pass per moment
     if method in RANK_METHODS:
-        evidence = EVIDENCE[method](scores, valid, rrf_k=config.rrf_k,
-                                    offset=offset if config.rrf_ranks == "concatenated" else 0, candidates=candidates)
+        evidence = EVIDENCE[method](scores, valid, rrf_k=config.rrf_k, offset=_rank_offset(config, offset),
+                                    candidates=candidates)
     else:
         mapped = map_scores(scores, config.score_map)
         evidence = mapped.clone() if method == "sum" else affine_evidence(mapped, method_rows(mapped, valid, config))
@@ -211,10 +228,15 @@ def _kernel_combines(config: FusionConfig, all_ids: torch.Tensor) -> bool:
             and all_ids.numel() > 0)
 
 
+def _weighted_lists(ids, scores, weights, offsets, config: FusionConfig) -> torch.Tensor:
+    """Every model's weighted evidence, side by side in model order (B, sum of the list lengths)."""
+    return torch.cat([weighted_evidence(s.to(torch.float32), i >= 0, config, w, offset=o)
+                      for i, s, w, o in zip(ids, scores, weights, offsets)], dim=1)
+
+
 def _fuse_by_id_kernel(all_ids, ids, scores, weights, offsets, config, final_k) -> FusedLists:
     """source_object fusion by :func:`fusebench.kernels.fuse_by_id` (the same rule as the torch path below)."""
-    evidence = torch.cat([weighted_evidence(s.to(torch.float32), i >= 0, config, w, offset=o)
-                          for i, s, w, o in zip(ids, scores, weights, offsets)], dim=1)
+    evidence = _weighted_lists(ids, scores, weights, offsets, config)
     rows = all_ids.shape[0]
     out_ids = np.full((rows, final_k), -1, dtype=np.int64)
     out_scores = np.full((rows, final_k), -np.inf, dtype=np.float32)
@@ -241,9 +263,7 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConf
         return _fuse_by_id_kernel(all_ids, ids, scores, weights, offsets, config, final_k)
     bits = torch.cat([torch.full_like(i, 1 << m) for m, i in enumerate(ids)], dim=1)
     if fuse_on == "document":
-        evidence = torch.cat([weighted_evidence(s.to(torch.float32), i >= 0, config, w, offset=o)
-                              for i, s, w, o in zip(ids, scores, weights, offsets)], dim=1)
-        fused = evidence.masked_fill(all_ids < 0, float("-inf"))
+        fused = _weighted_lists(ids, scores, weights, offsets, config).masked_fill(all_ids < 0, float("-inf"))
         out_scores, out_positions = sort_desc_with_tiebreak(fused)
     else:
         sorted_ids, positions, first, pad = _group_by_id(all_ids)
@@ -251,11 +271,8 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConf
         plain = torch.cat([plain_evidence(s.to(torch.float32), i >= 0, config, o, candidates)
                            for i, s, o in zip(ids, scores, offsets)], dim=1)
         entry_weights = torch.cat([torch.full_like(s, w, dtype=torch.float32) for s, w in zip(scores, weights)], dim=1)
-        if method == "rrf" and config.rrf_weighting == "rank":
-            weighted = torch.cat([_rank_weighted_rrf(s.to(torch.float32), config, w, o)
-                                  for s, w, o in zip(scores, weights, offsets)], dim=1)
-        else:
-            weighted = plain * entry_weights
+        rank_weighted = method == "rrf" and config.rrf_weighting == "rank"  # the weight divides the rank (Qdrant)
+        weighted = _weighted_lists(ids, scores, weights, offsets, config) if rank_weighted else plain * entry_weights
         total, by_id = _combine_by_id(sorted_ids, lambda t: t.gather(1, positions), weighted, plain, entry_weights,
                                       bits, n_models, config)
         if method == "borda":  # the points of the lists that lack the id
