@@ -7,11 +7,9 @@ import numpy as np
 from fusebench.metrics import hits_at_k, median_rank, recall_at_k
 from fusebench.record import Comparison, DirectionMetrics, RetrieverResult
 from fusebench.stats import (
-    clustered_bootstrap,
     clustered_bootstrap_values,
     mcnemar_p,
     oracle_hits,
-    paired_bootstrap,
     paired_bootstrap_values,
 )
 
@@ -53,14 +51,8 @@ def compare(candidate: str, baseline: str, candidate_ranks: dict[str, np.ndarray
             continue
         for k in ks:
             cand, base = hits_at_k(candidate_ranks[direction], k), hits_at_k(baseline_ranks[direction], k)
-            query = paired_bootstrap(cand, base, draws=draws, level=level, seed=seed)
-            image = clustered_bootstrap(cand, base, clusters[direction], draws=draws, level=level, seed=seed)
-            rows.append(Comparison(
-                candidate=candidate, baseline=baseline, direction=direction, k=k,
-                gain=query.gain, ci_low=query.ci_low, ci_high=query.ci_high, wins=query.wins, losses=query.losses,
-                cluster_ci_low=image.ci_low, cluster_ci_high=image.ci_high, p_value=mcnemar_p(query.wins, query.losses),
-                baseline_recall=float(100.0 * base.mean()), candidate_recall=float(100.0 * cand.mean()),
-                n_queries=query.n, level=level, draws=draws))
+            rows.append(_paired(candidate, baseline, direction, cand, base, clusters[direction], draws, level, seed,
+                                k=k))
     return rows
 
 
@@ -88,12 +80,18 @@ def compare_values(candidate: str, baseline: str, metric: str, direction: str, c
     """One candidate against one baseline on per-query values of ``metric`` (an extra-positive metric such as
     "eccv mAP@R"): gain of the means, intervals over queries and over ``clusters``, queries won/lost (higher
     value), and the exact sign test's p on them (McNemar's test for 0/1 values)."""
-    query = paired_bootstrap_values(candidate_values, baseline_values, draws=draws, level=level, seed=seed)
-    image = clustered_bootstrap_values(candidate_values, baseline_values, clusters, draws=draws, level=level, seed=seed)
-    return Comparison(candidate=candidate, baseline=baseline, direction=direction, k=0, gain=query.gain,
+    return _paired(candidate, baseline, direction, candidate_values, baseline_values, clusters, draws, level, seed,
+                   metric=metric)
+
+
+def _paired(candidate: str, baseline: str, direction: str, cand: np.ndarray, base: np.ndarray, clusters: np.ndarray,
+            draws: int, level: float, seed: int, k: int = 0, metric: str = "") -> Comparison:
+    """The comparison of two retrievers' per-query outcomes (0/1 hits take the exact multinomial path)."""
+    query = paired_bootstrap_values(cand, base, draws=draws, level=level, seed=seed)
+    image = clustered_bootstrap_values(cand, base, clusters, draws=draws, level=level, seed=seed)
+    return Comparison(candidate=candidate, baseline=baseline, direction=direction, k=k, gain=query.gain,
                       ci_low=query.ci_low, ci_high=query.ci_high, wins=query.wins, losses=query.losses,
                       cluster_ci_low=image.ci_low, cluster_ci_high=image.ci_high,
-                      p_value=mcnemar_p(query.wins, query.losses),
-                      baseline_recall=float(100.0 * np.mean(baseline_values)),
-                      candidate_recall=float(100.0 * np.mean(candidate_values)), n_queries=query.n, level=level,
-                      draws=draws, metric=metric)
+                      p_value=mcnemar_p(query.wins, query.losses), baseline_recall=float(100.0 * np.mean(base)),
+                      candidate_recall=float(100.0 * np.mean(cand)), n_queries=query.n, level=level, draws=draws,
+                      metric=metric)
