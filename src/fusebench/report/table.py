@@ -12,6 +12,12 @@ def _fmt(value) -> str:
     return "   -  " if value is None else f"{value:6.2f}"
 
 
+def _gain_line(pair: str, what: str, c) -> str:
+    """One printed comparison: '  PAIR  WHAT: +gain [low, high]  W won / L lost  p=P'."""
+    return (f"  {pair}  {what}: {c.gain:+6.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}]  {c.wins} won / {c.losses} lost  "
+            f"p={format_p(c.p_value)}")
+
+
 def tune_lines(record: RunRecord) -> list[str]:
     """What the tuning split chose (tune mode), so the test numbers above are read as evaluated once."""
     t = record.tune
@@ -45,9 +51,7 @@ def positive_lines(record: RunRecord) -> list[str]:
                 f"{_fmt(block.get(d, {}).get(m)):>12}" for d in ("t2i", "i2t") for m in metrics))
         for c in record.positive_comparisons:  # against the best single model (all pairs: metrics.json)
             if c.metric.startswith(f"{name} ") and c.baseline == record.best_single(c.direction, 1):
-                lines.append(f"  {c.candidate} vs {c.baseline}  {c.direction} {c.metric.split(' ', 1)[1]}: "
-                             f"{c.gain:+6.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}]  {c.wins} won / {c.losses} lost  "
-                             f"p={format_p(c.p_value)}")
+                lines.append(_gain_line(f"{c.candidate} vs {c.baseline}", f"{c.direction} {c.metric.split(' ', 1)[1]}", c))
     return lines
 
 
@@ -97,6 +101,5 @@ def format_table(record: RunRecord) -> str:
         width = max(len(f"{c.candidate} vs {c.baseline}") for c in gains)
         for c in gains:
             pair = f"{c.candidate} vs {c.baseline}"
-            lines.append(f"  {pair:<{width}}  {c.direction}: {c.gain:+6.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}]  "
-                         f"{c.wins} won / {c.losses} lost  p={format_p(c.p_value)}")
+            lines.append(_gain_line(f"{pair:<{width}}", c.direction, c))
     return "\n".join(lines)
