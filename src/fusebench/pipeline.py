@@ -211,13 +211,13 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
     corpus = load_corpus(dataset_cfg)
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
     extra = [load_positives(name, corpus) for name in settings["positives"]]  # refused before any embedding work
-    _list_length(settings, fusion, extra, corpus, len(specs))
+    keep_k = _list_length(settings, fusion, extra, corpus, len(specs))
 
     raws = [load_raw(name, spec, corpus, runtime) for name, spec in specs.items()]
     raws, corpus = drop_unreadable(raws, corpus)
     if extra and corpus.meta.get("dropped_images"):  # unreadable images left out: map the positives again
         extra = [load_positives(name, corpus) for name in settings["positives"]]
-    keep_k = _list_length(settings, fusion, extra, corpus, len(specs))
+        keep_k = _list_length(settings, fusion, extra, corpus, len(specs))
     embeddings = []
     while raws:  # one model's raw rows at a time beside the normalised ones (a 100k-image corpus is GBs)
         embeddings.append(finalize(raws.pop(0), corpus))

@@ -150,7 +150,7 @@ def run_grid(points: list[dict], models: list[ModelEmbeddings], caption_image: n
 
 def best(curve: list[dict]) -> dict:
     """The grid point with the highest criterion; the first in grid order on ties."""
-    top = max(curve, key=lambda row: (row["value"], -curve.index(row)))
+    top = curve[max(range(len(curve)), key=lambda i: (curve[i]["value"], -i))]
     return {key: top[key] for key in ("weights", "fusion", "value")}
 
 
