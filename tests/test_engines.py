@@ -91,6 +91,18 @@ def test_qdrant_lists_are_the_exact_top_k(case):
         assert torch.allclose(torch.topk(sims, DEPTH, dim=1).values, s, atol=1e-5)  # and the top DEPTH of them
 
 
+def top_lists(images: dict, texts: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each model's exact cosine top DEPTH per query: the lists every engine test fuses."""
+    tops = [torch.topk(torch.from_numpy(texts[m]) @ torch.from_numpy(images[m]).T, DEPTH, dim=1) for m in images]
+    return [t.indices for t in tops], [t.values for t in tops]
+
+
+def ranx_runs(ranx, ids: list[torch.Tensor], scores: list[torch.Tensor]) -> list:
+    """The same lists as ranx runs (one per model; queries q0.., documents d0..)."""
+    return [ranx.Run({f"q{q}": {f"d{int(i)}": float(s) for i, s in zip(ids[m][q].tolist(), scores[m][q].tolist())}
+                      for q in range(N_QUERIES)}) for m in range(len(ids))]
+
+
 def _groups(entries: list[tuple[object, float]], tol: float) -> list[tuple[float, set]]:
     """Consecutive entries with equal scores (within ``tol``) as (score, set of ids)."""
     out: list[tuple[float, set]] = []
@@ -158,14 +170,9 @@ def test_presets_match_ranx(case, name, method, params):
     ranx = pytest.importorskip("ranx", reason="ranx is a dev dependency")
     images, texts = case
     config = preset(name, "source_object")
-    ids, scores = [], []
-    for m in images:
-        top = torch.topk(torch.from_numpy(texts[m]) @ torch.from_numpy(images[m]).T, DEPTH, dim=1)
-        ids.append(top.indices)
-        scores.append(top.values)
+    ids, scores = top_lists(images, texts)
     ours = fuse(ids, scores, config, 2 * DEPTH)
-    runs = [ranx.Run({f"q{q}": {f"d{int(i)}": float(s) for i, s in zip(ids[m][q].tolist(), scores[m][q].tolist())}
-                      for q in range(N_QUERIES)}) for m in range(len(ids))]
+    runs = ranx_runs(ranx, ids, scores)
     fused = ranx.fuse(runs=runs, method=method, norm="min-max", params=params).to_dict()
     for q in range(N_QUERIES):
         got = {f"d{int(i)}": float(s) for i, s in zip(ours.ids[q].tolist(), ours.scores[q].tolist()) if i >= 0}
@@ -318,11 +325,7 @@ def test_presets_match_the_engines_code(case, name):
     images, texts = case
     config = preset(name, "source_object")
     weights = [1.0, 1.0] if name == "lancedb_rrf" else [1.0, 0.5]  # LanceDB's RRF takes no weights
-    ids, scores = [], []
-    for m in images:
-        top = torch.topk(torch.from_numpy(texts[m]) @ torch.from_numpy(images[m]).T, DEPTH, dim=1)
-        ids.append(top.indices)
-        scores.append(top.values)
+    ids, scores = top_lists(images, texts)
     ours = fuse(ids, scores, config, 2 * DEPTH, weights=weights)
     for q in range(N_QUERIES):
         lists = [(ids[m][q].tolist(), scores[m][q].tolist()) for m in range(len(ids))]
@@ -340,14 +343,9 @@ def test_borda_matches_ranx_bordafuse(case):
     ranx = pytest.importorskip("ranx", reason="ranx is a dev dependency")
     images, texts = case
     config = preset("ranx_borda", "source_object")
-    ids, scores = [], []
-    for m in images:
-        top = torch.topk(torch.from_numpy(texts[m]) @ torch.from_numpy(images[m]).T, DEPTH, dim=1)
-        ids.append(top.indices)
-        scores.append(top.values)
+    ids, scores = top_lists(images, texts)
     ours = fuse(ids, scores, config, 2 * DEPTH)
-    runs = [ranx.Run({f"q{q}": {f"d{int(i)}": float(s) for i, s in zip(ids[m][q].tolist(), scores[m][q].tolist())}
-                      for q in range(N_QUERIES)}) for m in range(len(ids))]
+    runs = ranx_runs(ranx, ids, scores)
     fused = ranx.fuse(runs=runs, method="bordafuse").to_dict()
     for q in range(N_QUERIES):
         got = {f"d{int(i)}": float(s) for i, s in zip(ours.ids[q].tolist(), ours.scores[q].tolist()) if i >= 0}
