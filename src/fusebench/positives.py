@@ -105,9 +105,9 @@ def load_positives(name: str, corpus: Corpus, folder: Path | None = None) -> Pos
     for direction, file, query_index, item_index in (("t2i", "caption_to_image", captions, images),
                                                      ("i2t", "image_to_caption", images, captions)):
         path = folder / f"{name}_{file}.json"
+        query_kind, item_kind = ("caption", "image") if direction == "t2i" else ("image", "caption")
         queries, sets = [], []
         for query_id, positive_ids in _read(path).items():
-            query_kind, item_kind = ("caption", "image") if direction == "t2i" else ("image", "caption")
             # ECCV lists two caption ids outside the 25,000-caption gallery as positives: eccv_caption counts them
             # in R though no list can hold them; so do we (index -2 never matches a list entry)
             outside = {i for i in positive_ids if direction == "i2t" and i not in gallery_ids and i not in item_index}
