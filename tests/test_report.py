@@ -156,3 +156,27 @@ def test_real_model_without_stand_in_is_refused_on_sim(compose_cfg, tmp_path):
 
     with pytest.raises(FusebenchError, match="has no 'sim:' stand-in"):
         run(compose_cfg(SMALL + ["models=[]", "+models.x.kind=hf", "+models.x.checkpoint=somewhere"]), str(tmp_path))
+
+
+def test_every_fusion_setting_makes_a_distinct_retriever(tmp_path):
+    """Two fusions that differ only in a setting outside method / key (here the floor) are two retrievers, and
+    a pair one factor apart; an older record without the newer settings reads them as the defaults."""
+    from fusebench.fusion import FusionConfig
+    from fusebench.record import RunRecord
+    from fusebench.report.runs import Run
+    from fusebench.report.sweep import retriever_factors
+
+    def run(**fusion):
+        spec = {"kind": "fusion", "members": ["a"], **FusionConfig(**fusion).__dict__}
+        record = RunRecord.from_json({
+            "eval": {"ks": [1]}, "dataset": {"name": "d", "n_images": 1, "n_captions": 1}, "comparisons": [],
+            "retrievers": {"a": {"t2i": {"R@1": 1.0}, "i2t": {"R@1": 1.0}, "mean": {"R@1": 1.0}, "spec": {"kind": "sim"}},
+                           "fused": {"t2i": {"R@1": 1.0}, "i2t": {"R@1": 1.0}, "mean": {"R@1": 1.0}, "spec": spec}}})
+        return Run(tmp_path, "r", record)
+
+    plain, floored = retriever_factors(run(method="minmax"), "fused"), retriever_factors(run(method="minmax", floor=0.001), "fused")
+    assert [key for key in plain if plain[key] != floored[key]] == ["top_k"]
+    old = run(method="minmax")
+    for key in ("score_map", "flat_score", "floor", "rrf_ranks"):
+        del old.record.retrievers["fused"].spec[key]
+    assert retriever_factors(old, "fused") == plain

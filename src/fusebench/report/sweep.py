@@ -11,12 +11,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 
 from fusebench.comparisons import compare, format_p, level_label
 from fusebench.files import atomic_write_text
+from fusebench.fusion import FusionConfig
 from fusebench.record import DEFAULT_WEIGHT
 from fusebench.reference import beside_article
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
@@ -28,6 +30,9 @@ FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselin
     "text": ["as_typed", "canonicalize", "lowercase"],
 }
 IGNORED_SPEC_KEYS = ("weight", "published", "label")
+# every other fusion setting, in FusionConfig's order (top_k first): the "top_k" factor, so that two fusions
+# differing in any of them (rrf_k, a floor, a score map, ...) are two retrievers; older records get the defaults
+FUSION_SETTINGS = [(f.name, f.default) for f in fields(FusionConfig) if f.name not in ("method", "fuse_on", "preset")]
 __all__ = ["Run", "Scan", "build_report", "load_runs", "scan_runs", "write_report"]
 
 
@@ -48,8 +53,7 @@ def retriever_factors(run: Run, name: str) -> dict:
                 "text": json.dumps([(m.get("text") or {}) for m in members], sort_keys=True),
                 "weights": json.dumps([m.get("weight", DEFAULT_WEIGHT) for m in members]),
                 "method": spec.get("preset") or spec["method"], "fuse_on": spec["fuse_on"],
-                "top_k": json.dumps([spec["top_k"], spec["final_top_k"], spec["rrf_k"], spec["ddof"],
-                                     spec.get("rrf_weighting", "multiply"), spec.get("combine", "sum")])}
+                "top_k": json.dumps([spec.get(key, default) for key, default in FUSION_SETTINGS])}
     return {"kind": "single", "model": json.dumps(_model_identity(spec), sort_keys=True),
             "text": json.dumps(spec.get("text") or {}, sort_keys=True)}
 
