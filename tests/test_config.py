@@ -105,10 +105,15 @@ def test_article_reference_rows_point_at_real_study_jobs():
     assert article()["coco5k"]["pair_dbsf_source"]["t2i_r1"] == 58.10
 
 
-@pytest.mark.parametrize("name", ["qdrant_rrf", "qdrant_dbsf", "elasticsearch_rrf", "ranx_combmnz", "ranx_combmax",
-                                  "ranx_isr"])
-def test_engine_presets_compose_and_sweep(compose_cfg, name):
+ENGINE_PRESETS = ["qdrant_rrf", "qdrant_dbsf", "elasticsearch_rrf", "ranx_combmnz", "ranx_combmax", "ranx_isr"]
+
+
+@pytest.mark.parametrize("name", ENGINE_PRESETS)
+def test_engine_presets_compose(compose_cfg, name):
     cfg = compose_cfg([f"fusion={name}"])
     assert cfg.fusion.preset == name and FusionConfig(**OmegaConf.to_container(cfg.fusion)).method in METHODS
+
+
+def test_engines_sweep_runs_every_engine_preset(compose_cfg):
     sweep = compose_cfg(["experiment=fusion_engines", "dataset=sim"], return_hydra_config=True)
-    assert name in sweep.hydra.sweeper.params["fusion"].split(",")
+    assert set(ENGINE_PRESETS) <= set(sweep.hydra.sweeper.params["fusion"].split(","))

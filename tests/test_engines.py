@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers.tiers import fast_first
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
@@ -114,8 +115,9 @@ def _groups(entries: list[tuple[object, float]], tol: float) -> list[tuple[float
     return out
 
 
-@pytest.mark.parametrize("name,fusion", [("qdrant_rrf", models.Fusion.RRF), ("qdrant_dbsf", models.Fusion.DBSF)])
-@pytest.mark.parametrize("fuse_on", ["source_object", "document"])
+@pytest.mark.parametrize("name,fusion,fuse_on", fast_first([
+    ("qdrant_dbsf", models.Fusion.DBSF, "document"), ("qdrant_rrf", models.Fusion.RRF, "source_object"),
+    ("qdrant_rrf", models.Fusion.RRF, "document"), ("qdrant_dbsf", models.Fusion.DBSF, "source_object")], unpack=True))
 def test_qdrant_presets_match_qdrant_local_mode(case, name, fusion, fuse_on):
     images, texts = case
     config = preset(name, fuse_on)
@@ -317,7 +319,10 @@ ENGINES = {  # each engine's fusion of one query's lists, transcribed from its c
 }
 
 
-@pytest.mark.parametrize("name", ENGINES)
+FAST_ENGINES = ("opensearch_zscore", "lancedb_rrf")  # the two with their own quirks stay in the fast tier
+
+
+@pytest.mark.parametrize("name", fast_first([*FAST_ENGINES, *(e for e in ENGINES if e not in FAST_ENGINES)], 2))
 def test_presets_match_the_engines_code(case, name):
     """Every fused image and score of 200 queries equals the engine's own computation (transcribed from its
     source: OpenSearch neural-search, Elasticsearch x-pack rank, Weaviate, Milvus, LanceDB) to float

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers.tiers import fast_first
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus
@@ -64,7 +65,7 @@ def ranked(rng, n_queries: int, n_items: int, depth: int, favour: list[np.ndarra
     return out
 
 
-@pytest.mark.parametrize("name", ["eccv", "cxc"])
+@pytest.mark.parametrize("name", fast_first(["eccv", "cxc"]))
 def test_values_equal_eccv_caption_metrics(corpus, name):
     positives = load_positives(name, corpus)
     assert positives.left_out == 10

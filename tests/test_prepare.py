@@ -64,7 +64,7 @@ class Server:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
     def close(self):
         self.httpd.shutdown()
@@ -102,7 +102,9 @@ def sources(server: Server, archives, sha: bool = True) -> dict:
                              "sha256": hashlib.sha256(archives["val2014.zip"]).hexdigest() if sha else None}}
 
 
-def test_coco_downloads_resumes_verifies_and_prints_override(archives, tmp_path, capsys):
+def test_coco_downloads_resumes_verifies_and_prints_override(archives, tmp_path, capsys, monkeypatch):
+    waits = []
+    monkeypatch.setattr("fusebench.data.prepare.time.sleep", waits.append)  # the retry's backoff, not waited
     server = Server({"/caption_datasets.zip": archives["caption_datasets.zip"], "/val2014.zip": archives["val2014.zip"]})
     server.drop_once = {"/val2014.zip"}
     try:
@@ -119,6 +121,7 @@ def test_coco_downloads_resumes_verifies_and_prints_override(archives, tmp_path,
     ranges = [r for p, r in server.requests if p == "/val2014.zip"]
     assert ranges[0] is None and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"  # resumed, not restarted
     assert not list(root.rglob("*.part")) and not list(root.rglob(".extract-*"))
+    assert waits == [1.0]  # one dropped connection: one retry after the first backoff
 
 
 def test_corrupt_archive_rejected_by_checksum_and_by_crc(archives, tmp_path):
