@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fusebench import FUSED
 from fusebench.comparisons import level_label
 from fusebench.record import RunRecord
 
@@ -235,7 +236,7 @@ def tune_curve(record: RunRecord, path: Path) -> Path | None:
     curve = t["curve"]
     fig, ax = plt.subplots(figsize=(max(7, 0.45 * len(curve) + 3), 4.4))
     x = np.arange(len(curve))
-    ax.plot(x, [row["value"] for row in curve], marker="o", label="fused")
+    ax.plot(x, [row["value"] for row in curve], marker="o", label=FUSED)
     chosen = next(i for i, row in enumerate(curve) if {k: row[k] for k in ("weights", "fusion")}
                   == {k: t["chosen"][k] for k in ("weights", "fusion")})
     ax.scatter([chosen], [curve[chosen]["value"]], s=120, facecolors="none", edgecolors="red", label="chosen", zorder=3)
