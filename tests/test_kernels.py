@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusebench.kernels import Heaps
+from fusebench.kernels import Heaps, gather_rows, row_order, scatter_by_order, stable_ranks
 from fusebench.topk import topk_stable
 
 
@@ -53,3 +53,25 @@ def test_bad_slot_map_raises_instead_of_writing_out_of_bounds():
     heaps = Heaps(3, 2)
     with pytest.raises(ValueError, match="slot"):
         heaps.offer_columns(np.zeros((4, 5), dtype=np.float32), 0, np.arange(5))
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64])
+def test_row_order_scatter_and_gather_against_numpy(dtype):
+    """Row orders (score desc, index asc: numpy's stable argsort of the negated scores), the ranks scattered
+    from them and the values gathered by them, with an order of each dtype the score store writes."""
+    rng = np.random.default_rng(5)
+    block = rng.integers(-3, 4, size=(9, 40)).astype(np.float32)  # many ties
+    order = row_order(block)
+    assert np.array_equal(order, np.argsort(-block, axis=1, kind="stable"))
+    ranks, _ = stable_ranks(block)
+    assert np.array_equal(np.take_along_axis(ranks, order, 1), np.tile(np.arange(1, 41), (9, 1)))
+    stored = order.astype(dtype)
+    by_rank = rng.standard_normal(40).astype(np.float32)
+    out = np.zeros_like(block)
+    scatter_by_order(stored, by_rank, out, False)
+    scatter_by_order(stored, by_rank, out, True)
+    expected = np.zeros_like(block)
+    for r in range(9):
+        expected[r, order[r]] = 2 * by_rank
+    assert np.array_equal(out, expected)
+    assert np.array_equal(gather_rows(block, stored), np.take_along_axis(block, order, 1))

@@ -239,3 +239,54 @@ def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
     again, records, blocks = _dense(models, caption_image, str(tmp_path))
     assert blocks > 0 and "score store entry" in caplog.text
     _assert_equal(first, again)
+
+
+def _count_sorts(monkeypatch) -> list[int]:
+    calls = []
+    sort = score_store.kernels.row_order
+    monkeypatch.setattr(score_store.kernels, "row_order", lambda block: calls.append(len(block)) or sort(block))
+    return calls
+
+
+@pytest.mark.parametrize("combine", ["sum", "geometric"])
+def test_rrf_by_source_object_sorts_each_stored_matrix_once(case, tmp_path, monkeypatch, combine):
+    """Whole-ranking RRF by source object needs every row's order: sorted once into the store (beside the
+    scores, as uint16 for up to 65,536 items), then read back by every later job with no sort at all."""
+    models, caption_image = case
+    config = FusionConfig(method="rrf", fuse_on="source_object", top_k=None, combine=combine)
+    cold, _, _ = _run(models, caption_image, config, store=None, keep_k=12)
+    sorts = _count_sorts(monkeypatch)
+    first, records, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    assert sum(sorts) == 2 * (len(caption_image) + len(np.unique(caption_image))) and all(r["scores"]["orders"] for r in records.values())
+    entry = Path(ScoreStore(tmp_path).entries()[0]["path"])
+    assert np.load(entry / "t2i_order.npy").dtype == np.uint16
+    assert np.array_equal(np.load(entry / "t2i_order.npy"), np.argsort(-np.load(entry / "t2i.npy"), axis=1, kind="stable"))
+    sorts.clear()
+    score_store._VERIFIED.clear()  # a new process: the stored orders' checksums are verified, not trusted
+    warm, _, blocks = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    assert sorts == [] and blocks == 0
+    _assert_equal(cold, first)
+    _assert_equal(cold, warm)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_stored_order_is_sorted_again(case, tmp_path, monkeypatch, caplog, damage):
+    models, caption_image = case
+    config = FusionConfig(method="rrf", fuse_on="source_object", top_k=None)
+    first, _, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    path = Path(ScoreStore(tmp_path).entries()[0]["path"]) / "i2t_order.npy"
+    data = bytearray(path.read_bytes())
+    path.write_bytes(bytes(data[:-2]) if damage == "truncate" else bytes(data[:-1]) + bytes([data[-1] ^ 1]))
+    score_store._VERIFIED.clear()
+    sorts = _count_sorts(monkeypatch)
+    again, _, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    assert "i2t_order.npy is damaged" in caplog.text and sum(sorts) == len(np.unique(caption_image))
+    _assert_equal(first, again)
+
+
+def test_stored_rows_read_orders_in_their_own_dtype(tmp_path):
+    order = np.array([[2, 0, 1], [1, 2, 0]], dtype=np.uint16)
+    np.save(tmp_path / "o.npy", order)
+    rows = score_store.StoredRows(tmp_path / "o.npy")(1, 2).numpy()
+    assert rows.dtype == np.uint16 and rows.tolist() == [[1, 2, 0]]
+    assert score_store.order_dtype(65536) == np.uint16 and score_store.order_dtype(65537) == np.int32

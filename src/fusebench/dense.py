@@ -45,6 +45,7 @@ class DenseSide:
     rows: list[RowBlocks]
     n_items: int
     correct: torch.Tensor  # (nq, c) int64 item indices, -1 padding; at least one per query
+    orders: list[RowBlocks] | None = None  # per model, its rows' stored order (RRF by source object, CPU)
 
 
 def correct_items(caption_image: np.ndarray, query_images: np.ndarray) -> np.ndarray:
@@ -102,17 +103,19 @@ def count_ahead(values: torch.Tensor, tiebreak: torch.Tensor | None, best, best_
 
 
 def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionConfig,
-              out: torch.Tensor | None = None, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+              out: torch.Tensor | None = None, offset: int = 0, order: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each item's weighted evidence over the whole row (added into ``out`` when given), and the row's order
-    when RRF needed it. On the CPU a score normaliser's element-wise step is one numba pass; an engine's
-    score map or floor takes the plain torch path. ``offset``: where this model's ranks start (LanceDB)."""
+    when RRF needed it (sorted here unless ``order``, the stored one, is given). On the CPU a score
+    normaliser's element-wise step is one numba pass; an engine's score map or floor takes the plain torch
+    path. ``offset``: where this model's ranks start (LanceDB)."""
     if method in RANK_METHODS and scores.device.type == "cpu":  # scatter each rank's evidence, no rank tensor
-        keys = kernels.sorted_keys(scores.contiguous().numpy())
+        order = kernels.row_order(scores.contiguous().numpy()) if order is None else order.numpy()
         accumulate = out is not None
         out = torch.empty_like(scores) if out is None else out
         by_rank = _rank_evidence(scores.shape[1], weight, config, scores.device, offset)
-        kernels.scatter_by_rank(keys, by_rank.numpy(), out.numpy(), accumulate)
-        return out, torch.from_numpy(keys & 0xFFFFFFFF)
+        kernels.scatter_by_order(order, by_rank.numpy(), out.numpy(), accumulate)
+        return out, torch.from_numpy(order)
     if method in RANK_METHODS:
         ranks, order = full_ranks(scores)
         evidence = _rank_evidence(scores.shape[1], weight, config, scores.device, offset)[ranks - 1]
@@ -128,13 +131,13 @@ def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionCo
     return out, None
 
 
-def _weighted_mean(scores, weights, config: FusionConfig):
+def _weighted_mean(scores, weights, config: FusionConfig, orders):
     """OpenSearch's geometric or harmonic mean of each item's evidence over the lists where it is > 0 (whole
     rankings: every list holds every item), and model 0's order when RRF needed it."""
     num = den = order0 = None
     n_items = scores[0].shape[1]
     for m, (s, w) in enumerate(zip(scores, weights)):
-        e, order = _evidence(s, config.method, 1.0, config, offset=m * n_items)
+        e, order = _evidence(s, config.method, 1.0, config, offset=m * n_items, order=orders[m])
         order0 = order if m == 0 else order0
         part, part_weight = mean_parts(e, w, config.combine)
         num, den = (part, part_weight) if num is None else (num + part, den + part_weight)
@@ -151,17 +154,29 @@ def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(top_values), torch.from_numpy(top_ids)
 
 
-def _source_object_block(scores, weights, config, correct, keep):
+def _top_in_order(values: torch.Tensor, order: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``k`` entries of each row under (value desc, position in ``order`` asc): values and ids. On
+    the CPU ``order`` may be a stored uint16 one, read as it is (numba gathers; torch wants int64)."""
+    if values.device.type != "cpu":
+        top_values, position = _top(values.gather(1, order), k)
+        return top_values, order.gather(1, position)
+    o = order.numpy()
+    top_values, position = _top(torch.from_numpy(kernels.gather_rows(values.numpy(), o)), k)
+    return top_values, torch.from_numpy(np.take_along_axis(o, position.numpy(), 1).astype(np.int64))
+
+
+def _source_object_block(scores, weights, config, correct, keep, orders):
     n_items = scores[0].shape[1]
     if config.combine in HOLDER_MEANS:
-        fused, order0 = _weighted_mean(scores, weights, config)
+        fused, order0 = _weighted_mean(scores, weights, config, orders)
     else:
-        fused, order0 = _evidence(scores[0], config.method, weights[0], config)
+        fused, order0 = _evidence(scores[0], config.method, weights[0], config, order=orders[0])
         for m, (s, w) in enumerate(zip(scores[1:], weights[1:]), start=1):
             if config.combine == "max":
-                fused = torch.maximum(fused, _evidence(s, config.method, w, config, offset=m * n_items)[0])
+                fused = torch.maximum(fused, _evidence(s, config.method, w, config, offset=m * n_items,
+                                                       order=orders[m])[0])
             else:
-                _evidence(s, config.method, w, config, out=fused, offset=m * n_items)
+                _evidence(s, config.method, w, config, out=fused, offset=m * n_items, order=orders[m])
         if config.combine == "mnz":  # whole rankings: every list holds every image
             fused *= len(scores)
         if config.combine == "mean":  # OpenSearch's arithmetic mean over every list
@@ -171,8 +186,7 @@ def _source_object_block(scores, weights, config, correct, keep):
     ranks = 1 + count_ahead(fused, scores[0], best, best_s0, index)
     keep = min(keep, fused.shape[1])
     if order0 is not None:  # model 0's order is known (RRF): a stable top-k in that order is the tie rule
-        values, position = _top(fused.gather(1, order0), keep)
-        ids = order0.gather(1, position)
+        values, ids = _top_in_order(fused, order0, keep)
     else:  # ties are rare: order by index first, then re-rank the rows that have ties in their head
         values, ids = _top(fused, min(keep + 1, fused.shape[1]))
         tie_rows = torch.nonzero((values[:, 1:] == values[:, :-1]).any(dim=1)).flatten()
@@ -199,7 +213,7 @@ def _count_in_descending(ev: torch.Tensor, e: torch.Tensor):
     return ev.numel() - high, high - low
 
 
-def _document_block(scores, weights, config, correct, keep):
+def _document_block(scores, weights, config, correct, keep, _orders):  # no sort to skip: orders unused
     n_models, n_items = len(scores), scores[0].shape[1]
     rrf = config.method in RANK_METHODS  # evidence depends on the rank alone: count it, never materialise it
     evidence = [None if rrf else _evidence(s, config.method, w, config)[0] for s, w in zip(scores, weights)]
@@ -243,12 +257,14 @@ def dense_fuse(side: DenseSide, weights: list[float], config: FusionConfig, keep
     n_models, n_queries, n_items = len(side.rows), side.correct.shape[0], side.n_items
     per_row = n_items * n_models * (24 if config.method in RANK_METHODS else 12)  # scores, evidence, ranks per model
     block = max(1, min(n_queries, budget_bytes // per_row))
+    uses_orders = side.orders is not None and config.method in RANK_METHODS and config.fuse_on == "source_object"
     keep = min(keep, final_k)
     outs, ranks = [], []
     for r0, r1 in tiles(n_queries, block):
         scores = [rows(r0, r1) for rows in side.rows]
+        orders = [read(r0, r1) if uses_orders else None for read in side.orders or [None] * n_models]
         block_fn = _source_object_block if config.fuse_on == "source_object" else _document_block
-        fused, block_ranks = block_fn(scores, weights, config, side.correct[r0:r1], keep)
+        fused, block_ranks = block_fn(scores, weights, config, side.correct[r0:r1], keep, orders)
         block_ranks = torch.where(block_ranks <= final_k, block_ranks, 0)
         outs.append(FusedLists(fused.ids.cpu(), fused.scores.cpu(), fused.contributors.cpu()))
         ranks.append(block_ranks.cpu().numpy())

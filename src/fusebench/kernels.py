@@ -256,34 +256,46 @@ def _descending_keys(block, keys):
 
 
 @njit(parallel=True, cache=True)
-def scatter_by_rank(keys, by_rank, out, accumulate):
-    """out[r, j] (+)= by_rank[p] where column j is at position p of row r's sorted keys."""
-    rows, width = keys.shape
+def scatter_by_order(order, by_rank, out, accumulate):
+    """out[r, order[r, p]] (+)= by_rank[p]: each column gets the value of its position in row r's order
+    (column indices best first; any integer dtype, so a stored uint16 order is read as it is)."""
+    rows, width = order.shape
     for r in prange(rows):
         for p in range(width):
-            j = keys[r, p] & 0xFFFFFFFF
+            j = order[r, p]
             if accumulate:
                 out[r, j] += by_rank[p]
             else:
                 out[r, j] = by_rank[p]
 
 
-def sorted_keys(block: np.ndarray) -> np.ndarray:
-    """Each row's (score desc, index asc) keys, sorted: numba builds them, numpy's vectorised int64 sort
-    orders them; ``keys & 0xFFFFFFFF`` is the row's order (column indices best first)."""
+@njit(parallel=True, cache=True)
+def gather_rows(values, order):
+    """values[r, order[r, p]] for every row r and position p (``order`` of any integer dtype)."""
+    rows, width = order.shape
+    out = np.empty(order.shape, dtype=values.dtype)
+    for r in prange(rows):
+        for p in range(width):
+            out[r, p] = values[r, order[r, p]]
+    return out
+
+
+def row_order(block: np.ndarray) -> np.ndarray:
+    """Each row's order under (score desc, index asc): column indices best first (int64). numba builds the
+    keys, numpy's vectorised int64 sort orders them, the index is their low 32 bits."""
     keys = np.empty(block.shape, dtype=np.int64)
     _descending_keys(block, keys)
     keys.sort(axis=1)
+    keys &= 0xFFFFFFFF
     return keys
 
 
 def stable_ranks(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the 1-based rank of every entry under (score desc, index asc) and the order itself."""
-    keys = sorted_keys(block)
+    order = row_order(block)
     ranks = np.empty(block.shape, dtype=np.int64)
-    scatter_by_rank(keys, np.arange(1, block.shape[1] + 1, dtype=np.int64), ranks, False)
-    keys &= 0xFFFFFFFF
-    return ranks, keys
+    scatter_by_order(order, np.arange(1, block.shape[1] + 1, dtype=np.int64), ranks, False)
+    return ranks, order
 
 
 @njit(parallel=True, cache=True)

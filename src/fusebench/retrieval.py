@@ -21,7 +21,7 @@ import torch
 from fusebench import FUSED
 from fusebench.dense import DenseSide, RowBlocks, correct_items, dense_fuse
 from fusebench.encoders.base import ModelEmbeddings
-from fusebench.fusion import FusionConfig, fuse_in_blocks
+from fusebench.fusion import RANK_METHODS, FusionConfig, fuse_in_blocks
 from fusebench.list_store import ListStore, list_material
 from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists, full_rows, tiles
 from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
@@ -100,9 +100,10 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
 
 
 def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: np.ndarray, settings: SearchSettings,
-               source: ListSource) -> dict[str, RowBlocks]:
+               source: ListSource, orders: bool = False) -> tuple[dict[str, RowBlocks], dict[str, RowBlocks] | None]:
     """Per direction, the model's whole score rows by block: from the score store (computed once) when the
-    matrices fit under ``max_scores_mb``, else computed afresh for each block."""
+    matrices fit under ``max_scores_mb``, else computed afresh for each block; and with ``orders`` (RRF by
+    source object), each stored row's order, sorted once and stored beside the scores (None: not stored)."""
     device = torch.device(settings.device)
     shapes = {"t2i": (len(model.text), len(model.image)), "i2t": (len(query_images), len(model.text))}
 
@@ -118,7 +119,7 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
     megabytes = 4 * sum(a * b for a, b in shapes.values()) / 2**20
     if settings.store_dir is None or megabytes > settings.max_scores_mb:
         source.records.setdefault(model.name, {})["scores"] = {"stored": False, "mb": round(megabytes)}
-        return fresh_rows()
+        return fresh_rows(), None
 
     def blocks(d: str):
         rows = fresh_rows()[d]
@@ -127,10 +128,14 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
 
     material = source.material(model, caption_image, device.type)
     started = time.perf_counter()
-    readers, hit = ScoreStore(settings.store_dir).get_or_compute(material, shapes, blocks, {"model": model.name})
+    store = ScoreStore(settings.store_dir)
+    readers, hit = store.get_or_compute(material, shapes, blocks, {"model": model.name})
+    sorted_rows = {d: store.row_orders(readers[d], settings.tile_bytes) for d in DIRECTIONS} \
+        if orders and device.type == "cpu" else None  # a GPU sorts a block faster than the disk reads it
     source.records.setdefault(model.name, {})["scores"] = {"stored": True, "hit": hit, "mb": round(megabytes),
+                                                           "orders": sorted_rows is not None,
                                                            "seconds": round(time.perf_counter() - started, 3)}
-    return {d: (lambda r0, r1, reader=readers[d]: reader(r0, r1).to(device)) for d in DIRECTIONS}
+    return {d: (lambda r0, r1, reader=readers[d]: reader(r0, r1).to(device)) for d in DIRECTIONS}, sorted_rows
 
 
 def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
@@ -175,9 +180,12 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
             results[FUSED][d] = RankedLists(ranks, fused.ids[:, cut], fused.scores[:, cut], fused.contributors[:, cut])
         return results
     i2t_correct = correct_items(caption_image, query_images.numpy())
-    rows = [score_rows(m, caption_image, query_images.numpy(), settings, source) for m in models]
-    sides = {"t2i": DenseSide([r["t2i"] for r in rows], n_images, cap_img[:, None].to(settings.device)),
-             "i2t": DenseSide([r["i2t"] for r in rows], n_captions, torch.as_tensor(i2t_correct, device=settings.device))}
+    sorts = fusion.method in RANK_METHODS and fusion.fuse_on == "source_object"  # the whole-row order of each model
+    rows, orders = zip(*(score_rows(m, caption_image, query_images.numpy(), settings, source, sorts) for m in models))
+    all_sorted = all(o is not None for o in orders)
+    correct = {"t2i": cap_img[:, None].to(settings.device), "i2t": torch.as_tensor(i2t_correct, device=settings.device)}
+    sides = {d: DenseSide([r[d] for r in rows], n_items[d], correct[d], [o[d] for o in orders] if all_sorted else None)
+             for d in DIRECTIONS}
     progress = settings.progress or _no_progress
     keep = keep_k if keep_k is not None else depth
     for d in DIRECTIONS:

@@ -22,17 +22,20 @@ import numpy as np
 import torch
 from filelock import FileLock
 
+from fusebench import kernels
 from fusebench.cache import UNREADABLE, cache_key, data_file_problem, discard_entry, read_meta, remove_entries, scan_entries, unreadable
 from fusebench.files import atomic_save, atomic_write_text, file_sha256
-from fusebench.lists import DIRECTIONS
+from fusebench.lists import DIRECTIONS, tiles
 
 log = logging.getLogger(__name__)
 FORMAT = 1
+SCORE_DTYPE = np.dtype(np.float32)
 _VERIFIED: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) whose checksum this process checked
 
 
 class StoredRows:
-    """Row blocks of a stored (rows x items) float32 .npy, read into fresh buffers without mapping the file."""
+    """Row blocks of a stored (rows x items) matrix (float32 scores, or a uint16/int32 row order), read into
+    fresh buffers without mapping the file."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -42,25 +45,32 @@ class StoredRows:
                            else np.lib.format.read_array_header_2_0)
             shape, fortran, dtype = read_header(fh)
             self.offset = fh.tell()
-        if fortran or dtype != np.float32 or len(shape) != 2:
-            raise ValueError(f"{self.path.name} is not a C-order float32 matrix")
-        self.shape = shape
+        if fortran or dtype not in (np.float32, np.uint16, np.int32) or len(shape) != 2:
+            raise ValueError(f"{self.path.name} is not a C-order float32, uint16 or int32 matrix")
+        self.shape, self.dtype = shape, dtype
 
     def __call__(self, r0: int, r1: int) -> torch.Tensor:
-        out = np.empty((r1 - r0, self.shape[1]), dtype=np.float32)
+        out = np.empty((r1 - r0, self.shape[1]), dtype=self.dtype)
         with self.path.open("rb") as fh:
-            fh.seek(self.offset + r0 * self.shape[1] * 4)
+            fh.seek(self.offset + r0 * self.shape[1] * self.dtype.itemsize)
             if fh.readinto(memoryview(out).cast("B")) != out.nbytes:
                 raise OSError(f"{self.path} ended early")
         return torch.from_numpy(out)
 
 
-def _write_blocks(path: Path, shape: tuple[int, int], blocks: Iterator[torch.Tensor]) -> None:
+def order_dtype(n_items: int) -> np.dtype:
+    """The narrowest dtype for a row order's column indices: uint16 up to 65,536 items (COCO, Flickr)."""
+    return np.dtype(np.uint16) if n_items <= 1 << 16 else np.dtype(np.int32)
+
+
+def _write_blocks(path: Path, shape: tuple[int, int], blocks: Iterator[torch.Tensor | np.ndarray],
+                  dtype: np.dtype = SCORE_DTYPE) -> None:
     with path.open("wb") as fh:
-        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        np.lib.format.write_array_header_1_0(fh, {"descr": dtype.str, "fortran_order": False, "shape": shape})
         written = 0
         for block in blocks:
-            fh.write(np.ascontiguousarray(block.cpu().numpy(), dtype=np.float32).tobytes())
+            block = block.cpu().numpy() if isinstance(block, torch.Tensor) else block
+            fh.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
             written += block.shape[0]
         if written != shape[0]:
             raise RuntimeError(f"{path.name}: wrote {written} rows, expected {shape[0]}")
@@ -95,6 +105,30 @@ class ScoreStore:
                     "shapes": {d: list(shapes[d]) for d in DIRECTIONS}, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
             atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
             return {d: StoredRows(folder / f"{d}.npy") for d in DIRECTIONS}, False
+
+    def row_orders(self, reader: StoredRows, tile_bytes: int) -> StoredRows:
+        """The order of every row of a stored score matrix (column indices best first, ties by index), sorted
+        once when a job first needs it (RRF by source object over whole rankings) and stored in the same
+        entry as ``{direction}_order.npy``: checksummed, verified once per process, rebuilt when damaged.
+        ``tile_bytes`` bounds the memory of the sort (rows at a time)."""
+        folder, name = reader.path.parent, f"{reader.path.stem}_order"
+        path = folder / f"{name}.npy"
+        with FileLock(str(folder) + ".lock"):
+            meta = read_meta(folder / "meta.json")
+            recorded = meta["files"].get(name)
+            if recorded is not None:
+                problem = None if _stamp_or_none(path) in _VERIFIED else data_file_problem(path, recorded)
+                if problem is None:
+                    _VERIFIED.add(_stamp(path))
+                    return StoredRows(path)
+                log.warning("score store: %s is damaged (%s); sorting its rows again", path, problem)
+            step = max(1, tile_bytes // (12 * reader.shape[1]))
+            blocks = (kernels.row_order(reader(r0, r1).numpy()) for r0, r1 in tiles(reader.shape[0], step))
+            atomic_save(path, lambda tmp: _write_blocks(tmp, reader.shape, blocks, order_dtype(reader.shape[1])))
+            meta["files"][name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+            atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+            _VERIFIED.add(_stamp(path))
+        return StoredRows(path)
 
     def _read(self, folder: Path, shapes: dict[str, tuple[int, int]]) -> dict[str, StoredRows] | None:
         if not (folder / "meta.json").is_file():
@@ -133,3 +167,7 @@ class ScoreStore:
 def _stamp(path: Path) -> tuple[str, int, int]:
     stat = path.stat()
     return str(path), stat.st_size, stat.st_mtime_ns
+
+
+def _stamp_or_none(path: Path) -> tuple[str, int, int] | None:
+    return _stamp(path) if path.is_file() else None
