@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
               + "".join(f"\n  {name}: {why}" for name, why in scan.failed.items()), file=sys.stderr)
         return 2
     try:
-        write_report(folder, draws=args.draws, seed=args.seed, level=args.level)
+        write_report(folder, draws=args.draws, seed=args.seed, level=args.level, scan=scan)
     except OSError as err:
         print(f"fusebench-report: error: cannot write the report into {folder}: {err.strerror or err}",
               file=sys.stderr)

@@ -108,12 +108,13 @@ def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
     fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 1.5))
     ax.barh(y, [r["wins"] for r in rows], color="tab:green", label="won (candidate right, baseline wrong)")
     ax.barh(y, [-r["losses"] for r in rows], color="tab:red", label="lost (baseline right, candidate wrong)")
-    ax.set_yticks(y, [_pair_label(r) for r in rows], fontsize=7)
+    labels = [_pair_label(r) for r in rows]
+    ax.set_yticks(y, labels, fontsize=7)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlabel(f"queries at R@{rows[0]['k']}")
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(title)
-    return _save(fig, path)
+    return _save(fig, path, _pair_margins(fig, labels))
 
 
 def forest(rows: list[dict], path: Path, title: str) -> Path | None:
@@ -133,11 +134,12 @@ def forest(rows: list[dict], path: Path, title: str) -> Path | None:
                                           np.array([r["cluster_ci_high"] for r in rows]) - gains],
                     fmt="none", ecolor="gray", capsize=2, label=f"{level} CI over images")
     ax.axvline(0, color="black", lw=0.8)
-    ax.set_yticks(y, [_pair_label(r) for r in rows], fontsize=7)
+    labels = [_pair_label(r) for r in rows]
+    ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlabel(f"gain in R@{rows[0]['k']} (points)")
     ax.legend(fontsize=7)
     ax.set_title(title)
-    return _save(fig, path)
+    return _save(fig, path, _pair_margins(fig, labels))
 
 
 def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | None:
@@ -279,8 +281,18 @@ def _title(record: RunRecord) -> str:
     return f"{d['name']}: {d['n_images']} images, {d['n_captions']} captions{flag}"
 
 
+def _pair_margins(fig, labels: list[str]) -> dict:
+    """Fixed margins for a figure whose y labels are pair labels (7 pt), from their longest line at a generous
+    0.6 em per character (lines are clipped by ``_pair_label`` to about 70), so no text needs measuring:
+    tight_layout draws the whole figure once more just to measure it (half the time of a sweep's pair plots)."""
+    width, height = fig.get_size_inches()
+    longest = max(len(line) for label in labels for line in label.split("\n"))
+    left = 0.3 + longest * 7 * 0.6 / 72
+    return {"left": left / width, "right": 1 - 0.2 / width, "bottom": 0.55 / height, "top": 1 - 0.45 / height}
+
+
 def _pair_label(row: dict) -> str:
-    factor = f"{row['factor']}: " if row.get("factor") else ""
+    factor = f"{_clip(row['factor'], 20)}: " if row.get("factor") else ""
     return f"{factor}{_clip(row['candidate'], 48)}\n  vs {_clip(row['baseline'], 48)} ({row['direction']})"
 
 

@@ -329,8 +329,10 @@ def tuned_rows(runs: list[Run]) -> list[dict]:
     return rows
 
 
-def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
-    scan = scan_runs(folder)
+def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
+                 scan: Scan | None = None) -> dict:
+    """The sweep's report from its runs (``scan``: the folder's scan when the caller already made it)."""
+    scan = scan if scan is not None else scan_runs(folder)
     runs, failed = scan.runs, list(scan.failed)
     ks = sorted({k for r in runs for k in r.record.ks}) or [1, 5, 10]
     return {"runs": runs, "failed": failed, "reasons": scan.failed, "ks": ks, "article": article_rows(runs, ks),
@@ -339,10 +341,11 @@ def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
             "positives": positive_rows(runs), "positive_gains": positive_gain_rows(runs), "tuned": tuned_rows(runs)}
 
 
-def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
+                 scan: Scan | None = None) -> dict:
     """Write summary.md, summary.csv, gains.csv and cost.csv into ``folder``; return the report."""
     folder = Path(folder)
-    report = build_report(folder, draws=draws, seed=seed, level=level)
+    report = build_report(folder, draws=draws, seed=seed, level=level, scan=scan)
     ks = report["ks"]
     metric_cols = [c for c in (report["article"][0] if report["article"] else {}) if c != "retriever"]
     gain_cols = ["dataset", "factor", "candidate", "baseline", "direction", "k", "gain", "ci_low", "ci_high",
