@@ -269,14 +269,17 @@ def test_rrf_by_source_object_sorts_each_stored_matrix_once(case, tmp_path, monk
     _assert_equal(cold, warm)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "wrong_type"])
 def test_damaged_stored_order_is_sorted_again(case, tmp_path, monkeypatch, caplog, damage):
     models, caption_image = case
     config = FusionConfig(method="rrf", fuse_on="source_object", top_k=None)
     first, _, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
     path = Path(ScoreStore(tmp_path).entries()[0]["path"]) / "i2t_order.npy"
     data = bytearray(path.read_bytes())
-    path.write_bytes(bytes(data[:-2]) if damage == "truncate" else bytes(data[:-1]) + bytes([data[-1] ^ 1]))
+    if damage == "wrong_type":  # a valid .npy of the right shape, but scores instead of column indices
+        np.save(path, np.load(path).astype(np.float32))
+    else:
+        path.write_bytes(bytes(data[:-2]) if damage == "truncate" else bytes(data[:-1]) + bytes([data[-1] ^ 1]))
     score_store._VERIFIED.clear()
     sorts = _count_sorts(monkeypatch)
     again, _, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)

@@ -31,7 +31,7 @@ import numpy as np
 from filelock import FileLock
 
 from fusebench import FusebenchError
-from fusebench.files import atomic_save, atomic_write_text, file_sha256
+from fusebench.files import atomic_save, atomic_write_text, file_crc32, file_sha256
 
 log = logging.getLogger(__name__)
 STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
@@ -67,13 +67,14 @@ def discard_entry(folder: Path, store: str, problem: str) -> None:
 
 
 def data_file_problem(path: Path, meta: dict) -> str | None:
-    """Why the data file of a complete entry cannot be trusted (missing, wrong size, wrong checksum), or None."""
+    """Why the data file of a complete entry cannot be trusted (missing, wrong size, wrong checksum: ``crc32``
+    or ``sha256``, whichever ``meta`` records), or None."""
     if not path.is_file():
         return f"{path.name} is missing"
     size = path.stat().st_size
     if size != meta["bytes"]:
         return f"{path.name} has {size} bytes, expected {meta['bytes']} (truncated?)"
-    if file_sha256(path) != meta["sha256"]:
+    if (file_crc32(path) != meta["crc32"]) if "crc32" in meta else (file_sha256(path) != meta["sha256"]):
         return f"{path.name} does not match its recorded checksum"
     return None
 
