@@ -72,7 +72,7 @@ def _write_blocks(path: Path, shape: tuple[int, int], blocks: Iterator[torch.Ten
         written = 0
         for block in blocks:
             block = block.cpu().numpy() if isinstance(block, torch.Tensor) else block
-            fh.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
+            fh.write(memoryview(np.ascontiguousarray(block, dtype=dtype)).cast("B"))  # no copy when already so
             written += block.shape[0]
         if written != shape[0]:
             raise RuntimeError(f"{path.name}: wrote {written} rows, expected {shape[0]}")
