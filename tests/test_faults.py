@@ -209,7 +209,11 @@ def test_every_config_value_is_checked_before_any_work(compose_cfg, tmp_path, ov
     ("eval.ks=[1", "no viable alternative"),
 ])
 def test_config_mistakes_through_the_cli(tmp_path, override, fragment):
-    user_error(fusebench(*SMALL, override, "hydra.run.dir=run", cwd=tmp_path), fragment)
+    result = fusebench(*SMALL, override, "hydra.run.dir=run", cwd=tmp_path)
+    user_error(result, fragment)
+    if "could not be converted" in fragment:  # OmegaConf's three-line value error comes out as one line
+        (line,) = [x for x in result.stderr.splitlines() if "fusebench: error:" in x]
+        assert fragment in line and "full_key: eval.bootstrap.draws" in line
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
