@@ -219,12 +219,14 @@ def _document_block(scores, weights, config, correct, keep, _orders):  # no sort
     evidence = [None if rrf else _evidence(s, config.method, w, config)[0] for s, w in zip(scores, weights)]
     rank_ev = [_rank_evidence(n_items, w, config, scores[0].device, m * n_items) for m, w in enumerate(weights)] \
         if rrf else None
-    firsts = []  # each model's first correct item by its own order: (score, index, rank, evidence)
+    firsts = []  # each model's first correct item by its own order: (score, index, rank (RRF only), evidence)
     for m in range(n_models):
         s_best, _, index = first_correct(scores[m], None, correct)
-        rank = 1 + count_ahead(scores[m], None, s_best, torch.zeros_like(s_best), index)
-        e = rank_ev[m][rank - 1] if rrf else evidence[m].gather(1, index[:, None])[:, 0]
-        firsts.append((s_best, index, rank, e))
+        if rrf:  # its evidence is its rank's: count the rank
+            rank = 1 + count_ahead(scores[m], None, s_best, torch.zeros_like(s_best), index)
+            firsts.append((s_best, index, rank, rank_ev[m][rank - 1]))
+        else:
+            firsts.append((s_best, index, None, evidence[m].gather(1, index[:, None])[:, 0]))
     winner = torch.argmax(torch.stack([f[3] for f in firsts], dim=1), dim=1)  # first max: lower model wins ties
     e_star = torch.stack([f[3] for f in firsts], dim=1).gather(1, winner[:, None])[:, 0]
     ahead = torch.zeros_like(winner)
