@@ -13,6 +13,9 @@ kept entries best first. Rows run in parallel; columns run in parallel over colu
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from numba import njit, prange
 
@@ -282,12 +285,24 @@ def gather_rows(values, order):
 
 def row_order(block: np.ndarray) -> np.ndarray:
     """Each row's order under (score desc, index asc): column indices best first (int64). numba builds the
-    keys, numpy's vectorised int64 sort orders them, the index is their low 32 bits."""
+    keys, numpy's vectorised int64 sort orders them (single-threaded, but it releases the GIL: the rows are
+    sorted in one slice per core), the index is their low 32 bits."""
     keys = np.empty(block.shape, dtype=np.int64)
     _descending_keys(block, keys)
-    keys.sort(axis=1)
+    _sort_rows_threaded(keys)
     keys &= 0xFFFFFFFF
     return keys
+
+
+def _sort_rows_threaded(keys: np.ndarray, min_entries: int = 1 << 20) -> None:
+    """Sort each row of ``keys`` in place, slices of rows on parallel threads when the block is large."""
+    workers = min(os.cpu_count() or 1, len(keys), max(1, keys.size // min_entries))
+    if workers <= 1:
+        keys.sort(axis=1)
+        return
+    bounds = np.linspace(0, len(keys), workers + 1).astype(int)
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda r: keys[r[0]:r[1]].sort(axis=1), zip(bounds[:-1], bounds[1:])))
 
 
 def stable_ranks(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
