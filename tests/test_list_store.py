@@ -293,3 +293,30 @@ def test_stored_rows_read_orders_in_their_own_dtype(tmp_path):
     rows = score_store.StoredRows(tmp_path / "o.npy")(1, 2).numpy()
     assert rows.dtype == np.uint16 and rows.tolist() == [[1, 2, 0]]
     assert score_store.order_dtype(65536) == np.uint16 and score_store.order_dtype(65537) == np.int32
+
+
+@pytest.mark.parametrize("method,fuse_on,ddof", [("dbsf", "source_object", 0), ("zscore", "document", 1)])
+def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, method, fuse_on, ddof):
+    """DBSF and z-score over whole rankings take each row's mean and sd: computed once into the store (the
+    values kernels.row_mean_std gives), then read back by later jobs, which compute no moments."""
+    models, caption_image = case
+    config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None, ddof=ddof)
+    cold, _, _ = _run(models, caption_image, config, store=None, keep_k=12)
+    calls = []
+    moments = score_store.kernels.row_mean_std
+    counted = lambda block, d: calls.append(len(block)) or moments(block, d)  # noqa: E731
+    monkeypatch.setattr(score_store.kernels, "row_mean_std", counted)  # the store's computation
+    monkeypatch.setattr("fusebench.evidence.row_mean_std", counted)  # the one a job makes without stored moments
+    first, records, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    assert sum(calls) == 2 * (len(caption_image) + len(np.unique(caption_image)))
+    assert all(r["scores"]["moments"] and not r["scores"]["orders"] for r in records.values())
+    entry = Path(ScoreStore(tmp_path).entries()[0]["path"])
+    stored = np.load(entry / f"t2i_moments_ddof{ddof}.npy")
+    assert np.array_equal(stored, np.stack(moments(np.load(entry / "t2i.npy"), ddof), axis=1))
+    calls.clear()
+    score_store._VERIFIED.clear()
+    (entry / f"i2t_moments_ddof{ddof}.npy").write_bytes(b"\x93NUMPY damaged")  # one file damaged: recomputed
+    warm, _, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    assert sum(calls) == len(np.unique(caption_image))
+    _assert_equal(cold, first)
+    _assert_equal(cold, warm)

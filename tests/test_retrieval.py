@@ -5,6 +5,7 @@ from helpers.reference import fuse_one_query, i2t_rank, integer_embeddings, stab
 from helpers.tiers import fast_first
 
 import fusebench.lists
+from fusebench.dense import _read_ahead
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.fusion import FUSE_ON, FusionConfig
 from fusebench.retrieval import SearchSettings, retrieve
@@ -210,3 +211,23 @@ def test_keep_k_cuts_stored_lists_not_ranks(case):
         for direction in ("t2i", "i2t"):
             assert np.array_equal(full[name][direction].ranks, cut[name][direction].ranks)
             assert torch.equal(full[name][direction].ids[:, :3], cut[name][direction].ids)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_read_ahead_loads_each_block_once_in_order_and_at_most_one_ahead(ahead):
+    """Stored score rows are read one block ahead on a second thread; what the caller gets is the same blocks,
+    in order, each loaded once; a load's error reaches the caller."""
+    loaded, yielded = [], []
+
+    def load(r0, r1):
+        loaded.append(r0)
+        return r0 * 10
+    for (r0, _), value in _read_ahead(load, [(0, 2), (2, 4), (4, 5)], ahead):
+        yielded.append((r0, value))
+        assert len(loaded) <= len(yielded) + (1 if ahead else 0)  # never more than one block ahead
+    assert yielded == [(0, 0), (2, 20), (4, 40)] and sorted(loaded) == [0, 2, 4]
+
+    def broken(r0, r1):
+        raise OSError(f"rows {r0}:{r1} ended early")
+    with pytest.raises(OSError, match="rows 0:2 ended early"):
+        list(_read_ahead(broken, [(0, 2), (2, 4)], ahead))

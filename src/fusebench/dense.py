@@ -13,13 +13,16 @@ number of bytes, whatever the corpus size.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from fusebench import kernels
+from fusebench.evidence import MOMENT_METHODS
 from fusebench.fusion import (
     HOLDER_MEANS,
     RANK_METHODS,
@@ -37,6 +40,17 @@ from fusebench.topk import descending_keys, sort_desc_with_tiebreak, sort_rows, 
 RowBlocks = Callable[[int, int], torch.Tensor]  # (r0, r1) -> that block of a model's score rows (r1-r0, items)
 
 
+class RowAux(NamedTuple):
+    """What the score store keeps beside a model's block of rows, when a job needs it: each row's order
+    (RRF by source object) and each row's (mean, sd) (DBSF, z-score); None: computed from the rows."""
+
+    order: torch.Tensor | None = None
+    moments: torch.Tensor | None = None
+
+
+NOTHING_STORED = RowAux()
+
+
 @dataclass
 class DenseSide:
     """One direction for the dense path: per model, its score rows by block (a stored matrix or a fresh
@@ -46,6 +60,8 @@ class DenseSide:
     n_items: int
     correct: torch.Tensor  # (nq, c) int64 item indices, -1 padding; at least one per query
     orders: list[RowBlocks] | None = None  # per model, its rows' stored order (RRF by source object, CPU)
+    moments: list[RowBlocks] | None = None  # per model, its rows' stored (mean, sd) (DBSF, z-score; CPU)
+    stored: bool = False  # rows are read from the score store: the next block is read while one is fused
 
 
 def correct_items(caption_image: np.ndarray, query_images: np.ndarray) -> np.ndarray:
@@ -103,14 +119,14 @@ def count_ahead(values: torch.Tensor, tiebreak: torch.Tensor | None, best, best_
 
 
 def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionConfig,
-              out: torch.Tensor | None = None, offset: int = 0, order: torch.Tensor | None = None
+              out: torch.Tensor | None = None, offset: int = 0, aux: RowAux = NOTHING_STORED
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each item's weighted evidence over the whole row (added into ``out`` when given), and the row's order
-    when RRF needed it (sorted here unless ``order``, the stored one, is given). On the CPU a score
-    normaliser's element-wise step is one numba pass; an engine's score map or floor takes the plain torch
-    path. ``offset``: where this model's ranks start (LanceDB)."""
+    when RRF needed it (sorted here unless ``aux.order``, the stored one, is given; ``aux.moments`` likewise
+    for the rows' mean and sd). On the CPU a score normaliser's element-wise step is one numba pass; an
+    engine's score map or floor takes the plain torch path. ``offset``: where this model's ranks start."""
     if method in RANK_METHODS and scores.device.type == "cpu":  # scatter each rank's evidence, no rank tensor
-        order = kernels.row_order(scores.contiguous().numpy()) if order is None else order.numpy()
+        order = kernels.row_order(scores.contiguous().numpy()) if aux.order is None else aux.order.numpy()
         accumulate = out is not None
         out = torch.empty_like(scores) if out is None else out
         by_rank = _rank_evidence(scores.shape[1], weight, config, scores.device, offset)
@@ -123,7 +139,7 @@ def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionCo
     if scores.device.type != "cpu" or config.score_map != "none" or config.floor is not None:
         evidence = plain_evidence(scores, None, config) * weight
         return (evidence if out is None else out.add_(evidence)), None
-    rows = method_rows(scores, None, config)
+    rows = method_rows(scores, None, config, aux.moments)
     accumulate = out is not None
     out = torch.empty_like(scores) if out is None else out
     kernels.affine_evidence(scores.numpy(), rows.low[:, 0].contiguous().numpy(), rows.scale[:, 0].contiguous().numpy(),
@@ -131,13 +147,13 @@ def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionCo
     return out, None
 
 
-def _weighted_mean(scores, weights, config: FusionConfig, orders):
+def _weighted_mean(scores, weights, config: FusionConfig, aux):
     """OpenSearch's geometric or harmonic mean of each item's evidence over the lists where it is > 0 (whole
     rankings: every list holds every item), and model 0's order when RRF needed it."""
     num = den = order0 = None
     n_items = scores[0].shape[1]
     for m, (s, w) in enumerate(zip(scores, weights)):
-        e, order = _evidence(s, config.method, 1.0, config, offset=m * n_items, order=orders[m])
+        e, order = _evidence(s, config.method, 1.0, config, offset=m * n_items, aux=aux[m])
         order0 = order if m == 0 else order0
         part, part_weight = mean_parts(e, w, config.combine)
         num, den = (part, part_weight) if num is None else (num + part, den + part_weight)
@@ -165,18 +181,18 @@ def _top_in_order(values: torch.Tensor, order: torch.Tensor, k: int) -> tuple[to
     return top_values, torch.from_numpy(np.take_along_axis(o, position.numpy(), 1).astype(np.int64))
 
 
-def _source_object_block(scores, weights, config, correct, keep, orders):
+def _source_object_block(scores, weights, config, correct, keep, aux):
     n_items = scores[0].shape[1]
     if config.combine in HOLDER_MEANS:
-        fused, order0 = _weighted_mean(scores, weights, config, orders)
+        fused, order0 = _weighted_mean(scores, weights, config, aux)
     else:
-        fused, order0 = _evidence(scores[0], config.method, weights[0], config, order=orders[0])
+        fused, order0 = _evidence(scores[0], config.method, weights[0], config, aux=aux[0])
         for m, (s, w) in enumerate(zip(scores[1:], weights[1:]), start=1):
             if config.combine == "max":
                 fused = torch.maximum(fused, _evidence(s, config.method, w, config, offset=m * n_items,
-                                                       order=orders[m])[0])
+                                                       aux=aux[m])[0])
             else:
-                _evidence(s, config.method, w, config, out=fused, offset=m * n_items, order=orders[m])
+                _evidence(s, config.method, w, config, out=fused, offset=m * n_items, aux=aux[m])
         if config.combine == "mnz":  # whole rankings: every list holds every image
             fused *= len(scores)
         if config.combine == "mean":  # OpenSearch's arithmetic mean over every list
@@ -213,10 +229,11 @@ def _count_in_descending(ev: torch.Tensor, e: torch.Tensor):
     return ev.numel() - high, high - low
 
 
-def _document_block(scores, weights, config, correct, keep, _orders):  # no sort to skip: orders unused
+def _document_block(scores, weights, config, correct, keep, aux):
     n_models, n_items = len(scores), scores[0].shape[1]
     rrf = config.method in RANK_METHODS  # evidence depends on the rank alone: count it, never materialise it
-    evidence = [None if rrf else _evidence(s, config.method, w, config)[0] for s, w in zip(scores, weights)]
+    evidence = [None if rrf else _evidence(s, config.method, w, config, aux=a)[0]
+                for s, w, a in zip(scores, weights, aux)]
     rank_ev = [_rank_evidence(n_items, w, config, scores[0].device, m * n_items) for m, w in enumerate(weights)] \
         if rrf else None
     firsts = []  # each model's first correct item by its own order: (score, index, rank (RRF only), evidence)
@@ -252,21 +269,43 @@ def _document_block(scores, weights, config, correct, keep, _orders):  # no sort
     return FusedLists(all_ids.gather(1, position), out_values[:, :keep], all_bits.gather(1, position)), 1 + ahead
 
 
+def _read_ahead(load: Callable, ranges: list[tuple[int, int]], ahead: bool) -> Iterator:
+    """``((r0, r1), load(r0, r1))`` for each range; with ``ahead``, the next range is loaded on a second thread
+    while the caller works on the current one (stored rows: file reads release the GIL, so the reading of a
+    dense job overlaps its fusion instead of adding to it). Fresh rows are computed in turn, never two at once."""
+    if not ahead or len(ranges) < 2:
+        yield from ((r, load(*r)) for r in ranges)
+        return
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(load, *ranges[0])
+        for i, r in enumerate(ranges):
+            current = pending.result()
+            if i + 1 < len(ranges):
+                pending = pool.submit(load, *ranges[i + 1])
+            yield r, current
+
+
 def dense_fuse(side: DenseSide, weights: list[float], config: FusionConfig, keep: int, final_k: int,
                budget_bytes: int,
                progress: Callable[[int], None] | None = None) -> tuple[FusedLists, np.ndarray]:
     """Fused lists (first ``keep`` entries) and exact ranks of the first correct entry for every query."""
     n_models, n_queries, n_items = len(side.rows), side.correct.shape[0], side.n_items
-    per_row = n_items * n_models * (24 if config.method in RANK_METHODS else 12)  # scores, evidence, ranks per model
+    per_row = n_items * n_models * ((24 if config.method in RANK_METHODS else 12)  # scores, evidence, ranks
+                                    + (8 if side.stored else 0))  # the next block's scores and order, read ahead
     block = max(1, min(n_queries, budget_bytes // per_row))
     uses_orders = side.orders is not None and config.method in RANK_METHODS and config.fuse_on == "source_object"
+    uses_moments = side.moments is not None and config.method in MOMENT_METHODS
     keep = min(keep, final_k)
     outs, ranks = [], []
-    for r0, r1 in tiles(n_queries, block):
-        scores = [rows(r0, r1) for rows in side.rows]
-        orders = [read(r0, r1) if uses_orders else None for read in side.orders or [None] * n_models]
+
+    def load(r0: int, r1: int) -> tuple[list, list[RowAux]]:
+        return ([rows(r0, r1) for rows in side.rows],
+                [RowAux(side.orders[m](r0, r1) if uses_orders else None,
+                        side.moments[m](r0, r1) if uses_moments else None) for m in range(n_models)])
+
+    for (r0, r1), (scores, aux) in _read_ahead(load, tiles(n_queries, block), side.stored):
         block_fn = _source_object_block if config.fuse_on == "source_object" else _document_block
-        fused, block_ranks = block_fn(scores, weights, config, side.correct[r0:r1], keep, orders)
+        fused, block_ranks = block_fn(scores, weights, config, side.correct[r0:r1], keep, aux)
         block_ranks = torch.where(block_ranks <= final_k, block_ranks, 0)
         outs.append(FusedLists(fused.ids.cpu(), fused.scores.cpu(), fused.contributors.cpu()))
         ranks.append(block_ranks.cpu().numpy())

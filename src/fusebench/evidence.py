@@ -15,10 +15,14 @@ import torch
 from fusebench.kernels import row_mean_std
 
 
-def _row_mean_std(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_mean_std(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int,
+                  moments: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and standard deviation (``ddof`` 0 or 1) of each row's valid entries (``None``: all); sd 0 when
     undefined. Accumulated in float64 and rounded once to float32, so a row's statistics do not depend on
-    the order of its entries (a ranked list and the unsorted row it came from give the same values)."""
+    the order of its entries (a ranked list and the unsorted row it came from give the same values).
+    ``moments``: whole rows' (mean, sd) already computed the same way (the score store's), (B, 2)."""
+    if moments is not None:
+        return moments[:, :1], moments[:, 1:2]
     if valid is None and scores.device.type == "cpu":
         mean, std = row_mean_std(scores.contiguous().numpy(), ddof)  # whole rows: one pass per moment
         return torch.from_numpy(mean)[:, None], torch.from_numpy(std)[:, None]
@@ -82,9 +86,9 @@ class RowAffine:
     flat_value: float
 
 
-def dbsf_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int, **_) -> RowAffine:
+def dbsf_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int, moments=None, **_) -> RowAffine:
     """Distribution-based score fusion: (s - (mean - 3 sd)) / (6 sd) over this list; 0.5 where sd = 0. No clipping."""
-    mean, std = _row_mean_std(scores, valid, ddof)
+    mean, std = _row_mean_std(scores, valid, ddof, moments)
     flat = std <= 0
     return RowAffine(mean - 3 * std, (6 * std).masked_fill_(flat, 1.0), flat, 0.5)
 
@@ -102,9 +106,9 @@ def minmax_rows(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> RowAff
     return RowAffine(low, span.masked_fill(flat, 1.0), flat, 0.5)
 
 
-def zscore_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int, **_) -> RowAffine:
+def zscore_rows(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int, moments=None, **_) -> RowAffine:
     """(s - mean) / sd over this list; 0 where sd = 0."""
-    mean, std = _row_mean_std(scores, valid, ddof)
+    mean, std = _row_mean_std(scores, valid, ddof, moments)
     flat = std <= 0
     return RowAffine(mean, std.masked_fill(flat, 1.0), flat, 0.0)
 
@@ -125,6 +129,7 @@ def sum_rows(scores: torch.Tensor, valid: torch.Tensor | None, **_) -> RowAffine
     return RowAffine(zeros, torch.ones_like(zeros), torch.zeros_like(zeros, dtype=torch.bool), 0.0)
 
 
+MOMENT_METHODS = ("dbsf", "zscore")  # the normalisers that take each row's mean and sd
 AFFINE = {"dbsf": dbsf_rows, "minmax": minmax_rows, "zscore": zscore_rows, "l2": l2_rows, "sum": sum_rows}
 
 

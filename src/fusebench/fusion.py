@@ -99,9 +99,11 @@ class FusionConfig:
                 )
 
 
-def method_rows(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig) -> RowAffine:
-    """The method's per-row affine map, with ``config.flat_score`` for flat lists where set."""
-    rows = AFFINE[config.method](scores, valid, ddof=config.ddof)
+def method_rows(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig,
+                moments: torch.Tensor | None = None) -> RowAffine:
+    """The method's per-row affine map, with ``config.flat_score`` for flat lists where set (``moments``: whole
+    rows' stored mean and sd, for the methods that use them)."""
+    rows = AFFINE[config.method](scores, valid, ddof=config.ddof, moments=moments)
     return rows if config.flat_score is None else replace(rows, flat_value=float(config.flat_score))
 
 

@@ -21,6 +21,7 @@ import torch
 from fusebench import FUSED
 from fusebench.dense import DenseSide, RowBlocks, correct_items, dense_fuse
 from fusebench.encoders.base import ModelEmbeddings
+from fusebench.evidence import MOMENT_METHODS
 from fusebench.fusion import RANK_METHODS, FusionConfig, fuse_in_blocks
 from fusebench.list_store import ListStore, list_material
 from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists, full_rows, tiles
@@ -100,10 +101,13 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
 
 
 def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: np.ndarray, settings: SearchSettings,
-               source: ListSource, orders: bool = False) -> tuple[dict[str, RowBlocks], dict[str, RowBlocks] | None]:
+               source: ListSource, orders: bool = False, moments_ddof: int | None = None
+               ) -> tuple[dict[str, RowBlocks], dict[str, dict[str, RowBlocks]]]:
     """Per direction, the model's whole score rows by block: from the score store (computed once) when the
-    matrices fit under ``max_scores_mb``, else computed afresh for each block; and with ``orders`` (RRF by
-    source object), each stored row's order, sorted once and stored beside the scores (None: not stored)."""
+    matrices fit under ``max_scores_mb``, else computed afresh for each block; and what the store keeps
+    beside them for this job, by name and direction (on the CPU; nothing when the rows are not stored):
+    ``order`` (with ``orders``: RRF by source object), each row's order, sorted once; ``moments`` (with
+    ``moments_ddof``: DBSF, z-score), each row's mean and sd, computed once."""
     device = torch.device(settings.device)
     shapes = {"t2i": (len(model.text), len(model.image)), "i2t": (len(query_images), len(model.text))}
 
@@ -119,7 +123,7 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
     megabytes = 4 * sum(a * b for a, b in shapes.values()) / 2**20
     if settings.store_dir is None or megabytes > settings.max_scores_mb:
         source.records.setdefault(model.name, {})["scores"] = {"stored": False, "mb": round(megabytes)}
-        return fresh_rows(), None
+        return fresh_rows(), {}
 
     def blocks(d: str):
         rows = fresh_rows()[d]
@@ -130,12 +134,15 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
     started = time.perf_counter()
     store = ScoreStore(settings.store_dir)
     readers, hit = store.get_or_compute(material, shapes, blocks, {"model": model.name})
-    sorted_rows = {d: store.row_orders(readers[d], settings.tile_bytes) for d in DIRECTIONS} \
-        if orders and device.type == "cpu" else None  # a GPU sorts a block faster than the disk reads it
+    beside = {}  # a GPU sorts or sums a block faster than the disk reads its result: CPU only
+    if orders and device.type == "cpu":
+        beside["order"] = {d: store.row_orders(readers[d], settings.tile_bytes) for d in DIRECTIONS}
+    if moments_ddof is not None and device.type == "cpu":
+        beside["moments"] = {d: store.row_moments(readers[d], moments_ddof, settings.tile_bytes) for d in DIRECTIONS}
     source.records.setdefault(model.name, {})["scores"] = {"stored": True, "hit": hit, "mb": round(megabytes),
-                                                           "orders": sorted_rows is not None,
+                                                           "orders": "order" in beside, "moments": "moments" in beside,
                                                            "seconds": round(time.perf_counter() - started, 3)}
-    return {d: (lambda r0, r1, reader=readers[d]: reader(r0, r1).to(device)) for d in DIRECTIONS}, sorted_rows
+    return {d: (lambda r0, r1, reader=readers[d]: reader(r0, r1).to(device)) for d in DIRECTIONS}, beside
 
 
 def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
@@ -181,11 +188,17 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
         return results
     i2t_correct = correct_items(caption_image, query_images.numpy())
     sorts = fusion.method in RANK_METHODS and fusion.fuse_on == "source_object"  # the whole-row order of each model
-    rows, orders = zip(*(score_rows(m, caption_image, query_images.numpy(), settings, source, sorts) for m in models))
-    all_sorted = all(o is not None for o in orders)
+    ddof = fusion.ddof if fusion.method in MOMENT_METHODS else None  # each row's mean and sd
+    rows, beside = zip(*(score_rows(m, caption_image, query_images.numpy(), settings, source, sorts, ddof)
+                         for m in models))
+
+    def stored(what: str, d: str) -> list[RowBlocks] | None:
+        return [b[what][d] for b in beside] if all(what in b for b in beside) else None
+
     correct = {"t2i": cap_img[:, None].to(settings.device), "i2t": torch.as_tensor(i2t_correct, device=settings.device)}
-    sides = {d: DenseSide([r[d] for r in rows], n_items[d], correct[d], [o[d] for o in orders] if all_sorted else None)
-             for d in DIRECTIONS}
+    from_store = all(source.records[m.name]["scores"]["stored"] for m in models)
+    sides = {d: DenseSide([r[d] for r in rows], n_items[d], correct[d], stored("order", d), stored("moments", d),
+                          from_store) for d in DIRECTIONS}
     progress = settings.progress or _no_progress
     keep = keep_k if keep_k is not None else depth
     for d in DIRECTIONS:

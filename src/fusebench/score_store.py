@@ -117,9 +117,24 @@ class ScoreStore:
     def row_orders(self, reader: StoredRows, tile_bytes: int) -> StoredRows:
         """The order of every row of a stored score matrix (column indices best first, ties by index), sorted
         once when a job first needs it (RRF by source object over whole rankings) and stored in the same
-        entry as ``{direction}_order.npy``: checksummed, verified once per process, rebuilt when damaged.
-        ``tile_bytes`` bounds the memory of the sort (rows at a time)."""
-        folder, name = reader.path.parent, f"{reader.path.stem}_order"
+        entry as ``{direction}_order.npy``."""
+        return self._derived(reader, "order", kernels.row_order, reader.shape, order_dtype(reader.shape[1]),
+                             12, tile_bytes)
+
+    def row_moments(self, reader: StoredRows, ddof: int, tile_bytes: int) -> StoredRows:
+        """Every row's mean and standard deviation (``ddof``) as DBSF and z-score use them (float64 sums rounded
+        once to float32: the very values ``kernels.row_mean_std`` gives), computed once when a job first needs
+        them and stored as ``{direction}_moments_ddof{ddof}.npy`` (rows x 2)."""
+        return self._derived(reader, f"moments_ddof{ddof}",
+                             lambda block: np.stack(kernels.row_mean_std(block, ddof), axis=1),
+                             (reader.shape[0], 2), SCORE_DTYPE, 4, tile_bytes)
+
+    def _derived(self, reader: StoredRows, what: str, compute: Callable[[np.ndarray], np.ndarray],
+                 shape: tuple[int, int], dtype: np.dtype, bytes_per_entry: int, tile_bytes: int) -> StoredRows:
+        """A matrix derived row by row from a stored score matrix, computed once and stored in the same entry
+        (``{direction}_{what}.npy``, with its size and CRC-32 in meta.json): verified once per process,
+        computed again when damaged. ``tile_bytes`` bounds the memory of the computation (rows at a time)."""
+        folder, name = reader.path.parent, f"{reader.path.stem}_{what}"
         path = folder / f"{name}.npy"
         with FileLock(str(folder) + ".lock"):
             meta = read_meta(folder / "meta.json")
@@ -129,10 +144,10 @@ class ScoreStore:
                 if problem is None:
                     _VERIFIED.add(_stamp(path))
                     return StoredRows(path)
-                log.warning("score store: %s is damaged (%s); sorting its rows again", path, problem)
-            step = max(1, tile_bytes // (12 * reader.shape[1]))
-            blocks = (kernels.row_order(reader(r0, r1).numpy()) for r0, r1 in tiles(reader.shape[0], step))
-            meta["files"][name] = _save_matrix(path, reader.shape, blocks, order_dtype(reader.shape[1]))
+                log.warning("score store: %s is damaged (%s); computing it again", path, problem)
+            step = max(1, tile_bytes // (bytes_per_entry * reader.shape[1]))
+            blocks = (compute(reader(r0, r1).numpy()) for r0, r1 in tiles(reader.shape[0], step))
+            meta["files"][name] = _save_matrix(path, shape, blocks, dtype)
             atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
             _VERIFIED.add(_stamp(path))
         return StoredRows(path)
