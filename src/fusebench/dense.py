@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fusebench import kernels
-from fusebench.evidence import MOMENT_METHODS
+from fusebench.evidence import MOMENT_METHODS, RowAffine
 from fusebench.fusion import (
     HOLDER_MEANS,
     RANK_METHODS,
@@ -229,7 +229,48 @@ def _count_in_descending(ev: torch.Tensor, e: torch.Tensor):
     return ev.numel() - high, high - low
 
 
+def _affine_at(values: torch.Tensor, rows: RowAffine, weight: float) -> torch.Tensor:
+    """The weighted evidence of some of each row's scores (``values``: (B, L)), rounded exactly as
+    ``kernels.affine_evidence`` rounds it for the whole row."""
+    w = torch.tensor(weight, dtype=torch.float32)
+    return torch.where(rows.flat, torch.tensor(rows.flat_value, dtype=torch.float32) * w,
+                       (values - rows.low) / rows.scale * w)
+
+
+def _document_block_affine(scores, weights, config, correct, keep, aux):
+    """Document fusion of a score normaliser on the CPU without any evidence matrix: each model's first
+    correct entry's evidence from its score, then one numba pass per model that counts the entries ahead of
+    the winner and keeps the model's own top list (the fused head: evidence is monotone in the score)."""
+    n_items = scores[0].shape[1]
+    rows = [method_rows(s, None, config, a.moments) for s, a in zip(scores, aux)]
+    firsts = [first_correct(s, None, correct) for s in scores]  # (score, _, index) of each model's first correct
+    e_first = torch.stack([_affine_at(f[0][:, None], r, w)[:, 0] for f, r, w in zip(firsts, rows, weights)], dim=1)
+    winner = torch.argmax(e_first, dim=1)  # the first max: the lower model wins ties
+    e_star = e_first.gather(1, winner[:, None])[:, 0]
+    ahead = torch.zeros_like(winner)
+    ids, values, bits = [], [], []
+    for m, ((s_best, _, index), r, w) in enumerate(zip(firsts, rows, weights)):
+        inf = torch.full_like(s_best, float("inf"))  # equal evidence: earlier models' entries all come first
+        tb = torch.where(winner > m, -inf, torch.where(winner == m, s_best, inf))
+        heaps = kernels.Heaps(len(s_best), min(keep, n_items))
+        ahead += torch.from_numpy(kernels.affine_count_top(
+            scores[m].contiguous().numpy(), r.low[:, 0].contiguous().numpy(), r.scale[:, 0].contiguous().numpy(),
+            r.flat[:, 0].contiguous().numpy(), r.flat_value, w, e_star.numpy(), tb.numpy(),
+            torch.where(winner == m, index, 0).numpy(), heaps.vals, heaps.ids, heaps.counts))
+        top_scores, top = (torch.from_numpy(a) for a in heaps.lists())
+        ids.append(top)
+        values.append(_affine_at(top_scores, r, w))
+        bits.append(torch.full_like(top, 1 << m))
+    all_ids, all_values, all_bits = torch.cat(ids, 1), torch.cat(values, 1), torch.cat(bits, 1)
+    out_values, position = sort_desc_with_tiebreak(all_values.contiguous())
+    position = position[:, :keep]
+    return FusedLists(all_ids.gather(1, position), out_values[:, :keep], all_bits.gather(1, position)), 1 + ahead
+
+
 def _document_block(scores, weights, config, correct, keep, aux):
+    if scores[0].device.type == "cpu" and config.method not in RANK_METHODS and config.score_map == "none" \
+            and config.floor is None:  # the plain score normalisers (the engines' maps and floors: below)
+        return _document_block_affine(scores, weights, config, correct, keep, aux)
     n_models, n_items = len(scores), scores[0].shape[1]
     rrf = config.method in RANK_METHODS  # evidence depends on the rank alone: count it, never materialise it
     evidence = [None if rrf else _evidence(s, config.method, w, config, aux=a)[0]
