@@ -75,3 +75,40 @@ def test_row_order_scatter_and_gather_against_numpy(dtype):
         expected[r, order[r]] = 2 * by_rank
     assert np.array_equal(out, expected)
     assert np.array_equal(gather_rows(block, stored), np.take_along_axis(block, order, 1))
+
+
+@pytest.mark.parametrize("flat_rows", [False, True])
+def test_affine_count_top_equals_evidence_count_and_heap_passes(flat_rows):
+    """The fused document pass equals its three parts: the evidence row (affine_evidence), the entries ahead
+    of (best, tiebreak, index) counted on it with the scores as tiebreak (count_ahead), and the row's top k
+    (offer_rows) - on rows with many ties and, with flat_rows, some rows that are flat."""
+    from fusebench.kernels import affine_count_top, affine_evidence, count_ahead
+
+    rng = np.random.default_rng(11)
+    rows, width, k = 12, 300, 7
+    block = rng.integers(-4, 5, size=(rows, width)).astype(np.float32) / 4
+    low = rng.uniform(-1, 0, rows).astype(np.float32)
+    scale = rng.uniform(0.5, 2, rows).astype(np.float32)
+    flat = np.zeros(rows, dtype=bool)
+    if flat_rows:
+        flat[::3] = True
+    evidence = np.empty_like(block)
+    affine_evidence(block, low, scale, flat, 0.5, 0.7, evidence, False)
+    pick = rng.integers(0, width, rows)
+    best = evidence[np.arange(rows), pick].copy()
+    tb = np.where(np.arange(rows) % 3 == 0, -np.inf, np.where(np.arange(rows) % 3 == 1, block[np.arange(rows), pick],
+                                                               np.inf)).astype(np.float32)
+    index = np.where(np.arange(rows) % 3 == 1, pick, 0).astype(np.int64)
+    heaps = Heaps(rows, k)
+    got = affine_count_top(block, low, scale, flat, 0.5, 0.7, best, tb, index, heaps.vals, heaps.ids, heaps.counts)
+    assert np.array_equal(got, count_ahead(evidence, block, True, best, tb, index))
+    from fusebench.dense import _affine_at  # the same evidence from scores in torch, bit for bit
+    from fusebench.evidence import RowAffine
+
+    rows_affine = RowAffine(torch.from_numpy(low)[:, None], torch.from_numpy(scale)[:, None],
+                            torch.from_numpy(flat)[:, None], 0.5)
+    assert torch.equal(_affine_at(torch.from_numpy(block), rows_affine, 0.7), torch.from_numpy(evidence))
+    reference = Heaps(rows, k)
+    reference.offer_rows(block, 0)
+    for a, b in zip(heaps.lists(), reference.lists()):
+        assert np.array_equal(a, b)
