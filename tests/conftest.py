@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
 from helpers.corpora import write_manifest
@@ -7,6 +9,15 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from fusebench.cli import CONFIG_DIR
+
+
+@pytest.fixture(autouse=True)
+def own_temp_dir(tmp_path_factory, monkeypatch):
+    """What fusebench writes to the temp folder for the user (lists of missing or unreadable images) goes to
+    pytest's own tmp dirs, here and in subprocesses, not to the machine's /tmp."""
+    folder = tmp_path_factory.mktemp("tmp")
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
 
 
 @pytest.fixture(autouse=True)
