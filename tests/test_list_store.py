@@ -295,8 +295,10 @@ def test_stored_rows_read_orders_in_their_own_dtype(tmp_path):
     assert score_store.order_dtype(65536) == np.uint16 and score_store.order_dtype(65537) == np.int32
 
 
-@pytest.mark.parametrize("method,fuse_on,ddof", [("dbsf", "source_object", 0), ("zscore", "document", 1)])
-def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, method, fuse_on, ddof):
+@pytest.mark.parametrize("method,fuse_on,ddof,damage", [("dbsf", "source_object", 0, "truncate"),
+                                                         ("zscore", "document", 1, "flip"),
+                                                         ("dbsf", "document", 1, "wrong_type")])
+def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, caplog, method, fuse_on, ddof, damage):
     """DBSF and z-score over whole rankings take each row's mean and sd: computed once into the store (the
     values kernels.row_mean_std gives), then read back by later jobs, which compute no moments."""
     models, caption_image = case
@@ -315,8 +317,13 @@ def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, m
     assert np.array_equal(stored, np.stack(moments(np.load(entry / "t2i.npy"), ddof), axis=1))
     calls.clear()
     score_store._VERIFIED.clear()
-    (entry / f"i2t_moments_ddof{ddof}.npy").write_bytes(b"\x93NUMPY damaged")  # one file damaged: recomputed
+    damaged = entry / f"i2t_moments_ddof{ddof}.npy"  # one file damaged: reported and recomputed
+    data = damaged.read_bytes()
+    if damage == "wrong_type":  # a valid .npy of the right shape, but float64
+        np.save(damaged, np.load(damaged).astype(np.float64))
+    else:
+        damaged.write_bytes(data[:-4] if damage == "truncate" else data[:-1] + bytes([data[-1] ^ 0x20]))
     warm, _, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
-    assert sum(calls) == len(np.unique(caption_image))
+    assert sum(calls) == len(np.unique(caption_image)) and f"{damaged.name} is damaged" in caplog.text
     _assert_equal(cold, first)
     _assert_equal(cold, warm)
