@@ -136,7 +136,7 @@ def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionCo
         ranks, order = full_ranks(scores)
         evidence = _rank_evidence(scores.shape[1], weight, config, scores.device, offset)[ranks - 1]
         return (evidence if out is None else out.add_(evidence)), order
-    if scores.device.type != "cpu" or config.score_map != "none" or config.floor is not None:
+    if not _numba_affine(scores, config):
         evidence = plain_evidence(scores, None, config) * weight
         return (evidence if out is None else out.add_(evidence)), None
     rows = method_rows(scores, None, config, aux.moments)
@@ -145,6 +145,12 @@ def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionCo
     kernels.affine_evidence(scores.numpy(), rows.low[:, 0].contiguous().numpy(), rows.scale[:, 0].contiguous().numpy(),
                             rows.flat[:, 0].contiguous().numpy(), rows.flat_value, weight, out.numpy(), accumulate)
     return out, None
+
+
+def _numba_affine(scores: torch.Tensor, config: FusionConfig) -> bool:
+    """A plain score normaliser on the CPU: its evidence is one numba pass (an engine's score map or floor,
+    or another device, takes the torch path)."""
+    return scores.device.type == "cpu" and config.score_map == "none" and config.floor is None
 
 
 def _weighted_mean(scores, weights, config: FusionConfig, aux):
@@ -237,6 +243,31 @@ def _affine_at(values: torch.Tensor, rows: RowAffine, weight: float) -> torch.Te
                        (values - rows.low) / rows.scale * w)
 
 
+def _winner(first_evidence: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query, the model whose first correct entry has the most evidence (the first such: the lower model
+    wins ties) and that evidence."""
+    e = torch.stack(first_evidence, dim=1)
+    winner = torch.argmax(e, dim=1)
+    return winner, e.gather(1, winner[:, None])[:, 0]
+
+
+def _equal_evidence_tiebreak(winner: torch.Tensor, m: int, s_best: torch.Tensor) -> torch.Tensor:
+    """Model m's tiebreak among entries with the winner's evidence: all of an earlier model's come first
+    (-inf), the winner's own entries by score and index (``s_best``), none of a later model's (+inf)."""
+    inf = torch.full_like(s_best, float("inf"))
+    return torch.where(winner > m, -inf, torch.where(winner == m, s_best, inf))
+
+
+def _merge_heads(ids: list[torch.Tensor], values: list[torch.Tensor], keep: int) -> FusedLists:
+    """The fused list's head: each model's own top entries (ids, evidence) merged by evidence, then model,
+    then rank (evidence is monotone in a model's score, so its top entries are its best evidence)."""
+    bits = [torch.full_like(top, 1 << m) for m, top in enumerate(ids)]
+    all_ids, all_values, all_bits = torch.cat(ids, 1), torch.cat(values, 1), torch.cat(bits, 1)
+    out_values, position = sort_desc_with_tiebreak(all_values.contiguous())
+    position = position[:, :keep]
+    return FusedLists(all_ids.gather(1, position), out_values[:, :keep], all_bits.gather(1, position))
+
+
 def _document_block_affine(scores, weights, config, correct, keep, aux):
     """Document fusion of a score normaliser on the CPU without any evidence matrix: each model's first
     correct entry's evidence from its score, then one numba pass per model that counts the entries ahead of
@@ -244,14 +275,11 @@ def _document_block_affine(scores, weights, config, correct, keep, aux):
     n_items = scores[0].shape[1]
     rows = [method_rows(s, None, config, a.moments) for s, a in zip(scores, aux)]
     firsts = [first_correct(s, None, correct) for s in scores]  # (score, _, index) of each model's first correct
-    e_first = torch.stack([_affine_at(f[0][:, None], r, w)[:, 0] for f, r, w in zip(firsts, rows, weights)], dim=1)
-    winner = torch.argmax(e_first, dim=1)  # the first max: the lower model wins ties
-    e_star = e_first.gather(1, winner[:, None])[:, 0]
+    winner, e_star = _winner([_affine_at(f[0][:, None], r, w)[:, 0] for f, r, w in zip(firsts, rows, weights)])
     ahead = torch.zeros_like(winner)
-    ids, values, bits = [], [], []
+    ids, values = [], []
     for m, ((s_best, _, index), r, w) in enumerate(zip(firsts, rows, weights)):
-        inf = torch.full_like(s_best, float("inf"))  # equal evidence: earlier models' entries all come first
-        tb = torch.where(winner > m, -inf, torch.where(winner == m, s_best, inf))
+        tb = _equal_evidence_tiebreak(winner, m, s_best)
         heaps = kernels.Heaps(len(s_best), min(keep, n_items))
         ahead += torch.from_numpy(kernels.affine_count_top(
             scores[m].contiguous().numpy(), r.low[:, 0].contiguous().numpy(), r.scale[:, 0].contiguous().numpy(),
@@ -260,16 +288,11 @@ def _document_block_affine(scores, weights, config, correct, keep, aux):
         top_scores, top = (torch.from_numpy(a) for a in heaps.lists())
         ids.append(top)
         values.append(_affine_at(top_scores, r, w))
-        bits.append(torch.full_like(top, 1 << m))
-    all_ids, all_values, all_bits = torch.cat(ids, 1), torch.cat(values, 1), torch.cat(bits, 1)
-    out_values, position = sort_desc_with_tiebreak(all_values.contiguous())
-    position = position[:, :keep]
-    return FusedLists(all_ids.gather(1, position), out_values[:, :keep], all_bits.gather(1, position)), 1 + ahead
+    return _merge_heads(ids, values, keep), 1 + ahead
 
 
 def _document_block(scores, weights, config, correct, keep, aux):
-    if scores[0].device.type == "cpu" and config.method not in RANK_METHODS and config.score_map == "none" \
-            and config.floor is None:  # the plain score normalisers (the engines' maps and floors: below)
+    if config.method not in RANK_METHODS and _numba_affine(scores[0], config):
         return _document_block_affine(scores, weights, config, correct, keep, aux)
     n_models, n_items = len(scores), scores[0].shape[1]
     rrf = config.method in RANK_METHODS  # evidence depends on the rank alone: count it, never materialise it
@@ -285,29 +308,19 @@ def _document_block(scores, weights, config, correct, keep, aux):
             firsts.append((s_best, index, rank, rank_ev[m][rank - 1]))
         else:
             firsts.append((s_best, index, None, evidence[m].gather(1, index[:, None])[:, 0]))
-    winner = torch.argmax(torch.stack([f[3] for f in firsts], dim=1), dim=1)  # first max: lower model wins ties
-    e_star = torch.stack([f[3] for f in firsts], dim=1).gather(1, winner[:, None])[:, 0]
+    winner, e_star = _winner([f[3] for f in firsts])
     ahead = torch.zeros_like(winner)
     for m, (s_best, index, rank, _) in enumerate(firsts):
         if rrf:
             above, equal = _count_in_descending(rank_ev[m], e_star)
             before = (torch.minimum(above + equal, rank - 1) - above).clamp(min=0)
             ahead += above + torch.where(winner > m, equal, torch.where(winner == m, before, 0))
-        else:  # equal evidence: every entry of an earlier model, this model's entries before its first correct
-            inf = torch.full_like(s_best, float("inf"))
-            tb = torch.where(winner > m, -inf, torch.where(winner == m, s_best, inf))
+        else:
+            tb = _equal_evidence_tiebreak(winner, m, s_best)
             ahead += count_ahead(evidence[m], scores[m], e_star, tb, torch.where(winner == m, index, 0))
-    # the fused list's head: a merge of each model's own top-keep entries (evidence is monotone in score)
-    ids, values, bits = [], [], []
-    for m in range(n_models):
-        _, top = _top(scores[m], min(keep, n_items))
-        ids.append(top)
-        values.append(rank_ev[m][: top.shape[1]].expand_as(top) if rrf else evidence[m].gather(1, top))
-        bits.append(torch.full_like(top, 1 << m))
-    all_ids, all_values, all_bits = torch.cat(ids, 1), torch.cat(values, 1), torch.cat(bits, 1)
-    out_values, position = sort_desc_with_tiebreak(all_values.contiguous())
-    position = position[:, :keep]
-    return FusedLists(all_ids.gather(1, position), out_values[:, :keep], all_bits.gather(1, position)), 1 + ahead
+    ids = [_top(s, min(keep, n_items))[1] for s in scores]
+    values = [rank_ev[m][: top.shape[1]].expand_as(top) if rrf else evidence[m].gather(1, top) for m, top in enumerate(ids)]
+    return _merge_heads(ids, values, keep), 1 + ahead
 
 
 def _read_ahead(load: Callable, ranges: list[tuple[int, int]], ahead: bool) -> Iterator:

@@ -83,7 +83,19 @@ def _save_matrix(path: Path, shape: tuple[int, int], blocks: Iterator, dtype: np
     """Write a matrix from its row blocks, atomically; its entry in meta.json (size and CRC-32)."""
     crc = []
     atomic_save(path, lambda tmp: crc.append(_write_blocks(tmp, shape, blocks, dtype)))
+    _VERIFIED.add(_stamp(path))  # its checksum was computed from the bytes written
     return {"bytes": path.stat().st_size, "crc32": crc[0]}
+
+
+def _problem(path: Path, recorded: dict) -> str | None:
+    """Why a stored file cannot be trusted (``data_file_problem``), checked once per process: a file this
+    process verified or wrote is not read again while its size and mtime are unchanged."""
+    if path.is_file() and _stamp(path) in _VERIFIED:
+        return None
+    problem = data_file_problem(path, recorded)
+    if problem is None:
+        _VERIFIED.add(_stamp(path))
+    return problem
 
 
 class ScoreStore:
@@ -108,7 +120,6 @@ class ScoreStore:
             files = {}
             for d in DIRECTIONS:
                 files[d] = _save_matrix(folder / f"{d}.npy", shapes[d], blocks(d))
-                _VERIFIED.add(_stamp(folder / f"{d}.npy"))
             meta = {"key": key, "format": FORMAT, "info": info or {}, "material": material, "files": files,
                     "shapes": {d: list(shapes[d]) for d in DIRECTIONS}, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
             atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
@@ -140,16 +151,14 @@ class ScoreStore:
             meta = read_meta(folder / "meta.json")
             recorded = meta["files"].get(name)
             if recorded is not None:
-                problem = None if _stamp_or_none(path) in _VERIFIED else data_file_problem(path, recorded)
+                problem = _problem(path, recorded)
                 if problem is None:
-                    _VERIFIED.add(_stamp(path))
                     return StoredRows(path)
                 log.warning("score store: %s is damaged (%s); computing it again", path, problem)
             step = max(1, tile_bytes // (bytes_per_entry * reader.shape[1]))
             blocks = (compute(reader(r0, r1).numpy()) for r0, r1 in tiles(reader.shape[0], step))
             meta["files"][name] = _save_matrix(path, shape, blocks, dtype)
             atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
-            _VERIFIED.add(_stamp(path))
         return StoredRows(path)
 
     def _read(self, folder: Path, shapes: dict[str, tuple[int, int]]) -> dict[str, StoredRows] | None:
@@ -161,10 +170,7 @@ class ScoreStore:
             readers = {}
             for d in DIRECTIONS:
                 path = folder / f"{d}.npy"
-                if problem is None and _stamp(path) not in _VERIFIED:
-                    problem = data_file_problem(path, meta["files"][d])
-                    if problem is None:
-                        _VERIFIED.add(_stamp(path))
+                problem = problem or _problem(path, meta["files"][d])
                 if problem is None:
                     readers[d] = StoredRows(path)
                     if tuple(readers[d].shape) != tuple(shapes[d]):
@@ -190,6 +196,3 @@ def _stamp(path: Path) -> tuple[str, int, int]:
     stat = path.stat()
     return str(path), stat.st_size, stat.st_mtime_ns
 
-
-def _stamp_or_none(path: Path) -> tuple[str, int, int] | None:
-    return _stamp(path) if path.is_file() else None
