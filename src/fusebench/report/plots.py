@@ -301,8 +301,9 @@ def _clip(text: str, width: int = 90) -> str:
 
 
 def _save(fig, path: Path, margins: dict | None = None) -> Path:
-    """Write ``fig``; ``margins`` (subplots_adjust) for figures whose labels are numbers, which need no
-    text measuring; the others (pair names as labels) are laid out tight."""
+    """Write ``fig``; ``margins`` (subplots_adjust) for figures whose label sizes are known in advance (numbers,
+    clipped pair labels), which need no text measuring; the others (cost, corrected metrics, tuning curve:
+    free-form annotations and tick labels) are laid out tight."""
     if margins:
         fig.subplots_adjust(**margins)
     else:
