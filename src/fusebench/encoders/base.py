@@ -13,6 +13,7 @@ import numpy as np
 
 from fusebench import FusebenchError, checks
 from fusebench.record import DEFAULT_WEIGHT
+from fusebench.rownorm import l2_normalise_rows
 
 if TYPE_CHECKING:
     import torch
@@ -143,15 +144,13 @@ def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_mean
         )
     if array.dtype.kind not in "fiu":
         raise FusebenchError(f"{source}: {what} must be numeric, got dtype {array.dtype}.")
-    array = np.asarray(array, dtype=np.float32)
-    finite = np.isfinite(array).all(axis=1)
+    normalised, norms, finite = l2_normalise_rows(array)  # one pass; the same bits as numpy's norm and divide
     if not finite.all():
         row = _first_bad_row(array, ~finite)
         raise FusebenchError(
             f"{source}: {what} row {row} contains NaN or inf ({int((~finite).sum())} bad rows in all); "
             "every embedding must be finite."
         )
-    norms = np.linalg.norm(array, axis=1)
     zero = norms == 0
     if zero.any():
         row = _first_bad_row(array, zero)
@@ -159,7 +158,7 @@ def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_mean
             f"{source}: {what} row {row} is all zeros ({int(zero.sum())} zero rows in all); "
             "a zero vector has no direction, so its cosine similarity is undefined."
         )
-    return array / norms[:, None].astype(np.float32)
+    return normalised
 
 
 def check_embeddings(name: str, image: np.ndarray, text: np.ndarray, n_images: int, n_captions: int,
