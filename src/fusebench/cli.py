@@ -9,7 +9,9 @@ and shown for everything with ``HYDRA_FULL_ERROR=1``.
 
 from __future__ import annotations
 
+import atexit
 import errno
+import gc
 import os
 import sys
 import traceback
@@ -115,6 +117,17 @@ def hydra_error_message(err: CompactHydraException) -> str:
     return "\n".join(lines)
 
 
+def freeze_long_lived() -> None:
+    """Move every object alive now (the imported torch, numba, Hydra, matplotlib: about a million) out of the
+    garbage collector's reach, once per process, and again at exit. Otherwise every full collection of a run
+    re-walks them, and the interpreter's last collections at exit took 0.7-0.9 s of a 10 s run. Objects
+    created later are collected as usual; the frozen ones are the process's modules, which live to its end."""
+    if not getattr(freeze_long_lived, "done", False):
+        gc.freeze()
+        atexit.register(gc.freeze)
+        freeze_long_lived.done = True
+
+
 def _fail(message: str, code: int = 2) -> None:
     print(f"fusebench: error: {message}", file=sys.stderr)
     raise SystemExit(code)
@@ -157,6 +170,7 @@ def main() -> None:
 def app(cfg: DictConfig) -> None:
     from fusebench.pipeline import run, start_fresh  # imported here so --help and --cfg stay fast
 
+    freeze_long_lived()
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
     if hydra_cfg.mode == RunMode.MULTIRUN:  # one failed job must not stop the others

@@ -16,7 +16,8 @@ DPI = 100
 NUMERIC_MARGINS = {"left": 0.07, "right": 0.98, "bottom": 0.13, "top": 0.84, "wspace": 0.12}  # two panels
 
 
-def _plt():
+def load_matplotlib():
+    """pyplot on the Agg backend (files only, no display), imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,7 +40,7 @@ def wilson(p_percent: float, n: int, level: float = 0.95) -> tuple[float, float]
 
 
 def recall_bars(record: RunRecord, path: Path) -> Path:
-    plt = _plt()
+    plt = load_matplotlib()
     ks, level = record.ks, record.level
     names = list(record.retrievers)
     fig, axes = plt.subplots(1, 2, figsize=(5 + 1.6 * len(names), 4.2), sharey=True)
@@ -63,7 +64,7 @@ def recall_bars(record: RunRecord, path: Path) -> Path:
 
 
 def recall_curves(run_dir: Path, record: RunRecord, path: Path, max_k: int = 50) -> Path:
-    plt = _plt()
+    plt = load_matplotlib()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     ks = np.arange(1, max_k + 1)
     for ax, direction in zip(axes, ("t2i", "i2t")):
@@ -103,7 +104,7 @@ def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
     if not shown:
         return None
     title, rows = _pair_title(title, rows, shown), shown
-    plt = _plt()
+    plt = load_matplotlib()
     y = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 1.5))
     ax.barh(y, [r["wins"] for r in rows], color="tab:green", label="won (candidate right, baseline wrong)")
@@ -122,7 +123,7 @@ def forest(rows: list[dict], path: Path, title: str) -> Path | None:
     if not shown:
         return None
     title, rows = _pair_title(title, rows, shown), shown
-    plt = _plt()
+    plt = load_matplotlib()
     y = np.arange(len(rows))[::-1]
     fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.5))
     gains = np.array([r["gain"] for r in rows])
@@ -148,7 +149,7 @@ def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | 
     files = [run_dir / "topk" / f"{n}.t2i.npz" for n in singles]
     if not singles or not all(f.is_file() for f in files):
         return None
-    plt = _plt()
+    plt = load_matplotlib()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     ddof = record.fusion.get("ddof", 0)
     for name, file in zip(singles, files):
@@ -183,7 +184,7 @@ def cost_vs_gain(cost: list[dict], article: list[dict], path: Path) -> Path | No
               if (row["dataset"], row["retriever"]) in recall and row["dataset"] in best]
     if not points:
         return None
-    plt = _plt()
+    plt = load_matplotlib()
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for row, gain in points:
         ax.scatter(row["bytes_per_image_fp32"], gain, color="tab:orange" if row.get("fusion") else "tab:blue")
@@ -201,7 +202,7 @@ def corrected_metrics(record: RunRecord, path: Path) -> Path | None:
     fused-vs-single gain on each (eval.positives)."""
     if not record.positives:
         return None
-    plt = _plt()
+    plt = load_matplotlib()
     names = list(record.retrievers)
     panels = [(s, d) for s in record.positives for d in ("t2i", "i2t")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
@@ -234,7 +235,7 @@ def tune_curve(record: RunRecord, path: Path) -> Path | None:
         return None
     from fusebench.tune import describe_point
 
-    plt = _plt()
+    plt = load_matplotlib()
     curve = t["curve"]
     fig, ax = plt.subplots(figsize=(max(7, 0.45 * len(curve) + 3), 4.4))
     x = np.arange(len(curve))
