@@ -33,20 +33,43 @@ def test_row_heaps_equal_stable_topk(k):
         assert np.array_equal(values, expected_values.numpy()), label
 
 
-@pytest.mark.parametrize("k", [1, 9, 100])
-def test_column_heaps_equal_stable_topk(k):
+@pytest.mark.parametrize("k,cuts", [(1, 700), (9, 700), (100, 700), (100, (50, 750, 1650)), (300, (50, 750, 1650))])
+def test_column_heaps_equal_stable_topk(k, cuts):
+    """Tiles of 700 rows, or uneven ones: a first tile too short for a floor, a second while the heaps still
+    fill (floors from chunk maxima), later ones once they are full (no floor pass)."""
     for label, block in _blocks():
         columns = block.T.copy()  # rows of ``columns`` arrive as caption tiles; each column is a query
         slot = np.arange(columns.shape[1])
         slot[::7] = -1  # columns that ask no query (distractor images)
         slot[slot >= 0] = np.arange((slot >= 0).sum())
         heaps = Heaps(int((slot >= 0).sum()), min(k, columns.shape[0]))
-        for r0 in range(0, columns.shape[0], 700):
-            heaps.offer_columns(np.ascontiguousarray(columns[r0:r0 + 700]), r0, slot)
+        starts = list(range(0, columns.shape[0], cuts)) if isinstance(cuts, int) else [0, *cuts]
+        for r0, r1 in zip(starts, [*starts[1:], columns.shape[0]]):
+            heaps.offer_columns(np.ascontiguousarray(columns[r0:r1]), r0, slot)
         values, ids = heaps.lists()
         expected_values, expected_ids = topk_stable(torch.from_numpy(block[slot >= 0]), k)
         assert np.array_equal(ids, expected_ids.numpy()), label
         assert np.array_equal(values, expected_values.numpy()), label
+
+
+@pytest.mark.parametrize("k,rows", [(9, 360), (9, 100), (40, 1000), (40, 120)])
+def test_column_floor_keeps_exactly_enough(k, rows):
+    """One tile whose top k are one entry in each of k chunks (the floor's chunks: rows // (4 k) rows each,
+    single rows below 4 k): the k-th largest chunk maximum is the k-th best entry itself, so a floor one
+    place too high, or one built from too few chunks, loses it."""
+    rng = np.random.default_rng(k + rows)
+    chunk = max(1, rows // (4 * k))
+    columns = rng.uniform(-1, 0, size=(rows, 70)).astype(np.float32)
+    for j in range(70):
+        chunks = rng.permutation(rows // chunk)
+        columns[chunks * chunk + rng.integers(0, chunk, chunks.size), j] = rng.permutation(chunks.size) + 1.0
+    slot = np.arange(70)
+    heaps = Heaps(70, k)
+    heaps.offer_columns(columns, 0, slot)
+    values, ids = heaps.lists()
+    expected_values, expected_ids = topk_stable(torch.from_numpy(columns.T.copy()), k)
+    assert np.array_equal(ids, expected_ids.numpy())
+    assert np.array_equal(values, expected_values.numpy())
 
 
 def test_bad_slot_map_raises_instead_of_writing_out_of_bounds():
