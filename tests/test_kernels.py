@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from fusebench.kernels import Heaps, gather_rows, row_order, scatter_by_order, stable_ranks
+from fusebench.kernels import Heaps
+from fusebench.row_kernels import gather_rows, row_order, scatter_by_order, stable_ranks
 from fusebench.topk import topk_stable
 
 
@@ -105,7 +106,7 @@ def test_affine_count_top_equals_evidence_count_and_heap_passes(flat_rows):
     """The fused document pass equals its three parts: the evidence row (affine_evidence), the entries ahead
     of (best, tiebreak, index) counted on it with the scores as tiebreak (count_ahead), and the row's top k
     (offer_rows) - on rows with many ties and, with flat_rows, some rows that are flat."""
-    from fusebench.kernels import affine_count_top, affine_evidence, count_ahead
+    from fusebench.row_kernels import affine_count_top, affine_evidence, count_ahead
 
     rng = np.random.default_rng(11)
     rows, width, k = 12, 300, 7

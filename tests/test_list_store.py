@@ -243,8 +243,8 @@ def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
 
 def _count_sorts(monkeypatch) -> list[int]:
     calls = []
-    sort = score_store.kernels.row_order
-    monkeypatch.setattr(score_store.kernels, "row_order", lambda block: calls.append(len(block)) or sort(block))
+    sort = score_store.row_kernels.row_order
+    monkeypatch.setattr(score_store.row_kernels, "row_order", lambda block: calls.append(len(block)) or sort(block))
     return calls
 
 
@@ -300,14 +300,14 @@ def test_stored_rows_read_orders_in_their_own_dtype(tmp_path):
                                                          ("dbsf", "document", 1, "wrong_type")])
 def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, caplog, method, fuse_on, ddof, damage):
     """DBSF and z-score over whole rankings take each row's mean and sd: computed once into the store (the
-    values kernels.row_mean_std gives), then read back by later jobs, which compute no moments."""
+    values row_kernels.row_mean_std gives), then read back by later jobs, which compute no moments."""
     models, caption_image = case
     config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None, ddof=ddof)
     cold, _, _ = _run(models, caption_image, config, store=None, keep_k=12)
     calls = []
-    moments = score_store.kernels.row_mean_std
+    moments = score_store.row_kernels.row_mean_std
     counted = lambda block, d: calls.append(len(block)) or moments(block, d)  # noqa: E731
-    monkeypatch.setattr(score_store.kernels, "row_mean_std", counted)  # the store's computation
+    monkeypatch.setattr(score_store.row_kernels, "row_mean_std", counted)  # the store's computation
     monkeypatch.setattr("fusebench.evidence.row_mean_std", counted)  # the one a job makes without stored moments
     first, records, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert sum(calls) == 2 * (len(caption_image) + len(np.unique(caption_image)))

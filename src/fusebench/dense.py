@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fusebench import kernels
+from fusebench import kernels, row_kernels
 from fusebench.evidence import MOMENT_METHODS, RowAffine
 from fusebench.fusion import (
     HOLDER_MEANS,
@@ -78,7 +78,7 @@ def correct_items(caption_image: np.ndarray, query_images: np.ndarray) -> np.nda
 def full_ranks(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the 1-based rank of every entry under the stable descending order, and that order (int64)."""
     if scores.device.type == "cpu":
-        ranks, order = kernels.stable_ranks(scores.contiguous().numpy())
+        ranks, order = row_kernels.stable_ranks(scores.contiguous().numpy())
         return torch.from_numpy(ranks), torch.from_numpy(order)
     keys = torch.arange(scores.shape[1], device=scores.device).expand_as(scores)
     order = sort_rows(descending_keys(scores, keys)) & 0xFFFFFFFF
@@ -109,7 +109,7 @@ def count_ahead(values: torch.Tensor, tiebreak: torch.Tensor | None, best, best_
     """Entries of each row before (best, best_tb, index) under (value desc, tiebreak desc, index asc)."""
     if values.device.type == "cpu":
         tb = tiebreak if tiebreak is not None else values
-        return torch.from_numpy(kernels.count_ahead(values.numpy(), tb.contiguous().numpy(), tiebreak is not None,
+        return torch.from_numpy(row_kernels.count_ahead(values.numpy(), tb.contiguous().numpy(), tiebreak is not None,
                                                     best.numpy(), best_tb.numpy(), index.numpy()))
     cols = torch.arange(values.shape[1], device=values.device)
     later = cols[None, :] < index[:, None]
@@ -126,11 +126,11 @@ def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionCo
     for the rows' mean and sd). On the CPU a score normaliser's element-wise step is one numba pass; an
     engine's score map or floor takes the plain torch path. ``offset``: where this model's ranks start."""
     if method in RANK_METHODS and scores.device.type == "cpu":  # scatter each rank's evidence, no rank tensor
-        order = kernels.row_order(scores.contiguous().numpy()) if aux.order is None else aux.order.numpy()
+        order = row_kernels.row_order(scores.contiguous().numpy()) if aux.order is None else aux.order.numpy()
         accumulate = out is not None
         out = torch.empty_like(scores) if out is None else out
         by_rank = _rank_evidence(scores.shape[1], weight, config, scores.device, offset)
-        kernels.scatter_by_order(order, by_rank.numpy(), out.numpy(), accumulate)
+        row_kernels.scatter_by_order(order, by_rank.numpy(), out.numpy(), accumulate)
         return out, torch.from_numpy(order)
     if method in RANK_METHODS:
         ranks, order = full_ranks(scores)
@@ -142,7 +142,7 @@ def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionCo
     rows = method_rows(scores, None, config, aux.moments)
     accumulate = out is not None
     out = torch.empty_like(scores) if out is None else out
-    kernels.affine_evidence(scores.numpy(), rows.low[:, 0].contiguous().numpy(), rows.scale[:, 0].contiguous().numpy(),
+    row_kernels.affine_evidence(scores.numpy(), rows.low[:, 0].contiguous().numpy(), rows.scale[:, 0].contiguous().numpy(),
                             rows.flat[:, 0].contiguous().numpy(), rows.flat_value, weight, out.numpy(), accumulate)
     return out, None
 
@@ -183,7 +183,7 @@ def _top_in_order(values: torch.Tensor, order: torch.Tensor, k: int) -> tuple[to
         top_values, position = _top(values.gather(1, order), k)
         return top_values, order.gather(1, position)
     o = order.numpy()
-    top_values, position = _top(torch.from_numpy(kernels.gather_rows(values.numpy(), o)), k)
+    top_values, position = _top(torch.from_numpy(row_kernels.gather_rows(values.numpy(), o)), k)
     return top_values, torch.from_numpy(np.take_along_axis(o, position.numpy(), 1).astype(np.int64))
 
 
@@ -237,7 +237,7 @@ def _count_in_descending(ev: torch.Tensor, e: torch.Tensor):
 
 def _affine_at(values: torch.Tensor, rows: RowAffine, weight: float) -> torch.Tensor:
     """The weighted evidence of some of each row's scores (``values``: (B, L)), rounded exactly as
-    ``kernels.affine_evidence`` rounds it for the whole row."""
+    ``row_kernels.affine_evidence`` rounds it for the whole row."""
     w = torch.tensor(weight, dtype=torch.float32)
     return torch.where(rows.flat, torch.tensor(rows.flat_value, dtype=torch.float32) * w,
                        (values - rows.low) / rows.scale * w)
@@ -281,7 +281,7 @@ def _document_block_affine(scores, weights, config, correct, keep, aux):
     for m, ((s_best, _, index), r, w) in enumerate(zip(firsts, rows, weights)):
         tb = _equal_evidence_tiebreak(winner, m, s_best)
         heaps = kernels.Heaps(len(s_best), min(keep, n_items))
-        ahead += torch.from_numpy(kernels.affine_count_top(
+        ahead += torch.from_numpy(row_kernels.affine_count_top(
             scores[m].contiguous().numpy(), r.low[:, 0].contiguous().numpy(), r.scale[:, 0].contiguous().numpy(),
             r.flat[:, 0].contiguous().numpy(), r.flat_value, w, e_star.numpy(), tb.numpy(),
             torch.where(winner == m, index, 0).numpy(), heaps.vals, heaps.ids, heaps.counts))

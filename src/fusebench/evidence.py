@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fusebench.kernels import row_mean_std
+from fusebench.row_kernels import row_mean_std
 
 
 def _row_mean_std(scores: torch.Tensor, valid: torch.Tensor | None, ddof: int,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 
-from fusebench import kernels
+from fusebench import row_kernels
 from fusebench.cache import UNREADABLE, cache_key, data_file_problem, discard_entry, read_meta, remove_entries, scan_entries, unreadable
 from fusebench.files import Crc32Writer, atomic_save, atomic_write_text
 from fusebench.lists import DIRECTIONS, tiles
@@ -129,15 +129,15 @@ class ScoreStore:
         """The order of every row of a stored score matrix (column indices best first, ties by index), sorted
         once when a job first needs it (RRF by source object over whole rankings) and stored in the same
         entry as ``{direction}_order.npy``."""
-        return self._derived(reader, "order", kernels.row_order, reader.shape, order_dtype(reader.shape[1]),
+        return self._derived(reader, "order", row_kernels.row_order, reader.shape, order_dtype(reader.shape[1]),
                              12, tile_bytes)
 
     def row_moments(self, reader: StoredRows, ddof: int, tile_bytes: int) -> StoredRows:
         """Every row's mean and standard deviation (``ddof``) as DBSF and z-score use them (float64 sums rounded
-        once to float32: the very values ``kernels.row_mean_std`` gives), computed once when a job first needs
+        once to float32: the very values ``row_kernels.row_mean_std`` gives), computed once when a job first needs
         them and stored as ``{direction}_moments_ddof{ddof}.npy`` (rows x 2)."""
         return self._derived(reader, f"moments_ddof{ddof}",
-                             lambda block: np.stack(kernels.row_mean_std(block, ddof), axis=1),
+                             lambda block: np.stack(row_kernels.row_mean_std(block, ddof), axis=1),
                              (reader.shape[0], 2), SCORE_DTYPE, 4, tile_bytes)
 
     def _derived(self, reader: StoredRows, what: str, compute: Callable[[np.ndarray], np.ndarray],
