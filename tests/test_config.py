@@ -117,3 +117,19 @@ def test_engine_presets_compose(compose_cfg, name):
 def test_engines_sweep_runs_every_engine_preset(compose_cfg):
     sweep = compose_cfg(["experiment=fusion_engines", "dataset=sim"], return_hydra_config=True)
     assert set(ENGINE_PRESETS) <= set(sweep.hydra.sweeper.params["fusion"].split(","))
+
+
+def test_long_lived_objects_are_frozen_once_per_process(monkeypatch):
+    """The CLI moves the imported modules out of the collector's reach once (a sweep's later jobs must not
+    freeze their own garbage with them) and once more at exit."""
+    import gc
+
+    from fusebench import cli
+
+    freezes, at_exit = [], []
+    monkeypatch.setattr(gc, "freeze", lambda: freezes.append(1))
+    monkeypatch.setattr(cli.atexit, "register", lambda fn: at_exit.append(fn))
+    monkeypatch.delattr(cli.freeze_long_lived, "done", raising=False)
+    for _ in range(3):  # three jobs of a sweep in one process
+        cli.freeze_long_lived()
+    assert len(freezes) == 1 and at_exit == [gc.freeze]
