@@ -20,9 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,11 +48,35 @@ def array_digest(array: np.ndarray) -> str:
     return digest.hexdigest()
 
 
+def array_digests(arrays: Sequence[np.ndarray]) -> list[str]:
+    """``array_digest`` of each array, largest first on one thread per core (hashlib releases the GIL while
+    it hashes: a sim sweep job hashes ~260 MB of embeddings for its keys)."""
+    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].nbytes)
+    workers = min(len(arrays), os.cpu_count() or 1)
+    if workers < 2:
+        digests = [array_digest(arrays[i]) for i in order]
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            digests = list(pool.map(lambda i: array_digest(arrays[i]), order))
+    out = [""] * len(arrays)
+    for i, digest in zip(order, digests):
+        out[i] = digest
+    return out
+
+
+def list_materials(models: Sequence[tuple[np.ndarray, np.ndarray]], caption_image: np.ndarray,
+                   device_type: str) -> list[dict]:
+    """Everything each model's lists depend on, for the entry keys: per (image, text) pair, the digests of
+    its normalised embeddings, of which image each caption describes, the device type and the format."""
+    arrays = [np.asarray(a, dtype=np.float32) for pair in models for a in pair]
+    digests = array_digests([*arrays, np.asarray(caption_image, dtype=np.int64)])
+    return [{"kind": "lists", "format": FORMAT, "image": digests[2 * m], "text": digests[2 * m + 1],
+             "caption_image": digests[-1], "device": device_type} for m in range(len(models))]
+
+
 def list_material(image: np.ndarray, text: np.ndarray, caption_image: np.ndarray, device_type: str) -> dict:
     """Everything a model's lists depend on, for the entry key."""
-    return {"kind": "lists", "format": FORMAT, "image": array_digest(np.asarray(image, dtype=np.float32)),
-            "text": array_digest(np.asarray(text, dtype=np.float32)),
-            "caption_image": array_digest(np.asarray(caption_image, dtype=np.int64)), "device": device_type}
+    return list_materials([(image, text)], caption_image, device_type)[0]
 
 
 @dataclass

@@ -23,7 +23,7 @@ from fusebench.dense import DenseSide, RowBlocks, correct_items, dense_fuse
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.evidence import MOMENT_METHODS
 from fusebench.fusion import RANK_METHODS, FusionConfig, fuse_in_blocks
-from fusebench.list_store import ListStore, list_material
+from fusebench.list_store import ListStore, list_material, list_materials
 from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists, full_rows, tiles
 from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.score_store import ScoreStore
@@ -65,6 +65,12 @@ class ListSource:
 
     records: dict[str, dict] = field(default_factory=dict)
     materials: dict[str, dict] = field(default_factory=dict)
+
+    def prepare(self, models: Sequence[ModelEmbeddings], caption_image: np.ndarray, device_type: str) -> None:
+        """Hash every model's key material at once, on all cores (the keys of a job's models in one go)."""
+        todo = [m for m in models if m.name not in self.materials]
+        found = list_materials([(np.asarray(m.image), np.asarray(m.text)) for m in todo], caption_image, device_type)
+        self.materials.update({m.name: material for m, material in zip(todo, found)})
 
     def material(self, model: ModelEmbeddings, caption_image: np.ndarray, device_type: str) -> dict:
         if model.name not in self.materials:
@@ -164,6 +170,8 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
     n_captions, n_images = len(caption_image), len(models[0].image)
     fusing = fusion.method != "none" and len(models) >= 2
     depth = max(settings.depth, fusion.top_k or 0, keep_k or 0)
+    if settings.store_dir is not None:
+        source.prepare(models, caption_image, torch.device(settings.device).type)
     stored = {m.name: model_lists(m, caption_image, depth, settings, source) for m in models}
     single_len = keep_k if keep_k is not None else (fusion.top_k or depth)
     results = {name: {d: RankedLists(lists.ranks(d), _cut(lists.ids(d), single_len), _cut(lists.scores(d), single_len))
