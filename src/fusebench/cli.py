@@ -118,10 +118,11 @@ def hydra_error_message(err: CompactHydraException) -> str:
 
 
 def freeze_long_lived() -> None:
-    """Move every object alive now (the imported torch, numba, Hydra, matplotlib: about a million) out of the
-    garbage collector's reach, once per process, and again at exit. Otherwise every full collection of a run
-    re-walks them, and the interpreter's last collections at exit took 0.7-0.9 s of a 10 s run. Objects
-    created later are collected as usual; the frozen ones are the process's modules, which live to its end."""
+    """Move every object alive now (the imported torch, numba, Hydra: about a million) out of the garbage
+    collector's reach, once per process (the first job), and everything again at exit. Otherwise every full
+    collection of a run re-walks them, and the interpreter's last collections at exit took 0.7-0.9 s of a
+    10 s run. Objects created later are collected as usual; the frozen ones are the process's modules and
+    the first job's config, which live to its end."""
     if not getattr(freeze_long_lived, "done", False):
         gc.freeze()
         atexit.register(gc.freeze)
