@@ -270,9 +270,13 @@ def test_rerun_into_a_run_dir_clears_the_old_results_first(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_exits_130_without_traceback_or_outputs(tmp_path):
     env = {**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
+    # Ctrl-C's default action in the child even when this test runs in the background (a shell starts
+    # background jobs with SIGINT ignored, the child would inherit that, and Python then never raises
+    # KeyboardInterrupt)
     proc = subprocess.Popen([FUSEBENCH, "dataset.n_images=20000", "dataset.n_captions=100000", "logger=none",
                              "hydra.run.dir=run"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (tmp_path / "run" / ".hydra" / "config.yaml").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
