@@ -14,6 +14,7 @@ from helpers.reference import integer_embeddings
 from fusebench import score_store
 from fusebench.cache_cli import main as cache_main
 from fusebench.encoders.base import ModelEmbeddings
+from fusebench.files import forget_checksums
 from fusebench.fusion import FUSE_ON, FusionConfig
 from fusebench.list_store import FORMAT, ListStore
 from fusebench.retrieval import ListSource, SearchSettings, retrieve
@@ -235,7 +236,7 @@ def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
     else:
         meta = json.loads((entry / "meta.json").read_text())
         (entry / "meta.json").write_text(json.dumps({**meta, "format": 0}))
-    score_store._VERIFIED.clear()  # as a new process would: checksums are verified once per process
+    forget_checksums()  # as a new process would: checksums are verified once per process
     again, records, blocks = _dense(models, caption_image, str(tmp_path))
     assert blocks > 0 and "score store entry" in caplog.text
     _assert_equal(first, again)
@@ -262,7 +263,7 @@ def test_rrf_by_source_object_sorts_each_stored_matrix_once(case, tmp_path, monk
     assert np.load(entry / "t2i_order.npy").dtype == np.uint16
     assert np.array_equal(np.load(entry / "t2i_order.npy"), np.argsort(-np.load(entry / "t2i.npy"), axis=1, kind="stable"))
     sorts.clear()
-    score_store._VERIFIED.clear()  # a new process: the stored orders' checksums are verified, not trusted
+    forget_checksums()  # a new process: the stored orders' checksums are verified, not trusted
     warm, _, blocks = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert sorts == [] and blocks == 0
     _assert_equal(cold, first)
@@ -280,7 +281,7 @@ def test_damaged_stored_order_is_sorted_again(case, tmp_path, monkeypatch, caplo
         np.save(path, np.load(path).astype(np.float32))
     else:
         path.write_bytes(bytes(data[:-2]) if damage == "truncate" else bytes(data[:-1]) + bytes([data[-1] ^ 1]))
-    score_store._VERIFIED.clear()
+    forget_checksums()
     sorts = _count_sorts(monkeypatch)
     again, _, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert "i2t_order.npy is damaged" in caplog.text and sum(sorts) == len(np.unique(caption_image))
@@ -316,7 +317,7 @@ def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, c
     stored = np.load(entry / f"t2i_moments_ddof{ddof}.npy")
     assert np.array_equal(stored, np.stack(moments(np.load(entry / "t2i.npy"), ddof), axis=1))
     calls.clear()
-    score_store._VERIFIED.clear()
+    forget_checksums()
     damaged = entry / f"i2t_moments_ddof{ddof}.npy"  # one file damaged: reported and recomputed
     data = damaged.read_bytes()
     if damage == "wrong_type":  # a valid .npy of the right shape, but float64

@@ -186,15 +186,15 @@ def test_every_fusion_setting_makes_a_distinct_retriever(tmp_path):
 def test_a_run_file_damaged_after_it_was_hashed_here_is_read_again(tmp_path):
     """The digests a job computed when it wrote its files are reused by the same process's sweep report, but
     only for a file unchanged since: a byte flipped in place (same inode and size) is hashed again."""
-    from fusebench.files import file_sha256, remembered_sha256
+    from fusebench.files import file_sha256, remembered_checksum
 
     path = tmp_path / "ranks.npy"
     path.write_bytes(bytes(range(256)) * 64)
-    first = remembered_sha256(path)
-    assert first == file_sha256(path) == remembered_sha256(path)
+    first = remembered_checksum(path)
+    assert first == file_sha256(path) == remembered_checksum(path)
     with path.open("r+b") as fh:  # in place: the same inode and size
         fh.seek(100)
         fh.write(b"\xff")
     stat = path.stat()  # a later mtime (the filesystem's clock may not have ticked within this test)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    assert remembered_sha256(path) == file_sha256(path) != first
+    assert remembered_checksum(path) == file_sha256(path) != first

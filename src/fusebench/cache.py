@@ -31,7 +31,7 @@ import numpy as np
 from filelock import FileLock
 
 from fusebench import FusebenchError
-from fusebench.files import atomic_save, atomic_write_text, file_crc32, file_sha256
+from fusebench.files import CHECKSUMS, atomic_save, atomic_write_text, file_sha256, remembered_checksum
 
 log = logging.getLogger(__name__)
 STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
@@ -66,15 +66,18 @@ def discard_entry(folder: Path, store: str, problem: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def data_file_problem(path: Path, meta: dict) -> str | None:
+def data_file_problem(path: Path, meta: dict, once_per_process: bool = False) -> str | None:
     """Why the data file of a complete entry cannot be trusted (missing, wrong size, wrong checksum: ``crc32``
-    or ``sha256``, whichever ``meta`` records), or None."""
+    or ``sha256``, whichever ``meta`` records), or None. ``once_per_process``: a checksum this process computed
+    or wrote for the unchanged file is not read again (``files.remembered_checksum``)."""
     if not path.is_file():
         return f"{path.name} is missing"
     size = path.stat().st_size
     if size != meta["bytes"]:
         return f"{path.name} has {size} bytes, expected {meta['bytes']} (truncated?)"
-    if (file_crc32(path) != meta["crc32"]) if "crc32" in meta else (file_sha256(path) != meta["sha256"]):
+    kind = "crc32" if "crc32" in meta else "sha256"
+    checksum = remembered_checksum(path, kind) if once_per_process else CHECKSUMS[kind](path)
+    if checksum != meta[kind]:
         return f"{path.name} does not match its recorded checksum"
     return None
 

@@ -38,21 +38,6 @@ def file_sha256(path: Path, block: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-_DIGESTS: dict[tuple[int, int, int, int], str] = {}  # (device, inode, size, mtime_ns) -> SHA-256 hashed here
-
-
-def remembered_sha256(path: Path) -> str:
-    """``file_sha256``, read once per process for a file unchanged since (same inode, size and mtime to the
-    nanosecond): the run files a job hashes when it writes them are not read again by the sweep report of the
-    same process (half of its scan: ~400 files for 30 jobs). A file changed since (a later mtime: the
-filesystem's clock) is read again."""
-    stat = Path(path).stat()
-    key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    if key not in _DIGESTS:
-        _DIGESTS[key] = file_sha256(path)
-    return _DIGESTS[key]
-
-
 def file_crc32(path: Path, block: int = 1 << 24) -> str:
     """CRC-32 of a file's bytes, as 8 hex digits (catches truncation with the size, and any burst of flipped
     bits up to 32 long; an integrity check against damage, not against tampering)."""
@@ -77,3 +62,35 @@ class Crc32Writer:
     @property
     def hex(self) -> str:
         return f"{self.crc:08x}"
+
+
+CHECKSUMS: dict[str, Callable[[Path], str]] = {"sha256": file_sha256, "crc32": file_crc32}
+_REMEMBERED: dict[tuple[str, int, int, int, int], str] = {}  # (kind, device, inode, size, mtime_ns) -> checksum
+
+
+def _identity(path: Path, kind: str) -> tuple[str, int, int, int, int]:
+    stat = Path(path).stat()
+    return kind, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def remembered_checksum(path: Path, kind: str = "sha256") -> str:
+    """The file's ``kind`` checksum (``CHECKSUMS``), read once per process for a file unchanged since (same
+    inode, size and mtime to the nanosecond): the run files a job hashes when it writes them are not read
+    again by the same process's sweep report (half of its scan: ~400 files for 30 jobs), nor a score matrix
+    (~1 GB per model) by every dense job of a sweep. A file changed since (a later mtime: the filesystem's
+    clock) is read again."""
+    key = _identity(path, kind)
+    if key not in _REMEMBERED:
+        _REMEMBERED[key] = CHECKSUMS[kind](path)
+    return _REMEMBERED[key]
+
+
+def remember_checksum(path: Path, kind: str, value: str) -> None:
+    """Record the checksum of a file this process has just written (computed from the bytes on their way out),
+    so that it is not read back to be verified."""
+    _REMEMBERED[_identity(path, kind)] = value
+
+
+def forget_checksums() -> None:
+    """Verify every file again from its bytes, as a new process would."""
+    _REMEMBERED.clear()

@@ -24,13 +24,12 @@ from filelock import FileLock
 
 from fusebench import row_kernels
 from fusebench.cache import UNREADABLE, cache_key, data_file_problem, discard_entry, read_meta, remove_entries, scan_entries, unreadable
-from fusebench.files import Crc32Writer, atomic_save, atomic_write_text
+from fusebench.files import Crc32Writer, atomic_save, atomic_write_text, remember_checksum
 from fusebench.lists import DIRECTIONS, tiles
 
 log = logging.getLogger(__name__)
 FORMAT = 2  # 2: CRC-32 checksums (1 had SHA-256: 2.5x slower to verify 1 GB per model); older entries are rebuilt
 SCORE_DTYPE = np.dtype(np.float32)
-_VERIFIED: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) whose checksum this process checked
 
 
 class StoredRows:
@@ -83,19 +82,8 @@ def _save_matrix(path: Path, shape: tuple[int, int], blocks: Iterator, dtype: np
     """Write a matrix from its row blocks, atomically; its entry in meta.json (size and CRC-32)."""
     crc = []
     atomic_save(path, lambda tmp: crc.append(_write_blocks(tmp, shape, blocks, dtype)))
-    _VERIFIED.add(_stamp(path))  # its checksum was computed from the bytes written
+    remember_checksum(path, "crc32", crc[0])  # computed from the bytes written: not read back
     return {"bytes": path.stat().st_size, "crc32": crc[0]}
-
-
-def _problem(path: Path, recorded: dict) -> str | None:
-    """Why a stored file cannot be trusted (``data_file_problem``), checked once per process: a file this
-    process verified or wrote is not read again while its size and mtime are unchanged."""
-    if path.is_file() and _stamp(path) in _VERIFIED:
-        return None
-    problem = data_file_problem(path, recorded)
-    if problem is None:
-        _VERIFIED.add(_stamp(path))
-    return problem
 
 
 class ScoreStore:
@@ -151,7 +139,7 @@ class ScoreStore:
             meta = read_meta(folder / "meta.json")
             recorded = meta["files"].get(name)
             if recorded is not None:
-                problem = _problem(path, recorded)
+                problem = data_file_problem(path, recorded, once_per_process=True)
                 if problem is None:
                     return StoredRows(path)
                 log.warning("score store: %s is damaged (%s); computing it again", path, problem)
@@ -170,7 +158,7 @@ class ScoreStore:
             readers = {}
             for d in DIRECTIONS:
                 path = folder / f"{d}.npy"
-                problem = problem or _problem(path, meta["files"][d])
+                problem = problem or data_file_problem(path, meta["files"][d], once_per_process=True)
                 if problem is None:
                     readers[d] = StoredRows(path)
                     if tuple(readers[d].shape) != tuple(shapes[d]):
@@ -190,9 +178,4 @@ class ScoreStore:
 
     def remove(self, key_prefix: str) -> list[str]:
         return remove_entries(self.entries(), key_prefix)
-
-
-def _stamp(path: Path) -> tuple[str, int, int]:
-    stat = path.stat()
-    return str(path), stat.st_size, stat.st_mtime_ns
 

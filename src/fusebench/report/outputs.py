@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.files import atomic_write_text, remembered_sha256
+from fusebench.files import atomic_write_text, remembered_checksum
 from fusebench.record import RunRecord
 
 
@@ -82,7 +82,7 @@ def write_run_outputs(out_dir: str | Path, lists: dict, record: RunRecord, save_
                 if ranked.contributors is not None:
                     arrays["contributors"] = ranked.contributors[:, cut].numpy().astype(np.int32)
                 np.savez(staging / "topk" / f"{name}.{direction}.npz", **arrays)
-        files = {f"{sub}/{f.name}": remembered_sha256(f) for sub in ("ranks", "topk") for f in sorted((staging / sub).iterdir())}
+        files = {f"{sub}/{f.name}": remembered_checksum(f) for sub in ("ranks", "topk") for f in sorted((staging / sub).iterdir())}
         for sub in ("ranks", "topk"):
             target = out_dir / sub
             if target.exists():

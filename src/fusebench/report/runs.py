@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.files import remembered_sha256
+from fusebench.files import remembered_checksum
 from fusebench.record import RecordError, RunRecord
 
 
@@ -62,7 +62,7 @@ def _run_problem(path: Path, record: RunRecord) -> str | None:
         file = path / relative
         if not file.is_file():
             return f"{relative} is missing"
-        if remembered_sha256(file) != digest:
+        if remembered_checksum(file) != digest:
             return f"{relative} does not match the checksum metrics.json recorded (damaged or replaced after the run)"
     counts = {}
     for direction in ("t2i", "i2t"):
