@@ -333,7 +333,7 @@ def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, c
 def test_key_material_hashed_in_parallel_equals_each_array_hashed_alone():
     """The job's models are hashed at once on all cores: the same digests, in the same places, as one array
     at a time (store keys are unchanged by the threads)."""
-    from fusebench.list_store import array_digest, array_digests, list_material, list_materials
+    from fusebench.list_store import array_digest, array_digests, list_materials
 
     rng = np.random.default_rng(3)
     pairs = [(rng.standard_normal((40, 8)).astype(np.float32), rng.standard_normal((90, 8)).astype(np.float32)),
@@ -342,6 +342,6 @@ def test_key_material_hashed_in_parallel_equals_each_array_hashed_alone():
     arrays = [a for pair in pairs for a in pair]
     assert array_digests(arrays) == [array_digest(a) for a in arrays]
     together = list_materials(pairs, caption_image, "cpu")
-    assert together == [list_material(image, text, caption_image, "cpu") for image, text in pairs]
+    assert together == [list_materials([pair], caption_image, "cpu")[0] for pair in pairs]
     assert together[0]["text"] == array_digest(pairs[0][1]) and together[1]["image"] == array_digest(pairs[1][0])
     assert together[0]["caption_image"] == array_digest(caption_image.astype(np.int64))

@@ -74,11 +74,6 @@ def list_materials(models: Sequence[tuple[np.ndarray, np.ndarray]], caption_imag
              "caption_image": digests[-1], "device": device_type} for m in range(len(models))]
 
 
-def list_material(image: np.ndarray, text: np.ndarray, caption_image: np.ndarray, device_type: str) -> dict:
-    """Everything a model's lists depend on, for the entry key."""
-    return list_materials([(image, text)], caption_image, device_type)[0]
-
-
 @dataclass
 class StoreResult:
     lists: ModelLists

@@ -23,7 +23,7 @@ from fusebench.dense import DenseSide, RowBlocks, correct_items, dense_fuse
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.evidence import MOMENT_METHODS
 from fusebench.fusion import RANK_METHODS, FusionConfig, fuse_in_blocks
-from fusebench.list_store import ListStore, list_material, list_materials
+from fusebench.list_store import ListStore, list_materials
 from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists, full_rows, tiles
 from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.score_store import ScoreStore
@@ -69,13 +69,13 @@ class ListSource:
     def prepare(self, models: Sequence[ModelEmbeddings], caption_image: np.ndarray, device_type: str) -> None:
         """Hash every model's key material at once, on all cores (the keys of a job's models in one go)."""
         todo = [m for m in models if m.name not in self.materials]
+        if not todo:
+            return
         found = list_materials([(np.asarray(m.image), np.asarray(m.text)) for m in todo], caption_image, device_type)
         self.materials.update({m.name: material for m, material in zip(todo, found)})
 
     def material(self, model: ModelEmbeddings, caption_image: np.ndarray, device_type: str) -> dict:
-        if model.name not in self.materials:
-            self.materials[model.name] = list_material(np.asarray(model.image), np.asarray(model.text),
-                                                       caption_image, device_type)
+        self.prepare([model], caption_image, device_type)
         return self.materials[model.name]
 
 
@@ -200,12 +200,12 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
     rows, beside = zip(*(score_rows(m, caption_image, query_images.numpy(), settings, source, sorts, ddof)
                          for m in models))
 
-    def stored(what: str, d: str) -> list[RowBlocks] | None:
+    def kept_beside(what: str, d: str) -> list[RowBlocks] | None:  # every model's, or none
         return [b[what][d] for b in beside] if all(what in b for b in beside) else None
 
     correct = {"t2i": cap_img[:, None].to(settings.device), "i2t": torch.as_tensor(i2t_correct, device=settings.device)}
     from_store = all(source.records[m.name]["scores"]["stored"] for m in models)
-    sides = {d: DenseSide([r[d] for r in rows], n_items[d], correct[d], stored("order", d), stored("moments", d),
+    sides = {d: DenseSide([r[d] for r in rows], n_items[d], correct[d], kept_beside("order", d), kept_beside("moments", d),
                           from_store) for d in DIRECTIONS}
     progress = settings.progress or _no_progress
     keep = keep_k if keep_k is not None else depth
