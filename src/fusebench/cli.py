@@ -129,6 +129,15 @@ def freeze_long_lived() -> None:
         freeze_long_lived.done = True
 
 
+def prepare_process() -> None:
+    """Import the pipeline (torch, numba, ...) and freeze what is alive then, once per process: before the first
+    job, or before a sweep composes its jobs' configs (fusebench's sweeper calls this first: configs kept for
+    later jobs must stay collectable once their job ends, not be frozen with the modules)."""
+    import fusebench.pipeline  # noqa: F401 - what every job needs, imported once
+
+    freeze_long_lived()
+
+
 def _fail(message: str, code: int = 2) -> None:
     print(f"fusebench: error: {message}", file=sys.stderr)
     raise SystemExit(code)
@@ -169,9 +178,8 @@ def main() -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    from fusebench.pipeline import run, start_fresh  # imported here so --help and --cfg stay fast
-
-    freeze_long_lived()
+    prepare_process()  # imported here, not at the top, so --help and --cfg stay fast
+    from fusebench.pipeline import run, start_fresh
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
     if hydra_cfg.mode == RunMode.MULTIRUN:  # one failed job must not stop the others

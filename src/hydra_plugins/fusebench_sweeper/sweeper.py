@@ -57,6 +57,9 @@ class ComposeOnceSweeper(BasicSweeper):
         if self.composed is None:
             super().validate_batch_is_legal(batch)
             return
+        from fusebench import cli
+
+        cli.prepare_process()  # the modules frozen now, so the kept configs stay collectable after their jobs
         self.composed.kept.clear()  # a batch's configs are used by that batch only
         for overrides in batch:
             self.composed.compose_and_keep(self.config, overrides)
