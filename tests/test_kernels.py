@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from fusebench import row_kernels
 from fusebench.kernels import Heaps
 from fusebench.row_kernels import gather_rows, row_order, scatter_by_order, stable_ranks
 from fusebench.topk import topk_stable
@@ -99,6 +100,22 @@ def test_row_order_scatter_and_gather_against_numpy(dtype):
         expected[r, order[r]] = 2 * by_rank
     assert np.array_equal(out, expected)
     assert np.array_equal(gather_rows(block, stored), np.take_along_axis(block, order, 1))
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64])
+def test_row_order_of_a_large_block_on_threads_in_groups(dtype):
+    """A block large enough for one thread per core and many cache-sized groups of rows per thread (ties,
+    -0.0 against 0.0, infinities) gives numpy's stable argsort of the negated scores, in the dtype asked for;
+    a dtype too narrow for the columns is refused."""
+    rng = np.random.default_rng(11)
+    block = rng.integers(-20, 21, size=(301, 4000)).astype(np.float32)  # 1.2M entries: 2 threads, 32-row groups
+    block[5, :7] = [0.0, -0.0, np.inf, -np.inf, 0.0, -0.0, np.inf]
+    assert block.size > 1 << 20 and row_kernels.GROUP_ENTRIES // block.shape[1] < len(block) // 4
+    order = row_order(block, dtype)
+    assert order.dtype == dtype
+    assert np.array_equal(order, np.argsort(-block, axis=1, kind="stable"))
+    with pytest.raises(ValueError, match="columns"):
+        row_order(np.zeros((2, 70_000), dtype=np.float32), np.uint16)
 
 
 @pytest.mark.parametrize("flat_rows", [False, True])

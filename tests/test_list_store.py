@@ -245,7 +245,7 @@ def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
 def _count_sorts(monkeypatch) -> list[int]:
     calls = []
     sort = score_store.row_kernels.row_order
-    monkeypatch.setattr(score_store.row_kernels, "row_order", lambda block: calls.append(len(block)) or sort(block))
+    monkeypatch.setattr(score_store.row_kernels, "row_order", lambda block, *how: calls.append(len(block)) or sort(block, *how))
     return calls
 
 

@@ -63,20 +63,30 @@ def count_ahead(values, tiebreak, use_tiebreak, best, best_tb, index):
     return out
 
 
-@njit(parallel=True, cache=True)
-def _descending_keys(block, keys):
-    """int64 keys whose ascending order is (score desc, index asc): order-preserving bits of -score above
-    the column index (as ``search.descending_keys``)."""
-    rows, width = block.shape
-    for r in prange(rows):
-        negated = np.empty(width, dtype=np.float32)
+@njit(cache=True, nogil=True)
+def _descending_keys(block, r0, r1, keys):
+    """keys[i] for rows r0..r1 of ``block``: int64 keys whose ascending order is (score desc, index asc),
+    order-preserving bits of -score above the column index (as ``search.descending_keys``). Serial and
+    without the GIL: threads call it on their own rows."""
+    width = block.shape[1]
+    negated = np.empty(width, dtype=np.float32)
+    bits = negated.view(np.int32)
+    for i in range(r1 - r0):
         for j in range(width):
-            negated[j] = -block[r, j] + np.float32(0.0)
-        bits = negated.view(np.int32)
+            negated[j] = -block[r0 + i, j] + np.float32(0.0)
         for j in range(width):
             b = bits[j]
             ordered = b ^ 0x7FFFFFFF if b < 0 else b
-            keys[r, j] = (np.int64(ordered) << 32) | j
+            keys[i, j] = (np.int64(ordered) << 32) | j
+
+
+@njit(cache=True, nogil=True)
+def _column_indices(keys, out, r0):
+    """out[r0 + i, p] = the column index in sorted key keys[i, p] (its low 32 bits), in ``out``'s dtype."""
+    rows, width = keys.shape
+    for i in range(rows):
+        for p in range(width):
+            out[r0 + i, p] = keys[i, p] & 0xFFFFFFFF
 
 
 @njit(parallel=True, cache=True)
@@ -104,26 +114,42 @@ def gather_rows(values, order):
     return out
 
 
-def row_order(block: np.ndarray) -> np.ndarray:
-    """Each row's order under (score desc, index asc): column indices best first (int64). numba builds the
-    keys, numpy's vectorised int64 sort orders them (single-threaded, but it releases the GIL: the rows are
-    sorted in one slice per core), the index is their low 32 bits."""
-    keys = np.empty(block.shape, dtype=np.int64)
-    _descending_keys(block, keys)
-    _sort_rows_threaded(keys)
-    keys &= 0xFFFFFFFF
-    return keys
+GROUP_ENTRIES = 1 << 17  # keys sorted at a time per thread: 1 MB of int64, inside one core's cache
 
 
-def _sort_rows_threaded(keys: np.ndarray, min_entries: int = 1 << 20) -> None:
-    """Sort each row of ``keys`` in place, slices of rows on parallel threads when the block is large."""
-    workers = min(os.cpu_count() or 1, len(keys), max(1, keys.size // min_entries))
+def row_order(block: np.ndarray, dtype: np.dtype | type = np.int64) -> np.ndarray:
+    """Each row's order under (score desc, index asc): column indices best first, as ``dtype`` (uint16 is
+    enough up to 65,536 columns). Rows are ordered a small group at a time, on one thread per core: numba
+    builds the group's int64 keys, numpy's vectorised sort orders them (it releases the GIL), numba writes
+    their low bits, the indices, into the result. The keys stay in the core's cache, so the block's memory
+    traffic is its scores read once and the orders written once."""
+    rows, width = block.shape
+    out = np.empty(block.shape, dtype=dtype)
+    if width and width - 1 > np.iinfo(out.dtype).max:
+        raise ValueError(f"{width} columns do not fit a {out.dtype} order")
+    group = max(1, GROUP_ENTRIES // max(1, width))
+
+    def order_rows(r0: int, r1: int) -> None:
+        keys = np.empty((min(group, r1 - r0), width), dtype=np.int64)
+        for g0 in range(r0, r1, group):
+            g1 = min(r1, g0 + group)
+            _descending_keys(block, g0, g1, keys[: g1 - g0])
+            keys[: g1 - g0].sort(axis=1)
+            _column_indices(keys[: g1 - g0], out, g0)
+
+    _on_threads(order_rows, rows, block.size)
+    return out
+
+
+def _on_threads(work, rows: int, entries: int, min_entries: int = 1 << 20) -> None:
+    """``work(r0, r1)`` over slices of the rows, one per core when the block is large enough to pay."""
+    workers = min(os.cpu_count() or 1, rows, max(1, entries // min_entries))
     if workers <= 1:
-        keys.sort(axis=1)
+        work(0, rows)
         return
-    bounds = np.linspace(0, len(keys), workers + 1).astype(int)
+    bounds = np.linspace(0, rows, workers + 1).astype(int)
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda r: keys[r[0]:r[1]].sort(axis=1), zip(bounds[:-1], bounds[1:])))
+        list(pool.map(lambda r: work(*r), zip(bounds[:-1], bounds[1:])))
 
 
 def stable_ranks(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

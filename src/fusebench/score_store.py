@@ -117,8 +117,9 @@ class ScoreStore:
         """The order of every row of a stored score matrix (column indices best first, ties by index), sorted
         once when a job first needs it (RRF by source object over whole rankings) and stored in the same
         entry as ``{direction}_order.npy``."""
-        return self._derived(reader, "order", row_kernels.row_order, reader.shape, order_dtype(reader.shape[1]),
-                             12, tile_bytes)
+        dtype = order_dtype(reader.shape[1])
+        return self._derived(reader, "order", lambda block: row_kernels.row_order(block, dtype), reader.shape, dtype,
+                             4 + dtype.itemsize, tile_bytes)
 
     def row_moments(self, reader: StoredRows, ddof: int, tile_bytes: int) -> StoredRows:
         """Every row's mean and standard deviation (``ddof``) as DBSF and z-score use them (float64 sums rounded
