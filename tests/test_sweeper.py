@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydra_plugins.fusebench_sweeper.sweeper import ComposedConfigs, ComposeOnceSweeper
+from hydra_plugins.fusebench_sweeper import sweeper as plugin
+from hydra_plugins.fusebench_sweeper.sweeper import ComposedConfigs
 
 SMALL = ["dataset.n_images=200", "dataset.n_captions=800", "eval.bootstrap.draws=100", "plots=false", "logger=none"]
 # runs the CLI with Hydra's composition counted: the count goes to the file named by COUNT_FILE at exit
@@ -62,7 +63,8 @@ def test_the_process_is_prepared_before_the_configs_are_kept(monkeypatch):
 
     events = []
     monkeypatch.setattr(cli, "prepare_process", lambda: events.append("prepare"))
-    sweeper = ComposeOnceSweeper(max_batch_size=None, params=None)
+    # looked up now: Hydra's plugin scan re-executes the plugin modules (and the BasicSweeper it extends)
+    sweeper = plugin.ComposeOnceSweeper(max_batch_size=None, params=None)
     sweeper.config = "master"
     loader = FakeLoader()
     sweeper.composed = ComposedConfigs(loader)
