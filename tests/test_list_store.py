@@ -211,6 +211,44 @@ def test_whole_ranking_jobs_read_stored_score_matrices(case, tmp_path, method, f
     _assert_equal(cold, warm)
 
 
+@pytest.mark.parametrize("tile_bytes", [64, 20_000, 1 << 20])  # one transposed row per block .. one block
+def test_transposed_rows_of_a_stored_matrix(tmp_path, tile_bytes):
+    """The i2t matrix is built from the stored t2i file: the rows of its transpose for any columns, in blocks
+    and slabs of any size (one reused read buffer; the copy goes in 64 x 64 tiles, here with ragged edges),
+    equal numpy's transpose exactly."""
+    rng = np.random.default_rng(2)
+    matrix = rng.standard_normal((150, 140)).astype(np.float32)
+    np.save(tmp_path / "m.npy", matrix)
+    columns = np.sort(rng.choice(140, size=100, replace=False))
+    blocks = list(score_store.transposed_rows(score_store.StoredRows(tmp_path / "m.npy"), columns, tile_bytes))
+    assert (len(blocks) > 1) == (tile_bytes < 4 * 150 * len(columns))
+    assert np.array_equal(np.concatenate(blocks), matrix[:, columns].T)
+
+
+def test_stored_i2t_is_the_transposed_t2i_from_one_similarity_pass(tmp_path, monkeypatch):
+    """A model's score entry costs one similarity pass (its t2i rows): the i2t matrix is the t2i matrix's
+    transpose for the images with captions, bit for bit, so a pair has one score in both directions."""
+    from fusebench import retrieval
+
+    rng = np.random.default_rng(8)
+    caption_image = np.repeat(np.arange(30), rng.integers(0, 3, size=30))  # some images have no caption
+
+    def unit(rows: int) -> np.ndarray:
+        x = rng.standard_normal((rows, 12)).astype(np.float32)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    models = [ModelEmbeddings(name, unit(30), unit(len(caption_image))) for name in "ab"]
+    rows, full_rows = [], retrieval.full_rows
+    monkeypatch.setattr(retrieval, "full_rows", lambda q, *rest: rows.append(len(q)) or full_rows(q, *rest))
+    _dense(models, caption_image, str(tmp_path))
+    assert sum(rows) == 2 * len(caption_image)  # each model's t2i rows, once
+    for entry in ScoreStore(tmp_path).entries():
+        model = next(m for m in models if m.name == entry["model"])
+        t2i, i2t = (np.load(Path(entry["path"]) / f"{d}.npy") for d in ("t2i", "i2t"))
+        np.testing.assert_allclose(t2i, model.text @ model.image.T, atol=1e-6)
+        assert np.array_equal(i2t, t2i[:, np.unique(caption_image)].T)
+
+
 def test_score_matrices_over_the_size_cap_are_recomputed_not_stored(case, tmp_path):
     models, caption_image = case
     _dense(models, caption_image, str(tmp_path), max_scores_mb=0)

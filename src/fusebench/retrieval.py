@@ -131,15 +131,16 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
         source.records.setdefault(model.name, {})["scores"] = {"stored": False, "mb": round(megabytes)}
         return fresh_rows(), {}
 
-    def blocks(d: str):
-        rows = fresh_rows()[d]
-        step = max(1, settings.tile_bytes // (4 * shapes[d][1]))
-        return (rows(r0, r1) for r0, r1 in tiles(shapes[d][0], step))
+    def t2i_blocks():
+        rows = fresh_rows()["t2i"]
+        step = max(1, settings.tile_bytes // (4 * shapes["t2i"][1]))
+        return (rows(r0, r1) for r0, r1 in tiles(shapes["t2i"][0], step))
 
     material = source.material(model, caption_image, device.type)
     started = time.perf_counter()
     store = ScoreStore(settings.store_dir)
-    readers, hit = store.get_or_compute(material, shapes, blocks, {"model": model.name})
+    readers, hit = store.get_or_compute(material, shapes, t2i_blocks, query_images, settings.tile_bytes,
+                                        {"model": model.name})
     beside = {}  # a GPU sorts or sums a block faster than the disk reads its result: CPU only
     if orders and device.type == "cpu":
         beside["order"] = {d: store.row_orders(readers[d], settings.tile_bytes) for d in DIRECTIONS}

@@ -2,9 +2,11 @@
 
 The dense path needs every score of every query, so without this store each such job recomputes both
 similarity passes. When a model's two matrices (t2i: captions x images; i2t: images with captions x
-captions) fit under ``eval.lists.max_scores_mb``, they are computed once, under the entry's lock, and every
-later dense job reads them back block by block into a bounded buffer (plain reads: the file is never
-mapped, so memory stays at one block). Same key, guarantees and layout as the list store
+captions) fit under ``eval.lists.max_scores_mb``, they are computed once, under the entry's lock: the t2i
+matrix by the similarity matmul, the i2t matrix as its transpose (read back from the t2i file a slab at a
+time, so a caption-image pair has one score in both directions, as in the list pass, and no second matmul
+is done). Every later dense job reads them back block by block into a bounded buffer (plain reads: the file
+is never mapped, so memory stays at one block). Same key, guarantees and layout as the list store
 (``CACHE/scores/ab/KEY/{t2i,i2t}.npy`` + ``meta.json``): atomic, locked, checksummed (verified once per
 process), rebuilt when corrupt or of another format, listed and removed by ``fusebench-cache``.
 """
@@ -28,7 +30,8 @@ from fusebench.files import Crc32Writer, atomic_save, atomic_write_text, remembe
 from fusebench.lists import DIRECTIONS, tiles
 
 log = logging.getLogger(__name__)
-FORMAT = 2  # 2: CRC-32 checksums (1 had SHA-256: 2.5x slower to verify 1 GB per model); older entries are rebuilt
+FORMAT = 3  # 3: i2t is the transpose of t2i (2 computed it by a second matmul); 2: CRC-32 (1 had SHA-256);
+# an entry of another format has another key: never read (fusebench-cache lists and removes it)
 SCORE_DTYPE = np.dtype(np.float32)
 
 
@@ -48,13 +51,28 @@ class StoredRows:
             raise ValueError(f"{self.path.name} is not a C-order float32, uint16 or int32 matrix")
         self.shape, self.dtype = shape, dtype
 
-    def __call__(self, r0: int, r1: int) -> torch.Tensor:
-        out = np.empty((r1 - r0, self.shape[1]), dtype=self.dtype)
+    def __call__(self, r0: int, r1: int, into: np.ndarray | None = None) -> torch.Tensor:
+        """Rows r0..r1, in a fresh array or in the first rows of ``into`` (a reused buffer)."""
+        out = np.empty((r1 - r0, self.shape[1]), dtype=self.dtype) if into is None else into[: r1 - r0]
         with self.path.open("rb") as fh:
             fh.seek(self.offset + r0 * self.shape[1] * self.dtype.itemsize)
             if fh.readinto(memoryview(out).cast("B")) != out.nbytes:
                 raise OSError(f"{self.path} ended early")
         return torch.from_numpy(out)
+
+
+def transposed_rows(reader: StoredRows, columns: np.ndarray, tile_bytes: int) -> Iterator[np.ndarray]:
+    """The rows of the stored matrix's transpose for ``columns`` (in their order), in blocks of about
+    ``tile_bytes``, each assembled from the stored rows read a quarter tile at a time into one reused buffer
+    (memory: a block and a slab; the stored file is read once per block)."""
+    n_rows, n_cols = reader.shape
+    step = max(1, tile_bytes // (4 * n_rows))
+    slab = np.empty((max(1, min(n_rows, tile_bytes // (16 * n_cols))), n_cols), dtype=reader.dtype)
+    for q0, q1 in tiles(len(columns), step):
+        block, wanted = np.empty((q1 - q0, n_rows), dtype=reader.dtype), np.asarray(columns[q0:q1], dtype=np.int64)
+        for r0, r1 in tiles(n_rows, len(slab)):
+            row_kernels.gather_transposed(reader(r0, r1, into=slab).numpy(), wanted, block, r0)
+        yield block
 
 
 def order_dtype(n_items: int) -> np.dtype:
@@ -91,10 +109,11 @@ class ScoreStore:
         self.root = Path(cache_root).expanduser() / "scores"
 
     def get_or_compute(self, material: dict, shapes: dict[str, tuple[int, int]],
-                       blocks: Callable[[str], Iterator[torch.Tensor]], info: dict | None = None
-                       ) -> tuple[dict[str, StoredRows], bool]:
-        """Readers of both matrices, and whether they were already stored. ``blocks(direction)`` yields the
-        row blocks of that matrix in order when it must be computed."""
+                       t2i_blocks: Callable[[], Iterator[torch.Tensor]], query_images: np.ndarray, tile_bytes: int,
+                       info: dict | None = None) -> tuple[dict[str, StoredRows], bool]:
+        """Readers of both matrices, and whether they were already stored. When they must be computed,
+        ``t2i_blocks()`` yields the t2i matrix's row blocks in order, and the i2t matrix is its transpose for
+        the columns ``query_images`` (the images with captions), built in blocks of about ``tile_bytes``."""
         material = {**material, "kind": "scores", "format": FORMAT}
         key = cache_key(material)
         folder = self.root / key[:2] / key
@@ -105,9 +124,9 @@ class ScoreStore:
                 return readers, True
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
-            files = {}
-            for d in DIRECTIONS:
-                files[d] = _save_matrix(folder / f"{d}.npy", shapes[d], blocks(d))
+            files = {"t2i": _save_matrix(folder / "t2i.npy", shapes["t2i"], t2i_blocks())}
+            t2i = StoredRows(folder / "t2i.npy")
+            files["i2t"] = _save_matrix(folder / "i2t.npy", shapes["i2t"], transposed_rows(t2i, query_images, tile_bytes))
             meta = {"key": key, "format": FORMAT, "info": info or {}, "material": material, "files": files,
                     "shapes": {d: list(shapes[d]) for d in DIRECTIONS}, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
             atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
