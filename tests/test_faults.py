@@ -290,6 +290,28 @@ def test_ctrl_c_exits_130_without_traceback_or_outputs(tmp_path):
 
 
 @pytest.mark.slow
+def test_ctrl_c_in_a_sweep_with_plots_on_the_background_thread(tmp_path):
+    """Ctrl-C while a logger=none sweep's plots are drawn on their thread: exit 130 at once, no traceback,
+    the finished jobs kept; the queued plots are dropped, none is left half-written as a .png."""
+    env = {**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen([FUSEBENCH, "-m", "fusion=rrf,dbsf,sum,minmax,zscore", "dataset.n_images=2000",
+                             "dataset.n_captions=10000", "eval.bootstrap.draws=100", "logger=none",
+                             "hydra.sweep.dir=sweep"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "sweep" / "1" / "metrics.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    assert (tmp_path / "sweep" / "0" / "metrics.json").is_file()
+    for png in (tmp_path / "sweep").glob("*/plots/*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+@pytest.mark.slow
 def test_unwritable_run_dir_fails_before_the_work(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")

@@ -100,6 +100,17 @@ def test_report_command_on_plain_run_dirs(method_sweep, tmp_path, capsys):
     assert report_main([str(tmp_path / "empty")]) == 2
 
 
+def test_a_sweep_without_a_logger_has_every_jobs_plots_when_it_ends(tmp_path):
+    """Jobs of a logger=none sweep hand their plots to a second thread (report.background); all are drawn
+    before the report is written and the command returns."""
+    folder, _ = sweep(tmp_path, "fusion=rrf,dbsf,sum", "logger=none", name="bg")
+    for job in ("0", "1", "2"):
+        assert sorted(p.name for p in (folder / job / "plots").glob("*.png")) == [
+            "paired_gains.png", "recall_at_k.png", "recall_bars.png", "score_distributions.png", "wins_losses.png"]
+        assert all(p.stat().st_size > 5000 for p in (folder / job / "plots").glob("*.png"))
+    assert (folder / "summary.md").is_file() and (folder / "plots" / "paired_gains.png").is_file()
+
+
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
 def test_launchers(tmp_path, launcher):
     folder, _ = sweep(tmp_path, "fusion=rrf,dbsf", f"hydra/launcher={launcher}", name=launcher)

@@ -29,6 +29,7 @@ from fusebench import FusebenchError, schema
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
 schema.register()  # the groups' schemas (types and defaults) that the YAML options start from
 # an OSError with one of these is the machine's state (permissions, a full disk), not a bug
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"  # a sweep's jobs in this process, in turn
 ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.ENOTDIR,
                       errno.EISDIR}
 
@@ -157,6 +158,9 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
+        from fusebench.report import background
+
+        background.cancel()  # a sweep's queued plots: not drawn after Ctrl-C
         print("\nfusebench: interrupted; no outputs were written for the unfinished run", file=sys.stderr)
         raise SystemExit(130) from None
     except FusebenchError as err:
@@ -185,7 +189,7 @@ def app(cfg: DictConfig) -> None:
     if hydra_cfg.mode == RunMode.MULTIRUN:  # one failed job must not stop the others
         try:
             start_fresh(out_dir)
-            run(cfg, out_dir)
+            run(cfg, out_dir, next_job_follows=hydra_cfg.launcher.get("_target_") == BASIC_LAUNCHER)
         except Exception as err:  # noqa: BLE001 - recorded in the job dir and the sweep report
             Path(out_dir, "error.txt").write_text("".join(traceback.format_exception(err)), encoding="utf-8")
             print(f"fusebench: job {hydra_cfg.job.num} failed: {err} (see {out_dir}/error.txt)", file=sys.stderr)

@@ -194,7 +194,7 @@ def _preload_plotting() -> threading.Thread | None:
     """Import matplotlib (about 0.4 s) on a second thread while the search runs, once per process: the
     similarity matmuls release the GIL, so the import overlaps them instead of following them. ``run``
     joins the thread before drawing."""
-    if "matplotlib.pyplot" in sys.modules:
+    if "matplotlib.backends.backend_agg" in sys.modules:
         return None
 
     def load() -> None:
@@ -210,9 +210,10 @@ def _preload_plotting() -> threading.Thread | None:
     return thread
 
 
-def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
+def run(cfg: DictConfig | Mapping, out_dir: str, next_job_follows: bool = False) -> RunRecord:
     """Evaluate every selected model and their fusion on the dataset; write outputs into ``out_dir``; return
-    the run record (what metrics.json holds)."""
+    the run record (what metrics.json holds). ``next_job_follows``: another job of the sweep runs next in this
+    process, so plots no logger needs are drawn on a second thread meanwhile (``report.background``)."""
     started = time.perf_counter()
     check_writable(out_dir)
     group = {key: _plain(checks.required(cfg, key, "config"))
@@ -302,7 +303,11 @@ def run(cfg: DictConfig | Mapping, out_dir: str) -> RunRecord:
                              "another dir (hydra.run.dir=...) and rerun.") from None
     print(format_table(record))
     plots = []
-    if draw_plots:
+    if draw_plots and next_job_follows and logger["kind"] != "wandb":  # W&B logs the PNGs with the run
+        from fusebench.report.background import draw_later
+
+        draw_later(out_dir, record)
+    elif draw_plots:
         if preload is not None:
             preload.join()
         try:

@@ -22,6 +22,9 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         folder = Path(config.hydra.sweep.dir)
+        from fusebench.report import background
+
+        background.finish()  # the last jobs' plots, drawn while the sweep went on
         try:
             from fusebench.report.sweep import write_report
 

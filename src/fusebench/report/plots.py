@@ -17,13 +17,20 @@ NUMERIC_MARGINS = {"left": 0.07, "right": 0.98, "bottom": 0.13, "top": 0.84, "ws
 
 
 def load_matplotlib():
-    """pyplot on the Agg backend (files only, no display), imported on first use."""
-    import matplotlib
+    """matplotlib's Figure and its Agg canvas (files only, no display), imported on first use. Figures are made
+    without pyplot (no global figure list), so plots may be drawn on any thread."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    return Figure, FigureCanvasAgg
 
-    return plt
+
+def subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] | None = None, **kwargs):
+    """``plt.subplots`` without pyplot: a figure on its own Agg canvas, and its axes."""
+    figure_type, canvas_type = load_matplotlib()
+    fig = figure_type(figsize=figsize)
+    canvas_type(fig)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def wilson(p_percent: float, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -40,10 +47,9 @@ def wilson(p_percent: float, n: int, level: float = 0.95) -> tuple[float, float]
 
 
 def recall_bars(record: RunRecord, path: Path) -> Path:
-    plt = load_matplotlib()
     ks, level = record.ks, record.level
     names = list(record.retrievers)
-    fig, axes = plt.subplots(1, 2, figsize=(5 + 1.6 * len(names), 4.2), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(5 + 1.6 * len(names), 4.2), sharey=True)
     width = 0.8 / len(names)
     for ax, direction in zip(axes, ("t2i", "i2t")):
         for i, name in enumerate(names):
@@ -64,8 +70,7 @@ def recall_bars(record: RunRecord, path: Path) -> Path:
 
 
 def recall_curves(run_dir: Path, record: RunRecord, path: Path, max_k: int = 50) -> Path:
-    plt = load_matplotlib()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(10, 4), sharey=True)
     ks = np.arange(1, max_k + 1)
     for ax, direction in zip(axes, ("t2i", "i2t")):
         for name in record.retrievers:
@@ -104,9 +109,8 @@ def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
     if not shown:
         return None
     title, rows = _pair_title(title, rows, shown), shown
-    plt = load_matplotlib()
     y = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(12, 0.5 * len(rows) + 1.5))
+    fig, ax = subplots(figsize=(12, 0.5 * len(rows) + 1.5))
     ax.barh(y, [r["wins"] for r in rows], color="tab:green", label="won (candidate right, baseline wrong)")
     ax.barh(y, [-r["losses"] for r in rows], color="tab:red", label="lost (baseline right, candidate wrong)")
     labels = [_pair_label(r) for r in rows]
@@ -123,9 +127,8 @@ def forest(rows: list[dict], path: Path, title: str) -> Path | None:
     if not shown:
         return None
     title, rows = _pair_title(title, rows, shown), shown
-    plt = load_matplotlib()
     y = np.arange(len(rows))[::-1]
-    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.5))
+    fig, ax = subplots(figsize=(12, 0.45 * len(rows) + 1.5))
     gains = np.array([r["gain"] for r in rows])
     level = level_label(rows[0].get("level", 0.95))
     ax.errorbar(gains, y, xerr=[gains - [r["ci_low"] for r in rows], np.array([r["ci_high"] for r in rows]) - gains],
@@ -149,8 +152,7 @@ def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | 
     files = [run_dir / "topk" / f"{n}.t2i.npz" for n in singles]
     if not singles or not all(f.is_file() for f in files):
         return None
-    plt = load_matplotlib()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = subplots(1, 2, figsize=(10, 3.8))
     ddof = record.fusion.get("ddof", 0)
     for name, file in zip(singles, files):
         with np.load(file) as data:
@@ -184,8 +186,7 @@ def cost_vs_gain(cost: list[dict], article: list[dict], path: Path) -> Path | No
               if (row["dataset"], row["retriever"]) in recall and row["dataset"] in best]
     if not points:
         return None
-    plt = load_matplotlib()
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = subplots(figsize=(9, 5.5))
     for row, gain in points:
         ax.scatter(row["bytes_per_image_fp32"], gain, color="tab:orange" if row.get("fusion") else "tab:blue")
         ax.annotate(_clip(f"{row['dataset']}: {row['retriever']}", 50), (row["bytes_per_image_fp32"], gain), fontsize=7)
@@ -202,10 +203,9 @@ def corrected_metrics(record: RunRecord, path: Path) -> Path | None:
     fused-vs-single gain on each (eval.positives)."""
     if not record.positives:
         return None
-    plt = load_matplotlib()
     names = list(record.retrievers)
     panels = [(s, d) for s in record.positives for d in ("t2i", "i2t")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    fig, axes = subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
     width = 0.8 / len(names)
     for ax, (positive_set, direction) in zip(axes[0], panels):
         metrics = [m for m in record.retrievers[names[0]].positives.get(positive_set, {}).get(direction, {})
@@ -235,9 +235,8 @@ def tune_curve(record: RunRecord, path: Path) -> Path | None:
         return None
     from fusebench.tune import describe_point
 
-    plt = load_matplotlib()
     curve = t["curve"]
-    fig, ax = plt.subplots(figsize=(max(7, 0.45 * len(curve) + 3), 4.4))
+    fig, ax = subplots(figsize=(max(7, 0.45 * len(curve) + 3), 4.4))
     x = np.arange(len(curve))
     ax.plot(x, [row["value"] for row in curve], marker="o", label=FUSED)
     chosen = next(i for i, row in enumerate(curve) if {k: row[k] for k in ("weights", "fusion")}
@@ -309,8 +308,8 @@ def _save(fig, path: Path, margins: dict | None = None) -> Path:
         fig.subplots_adjust(**margins)
     else:
         fig.tight_layout()
-    fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": 1})  # fast zlib level: a sweep draws 5 per job
-    import matplotlib.pyplot as plt
+    from fusebench.files import atomic_save
 
-    plt.close(fig)
-    return path
+    # written beside and renamed: a plot is whole or absent (a sweep's plots are drawn on a second thread)
+    atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI, pil_kwargs={"compress_level": 1}))
+    return path  # fast zlib level above: a sweep draws 5 per job
