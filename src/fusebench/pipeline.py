@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from tqdm.auto import tqdm
 
 from fusebench import FUSED, FusebenchError, __version__, checks
 from fusebench.comparisons import oracle_metrics, paired_comparisons, retriever_result
@@ -31,6 +30,7 @@ from fusebench.encoders.real import Runtime
 from fusebench.fusion import FusionConfig
 from fusebench.positives import POSITIVE_SETS, load_positives, needed_depth
 from fusebench.positives import evaluate as evaluate_positives
+from fusebench.progress import bar as progress_bar
 from fusebench.record import RunRecord
 from fusebench.reference import reference_row
 from fusebench.report.outputs import clear_run_outputs, write_run_outputs
@@ -180,7 +180,7 @@ def _tune(tuning: TuneSettings, dataset_cfg: Mapping, corpus, embeddings, specs,
 
 def _progress_bar(desc: str, total: int, unit: str = "query"):
     """A tqdm bar for one stage of the search; closed when it reaches its total."""
-    bar = tqdm(total=total, desc=desc, unit=unit, leave=False)
+    bar = progress_bar(total=total, desc=desc, unit=unit, leave=False)
 
     def update(n: int) -> None:
         bar.update(n)

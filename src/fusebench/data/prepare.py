@@ -23,10 +23,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from fusebench import FusebenchError
 from fusebench.files import file_sha256
+from fusebench.progress import bar as progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ def download(url: str, dest: Path, sha256: str | None = None, retries: int = 5, 
                 total = have + int(length) if length is not None else None
                 if total is not None:
                     _check_space(dest.parent, total - have, dest.name)
-                with part.open("ab" if have else "wb") as fh, tqdm(total=total, initial=have, unit="B",
+                with part.open("ab" if have else "wb") as fh, progress_bar(total=total, initial=have, unit="B",
                                                                   unit_scale=True, desc=dest.name, leave=False) as bar:
                     while chunk := response.read(block):
                         fh.write(chunk)
@@ -133,7 +132,7 @@ def extract(archive: Path, target: Path, members: list[str] | None = None, flatt
             target.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=target))
             try:
-                for name in tqdm(names, desc=f"extract {archive.name}", unit="file", leave=False):
+                for name in progress_bar(names, desc=f"extract {archive.name}", unit="file", leave=False):
                     zf.extract(name, staging)
                 for name in names:
                     source = staging / name

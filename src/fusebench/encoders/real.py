@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from fusebench import checks
 from fusebench.cache import EmbeddingCache
@@ -26,6 +25,7 @@ from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.images import image_batches
 from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.text import preprocess_texts, text_settings
+from fusebench.progress import bar as progress_bar
 from fusebench.schema import EmbedSchema
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> Ra
     def compute_images(rows: np.ndarray):
         model = lazy.get()
         pin = device.type == "cuda"
-        with tqdm(total=len(rows), desc=f"{name} images", unit="img", leave=False) as bar:
+        with progress_bar(total=len(rows), desc=f"{name} images", unit="img", leave=False) as bar:
             for all_rows, good_rows, batch in image_batches(corpus.image_paths or [None] * corpus.n_images, rows,
                                                             model.image_transform, runtime.batch_size,
                                                             runtime.num_workers, pin, runtime.on_bad_image):
@@ -146,7 +146,7 @@ def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> Ra
 
     def compute_texts(rows: np.ndarray):
         model = lazy.get()
-        with tqdm(total=len(rows), desc=f"{name} texts", unit="text", leave=False) as bar:
+        with progress_bar(total=len(rows), desc=f"{name} texts", unit="text", leave=False) as bar:
             for start in range(0, len(rows), runtime.text_batch_size):
                 chunk = [texts[i] for i in rows[start:start + runtime.text_batch_size]]
                 truncated = model.count_truncated(chunk)

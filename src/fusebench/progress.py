@@ -1,0 +1,25 @@
+"""Progress bars (tqdm) that stay quiet in logs: on a terminal they refresh ten times a second; written to a
+file or a pipe (a sweep's job log, a cluster's stdout), at most every ``LOG_INTERVAL`` seconds, because each
+refresh is a line's worth of text that a log keeps (a 2 s job wrote hundreds of them)."""
+
+from __future__ import annotations
+
+import sys
+
+from tqdm.auto import tqdm
+
+LOG_INTERVAL = 30.0  # seconds between refreshes when the bar does not go to a terminal
+
+
+def _to_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def bar(*args, **kwargs) -> tqdm:
+    """``tqdm(*args, **kwargs)``, refreshed at most every ``LOG_INTERVAL`` seconds unless it writes to a terminal."""
+    if not _to_terminal(kwargs.get("file") or sys.stderr):
+        kwargs.setdefault("mininterval", LOG_INTERVAL)
+    return tqdm(*args, **kwargs)
