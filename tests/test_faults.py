@@ -267,24 +267,31 @@ def test_rerun_into_a_run_dir_clears_the_old_results_first(tmp_path):
     assert "eval.ks=[0]" in (tmp_path / "run" / ".hydra" / "overrides.yaml").read_text()  # the dir's config
 
 
-@pytest.mark.slow
-def test_ctrl_c_exits_130_without_traceback_or_outputs(tmp_path):
-    env = {**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
+def _interrupted(args: list[str], cwd, ready, settle: float = 0.0, wait: float = 120) -> str:
+    """Run fusebench with ``args``, press Ctrl-C once ``ready()`` holds (then ``settle`` seconds more), and
+    return its stderr after checking it exited 130 with one message and no traceback."""
+    env = {**os.environ, "FUSEBENCH_OUTPUT": str(cwd / "out"), "WANDB_MODE": "disabled"}
     # Ctrl-C's default action in the child even when this test runs in the background (a shell starts
     # background jobs with SIGINT ignored, the child would inherit that, and Python then never raises
     # KeyboardInterrupt)
-    proc = subprocess.Popen([FUSEBENCH, "dataset.n_images=20000", "dataset.n_captions=100000", "logger=none",
-                             "hydra.run.dir=run"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "run" / ".hydra" / "config.yaml").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2.0)  # inside the run (corpus, embeddings or search)
+    proc = subprocess.Popen([FUSEBENCH, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + wait
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(settle)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted" in stderr
+    return stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_without_traceback_or_outputs(tmp_path):
+    _interrupted(["dataset.n_images=20000", "dataset.n_captions=100000", "logger=none", "hydra.run.dir=run"],
+                 tmp_path, (tmp_path / "run" / ".hydra" / "config.yaml").exists,
+                 settle=2.0)  # inside the run (corpus, embeddings or search)
     assert not (tmp_path / "run" / "metrics.json").exists()
     assert not list((tmp_path / "run").glob(".staging-*"))
 
@@ -293,19 +300,9 @@ def test_ctrl_c_exits_130_without_traceback_or_outputs(tmp_path):
 def test_ctrl_c_in_a_sweep_with_plots_on_the_background_thread(tmp_path):
     """Ctrl-C while a logger=none sweep's plots are drawn on their thread: exit 130 at once, no traceback,
     the finished jobs kept; the queued plots are dropped, none is left half-written as a .png."""
-    env = {**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
-    proc = subprocess.Popen([FUSEBENCH, "-m", "fusion=rrf,dbsf,sum,minmax,zscore", "dataset.n_images=2000",
-                             "dataset.n_captions=10000", "eval.bootstrap.draws=100", "logger=none",
-                             "hydra.sweep.dir=sweep"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 240
-    while not (tmp_path / "sweep" / "1" / "metrics.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr and "interrupted" in stderr
+    _interrupted(["-m", "fusion=rrf,dbsf,sum,minmax,zscore", "dataset.n_images=2000", "dataset.n_captions=10000",
+                  "eval.bootstrap.draws=100", "logger=none", "hydra.sweep.dir=sweep"],
+                 tmp_path, (tmp_path / "sweep" / "1" / "metrics.json").exists, wait=240)
     assert (tmp_path / "sweep" / "0" / "metrics.json").is_file()
     for png in (tmp_path / "sweep").glob("*/plots/*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
