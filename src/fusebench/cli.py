@@ -28,8 +28,8 @@ from fusebench import FusebenchError, schema
 # the configs ship inside the package, so `pip install .` (a wheel) works from any folder
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
 schema.register()  # the groups' schemas (types and defaults) that the YAML options start from
-# an OSError with one of these is the machine's state (permissions, a full disk), not a bug
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"  # a sweep's jobs in this process, in turn
+# an OSError with one of these is the machine's state (permissions, a full disk), not a bug
 ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.ENOTDIR,
                       errno.EISDIR}
 

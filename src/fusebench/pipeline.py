@@ -212,8 +212,9 @@ def _preload_plotting() -> threading.Thread | None:
 
 def run(cfg: DictConfig | Mapping, out_dir: str, next_job_follows: bool = False) -> RunRecord:
     """Evaluate every selected model and their fusion on the dataset; write outputs into ``out_dir``; return
-    the run record (what metrics.json holds). ``next_job_follows``: another job of the sweep runs next in this
-    process, so plots no logger needs are drawn on a second thread meanwhile (``report.background``)."""
+    the run record (what metrics.json holds). ``next_job_follows``: more of a sweep (its next job, or its report)
+    runs next in this process, so plots no logger needs are drawn on a second thread meanwhile
+    (``report.background``)."""
     started = time.perf_counter()
     check_writable(out_dir)
     group = {key: _plain(checks.required(cfg, key, "config"))

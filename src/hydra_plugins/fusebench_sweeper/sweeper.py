@@ -3,11 +3,11 @@ fusebench's default). Hydra takes plugins only from the ``hydra_plugins`` packag
 
 Hydra's ``BasicSweeper`` composes every job of a batch up front, to refuse a bad override before any job runs,
 and then the launcher composes each job again when it starts it. A composition of fusebench's configs
-(defaults tree, schemas, merges) takes ~0.2-0.3 s on a 2-core CPU, so a 30-job sweep spent ~7 s composing
-configs it already had. With the basic launcher (jobs in this process, one after the other) this sweeper keeps
-the configs it validated and hands each to the launcher when that job starts; everything else (validation
-first, batches, job numbers, the launcher's own steps) is Hydra's. Other launchers (joblib, submitit) compose
-in their own processes, so they get Hydra's sweeper unchanged.
+(defaults tree, schemas, merges) takes ~0.13 s on a 2-core CPU (Hydra's own debug log: 10 jobs validated in
+1.27 s), so a 30-job sweep spent ~4 s composing configs it already had. With the basic launcher (jobs in this
+process, one after the other) this sweeper keeps the configs it validated and hands each to the launcher when
+that job starts; everything else (validation first, batches, job numbers, the launcher's own steps) is Hydra's.
+Other launchers (joblib, submitit) compose in their own processes, so they get Hydra's sweeper unchanged.
 """
 
 from __future__ import annotations
