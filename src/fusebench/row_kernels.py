@@ -66,7 +66,7 @@ def count_ahead(values, tiebreak, use_tiebreak, best, best_tb, index):
 @njit(cache=True, nogil=True)
 def _descending_keys(block, r0, r1, keys):
     """keys[i] for rows r0..r1 of ``block``: int64 keys whose ascending order is (score desc, index asc),
-    order-preserving bits of -score above the column index (as ``search.descending_keys``). Serial and
+    order-preserving bits of -score above the column index (as ``topk.descending_keys``). Serial and
     without the GIL: threads call it on their own rows."""
     width = block.shape[1]
     negated = np.empty(width, dtype=np.float32)
@@ -114,9 +114,6 @@ def gather_rows(values, order):
     return out
 
 
-GROUP_ENTRIES = 1 << 17  # keys sorted at a time per thread: 1 MB of int64, inside one core's cache
-
-
 @njit(parallel=True, cache=True)
 def gather_transposed(rows, columns, out, start):
     """out[q, start + i] = rows[i, columns[q]]: the transpose of some columns of a row slab, copied in 64 x 64
@@ -132,6 +129,9 @@ def gather_transposed(rows, columns, out, start):
                 c = columns[q]
                 for i in range(i0, i1):
                     out[q, start + i] = rows[i, c]
+
+
+GROUP_ENTRIES = 1 << 17  # keys sorted at a time per thread: 1 MB of int64, inside one core's cache
 
 
 def row_order(block: np.ndarray, dtype: np.dtype | type = np.int64) -> np.ndarray:
