@@ -27,7 +27,7 @@ from hydra.errors import HydraException
 from fusebench import FusebenchError
 from fusebench.cache import EmbeddingCache
 from fusebench.cache_cli import main as cache_main
-from fusebench.cli import hydra_error_message, unknown_models
+from fusebench.cli import CONFIG_DIR, hydra_error_message, unknown_models
 from fusebench.data.karpathy import read_annotations
 from fusebench.data.manifest import load_manifest
 from fusebench.pipeline import run
@@ -214,6 +214,9 @@ def test_config_mistakes_through_the_cli(tmp_path, override, fragment):
     if "could not be converted" in fragment:  # OmegaConf's three-line value error comes out as one line
         (line,) = [x for x in result.stderr.splitlines() if "fusebench: error:" in x]
         assert fragment in line and "full_key: eval.bootstrap.draws" in line
+    if "Could not find" in fragment:  # the options listed are the group's YAML files: not its schema
+        listed = [x.strip() for x in result.stderr.splitlines() if x.startswith("\t")]
+        assert sorted(listed) == sorted(p.stem for p in (Path(CONFIG_DIR) / "fusion").glob("*.yaml")), listed
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 

@@ -112,7 +112,8 @@ def hydra_error_message(err: CompactHydraException) -> str:
     if err.__cause__ is not None:
         text += f"\n{str(err.__cause__).strip()}"
     internal = ("reference_type=", "object_type=")  # OmegaConf's class names say nothing to a user
-    lines = [line for line in text.splitlines() if not line.strip().startswith(internal)]
+    lines = [line for line in text.splitlines()
+             if not line.strip().startswith(internal) and line.strip() not in schema.SCHEMA_OPTIONS]
     if any(line.strip().startswith("full_key:") for line in lines):  # OmegaConf's value error: one line
         return "; ".join(line.strip() for line in lines if line.strip())
     return "\n".join(lines)

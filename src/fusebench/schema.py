@@ -92,6 +92,9 @@ class WandbSchema:
     init_timeout: float = 15.0  # seconds an online start may take before logging offline instead
 
 
+SCHEMA_OPTIONS = ("schema", "sim_schema")  # the names register() stores them under: not options a user picks
+
+
 def register() -> None:
     """Store every schema as ``GROUP/schema`` (``dataset/sim_schema`` for the sim dataset) for the YAML files."""
     from hydra.core.config_store import ConfigStore
@@ -102,4 +105,5 @@ def register() -> None:
     for group, name, node in (("fusion", "schema", FusionConfig), ("eval", "schema", EvalSchema),
                               ("embed", "schema", EmbedSchema), ("dataset", "sim_schema", SimDatasetSchema),
                               ("logger", "schema", WandbSchema), ("tune", "schema", TuneSchema)):
+        assert name in SCHEMA_OPTIONS
         store.store(group=group, name=name, node=node)
