@@ -138,7 +138,7 @@ class EmbeddingCache:
             return None
         try:
             meta = read_meta(meta_path)
-            problem = data_file_problem(data_path, meta)
+            problem = data_file_problem(data_path, meta, once_per_process=True)
             if problem is None:
                 data = np.load(data_path, allow_pickle=False)
                 if data.shape[0] != n_rows:

@@ -19,7 +19,7 @@ import torch
 
 from fusebench.kernels import Heaps
 from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
-from fusebench.topk import column_target_ranks, merge_topk, similarity, target_ranks, topk_stable
+from fusebench.topk import column_target_ranks, float_rows, merge_topk, similarity, target_ranks, topk_stable
 
 DIRECTIONS = ("t2i", "i2t")
 
@@ -134,8 +134,7 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
                         progress: Callable[[int], None] | None = None) -> ModelLists:
     """Top-``depth`` lists and exact ranks of one model, both directions (see the module docstring)."""
     device = torch.device(device)
-    text = torch.as_tensor(np.asarray(text), dtype=torch.float32).to(device)
-    image = torch.as_tensor(np.asarray(image), dtype=torch.float32).to(device)
+    text, image = float_rows(text, device), float_rows(image, device)
     n_captions, n_images = text.shape[0], image.shape[0]
     k_t2i, k_i2t = min(depth, n_images), min(depth, n_captions)
     cap_img = torch.as_tensor(np.asarray(caption_image), dtype=torch.int64, device=device)

@@ -27,6 +27,7 @@ from fusebench.list_store import ListStore, list_materials
 from fusebench.lists import DIRECTIONS, ModelLists, compute_model_lists, full_rows, tiles
 from fusebench.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.score_store import ScoreStore
+from fusebench.topk import float_rows
 
 Progress = Callable[[str, int], Callable[[int], None]]  # (description, total) -> update(n)
 
@@ -119,8 +120,7 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
 
     def fresh_rows() -> dict[str, RowBlocks]:
         """Rows computed from the embeddings, block by block (built only when something will compute)."""
-        image = torch.as_tensor(np.asarray(model.image), dtype=torch.float32).to(device)
-        text = torch.as_tensor(np.asarray(model.text), dtype=torch.float32).to(device)
+        image, text = float_rows(model.image, device), float_rows(model.text, device)
         sides = {"t2i": (text, image), "i2t": (image[torch.as_tensor(query_images, device=device)], text)}
         return {d: (lambda r0, r1, q=q, items=items: full_rows(q[r0:r1], items, settings.item_chunk_size,
                                                                  torch.empty(r1 - r0, items.shape[0], device=device)))

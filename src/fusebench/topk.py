@@ -6,10 +6,22 @@ sort gives). ``rank`` is 1-based. All functions are pure over tensors.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
 MATMULS = {"blocks": 0}  # similarity blocks computed in this process (tests assert that warm jobs compute none)
+
+
+def float_rows(array, device: torch.device | str = "cpu") -> torch.Tensor:
+    """An embedding matrix as a float32 tensor on ``device``, sharing a float32 array's memory on the CPU. A
+    read-only array (the normalised rows that jobs of one process share) is only ever read through it: torch
+    would warn that it cannot mark the tensor read-only."""
+    array = np.asarray(array, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(array).to(device)
 
 
 def similarity(queries: torch.Tensor, items: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from fusebench import FusebenchError, checks
+from fusebench import FusebenchError, checks, memo
 from fusebench.record import DEFAULT_WEIGHT
 from fusebench.rownorm import l2_normalise_rows
 
@@ -133,6 +133,11 @@ def _first_bad_row(array: np.ndarray, mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def _normalise_shared(array: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    normalised, norms, finite = l2_normalise_rows(array)
+    return memo.read_only(normalised), norms, finite
+
+
 def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_meaning: str) -> np.ndarray:
     """Validate one embedding matrix and return it L2-normalised as float32 (rows are 0-based in messages)."""
     if array.ndim != 2:
@@ -144,7 +149,10 @@ def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_mean
         )
     if array.dtype.kind not in "fiu":
         raise FusebenchError(f"{source}: {what} must be numeric, got dtype {array.dtype}.")
-    normalised, norms, finite = l2_normalise_rows(array)  # one pass; the same bits as numpy's norm and divide
+    # one pass, the same bits as numpy's norm and divide; once per process for a read-only array (a sim model's
+    # rows, the same object every job of a sweep), whose normalised rows are then shared and read-only too
+    normalised, norms, finite = (l2_normalise_rows(array) if array.flags.writeable
+                                 else memo.derived(array, "l2_normalise_rows", _normalise_shared))
     if not finite.all():
         row = _first_bad_row(array, ~finite)
         raise FusebenchError(
