@@ -13,6 +13,10 @@ from fusebench.record import RunRecord
 
 log = logging.getLogger(__name__)
 DPI = 100
+# Axes titles sit at the top of their axes (1.0, as matplotlib's automatic placement leaves them when nothing is
+# drawn above the axes: true of every plot here). Set explicitly, matplotlib skips the automatic placement,
+# which measures every y tick label's box at each draw (~15% of a run's plot time, most of a pair plot's).
+TITLE_Y = 1.0
 NUMERIC_MARGINS = {"left": 0.07, "right": 0.98, "bottom": 0.13, "top": 0.84, "wspace": 0.12}  # two panels
 
 
@@ -61,7 +65,7 @@ def recall_bars(record: RunRecord, path: Path) -> Path:
             for xi, v, hi in zip(x, values, highs):
                 ax.text(xi, hi + 1, f"{v:.1f}", ha="center", fontsize=7)
         ax.set_xticks(np.arange(len(ks)) + width * (len(names) - 1) / 2, [f"R@{k}" for k in ks])
-        ax.set_title(f"{direction} recall ({level_label(level)} Wilson interval)")
+        ax.set_title(f"{direction} recall ({level_label(level)} Wilson interval)", y=TITLE_Y)
         ax.set_ylim(0, 108)
     axes[0].set_ylabel("recall (%)")
     axes[1].legend(fontsize=8, loc="lower right")
@@ -78,7 +82,7 @@ def recall_curves(run_dir: Path, record: RunRecord, path: Path, max_k: int = 50)
             found = np.where(ranks >= 1, ranks, np.inf)
             ax.plot(ks, [100 * np.mean(found <= k) for k in ks], label=name)
         ax.set_xlabel("k")
-        ax.set_title(f"{direction}: recall@k, k = 1..{max_k}")
+        ax.set_title(f"{direction}: recall@k, k = 1..{max_k}", y=TITLE_Y)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("recall (%)")
     axes[1].legend(fontsize=8)
@@ -118,7 +122,7 @@ def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
     ax.axvline(0, color="black", lw=0.8)
     ax.set_xlabel(f"queries at R@{rows[0]['k']}")
     ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(title)
+    ax.set_title(title, y=TITLE_Y)
     return _save(fig, path, _pair_margins(fig, labels))
 
 
@@ -142,7 +146,7 @@ def forest(rows: list[dict], path: Path, title: str) -> Path | None:
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlabel(f"gain in R@{rows[0]['k']} (points)")
     ax.legend(fontsize=7)
-    ax.set_title(title)
+    ax.set_title(title, y=TITLE_Y)
     return _save(fig, path, _pair_margins(fig, labels))
 
 
@@ -161,8 +165,8 @@ def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | 
         mean, sd = scores.mean(axis=1, keepdims=True), scores.std(axis=1, ddof=ddof, keepdims=True)
         rescaled = np.where(sd > 0, (scores - (mean - 3 * sd)) / (6 * np.where(sd > 0, sd, 1)), 0.5)
         axes[1].hist(rescaled.ravel(), bins=60, alpha=0.5, label=name, density=True, histtype="stepfilled")
-    axes[0].set_title("t2i top-list scores, raw cosine")
-    axes[1].set_title("the same, DBSF-rescaled per query list")
+    axes[0].set_title("t2i top-list scores, raw cosine", y=TITLE_Y)
+    axes[1].set_title("the same, DBSF-rescaled per query list", y=TITLE_Y)
     axes[1].legend(fontsize=8)
     fig.suptitle(_title(record))
     return _save(fig, path, NUMERIC_MARGINS)
@@ -193,7 +197,7 @@ def cost_vs_gain(cost: list[dict], article: list[dict], path: Path) -> Path | No
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xlabel("index bytes per image (fp32)")
     ax.set_ylabel("t2i R@1 minus the best single model's (points)")
-    ax.set_title("cost vs gain (blue: single models, orange: fusions)")
+    ax.set_title("cost vs gain (blue: single models, orange: fusions)", y=TITLE_Y)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -219,7 +223,7 @@ def corrected_metrics(record: RunRecord, path: Path) -> Path | None:
                 ax.text(xi, v + 1, f"{v:.1f}", ha="center", fontsize=7)
         ax.set_xticks(np.arange(len(metrics)) + width * (len(names) - 1) / 2, metrics)
         n = record.positives[positive_set][f"{direction}_queries"]
-        ax.set_title(f"{positive_set} {direction} ({n} queries)")
+        ax.set_title(f"{positive_set} {direction} ({n} queries)", y=TITLE_Y)
         ax.set_ylim(0, 108)
     axes[0][0].set_ylabel("percent (false negatives corrected)")
     axes[0][-1].legend(fontsize=8, loc="lower right")
@@ -247,7 +251,7 @@ def tune_curve(record: RunRecord, path: Path) -> Path | None:
     ax.set_xticks(x, [describe_point(row) or "as configured" for row in curve], rotation=45, ha="right", fontsize=7)
     ax.set_ylabel(f"{t['criterion']} on the tuning split (%)")
     ax.set_title(f"tuning split: {t['split']}, {t['n_images']} images (the chosen setting then runs once on test)",
-                 fontsize=9)
+                 fontsize=9, y=TITLE_Y)
     ax.legend(fontsize=8)
     fig.suptitle(_title(record))
     return _save(fig, path)
