@@ -106,3 +106,37 @@ def test_jobs_of_one_process_share_sim_rows_and_keys_and_get_the_same_results(co
             np.testing.assert_array_equal(shared, np.load(tmp_path / "alone" / "ranks" / f"{name}.{direction}.npy"))
     metrics = [json.loads((tmp_path / job / "metrics.json").read_text()) for job in ("job1", "alone")]
     assert metrics[0]["retrievers"] == metrics[1]["retrievers"]
+
+
+def test_cache_hits_of_one_process_share_read_only_rows_until_the_file_changes(tmp_path, monkeypatch):
+    import fusebench.cache as cache
+
+    monkeypatch.setattr(cache, "_ROWS", cache.OrderedDict())
+    rows = np.random.default_rng(3).standard_normal((50, 8)).astype(np.float32)
+    store = cache.EmbeddingCache(tmp_path, "fp32", 20)
+    compute = lambda idx: [(rows[idx], {})]  # noqa: E731
+    cold = store.get_or_compute({"model": "m"}, 50, compute)
+    first, second = (store.get_or_compute({"model": "m"}, 50, compute) for _ in range(2))
+    assert first.hit and second.hit and second.embeddings is first.embeddings  # read once
+    assert not first.embeddings.flags.writeable and cold.embeddings.flags.writeable
+    np.testing.assert_array_equal(first.embeddings, rows)
+    data = store.entry_dir(first.key) / "embeddings.npy"
+    bytes_ = data.read_bytes()
+    data.unlink()
+    data.write_bytes(bytes_)  # the same bytes in a new file: read again, checked again
+    third = store.get_or_compute({"model": "m"}, 50, compute)
+    assert third.hit and third.embeddings is not first.embeddings
+    np.testing.assert_array_equal(third.embeddings, rows)
+
+
+def test_cached_rows_kept_in_memory_are_bounded(tmp_path, monkeypatch):
+    import fusebench.cache as cache
+
+    monkeypatch.setattr(cache, "_ROWS", cache.OrderedDict())
+    monkeypatch.setattr(cache, "ROWS_MEMO_BYTES", 2 * 50 * 8 * 4)  # two 50 x 8 float32 entries
+    store = cache.EmbeddingCache(tmp_path, "fp32", 50)
+    for seed in range(3):
+        rows = np.random.default_rng(seed).standard_normal((50, 8)).astype(np.float32)
+        store.get_or_compute({"model": seed}, 50, lambda idx, r=rows: [(r[idx], {})])
+        store.get_or_compute({"model": seed}, 50, lambda idx: pytest.fail("a hit computes nothing"))
+    assert len(cache._ROWS) == 2 and sum(r.nbytes for r in cache._ROWS.values()) <= cache.ROWS_MEMO_BYTES

@@ -68,9 +68,14 @@ CHECKSUMS: dict[str, Callable[[Path], str]] = {"sha256": file_sha256, "crc32": f
 _REMEMBERED: dict[tuple[str, int, int, int, int], str] = {}  # (kind, device, inode, size, mtime_ns) -> checksum
 
 
-def _identity(path: Path, kind: str) -> tuple[str, int, int, int, int]:
+def file_identity(path: Path) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime in ns): what changes when a file is replaced or written."""
     stat = Path(path).stat()
-    return kind, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def _identity(path: Path, kind: str) -> tuple[str, int, int, int, int]:
+    return kind, *file_identity(path)
 
 
 def remembered_checksum(path: Path, kind: str = "sha256") -> str:

@@ -14,6 +14,7 @@ themselves aside: those live as long as the array does).
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import TypeVar
@@ -39,7 +40,7 @@ def remember(array: np.ndarray, what: str, value: object) -> None:
     if array.flags.writeable:
         return
     key = (id(array), what)
-    _DERIVED[key] = (weakref.ref(array, lambda ref, key=key: _forget(key, ref)), value)
+    _DERIVED[key] = (weakref.ref(array, functools.partial(_forget, key)), value)
 
 
 def derived(array: np.ndarray, what: str, compute: Callable[[np.ndarray], T]) -> T:
@@ -53,10 +54,11 @@ def derived(array: np.ndarray, what: str, compute: Callable[[np.ndarray], T]) ->
     return value
 
 
-def _forget(key: tuple[int, str], ref: weakref.ref) -> None:
-    found = _DERIVED.get(key)
+def _forget(key: tuple[int, str], ref: weakref.ref, entries: dict = _DERIVED) -> None:
+    """Drop the entry of a collected array (no globals: at exit they may be gone before the arrays are)."""
+    found = entries.get(key)
     if found is not None and found[0] is ref:  # not a newer array that took the same id since
-        del _DERIVED[key]
+        del entries[key]
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
