@@ -140,3 +140,26 @@ def test_cached_rows_kept_in_memory_are_bounded(tmp_path, monkeypatch):
         store.get_or_compute({"model": seed}, 50, lambda idx, r=rows: [(r[idx], {})])
         store.get_or_compute({"model": seed}, 50, lambda idx: pytest.fail("a hit computes nothing"))
     assert len(cache._ROWS) == 2 and sum(r.nbytes for r in cache._ROWS.values()) <= cache.ROWS_MEMO_BYTES
+
+
+def test_list_store_hits_of_one_process_share_read_only_arrays(tmp_path, monkeypatch):
+    import fusebench.list_store as list_store
+    from fusebench.lists import compute_model_lists
+
+    monkeypatch.setattr(list_store, "_ARRAYS", list_store.OrderedDict())
+    rng = np.random.default_rng(5)
+    caption_image = np.repeat(np.arange(30), 3)
+    text, image = rng.standard_normal((90, 6)).astype(np.float32), rng.standard_normal((30, 6)).astype(np.float32)
+    compute = lambda depth: compute_model_lists(text, image, caption_image, depth)  # noqa: E731
+    store = list_store.ListStore(tmp_path)
+    material = {"kind": "lists", "model": "m"}
+    cold = store.get_or_compute(material, 10, 30, 90, compute)
+    first, second = (store.get_or_compute(material, 10, 30, 90, compute) for _ in range(2))
+    assert first.hit and second.hit and second.lists.arrays is first.lists.arrays  # read once
+    assert all(not a.flags.writeable for a in first.lists.arrays.values())
+    for name, array in cold.lists.arrays.items():
+        np.testing.assert_array_equal(first.lists.arrays[name], array)
+    monkeypatch.setattr(list_store, "LISTS_MEMO_BYTES", 0)  # nothing kept: every hit reads the file again
+    list_store._ARRAYS.clear()
+    assert store.get_or_compute(material, 10, 30, 90, compute).lists.arrays is not first.lists.arrays
+    assert len(list_store._ARRAYS) == 0
