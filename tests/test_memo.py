@@ -111,7 +111,7 @@ def test_jobs_of_one_process_share_sim_rows_and_keys_and_get_the_same_results(co
 def test_cache_hits_of_one_process_share_read_only_rows_until_the_file_changes(tmp_path, monkeypatch):
     import fusebench.cache as cache
 
-    monkeypatch.setattr(cache, "_ROWS", cache.OrderedDict())
+    monkeypatch.setattr(cache, "ROWS", memo.FileReads(cache.ROWS.budget))
     rows = np.random.default_rng(3).standard_normal((50, 8)).astype(np.float32)
     store = cache.EmbeddingCache(tmp_path, "fp32", 20)
     compute = lambda idx: [(rows[idx], {})]  # noqa: E731
@@ -132,21 +132,20 @@ def test_cache_hits_of_one_process_share_read_only_rows_until_the_file_changes(t
 def test_cached_rows_kept_in_memory_are_bounded(tmp_path, monkeypatch):
     import fusebench.cache as cache
 
-    monkeypatch.setattr(cache, "_ROWS", cache.OrderedDict())
-    monkeypatch.setattr(cache, "ROWS_MEMO_BYTES", 2 * 50 * 8 * 4)  # two 50 x 8 float32 entries
+    monkeypatch.setattr(cache, "ROWS", memo.FileReads(2 * 50 * 8 * 4))  # two 50 x 8 float32 entries
     store = cache.EmbeddingCache(tmp_path, "fp32", 50)
     for seed in range(3):
         rows = np.random.default_rng(seed).standard_normal((50, 8)).astype(np.float32)
         store.get_or_compute({"model": seed}, 50, lambda idx, r=rows: [(r[idx], {})])
         store.get_or_compute({"model": seed}, 50, lambda idx: pytest.fail("a hit computes nothing"))
-    assert len(cache._ROWS) == 2 and sum(r.nbytes for r in cache._ROWS.values()) <= cache.ROWS_MEMO_BYTES
+    assert len(cache.ROWS.entries) == 2 and sum(r.nbytes for r in cache.ROWS.entries.values()) <= cache.ROWS.budget
 
 
 def test_list_store_hits_of_one_process_share_read_only_arrays(tmp_path, monkeypatch):
     import fusebench.list_store as list_store
     from fusebench.lists import compute_model_lists
 
-    monkeypatch.setattr(list_store, "_ARRAYS", list_store.OrderedDict())
+    monkeypatch.setattr(list_store, "LISTS", memo.FileReads(list_store.LISTS.budget))
     rng = np.random.default_rng(5)
     caption_image = np.repeat(np.arange(30), 3)
     text, image = rng.standard_normal((90, 6)).astype(np.float32), rng.standard_normal((30, 6)).astype(np.float32)
@@ -159,7 +158,6 @@ def test_list_store_hits_of_one_process_share_read_only_arrays(tmp_path, monkeyp
     assert all(not a.flags.writeable for a in first.lists.arrays.values())
     for name, array in cold.lists.arrays.items():
         np.testing.assert_array_equal(first.lists.arrays[name], array)
-    monkeypatch.setattr(list_store, "LISTS_MEMO_BYTES", 0)  # nothing kept: every hit reads the file again
-    list_store._ARRAYS.clear()
+    monkeypatch.setattr(list_store, "LISTS", memo.FileReads(0))  # nothing kept: every hit reads the file again
     assert store.get_or_compute(material, 10, 30, 90, compute).lists.arrays is not first.lists.arrays
-    assert len(list_store._ARRAYS) == 0
+    assert len(list_store.LISTS.entries) == 0

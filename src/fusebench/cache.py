@@ -23,7 +23,6 @@ import shutil
 import time
 import zipfile
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +31,10 @@ import numpy as np
 from filelock import FileLock
 
 from fusebench import FusebenchError, memo
-from fusebench.files import CHECKSUMS, atomic_save, atomic_write_text, file_identity, file_sha256, remembered_checksum
+from fusebench.files import CHECKSUMS, atomic_save, atomic_write_text, file_sha256, remembered_checksum
 
 log = logging.getLogger(__name__)
-ROWS_MEMO_BYTES = 768 << 20  # entries' rows kept in memory for the next job of the process (as encoders.sim keeps)
-_ROWS: OrderedDict[tuple, np.ndarray] = OrderedDict()  # file identity -> read-only float32 rows
+ROWS = memo.FileReads(768 << 20)  # entries' rows kept for the next job of the process (as encoders.sim keeps rows)
 STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 # what reading a damaged .npy/.npz/.json raises (cut short, bytes flipped, another type of file)
 UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError, zipfile.BadZipFile,
@@ -86,20 +84,10 @@ def data_file_problem(path: Path, meta: dict, once_per_process: bool = False) ->
 
 
 def shared_rows(path: Path) -> np.ndarray:
-    """An entry's rows as float32, read once per process for the unchanged file (``files.file_identity``) and
-    returned read-only: the jobs of a sweep on the basic launcher share them, and so share what is derived
-    from them (normalised rows, store keys: ``fusebench.memo``). Entries up to ``ROWS_MEMO_BYTES`` / 2 are
-    kept, ``ROWS_MEMO_BYTES`` in all, least recently used first out."""
-    identity = file_identity(path)
-    if identity in _ROWS:
-        _ROWS.move_to_end(identity)
-        return _ROWS[identity]
-    rows = memo.read_only(np.load(path, allow_pickle=False).astype(np.float32))
-    if rows.nbytes <= ROWS_MEMO_BYTES // 2:
-        _ROWS[identity] = rows
-        while sum(r.nbytes for r in _ROWS.values()) > ROWS_MEMO_BYTES:
-            _ROWS.popitem(last=False)
-    return rows
+    """An entry's rows as float32, read once per process for the unchanged file and returned read-only: the jobs
+    of a sweep on the basic launcher share them, and so share what is derived from them (normalised rows,
+    store keys: ``fusebench.memo``)."""
+    return ROWS.get(path, lambda p: memo.read_only(np.load(p, allow_pickle=False).astype(np.float32)))
 
 
 def _add_stats(total: dict, more: dict) -> None:

@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,13 +33,12 @@ from filelock import FileLock
 
 from fusebench import memo
 from fusebench.cache import UNREADABLE, cache_key, data_file_problem, discard_entry, read_meta, remove_entries, scan_entries, unreadable
-from fusebench.files import atomic_save, atomic_write_text, file_identity, file_sha256
+from fusebench.files import atomic_save, atomic_write_text, file_sha256
 from fusebench.lists import DIRECTIONS, ModelLists
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the stored arrays change meaning; older entries are then recomputed
-LISTS_MEMO_BYTES = 256 << 20  # entries' arrays kept in memory for the next job of the process
-_ARRAYS: OrderedDict[tuple, dict[str, np.ndarray]] = OrderedDict()  # file identity -> read-only arrays
+LISTS = memo.FileReads(256 << 20)  # entries' arrays kept for the next job of the process
 FIELDS = tuple(f"{d}_{f}" for d in DIRECTIONS for f in ("ids", "scores", "ranks"))
 
 
@@ -173,21 +171,14 @@ class ListStore:
 
 
 def shared_arrays(path: Path) -> dict[str, np.ndarray]:
-    """An entry's arrays, read once per process for the unchanged file (``files.file_identity``) and returned
-    read-only: the jobs of a sweep on the basic launcher read the same lists (~25 MB a COCO model, ~40 ms to
-    read). ``LISTS_MEMO_BYTES`` in all are kept, least recently used first out."""
-    identity = file_identity(path)
-    if identity in _ARRAYS:
-        _ARRAYS.move_to_end(identity)
-        return _ARRAYS[identity]
+    """An entry's arrays, read once per process for the unchanged file and returned read-only: the jobs of a
+    sweep on the basic launcher read the same lists (~25 MB a COCO model, ~40 ms to read, CRCs checked)."""
+    return LISTS.get(path, _read_arrays)
+
+
+def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as npz:
-        arrays = {name: memo.read_only(npz[name]) for name in FIELDS}
-    size = sum(a.nbytes for a in arrays.values())
-    if size <= LISTS_MEMO_BYTES // 2:
-        _ARRAYS[identity] = arrays
-        while sum(a.nbytes for entry in _ARRAYS.values() for a in entry.values()) > LISTS_MEMO_BYTES:
-            _ARRAYS.popitem(last=False)
-    return arrays
+        return {name: memo.read_only(npz[name]) for name in FIELDS}
 
 
 def _shape_problem(arrays: dict[str, np.ndarray], n_images: int, n_captions: int) -> str | None:

@@ -10,16 +10,23 @@ between jobs are made read-only so that nothing can change them in place). A wri
 afresh every time, since its contents may change under the same object. An entry is dropped when its
 array is garbage-collected, so the memo holds nothing its arrays do not already keep alive (the values
 themselves aside: those live as long as the array does).
+
+``FileReads`` keeps what a process read from a file (an embedding-cache entry's rows, a list-store entry's
+lists) for its next job while the file is unchanged, so that those jobs get the same read-only arrays.
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+
+from fusebench.files import file_identity
 
 T = TypeVar("T")
 _DERIVED: dict[tuple[int, str], tuple[weakref.ref, object]] = {}  # (id(array), what) -> (ref to array, value)
@@ -59,6 +66,34 @@ def _forget(key: tuple[int, str], ref: weakref.ref, entries: dict = _DERIVED) ->
     found = entries.get(key)
     if found is not None and found[0] is ref:  # not a newer array that took the same id since
         del entries[key]
+
+
+def nbytes(value) -> int:
+    """Bytes held by an array, or by the arrays of a dict."""
+    return sum(a.nbytes for a in value.values()) if isinstance(value, dict) else value.nbytes
+
+
+class FileReads:
+    """What a process read from files, kept for its next job while each file is unchanged (same device, inode,
+    size and modification time: ``files.file_identity``): at most ``budget`` bytes in all, an entry up to half
+    of it, least recently used first out. ``read(path)`` must return read-only arrays (or a dict of them):
+    every job that reads the file gets the same objects."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.entries: OrderedDict[tuple, object] = OrderedDict()
+
+    def get(self, path: Path, read: Callable[[Path], T]) -> T:
+        identity = file_identity(path)
+        if identity in self.entries:
+            self.entries.move_to_end(identity)
+            return self.entries[identity]  # type: ignore[return-value]
+        value = read(path)
+        if nbytes(value) <= self.budget // 2:
+            self.entries[identity] = value
+            while sum(nbytes(v) for v in self.entries.values()) > self.budget:
+                self.entries.popitem(last=False)
+        return value
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
