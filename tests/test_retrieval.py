@@ -219,7 +219,9 @@ def test_read_ahead_loads_each_block_once_in_order_and_at_most_one_ahead(ahead):
     in order, each loaded once; a load's error reaches the caller."""
     loaded, yielded = [], []
 
-    def load(r0, r1):
+    def load(r0, r1, i):
+        assert (r0, r1) == [(0, 2), (2, 4), (4, 5)][i]
+        assert len(yielded) >= i - 1  # the caller is done with block i - 2 (its buffers may be refilled)
         loaded.append(r0)
         return r0 * 10
     for (r0, _), value in _read_ahead(load, [(0, 2), (2, 4), (4, 5)], ahead):
@@ -227,7 +229,32 @@ def test_read_ahead_loads_each_block_once_in_order_and_at_most_one_ahead(ahead):
         assert len(loaded) <= len(yielded) + (1 if ahead else 0)  # never more than one block ahead
     assert yielded == [(0, 0), (2, 20), (4, 40)] and sorted(loaded) == [0, 2, 4]
 
-    def broken(r0, r1):
+    def broken(r0, r1, i):
         raise OSError(f"rows {r0}:{r1} ended early")
     with pytest.raises(OSError, match="rows 0:2 ended early"):
         list(_read_ahead(broken, [(0, 2), (2, 4)], ahead))
+
+
+@pytest.mark.parametrize("method,fuse_on", [("dbsf", "document"), ("rrf", "source_object"), ("zscore", "source_object")])
+def test_dense_blocks_read_into_reused_buffers_give_the_same_result(case, tmp_path, monkeypatch, method, fuse_on):
+    """Block i is read into block i - 2's buffers (scores, stored orders and moments, fresh or stored rows):
+    the same lists and ranks as fresh arrays for every block."""
+    import fusebench.dense as dense
+
+    models, caption_image = case
+    config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None)
+    refilled = []
+    read = dense.BlockBuffers.read
+
+    def spy(self, rows, r0, r1, i, key):
+        refilled.append(key in self.sets[i % len(self.sets)])
+        return read(self, rows, r0, r1, i, key)
+    monkeypatch.setattr(dense.BlockBuffers, "read", spy)
+    tiny = {"keep_k": 12, "chunk_size": 5, "item_chunk_size": 4}
+    reused = [_run(models, caption_image, config, **tiny),  # fresh rows, then stored rows (read ahead) twice
+              *(_run(models, caption_image, config, store_dir=str(tmp_path), **tiny) for _ in range(2))]
+    assert any(refilled) and not all(refilled)  # the first two blocks allocate, later ones refill
+    monkeypatch.setattr(dense.BlockBuffers, "read", lambda self, rows, r0, r1, i, key: rows(r0, r1))
+    fresh = _run(models, caption_image, config, **tiny)
+    for out in reused:
+        _assert_same(fresh, out)

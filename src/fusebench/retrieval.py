@@ -122,8 +122,11 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
         """Rows computed from the embeddings, block by block (built only when something will compute)."""
         image, text = float_rows(model.image, device), float_rows(model.text, device)
         sides = {"t2i": (text, image), "i2t": (image[torch.as_tensor(query_images, device=device)], text)}
-        return {d: (lambda r0, r1, q=q, items=items: full_rows(q[r0:r1], items, settings.item_chunk_size,
-                                                                 torch.empty(r1 - r0, items.shape[0], device=device)))
+        def out(r0: int, r1: int, items: torch.Tensor, into: np.ndarray | None) -> torch.Tensor:
+            return torch.empty(r1 - r0, items.shape[0], device=device) if into is None else torch.from_numpy(into[: r1 - r0])
+
+        return {d: (lambda r0, r1, into=None, q=q, items=items: full_rows(q[r0:r1], items, settings.item_chunk_size,
+                                                                            out(r0, r1, items, into)))
                 for d, (q, items) in sides.items()}
 
     megabytes = 4 * sum(a * b for a, b in shapes.values()) / 2**20
@@ -149,7 +152,8 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
     source.records.setdefault(model.name, {})["scores"] = {"stored": True, "hit": hit, "mb": round(megabytes),
                                                            "orders": "order" in beside, "moments": "moments" in beside,
                                                            "seconds": round(time.perf_counter() - started, 3)}
-    return {d: (lambda r0, r1, reader=readers[d]: reader(r0, r1).to(device)) for d in DIRECTIONS}, beside
+    return {d: (lambda r0, r1, into=None, reader=readers[d]: reader(r0, r1, into=into).to(device))
+            for d in DIRECTIONS}, beside
 
 
 def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
