@@ -106,3 +106,29 @@ def test_a_sweep_job_hands_its_plots_over_unless_its_logger_needs_them(compose_c
     assert (tmp_path / "job" / "plots" / "recall_bars.png").is_file() != later
     pipeline.run(cfg, str(tmp_path / "alone"))
     assert len(queued) == (1 if later else 0) and (tmp_path / "alone" / "plots" / "recall_bars.png").is_file()
+
+
+def test_score_distributions_of_the_same_single_models_are_drawn_once(two_runs, tmp_path, monkeypatch):
+    """Jobs that differ only in fusion show the same single-model scores: the process draws that plot once and
+    copies it (the same bytes as a fresh drawing); other inputs, or a PNG changed since, are drawn."""
+    from dataclasses import replace
+
+    from fusebench.report import plots
+
+    monkeypatch.setattr(plots, "_DRAWN", {})
+    drawn = []
+    draw = plots._draw_score_distributions
+    monkeypatch.setattr(plots, "_draw_score_distributions", lambda *args: drawn.append(1) or draw(*args))
+    (rrf_dir, rrf), (dbsf_dir, dbsf) = two_runs
+    assert rrf.fusion.get("ddof", 0) == dbsf.fusion.get("ddof", 0)
+    first = plots.score_distributions(rrf_dir, rrf, tmp_path / "rrf.png")
+    copied = plots.score_distributions(dbsf_dir, dbsf, tmp_path / "dbsf.png")
+    assert len(drawn) == 1 and copied.read_bytes() == first.read_bytes()
+    monkeypatch.setattr(plots, "_DRAWN", {})
+    fresh = plots.score_distributions(dbsf_dir, dbsf, tmp_path / "fresh.png")
+    assert len(drawn) == 2 and fresh.read_bytes() == copied.read_bytes()
+    other = plots.score_distributions(dbsf_dir, replace(dbsf, fusion={**dbsf.fusion, "ddof": 1}), tmp_path / "ddof1.png")
+    assert len(drawn) == 3 and other.read_bytes() != fresh.read_bytes()
+    fresh.write_bytes(b"changed since")  # the PNG a copy would come from is not what was drawn: draw again
+    again = plots.score_distributions(dbsf_dir, dbsf, tmp_path / "again.png")
+    assert len(drawn) == 4 and again.read_bytes() == copied.read_bytes()

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from fusebench import FUSED
 from fusebench.comparisons import level_label
+from fusebench.files import atomic_save, file_identity
 from fusebench.record import RunRecord
 
 log = logging.getLogger(__name__)
+_DRAWN: dict[str, tuple[Path, tuple]] = {}  # digest of a plot's inputs -> (a PNG this process drew, its identity)
+_DRAWN_LOCK = threading.Lock()
 DPI = 100
 # Axes titles sit at the top of their axes (1.0, as matplotlib's automatic placement leaves them when nothing is
 # drawn above the axes: true of every plot here). Set explicitly, matplotlib skips the automatic placement,
@@ -35,6 +42,31 @@ def subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] | None
     fig = figure_type(figsize=figsize)
     canvas_type(fig)
     return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.sha256(f"{array.dtype.str}{array.shape}".encode() + np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def drawn_once(inputs: list, path: Path, draw: Callable[[], Path]) -> Path:
+    """``draw()``, which writes ``path``; or, when this process already drew a plot from the same ``inputs``
+    (everything the figure shows, digested) and that PNG is still as it was written, a copy of it: the same
+    bytes without matplotlib (~0.2 s a plot, on the thread that draws a sweep's plots)."""
+    key = hashlib.sha256(repr(inputs).encode()).hexdigest()
+    with _DRAWN_LOCK:
+        earlier = _DRAWN.get(key)
+    if earlier is not None:
+        source, identity = earlier
+        try:
+            if file_identity(source) == identity:
+                atomic_save(path, lambda tmp: shutil.copyfile(source, tmp))
+                return path
+        except OSError:  # gone or changed since: draw it
+            pass
+    draw()
+    with _DRAWN_LOCK:
+        _DRAWN[key] = (path, file_identity(path))
+    return path
 
 
 def wilson(p_percent: float, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -151,19 +183,28 @@ def forest(rows: list[dict], path: Path, title: str) -> Path | None:
 
 
 def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | None:
-    """Each single model's top-list scores, raw and DBSF-rescaled per query (what fusion adds up)."""
+    """Each single model's top-list scores, raw and DBSF-rescaled per query (what fusion adds up). The same
+    for every job of a sweep over fusion settings: drawn once per process, copied for the jobs after."""
     singles = record.singles
     files = [run_dir / "topk" / f"{n}.t2i.npz" for n in singles]
     if not singles or not all(f.is_file() for f in files):
         return None
-    fig, axes = subplots(1, 2, figsize=(10, 3.8))
     ddof = record.fusion.get("ddof", 0)
+    scores = {}
     for name, file in zip(singles, files):
         with np.load(file) as data:
-            scores = data["scores"].astype(np.float64)
-        axes[0].hist(scores.ravel(), bins=60, alpha=0.5, label=name, density=True, histtype="stepfilled")
-        mean, sd = scores.mean(axis=1, keepdims=True), scores.std(axis=1, ddof=ddof, keepdims=True)
-        rescaled = np.where(sd > 0, (scores - (mean - 3 * sd)) / (6 * np.where(sd > 0, sd, 1)), 0.5)
+            scores[name] = data["scores"]
+    inputs = [_title(record), ddof, *((name, _digest(array)) for name, array in scores.items())]
+    return drawn_once(inputs, path, lambda: _draw_score_distributions(scores, ddof, record, path))
+
+
+def _draw_score_distributions(scores: dict[str, np.ndarray], ddof: int, record: RunRecord, path: Path) -> Path:
+    fig, axes = subplots(1, 2, figsize=(10, 3.8))
+    for name, stored in scores.items():
+        values = stored.astype(np.float64)
+        axes[0].hist(values.ravel(), bins=60, alpha=0.5, label=name, density=True, histtype="stepfilled")
+        mean, sd = values.mean(axis=1, keepdims=True), values.std(axis=1, ddof=ddof, keepdims=True)
+        rescaled = np.where(sd > 0, (values - (mean - 3 * sd)) / (6 * np.where(sd > 0, sd, 1)), 0.5)
         axes[1].hist(rescaled.ravel(), bins=60, alpha=0.5, label=name, density=True, histtype="stepfilled")
     axes[0].set_title("t2i top-list scores, raw cosine", y=TITLE_Y)
     axes[1].set_title("the same, DBSF-rescaled per query list", y=TITLE_Y)
@@ -312,8 +353,6 @@ def _save(fig, path: Path, margins: dict | None = None) -> Path:
         fig.subplots_adjust(**margins)
     else:
         fig.tight_layout()
-    from fusebench.files import atomic_save
-
     # written beside and renamed: a plot is whole or absent (a sweep's plots are drawn on a second thread)
     atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI, pil_kwargs={"compress_level": 1}))
     return path  # fast zlib level above: a sweep draws 5 per job
