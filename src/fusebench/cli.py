@@ -23,7 +23,7 @@ from hydra.errors import CompactHydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from fusebench import FusebenchError, schema
+from fusebench import FusebenchError, interrupts, schema
 
 # the configs ship inside the package, so `pip install .` (a wheel) works from any folder
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
@@ -156,8 +156,10 @@ def main() -> None:
     from fusebench.report.callback import SweepReport
 
     SweepReport.failed = None
+    interrupts.watch()
     try:
         app()
+        interrupts.check()  # a Ctrl-C whose exception Python dropped (see fusebench.interrupts)
     except KeyboardInterrupt:
         from fusebench.report import background
 
@@ -183,6 +185,7 @@ def main() -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
+    interrupts.check()  # Ctrl-C during the previous job: no further job starts
     prepare_process()  # imported here, not at the top, so --help and --cfg stay fast
     from fusebench.pipeline import run, start_fresh
     hydra_cfg = HydraConfig.get()

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from fusebench import FUSED, FusebenchError, __version__, checks
+from fusebench import FUSED, FusebenchError, __version__, checks, interrupts
 from fusebench.comparisons import oracle_metrics, paired_comparisons, retriever_result
 from fusebench.data import load_corpus
 from fusebench.devices import resolve_device
@@ -297,6 +297,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str, next_job_follows: bool = False)
             record.retrievers[name].positives = block
         record.positives = {p.name: p.summary() for p in extra}
     try:
+        interrupts.check()  # a Ctrl-C Python dropped during the run: stop before writing anything
         write_run_outputs(out_dir, lists, record, settings["save_topk"], queries=clusters)
     except OSError as err:
         raise FusebenchError(f"could not write the outputs to {out_dir}: {err.strerror or err} "
