@@ -1,5 +1,6 @@
 """Files fusebench writes and checks: atomic writes (a temp file beside the target, renamed into place),
-SHA-256 digests, and CRC-32 checksums for the score store's large matrices (2.5x faster to check here)."""
+SHA-256 digests (of files, and of arrays for store keys), and CRC-32 checksums for the score store's large
+matrices (2.5x faster to check here)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 
 def atomic_save(path: Path, writer: Callable[[Path], None]) -> None:
@@ -28,6 +31,14 @@ def atomic_save(path: Path, writer: Callable[[Path], None]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_save(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def array_digest(array: np.ndarray) -> str:
+    """SHA-256 of an array's dtype, shape and bytes."""
+    array = np.ascontiguousarray(array)
+    digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+    digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
 
 
 def file_sha256(path: Path, block: int = 1 << 22) -> str:

@@ -17,7 +17,6 @@ format is reported, removed and recomputed, never used.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -33,21 +32,13 @@ from filelock import FileLock
 
 from fusebench import memo
 from fusebench.cache import UNREADABLE, cache_key, data_file_problem, discard_entry, read_meta, remove_entries, scan_entries, unreadable
-from fusebench.files import atomic_save, atomic_write_text, file_sha256
+from fusebench.files import array_digest, atomic_save, atomic_write_text, file_sha256
 from fusebench.lists import DIRECTIONS, ModelLists
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the stored arrays change meaning; older entries are then recomputed
 LISTS = memo.FileReads(256 << 20)  # entries' arrays kept for the next job of the process
 FIELDS = tuple(f"{d}_{f}" for d in DIRECTIONS for f in ("ids", "scores", "ranks"))
-
-
-def array_digest(array: np.ndarray) -> str:
-    """SHA-256 of an array's dtype, shape and bytes."""
-    array = np.ascontiguousarray(array)
-    digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
-    digest.update(memoryview(array).cast("B"))
-    return digest.hexdigest()
 
 
 def array_digests(arrays: Sequence[np.ndarray]) -> list[str]:

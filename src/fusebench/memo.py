@@ -30,7 +30,6 @@ from fusebench.files import file_identity
 
 T = TypeVar("T")
 _DERIVED: dict[tuple[int, str], tuple[weakref.ref, object]] = {}  # (id(array), what) -> (ref to array, value)
-COUNTS = {"computed": 0, "reused": 0}  # for tests and benchmarks
 
 
 def known(array: np.ndarray, what: str):
@@ -38,7 +37,6 @@ def known(array: np.ndarray, what: str):
     found = _DERIVED.get((id(array), what))
     if found is None or found[0]() is not array:
         return None
-    COUNTS["reused"] += 1
     return found[1]
 
 
@@ -56,7 +54,6 @@ def derived(array: np.ndarray, what: str, compute: Callable[[np.ndarray], T]) ->
     if found is not None:
         return found
     value = compute(array)
-    COUNTS["computed"] += 1
     remember(array, what, value)
     return value
 

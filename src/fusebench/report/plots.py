@@ -13,7 +13,7 @@ import numpy as np
 
 from fusebench import FUSED
 from fusebench.comparisons import level_label
-from fusebench.files import atomic_save, file_identity
+from fusebench.files import array_digest, atomic_save, file_identity
 from fusebench.record import RunRecord
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,6 @@ def subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] | None
     fig = figure_type(figsize=figsize)
     canvas_type(fig)
     return fig, fig.subplots(nrows, ncols, **kwargs)
-
-
-def _digest(array: np.ndarray) -> str:
-    return hashlib.sha256(f"{array.dtype.str}{array.shape}".encode() + np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
 def drawn_once(inputs: list, path: Path, draw: Callable[[], Path]) -> Path:
@@ -194,7 +190,7 @@ def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | 
     for name, file in zip(singles, files):
         with np.load(file) as data:
             scores[name] = data["scores"]
-    inputs = [_title(record), ddof, *((name, _digest(array)) for name, array in scores.items())]
+    inputs = [_title(record), ddof, *((name, array_digest(array)) for name, array in scores.items())]
     return drawn_once(inputs, path, lambda: _draw_score_distributions(scores, ddof, record, path))
 
 
