@@ -9,8 +9,14 @@ checkpoint fingerprint, preprocessing, corpus fingerprint, storage dtype, librar
     ROOT/ab/abcdef....lock             held while an entry is computed (two sweep jobs never both write)
 
 Every file is written to a temp name and renamed; meta.json is written last, so an entry with meta.json is
-complete. A complete entry whose .npy does not match its recorded size and checksum is reported, removed
-and recomputed; it is never read as data.
+complete. A complete entry is read only when it is provably the one asked for (``entry_meta``: meta.json
+records this entry's key, and key material equal to what was asked for: an entry copied over another's is
+not) and its .npy matches its recorded size and checksum; else it is reported, removed and recomputed,
+never read as data. A chunk records its entry's key too. What sits where a store keeps a file but is none
+(a directory, a link to nowhere: a lock, a chunk, meta.json) is reported and removed (``clear_non_file``).
+
+The helpers here (``entry_meta``, ``entry_lock``, ``clear_non_file``, ``discard_entry``, ``scan_entries``,
+``remove_entry``) are shared by the list store and the score store.
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 import zipfile
 import zlib
@@ -31,7 +36,7 @@ import numpy as np
 from filelock import FileLock
 
 from fusebench import FusebenchError, memo
-from fusebench.files import CHECKSUMS, atomic_save, atomic_write_text, file_sha256, remembered_checksum
+from fusebench.files import CHECKSUMS, atomic_save, atomic_write_text, clear_path, file_sha256, not_a_file, remembered_checksum
 
 log = logging.getLogger(__name__)
 ROWS = memo.FileReads(768 << 20)  # entries' rows kept for the next job of the process (as encoders.sim keeps rows)
@@ -64,18 +69,80 @@ def unreadable(err: BaseException) -> str:
 def discard_entry(folder: Path, store: str, problem: str) -> None:
     """Report a corrupt or outdated store entry and remove it, so that it is recomputed (never trusted)."""
     log.warning("%s entry %s is corrupt or outdated: %s; removing it and recomputing", store, folder, problem)
-    shutil.rmtree(folder, ignore_errors=True)
+    clear_path(folder)
+
+
+def clear_non_file(path: Path, store: str | None) -> None:
+    """Remove what sits at ``path`` where a store keeps a regular file but is none (a directory, a link to
+    nowhere, ...), so that the file can be written there again; reported as ``store``'s damage (None: already
+    reported). A regular file, or nothing, is left as it is."""
+    kind = not_a_file(path)
+    if kind not in (None, "missing"):
+        if store is not None:
+            log.warning("%s: %s is %s, not a file; removing it", store, path, kind)
+        clear_path(path)
+
+
+def entry_lock(folder: Path, store: str) -> FileLock:
+    """The lock of a store entry (``folder.lock``), after removing (and reporting) a directory or other non-file
+    found at its path: no process can hold such a lock, and every job would fail on it."""
+    lock = Path(str(folder) + ".lock")
+    clear_non_file(lock, store)
+    return FileLock(str(lock))
+
+
+def recorded_material(material: dict) -> dict:
+    """``material`` as meta.json records it (a JSON round trip: tuples become lists, keys strings)."""
+    return json.loads(json.dumps(material, default=str))
+
+
+def key_problem(meta: dict, key: str, material: dict | None) -> str | None:
+    """Why ``meta`` is not the meta.json of the entry keyed ``key`` for ``material`` (None: not checked): it
+    records another key, or other inputs (an entry copied or moved from elsewhere); None when it is."""
+    if meta.get("key") != key:
+        return f"meta.json records key {str(meta.get('key'))[:16]}, not this entry's {key[:16]} (copied from another entry?)"
+    if material is not None and meta.get("material") != recorded_material(material):
+        return "meta.json records inputs other than this entry's"
+    return None
+
+
+def entry_meta(folder: Path, key: str, material: dict | None) -> tuple[dict | None, str | None]:
+    """A store entry's meta.json, proven to be this entry's: ``(meta, None)``; ``(None, None)`` when the entry
+    is absent or has no meta.json (never finished); ``(None, problem)`` when the entry or its meta.json is not
+    what fusebench writes there (a file for the folder, a directory for meta.json, not a JSON object) or it
+    records another key or other inputs (``key_problem``)."""
+    meta_path = folder / "meta.json"
+    if os.path.lexists(folder) and not folder.is_dir():
+        return None, f"the entry is {not_a_file(folder) or 'a file'}, not a folder"
+    if not os.path.lexists(meta_path):
+        return None, None
+    kind = not_a_file(meta_path)
+    if kind is not None:
+        return None, f"meta.json is {kind}, not a file"
+    try:
+        meta = read_meta(meta_path)
+    except UNREADABLE as err:
+        return None, unreadable(err)
+    problem = key_problem(meta, key, material)
+    return (None, problem) if problem else (meta, None)
+
+
+def data_file_size_problem(path: Path, size: int) -> str | None:
+    """Why a data file fails the cheap checks (present, a regular file, its recorded size), or None."""
+    kind = not_a_file(path)
+    if kind is not None:
+        return f"{path.name} is {kind}"
+    found = path.stat().st_size
+    return None if found == size else f"{path.name} has {found} bytes, expected {size} (truncated?)"
 
 
 def data_file_problem(path: Path, meta: dict, once_per_process: bool = False) -> str | None:
-    """Why the data file of a complete entry cannot be trusted (missing, wrong size, wrong checksum: ``crc32``
-    or ``sha256``, whichever ``meta`` records), or None. ``once_per_process``: a checksum this process computed
-    or wrote for the unchanged file is not read again (``files.remembered_checksum``)."""
-    if not path.is_file():
-        return f"{path.name} is missing"
-    size = path.stat().st_size
-    if size != meta["bytes"]:
-        return f"{path.name} has {size} bytes, expected {meta['bytes']} (truncated?)"
+    """Why the data file of a complete entry cannot be trusted (missing, not a regular file, wrong size, wrong
+    checksum: ``crc32`` or ``sha256``, whichever ``meta`` records), or None. ``once_per_process``: a checksum
+    this process computed or wrote for the unchanged file is not read again (``files.remembered_checksum``)."""
+    problem = data_file_size_problem(path, meta["bytes"])
+    if problem is not None:
+        return problem
     kind = "crc32" if "crc32" in meta else "sha256"
     checksum = remembered_checksum(path, kind) if once_per_process else CHECKSUMS[kind](path)
     if checksum != meta[kind]:
@@ -134,19 +201,19 @@ class EmbeddingCache:
         key = cache_key(material)
         folder = self.entry_dir(key)
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(folder) + ".lock"):
-            found = self._read_complete(folder, key, n_rows)
+        with entry_lock(folder, "cache"):
+            found = self._read_complete(folder, key, material, n_rows)
             if found is not None:
                 return found
             return self._compute(folder, key, material, n_rows, compute, label, info or {})
 
-    def _read_complete(self, folder: Path, key: str, n_rows: int) -> CacheResult | None:
-        meta_path, data_path = folder / "meta.json", folder / "embeddings.npy"
-        if not meta_path.is_file():
-            return None
+    def _read_complete(self, folder: Path, key: str, material: dict, n_rows: int) -> CacheResult | None:
+        data_path = folder / "embeddings.npy"
+        meta, problem = entry_meta(folder, key, material)
+        if meta is None and problem is None:
+            return None  # not computed yet, or unfinished: its chunks are resumed
         try:
-            meta = read_meta(meta_path)
-            problem = data_file_problem(data_path, meta, once_per_process=True)
+            problem = problem or data_file_problem(data_path, meta, once_per_process=True)
             if problem is None:
                 data = shared_rows(data_path)
                 if data.shape[0] != n_rows:
@@ -159,7 +226,9 @@ class EmbeddingCache:
         return CacheResult(data, key, hit=True, stats=meta.get("stats", {}),
                            seconds=float(meta.get("seconds", 0.0)))
 
-    def _finished_chunks(self, folder: Path, n_chunks: int, n_rows: int) -> dict[int, tuple[np.ndarray, dict]]:
+    def _finished_chunks(self, folder: Path, key: str, n_chunks: int, n_rows: int) -> dict[int, tuple[np.ndarray, dict]]:
+        """The chunks an unfinished run of this entry left (each checked to be of this entry: its key, its rows);
+        a damaged one is reported and removed."""
         done = {}
         for index in range(n_chunks):
             path = folder / f"chunk-{index:06d}.npz"
@@ -168,7 +237,9 @@ class EmbeddingCache:
             rows = min(self.chunk_rows, n_rows - index * self.chunk_rows)
             try:
                 with np.load(path, allow_pickle=False) as chunk:
-                    data, stats = chunk["embeddings"], json.loads(str(chunk["stats"]))
+                    data, stats, written_for = chunk["embeddings"], json.loads(str(chunk["stats"])), str(chunk["key"])
+                if written_for != key:
+                    raise ValueError(f"written for entry {written_for[:16]}, not this one")
                 if data.shape[0] != rows:
                     raise ValueError(f"{data.shape[0]} rows, expected {rows}")
                 done[index] = (data, stats)
@@ -180,8 +251,10 @@ class EmbeddingCache:
     def _compute(self, folder: Path, key: str, material: dict, n_rows: int, compute: Compute,
                  label: str, info: dict) -> CacheResult:
         folder.mkdir(parents=True, exist_ok=True)
+        for path in folder.iterdir():  # a directory where a chunk, the rows or meta.json go: no write could succeed
+            clear_non_file(path, "cache")
         n_chunks = max(1, -(-n_rows // self.chunk_rows))
-        done = self._finished_chunks(folder, n_chunks, n_rows)
+        done = self._finished_chunks(folder, key, n_chunks, n_rows)
         if done:
             log.info("%s: resuming, %d of %d chunks already computed", label or key[:12], len(done), n_chunks)
         missing = [i for i in range(n_chunks) if i not in done]
@@ -208,7 +281,7 @@ class EmbeddingCache:
             pending = [rest] if len(rest) else []
             chunk_stats, pending_stats = pending_stats, {}
             atomic_save(folder / f"chunk-{index:06d}.npz",
-                         lambda tmp, c=chunk, s=chunk_stats: _save_npz(tmp, c, s))
+                         lambda tmp, c=chunk, s=chunk_stats: _save_npz(tmp, c, s, key))
             done[index] = (chunk, chunk_stats)
         seconds = time.perf_counter() - started
         data = np.concatenate([done[i][0] for i in range(n_chunks)]) if n_rows else np.zeros((0, 0), store)
@@ -231,9 +304,9 @@ class EmbeddingCache:
             return {"model": meta.get("info", {}).get("model", ""), "kind": meta.get("material", {}).get("kind", ""),
                     "shape": meta.get("shape"), "dtype": meta.get("dtype"), "created": meta.get("created")}
 
-        entries = scan_entries(self.root, describe)
+        entries = scan_entries(self.root, describe, lambda meta: {"embeddings.npy": meta["bytes"]})
         for info in entries:
-            if not info["complete"]:
+            if not info["complete"] and not info.get("problem"):
                 info["chunks"] = len(list(Path(info["path"]).glob("chunk-*.npz")))
         return entries
 
@@ -242,37 +315,54 @@ class EmbeddingCache:
         return remove_entries(self.entries(), key_prefix)
 
 
-def scan_entries(root: Path, describe: Callable[[dict], dict], kind: str | None = None) -> list[dict]:
-    """Every entry folder of a store (``root/ab/KEY``): key, path, size on disk, complete (meta.json present
-    and readable), and what ``describe(meta)`` adds; ``kind`` labels entries whose meta does not say it."""
+def scan_entries(root: Path, describe: Callable[[dict], dict], data_files: Callable[[dict], dict[str, int]],
+                 kind: str | None = None) -> list[dict]:
+    """Every entry folder of a store (``root/ab/KEY``): key, path, size on disk, complete, and what
+    ``describe(meta)`` adds; ``kind`` labels entries whose meta does not say it. Complete: meta.json is this
+    entry's (``entry_meta``) and each data file ``data_files(meta)`` names (name -> recorded bytes) is a regular
+    file of that size (cheap checks: no checksum is read); else ``problem`` says why, when it is damage
+    rather than an unfinished write."""
     out = []
-    for folder in sorted(p for p in root.glob("??/*") if p.is_dir()) if root.is_dir() else []:
-        info = {"key": folder.name, "path": str(folder), "complete": (folder / "meta.json").is_file(),
+    folders = sorted(p for p in root.glob("??/*") if p.is_dir() and not p.name.endswith(".lock")) if root.is_dir() else []
+    for folder in folders:
+        info = {"key": folder.name, "path": str(folder), "complete": False,
                 "bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file())}
         if kind is not None:
             info["kind"] = kind
-        if info["complete"]:
-            try:
-                info.update(describe(read_meta(folder / "meta.json")))
-            except UNREADABLE:
-                info["complete"] = False
+        meta, problem = entry_meta(folder, folder.name, None)
+        try:
+            if meta is not None:
+                info.update(describe(meta))
+                problem = next(filter(None, (data_file_size_problem(folder / name, size)
+                                             for name, size in data_files(meta).items())), None)
+        except UNREADABLE as err:
+            problem = unreadable(err)
+        info["complete"], info["problem"] = meta is not None and problem is None, problem
         out.append(info)
     return out
 
 
-def remove_entries(entries: list[dict], key_prefix: str) -> list[str]:
-    """Remove (under each entry's lock) the listed entries whose key starts with ``key_prefix``."""
+def matching(entries: list[dict], key_prefix: str) -> list[dict]:
+    """The listed entries whose key starts with ``key_prefix`` (at least 4 characters)."""
     if len(key_prefix) < 4:
         raise FusebenchError("give at least 4 characters of a cache key (see fusebench-cache list).")
-    removed = []
-    for entry in entries:
-        if entry["key"].startswith(key_prefix):
-            folder = Path(entry["path"])
-            with FileLock(str(folder) + ".lock"):
-                shutil.rmtree(folder, ignore_errors=True)
-            Path(str(folder) + ".lock").unlink(missing_ok=True)
-            removed.append(entry["key"])
-    return removed
+    return [entry for entry in entries if entry["key"].startswith(key_prefix)]
+
+
+def remove_entry(entry: dict) -> None:
+    """Remove a listed entry (under its lock), and its lock."""
+    folder = Path(entry["path"])
+    with entry_lock(folder, "fusebench-cache"):
+        clear_path(folder)
+    clear_path(Path(str(folder) + ".lock"))
+
+
+def remove_entries(entries: list[dict], key_prefix: str) -> list[str]:
+    """Remove (under each entry's lock) the listed entries whose key starts with ``key_prefix``."""
+    found = matching(entries, key_prefix)
+    for entry in found:
+        remove_entry(entry)
+    return [entry["key"] for entry in found]
 
 
 def _save_npy(path: Path, data: np.ndarray) -> None:
@@ -282,8 +372,8 @@ def _save_npy(path: Path, data: np.ndarray) -> None:
         os.fsync(fh.fileno())
 
 
-def _save_npz(path: Path, data: np.ndarray, stats: dict) -> None:
+def _save_npz(path: Path, data: np.ndarray, stats: dict, key: str) -> None:
     with path.open("wb") as fh:
-        np.savez(fh, embeddings=data, stats=np.array(json.dumps(stats)))
+        np.savez(fh, embeddings=data, stats=np.array(json.dumps(stats)), key=np.array(key))
         fh.flush()
         os.fsync(fh.fileno())

@@ -1,19 +1,24 @@
 """``fusebench-cache``: list and remove cache entries: embeddings, each model's stored ranked lists and score matrices.
 
     fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists/scores), shape, size, state
-    fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters)
+    fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters); a prefix
+                                               that matches several entries is refused (they are listed)
+    fusebench-cache remove --all KEY [...]     remove every entry each prefix matches
     fusebench-cache clear --yes                remove every entry
 The default DIR is the runs' own: embed.cache.dir of the composed config ($FUSEBENCH_OUTPUT/cache, else
-outputs/cache).
+outputs/cache). A DIR given with --dir must be an existing folder. State: complete; partial (an unfinished
+entry, with its finished chunks); partial (damaged: why), an entry that a run would report and recompute
+(meta.json of another entry, a data file missing, of the wrong size or not a regular file).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from fusebench import FusebenchError
-from fusebench.cache import EmbeddingCache
+from fusebench.cache import EmbeddingCache, matching, remove_entry
 from fusebench.list_store import ListStore
 from fusebench.score_store import ScoreStore
 
@@ -32,12 +37,28 @@ def format_entries(entries: list[dict]) -> str:
     lines = [f"{'key':<14} {'model':<26} {'kind':<6} {'shape':<14} {'size':>9}  state"]
     for e in entries:
         shape = "x".join(str(x) for x in e.get("shape") or []) or "-"
-        state = "complete" if e["complete"] else f"partial ({e.get('chunks', 0)} chunks)"
+        state = "complete" if e["complete"] else (f"partial (damaged: {e['problem']})" if e.get("problem")
+                                                  else f"partial ({e.get('chunks', 0)} chunks)")
         lines.append(f"{e['key'][:12]:<14} {e.get('model', '') or '-':<26} {e.get('kind', '') or '-':<6} "
                      f"{shape:<14} {_size(e['bytes']):>9}  {state}")
     total = sum(e["bytes"] for e in entries)
     lines.append(f"{len(entries)} entries, {_size(total)}")
     return "\n".join(lines)
+
+
+def checked_dir(given: str | None) -> str:
+    """The cache folder: ``given`` (--dir), which must be an existing folder, else the runs' default, which
+    may not exist yet (no entries) but must not be anything else."""
+    folder = Path(given or default_cache_dir()).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise FusebenchError(f"--dir {folder}: not a folder")
+    if given is not None and not folder.exists():
+        raise FusebenchError(f"--dir {folder}: no such folder")
+    return str(folder)
+
+
+def _match_line(entry: dict) -> str:
+    return f"  {entry['key']}  {entry.get('kind') or '-'}  {entry.get('model') or '-'}"
 
 
 def default_cache_dir() -> str:
@@ -66,27 +87,39 @@ def main(argv: list[str] | None = None) -> int:
     for command in commands.values():  # --dir before or after the command: both forms work
         command.add_argument("--dir", default=argparse.SUPPRESS, help="cache folder")
     commands["remove"].add_argument("keys", nargs="+")
+    commands["remove"].add_argument("--all", action="store_true",
+                                    help="remove every entry a prefix matches (without it, a prefix that matches "
+                                         "several entries is refused and the matches are listed)")
     commands["clear"].add_argument("--yes", action="store_true", help="confirm")
     args = parser.parse_args(argv)
-    args.dir = args.dir or default_cache_dir()
-    stores = {"embeddings": EmbeddingCache(args.dir), "lists": ListStore(args.dir), "scores": ScoreStore(args.dir)}
     try:
+        args.dir = checked_dir(args.dir)
+        stores = {"embeddings": EmbeddingCache(args.dir), "lists": ListStore(args.dir), "scores": ScoreStore(args.dir)}
         if args.command == "list":
             print(format_entries([e for store in stores.values() for e in store.entries()]))
         elif args.command == "remove":
-            for key in args.keys:
-                removed = [k for store in stores.values() for k in store.remove(key)]
-                if not removed:
+            entries = [e for store in stores.values() for e in store.entries()]
+            chosen = []
+            for key in args.keys:  # every prefix is resolved before anything is removed
+                found = matching(entries, key)
+                if not found:
                     print(f"fusebench-cache: no entry matches {key!r} in {args.dir}", file=sys.stderr)
                     return 1
-                print("\n".join(f"removed {k}" for k in removed))
+                if len(found) > 1 and not args.all:
+                    print(f"fusebench-cache: error: {key!r} matches {len(found)} entries; give more of the key, "
+                          f"or --all to remove them all:", *map(_match_line, found), sep="\n", file=sys.stderr)
+                    return 2
+                chosen += [e for e in found if e not in chosen]
+            for entry in chosen:
+                remove_entry(entry)
+            print("\n".join(f"removed {e['key']}" for e in chosen))
         elif args.command == "clear":
             if not args.yes:
                 print("fusebench-cache: clear removes every entry; add --yes to confirm", file=sys.stderr)
                 return 2
-            entries = [(store, e) for store in stores.values() for e in store.entries()]
-            for store, entry in entries:
-                store.remove(entry["key"])
+            entries = [e for store in stores.values() for e in store.entries()]
+            for entry in entries:
+                remove_entry(entry)
             print(f"removed {len(entries)} entries from {args.dir}")
     except FusebenchError as err:
         print(f"fusebench-cache: error: {err}", file=sys.stderr)

@@ -1,11 +1,12 @@
 """Files fusebench writes and checks: atomic writes (a temp file beside the target, renamed into place),
-SHA-256 digests (of files, and of arrays for store keys), and CRC-32 checksums for the score store's large
-matrices (2.5x faster to check here)."""
+SHA-256 digests (of files, and of arrays for store keys), CRC-32 checksums for the score store's large
+matrices (2.5x faster to check here), and what sits where a file belongs (``not_a_file``, ``clear_path``)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import zlib
 from collections.abc import Callable
@@ -31,6 +32,29 @@ def atomic_save(path: Path, writer: Callable[[Path], None]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_save(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def not_a_file(path: Path) -> str | None:
+    """What is at ``path`` when it is not a regular file (or a link to one): "missing", "a directory", "a link
+    to nowhere" or "not a regular file"; None for a regular file."""
+    path = Path(path)
+    if path.is_file():
+        return None
+    if not os.path.lexists(path):
+        return "missing"
+    if path.is_dir():
+        return "a directory"
+    return "a link to nowhere" if path.is_symlink() else "not a regular file"
+
+
+def clear_path(path: Path) -> None:
+    """Remove whatever is at ``path``: a file, a link (not what it points to), a directory tree; nothing when
+    there is nothing (or when another process removed it first)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def array_digest(array: np.ndarray) -> str:

@@ -11,8 +11,10 @@ needs deeper lists recomputes the entry at its depth. Layout, beside the embeddi
     CACHE/lists/ab/abcdef....lock         held while the entry is read or computed (one job computes it)
 
 Guarantees as for embeddings: atomic writes (meta.json last, so an entry with meta.json is complete), a
-lock per entry, a checksum verified on every read; an entry that is truncated, corrupt or of another
-format is reported, removed and recomputed, never used.
+lock per entry, a checksum verified when a process first reads the file; an entry that is not provably the
+one asked for (its meta.json records another key or other inputs: ``cache.entry_meta``), truncated, corrupt,
+of another format or holding a directory where a file belongs is reported, removed and recomputed, never
+used.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,11 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from filelock import FileLock
 
 from fusebench import memo
-from fusebench.cache import UNREADABLE, cache_key, data_file_problem, discard_entry, read_meta, remove_entries, scan_entries, unreadable
-from fusebench.files import array_digest, atomic_save, atomic_write_text, file_sha256
+from fusebench.cache import (
+    UNREADABLE,
+    cache_key,
+    data_file_problem,
+    discard_entry,
+    entry_lock,
+    entry_meta,
+    remove_entries,
+    scan_entries,
+    unreadable,
+)
+from fusebench.files import array_digest, atomic_save, atomic_write_text, clear_path, file_sha256
 from fusebench.lists import DIRECTIONS, ModelLists
 
 log = logging.getLogger(__name__)
@@ -100,8 +110,8 @@ class ListStore:
         key = cache_key(material)
         folder = self.entry_dir(key)
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(folder) + ".lock"):
-            stored = self._read(folder, n_images, n_captions)
+        with entry_lock(folder, "list store"):
+            stored = self._read(folder, key, material, n_images, n_captions)
             if stored is not None and stored.covers(depth, n_images, n_captions):
                 return StoreResult(stored, key, True, time.perf_counter() - started)
             if stored is not None:
@@ -111,23 +121,21 @@ class ListStore:
             try:
                 self._write(folder, key, material, lists, info or {})
             except OSError as err:  # a full disk or a read-only cache: keep the computed lists, store nothing
-                shutil.rmtree(folder, ignore_errors=True)
+                clear_path(folder)
                 log.warning("could not store the lists in %s (%s); this job goes on without storing them",
                             folder, err.strerror or err)
             return StoreResult(lists, key, False, time.perf_counter() - started)
 
-    def _read(self, folder: Path, n_images: int, n_captions: int) -> ModelLists | None:
-        meta_path, data_path = folder / "meta.json", folder / "lists.npz"
-        if not meta_path.is_file():
-            if folder.exists():  # a write that never finished: nothing in it is trusted
-                shutil.rmtree(folder, ignore_errors=True)
+    def _read(self, folder: Path, key: str, material: dict, n_images: int, n_captions: int) -> ModelLists | None:
+        data_path = folder / "lists.npz"
+        meta, problem = entry_meta(folder, key, material)
+        if meta is None and problem is None:
+            clear_path(folder)  # a write that never finished (or none yet): nothing in it is trusted
             return None
         try:
-            meta = read_meta(meta_path)
-            if meta.get("format") != FORMAT:
+            if problem is None and meta.get("format") != FORMAT:
                 problem = f"format {meta.get('format')!r}, this version reads format {FORMAT}"
-            else:
-                problem = data_file_problem(data_path, meta, once_per_process=True)
+            problem = problem or data_file_problem(data_path, meta, once_per_process=True)
             if problem is None:
                 arrays = shared_arrays(data_path)
                 problem = _shape_problem(arrays, n_images, n_captions)
@@ -139,8 +147,7 @@ class ListStore:
         return ModelLists(int(meta["depth"]), arrays)
 
     def _write(self, folder: Path, key: str, material: dict, lists: ModelLists, info: dict) -> None:
-        if folder.exists():
-            shutil.rmtree(folder)
+        clear_path(folder)
         folder.mkdir(parents=True)
         data_path = folder / "lists.npz"
         atomic_save(data_path, lambda tmp: _save_npz(tmp, lists.arrays))
@@ -154,7 +161,8 @@ class ListStore:
         """Every entry: key, model, depth, queries x depth (t2i), size on disk, complete or not."""
         return scan_entries(self.root, lambda meta: {
             "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
-            "shape": (meta.get("shapes") or {}).get("t2i_ids"), "dtype": f"depth {meta.get('depth')}"}, kind="lists")
+            "shape": (meta.get("shapes") or {}).get("t2i_ids"), "dtype": f"depth {meta.get('depth')}"},
+            lambda meta: {"lists.npz": meta["bytes"]}, kind="lists")
 
     def remove(self, key_prefix: str) -> list[str]:
         """Remove the entries whose key starts with ``key_prefix``; return the removed keys."""

@@ -8,25 +8,37 @@ time, so a caption-image pair has one score in both directions, as in the list p
 is done). Every later dense job reads them back block by block into a bounded buffer (plain reads: the file
 is never mapped, so memory stays at one block). Same key, guarantees and layout as the list store
 (``CACHE/scores/ab/KEY/{t2i,i2t}.npy`` + ``meta.json``): atomic, locked, checksummed (verified once per
-process), rebuilt when corrupt or of another format, listed and removed by ``fusebench-cache``.
+process), rebuilt when corrupt, of another format or not provably the entry asked for (``cache.entry_meta``),
+listed and removed by ``fusebench-cache``. A matrix stored beside them (row orders, moments) that is damaged
+(a directory where it belongs included) is reported and computed again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
-from filelock import FileLock
 
 from fusebench import row_kernels
-from fusebench.cache import UNREADABLE, cache_key, data_file_problem, discard_entry, read_meta, remove_entries, scan_entries, unreadable
-from fusebench.files import Crc32Writer, atomic_save, atomic_write_text, remember_checksum
+from fusebench.cache import (
+    UNREADABLE,
+    cache_key,
+    clear_non_file,
+    data_file_problem,
+    discard_entry,
+    entry_lock,
+    entry_meta,
+    read_meta,
+    remove_entries,
+    scan_entries,
+    unreadable,
+)
+from fusebench.files import Crc32Writer, atomic_save, atomic_write_text, clear_path, remember_checksum
 from fusebench.lists import DIRECTIONS, tiles
 
 log = logging.getLogger(__name__)
@@ -118,11 +130,11 @@ class ScoreStore:
         key = cache_key(material)
         folder = self.root / key[:2] / key
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(folder) + ".lock"):
-            readers = self._read(folder, shapes)
+        with entry_lock(folder, "score store"):
+            readers = self._read(folder, key, material, shapes)
             if readers is not None:
                 return readers, True
-            shutil.rmtree(folder, ignore_errors=True)
+            clear_path(folder)
             folder.mkdir(parents=True)
             files = {"t2i": _save_matrix(folder / "t2i.npy", shapes["t2i"], t2i_blocks())}
             t2i = StoredRows(folder / "t2i.npy")
@@ -155,7 +167,7 @@ class ScoreStore:
         computed again when damaged. ``tile_bytes`` bounds the memory of the computation (rows at a time)."""
         folder, name = reader.path.parent, f"{reader.path.stem}_{what}"
         path = folder / f"{name}.npy"
-        with FileLock(str(folder) + ".lock"):
+        with entry_lock(folder, "score store"):
             meta = read_meta(folder / "meta.json")
             recorded = meta["files"].get(name)
             if recorded is not None:
@@ -163,18 +175,21 @@ class ScoreStore:
                 if problem is None:
                     return StoredRows(path)
                 log.warning("score store: %s is damaged (%s); computing it again", path, problem)
+            clear_non_file(path, None if recorded is not None else "score store")  # a directory there: no write could succeed
             step = max(1, tile_bytes // (bytes_per_entry * reader.shape[1]))
             blocks = (compute(reader(r0, r1).numpy()) for r0, r1 in tiles(reader.shape[0], step))
             meta["files"][name] = _save_matrix(path, shape, blocks, dtype)
             atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
         return StoredRows(path)
 
-    def _read(self, folder: Path, shapes: dict[str, tuple[int, int]]) -> dict[str, StoredRows] | None:
-        if not (folder / "meta.json").is_file():
+    def _read(self, folder: Path, key: str, material: dict, shapes: dict[str, tuple[int, int]]
+              ) -> dict[str, StoredRows] | None:
+        meta, problem = entry_meta(folder, key, material)
+        if meta is None and problem is None:
             return None
         try:
-            meta = read_meta(folder / "meta.json")
-            problem = None if meta.get("format") == FORMAT else f"format {meta.get('format')!r}, expected {FORMAT}"
+            if problem is None and meta.get("format") != FORMAT:
+                problem = f"format {meta.get('format')!r}, expected {FORMAT}"
             readers = {}
             for d in DIRECTIONS:
                 path = folder / f"{d}.npy"
@@ -194,7 +209,8 @@ class ScoreStore:
         """Every entry: key, model, t2i matrix shape, size on disk, complete or not."""
         return scan_entries(self.root, lambda meta: {
             "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
-            "shape": (meta.get("shapes") or {}).get("t2i")}, kind="scores")
+            "shape": (meta.get("shapes") or {}).get("t2i")},
+            lambda meta: {f"{name}.npy": file["bytes"] for name, file in meta["files"].items()}, kind="scores")
 
     def remove(self, key_prefix: str) -> list[str]:
         return remove_entries(self.entries(), key_prefix)

@@ -1,0 +1,372 @@
+"""Every store (embedding cache, list store, score store) reads only the entry it was asked for, and any damage
+to what it wrote earlier (an entry copied over another's, a directory where a file belongs, a lock that is a
+directory) is reported and rebuilt, never a dead end; ``fusebench-cache`` shows damaged entries as partial."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers.reference import integer_embeddings
+
+from fusebench.cache import EmbeddingCache, cache_key
+from fusebench.cache_cli import main as cache_main
+from fusebench.encoders.base import ModelEmbeddings
+from fusebench.files import forget_checksums
+from fusebench.fusion import FusionConfig
+from fusebench.list_store import ListStore
+from fusebench.retrieval import ListSource, SearchSettings, retrieve
+from fusebench.score_store import ScoreStore
+from fusebench.topk import MATMULS
+
+A = {"kind": "image", "model": {"backend": "integrity", "name": "a"}, "images": "abc"}
+B = {**A, "model": {"backend": "integrity", "name": "b"}}
+
+
+def rows_of(rows, offset=0.0, calls=None):
+    """A fake encoder: row r -> [r + offset, r + offset + 1, ...], in batches of 3."""
+    for start in range(0, len(rows), 3):
+        part = rows[start:start + 3]
+        if calls is not None:
+            calls.extend(part.tolist())
+        yield np.stack([np.arange(4, dtype=np.float32) + r + offset for r in part]), {"seen": len(part)}
+
+
+def copy_over(source: Path, target: Path) -> None:
+    """Replace the entry folder ``target`` with a copy of ``source`` (checksums valid, meta.json naming source)."""
+    shutil.rmtree(target)
+    shutil.copytree(source, target)
+
+
+def make_dir(path: Path) -> None:
+    """Replace the file at ``path`` (if any) by a directory holding a file."""
+    if path.is_file():
+        path.unlink()
+    path.mkdir(parents=True)
+    (path / "junk").write_text("x")
+
+
+# ---------------------------------------------------------------- embedding cache
+
+
+def test_embedding_entry_copied_under_another_key_is_rebuilt(tmp_path, caplog):
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    a = cache.get_or_compute(A, 10, rows_of)
+    b = cache.get_or_compute(B, 10, lambda r: rows_of(r, offset=100))
+    copy_over(cache.entry_dir(a.key), cache.entry_dir(b.key))
+    forget_checksums()
+    calls = []
+    with caplog.at_level("WARNING"):
+        again = cache.get_or_compute(B, 10, lambda r: rows_of(r, offset=100, calls=calls))
+    assert not again.hit and calls == list(range(10)) and np.array_equal(again.embeddings, b.embeddings)
+    assert "copied from another entry" in caplog.text
+    assert cache.get_or_compute(B, 10, lambda r: rows_of(r, offset=100)).hit
+    assert cache.get_or_compute(A, 10, rows_of).hit  # the other entry is untouched
+
+
+def test_embedding_meta_with_this_key_but_other_inputs_is_rebuilt(tmp_path, caplog):
+    """meta.json names this entry's key but records another entry's inputs (edited, or half-copied)."""
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    a = cache.get_or_compute(A, 10, rows_of)
+    b = cache.get_or_compute(B, 10, lambda r: rows_of(r, offset=100))
+    copy_over(cache.entry_dir(a.key), cache.entry_dir(b.key))
+    meta_path = cache.entry_dir(b.key) / "meta.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "key": b.key}))
+    with caplog.at_level("WARNING"):
+        again = cache.get_or_compute(B, 10, lambda r: rows_of(r, offset=100))
+    assert not again.hit and np.array_equal(again.embeddings, b.embeddings)
+    assert "inputs other than this entry's" in caplog.text
+
+
+def _partial(cache: EmbeddingCache, material: dict, offset: float = 0.0) -> Path:
+    """An entry killed after its first two chunks (rows 0-7 of 10)."""
+    def dies(rows):
+        for i, item in enumerate(rows_of(rows, offset)):
+            if i == 3:
+                raise KeyboardInterrupt
+            yield item
+
+    with pytest.raises(KeyboardInterrupt):
+        cache.get_or_compute(material, 10, dies)
+    return cache.entry_dir(cache_key({**material, "store_dtype": cache.dtype, "n_rows": 10}))
+
+
+def test_chunks_copied_from_another_unfinished_entry_are_recomputed(tmp_path, caplog):
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    a_folder, b_folder = _partial(cache, A), _partial(cache, B, offset=100)
+    copy_over(a_folder, b_folder)
+    calls = []
+    with caplog.at_level("WARNING"):
+        result = cache.get_or_compute(B, 10, lambda r: rows_of(r, offset=100, calls=calls))
+    assert calls == list(range(10)) and "written for entry" in caplog.text
+    assert np.array_equal(result.embeddings[:, 0], np.arange(10) + 100)
+
+
+@pytest.mark.parametrize("name", ["meta.json", "embeddings.npy"])
+def test_embedding_file_made_a_directory_is_reported_and_rebuilt(tmp_path, caplog, name):
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    first = cache.get_or_compute(A, 10, rows_of)
+    make_dir(cache.entry_dir(first.key) / name)
+    with caplog.at_level("WARNING"):
+        again = cache.get_or_compute(A, 10, rows_of)
+    assert not again.hit and np.array_equal(again.embeddings, first.embeddings)
+    assert f"{name} is a directory" in caplog.text
+    assert cache.get_or_compute(A, 10, rows_of).hit  # rebuilt whole: the next run reads it
+
+
+@pytest.mark.parametrize("name", ["chunk-000001.npz", "chunk-000002.npz", "embeddings.npy", "meta.json"])
+def test_directory_in_an_unfinished_entry_is_cleared_and_the_entry_finishes(tmp_path, caplog, name):
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    folder = _partial(cache, A)
+    make_dir(folder / name)
+    with caplog.at_level("WARNING"):
+        result = cache.get_or_compute(A, 10, rows_of)
+    assert f"{name} is a directory" in caplog.text
+    assert np.array_equal(result.embeddings[:, 0], np.arange(10))
+    assert cache.get_or_compute(A, 10, rows_of).hit
+
+
+def test_embedding_entry_made_a_file_is_rebuilt(tmp_path, caplog):
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    first = cache.get_or_compute(A, 10, rows_of)
+    folder = cache.entry_dir(first.key)
+    shutil.rmtree(folder)
+    folder.write_text("not a folder")
+    with caplog.at_level("WARNING"):
+        assert not cache.get_or_compute(A, 10, rows_of).hit
+    assert "not a folder" in caplog.text and cache.get_or_compute(A, 10, rows_of).hit
+
+
+def test_embedding_lock_made_a_directory_is_cleared(tmp_path, caplog):
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    first = cache.get_or_compute(A, 10, rows_of)
+    make_dir(Path(str(cache.entry_dir(first.key)) + ".lock"))
+    with caplog.at_level("WARNING"):
+        again = cache.get_or_compute(A, 10, rows_of)
+    assert again.hit and np.array_equal(again.embeddings, first.embeddings) and ".lock is a directory" in caplog.text
+    # a lock that is a directory before the entry was ever computed
+    lock = Path(str(cache.entry_dir(cache_key({**B, "store_dtype": "fp32", "n_rows": 10}))) + ".lock")
+    make_dir(lock)
+    assert not cache.get_or_compute(B, 10, rows_of).hit and lock.is_file()
+
+
+# ---------------------------------------------------------------- list store and score store
+
+
+@pytest.fixture(scope="module")
+def twins():
+    """Two models of one shape over one corpus: their entries are interchangeable but for their key."""
+    rng = np.random.default_rng(11)
+    caption_image = np.repeat(np.arange(30), rng.integers(1, 3, size=30))
+    models = [ModelEmbeddings(name, integer_embeddings(rng, 30), integer_embeddings(rng, len(caption_image)))
+              for name in "ab"]
+    return models, caption_image
+
+
+def _run(models, caption_image, config, store, keep_k=None):
+    source = ListSource()
+    before = MATMULS["blocks"]
+    out = retrieve(models, caption_image, config, keep_k=keep_k, source=source,
+                   settings=SearchSettings(chunk_size=16, item_chunk_size=16, depth=30, store_dir=store))
+    return out, source.records, MATMULS["blocks"] - before
+
+
+def _assert_equal(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        for d in ("t2i", "i2t"):
+            assert np.array_equal(a[name][d].ranks, b[name][d].ranks)
+            assert torch.equal(a[name][d].ids, b[name][d].ids)
+            assert torch.equal(a[name][d].scores, b[name][d].scores)
+
+
+LISTS = FusionConfig(method="rrf", top_k=8)
+DENSE = FusionConfig(method="dbsf", fuse_on="source_object", top_k=None)
+ORDERS = FusionConfig(method="rrf", fuse_on="source_object", top_k=None)
+
+
+def _entries(store) -> dict[str, Path]:
+    return {e["model"]: Path(e["path"]) for e in store.entries()}
+
+
+def test_list_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path, caplog):
+    models, caption_image = twins
+    cold, _, _ = _run(models, caption_image, LISTS, None)
+    _run(models, caption_image, LISTS, str(tmp_path))
+    entries = _entries(ListStore(tmp_path))
+    copy_over(entries["a"], entries["b"])
+    forget_checksums()
+    with caplog.at_level("WARNING"):
+        again, records, _ = _run(models, caption_image, LISTS, str(tmp_path))
+    assert records["a"]["hit"] and not records["b"]["hit"] and "copied from another entry" in caplog.text
+    _assert_equal(cold, again)
+    _, records, blocks = _run(models, caption_image, LISTS, str(tmp_path))
+    assert all(r["hit"] for r in records.values()) and blocks == 0
+
+
+@pytest.mark.parametrize("what", ["ab", "ba"])
+def test_score_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path, caplog, what):
+    models, caption_image = twins
+    source, target = what
+    cold, _, _ = _run(models, caption_image, DENSE, None, keep_k=10)
+    _run(models, caption_image, DENSE, str(tmp_path), keep_k=10)
+    entries = _entries(ScoreStore(tmp_path))
+    copy_over(entries[source], entries[target])
+    forget_checksums()
+    with caplog.at_level("WARNING"):
+        again, records, _ = _run(models, caption_image, DENSE, str(tmp_path), keep_k=10)
+    assert records[source]["scores"]["hit"] and not records[target]["scores"]["hit"]
+    assert "copied from another entry" in caplog.text
+    _assert_equal(cold, again)
+
+
+@pytest.mark.parametrize("name", ["lists.npz", "meta.json"])
+def test_list_file_made_a_directory_is_reported_and_rebuilt(twins, tmp_path, caplog, name):
+    models, caption_image = twins
+    first, _, _ = _run(models[:1], caption_image, LISTS, str(tmp_path))
+    make_dir(_entries(ListStore(tmp_path))["a"] / name)
+    with caplog.at_level("WARNING"):
+        again, records, _ = _run(models[:1], caption_image, LISTS, str(tmp_path))
+    assert not records["a"]["hit"] and f"{name} is a directory" in caplog.text
+    _assert_equal(first, again)
+    assert _run(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]
+
+
+def test_list_entry_made_a_file_is_rebuilt(twins, tmp_path, caplog):
+    models, caption_image = twins
+    _run(models[:1], caption_image, LISTS, str(tmp_path))
+    folder = _entries(ListStore(tmp_path))["a"]
+    shutil.rmtree(folder)
+    folder.write_text("not a folder")
+    with caplog.at_level("WARNING"):
+        assert not _run(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]
+    assert "not a folder" in caplog.text
+    assert _run(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]  # stored again
+
+
+@pytest.mark.parametrize("config,name", [(ORDERS, "t2i_order.npy"), (ORDERS, "i2t_order.npy"),
+                                         (DENSE, "i2t_moments_ddof0.npy"), (DENSE, "t2i.npy"), (DENSE, "meta.json")])
+def test_score_file_made_a_directory_is_reported_and_rebuilt(twins, tmp_path, caplog, config, name):
+    models, caption_image = twins
+    first, _, _ = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    entry = _entries(ScoreStore(tmp_path))["a"]
+    assert (entry / name).is_file()
+    make_dir(entry / name)
+    forget_checksums()
+    with caplog.at_level("WARNING"):
+        again, _, _ = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    assert f"{name} is a directory" in caplog.text
+    _assert_equal(first, again)
+    assert (entry / name).is_file()
+    caplog.clear()
+    forget_checksums()
+    third, records, blocks = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    assert records["a"]["scores"]["hit"] and blocks == 0 and "WARNING" not in caplog.text  # whole again
+    _assert_equal(first, third)
+
+
+@pytest.mark.parametrize("store,config", [(ListStore, LISTS), (ScoreStore, ORDERS)])
+def test_store_lock_made_a_directory_is_cleared(twins, tmp_path, caplog, store, config):
+    models, caption_image = twins
+    first, _, _ = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    lock = Path(str(_entries(store(tmp_path))["a"]) + ".lock")
+    make_dir(lock)
+    with caplog.at_level("WARNING"):
+        again, _, blocks = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    assert blocks == 0 and ".lock is a directory" in caplog.text and lock.is_file()
+    _assert_equal(first, again)
+    assert len(store(tmp_path).entries()) == 2  # the lock is not listed as an entry
+
+
+# ---------------------------------------------------------------- fusebench-cache list
+
+
+def _listing(tmp_path, capsys) -> dict[str, str]:
+    """The state column of ``fusebench-cache list``, by key prefix."""
+    assert cache_main(["--dir", str(tmp_path), "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:-1]
+    return {line.split()[0]: line.split("  ")[-1].strip() for line in lines}
+
+
+def test_list_shows_damaged_entries_as_partial(twins, tmp_path, capsys):
+    models, caption_image = twins
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    keys = {"emb": cache.get_or_compute(A, 10, rows_of).key, "emb_b": cache.get_or_compute(B, 10, rows_of).key}
+    _run(models, caption_image, ORDERS, str(tmp_path), keep_k=10)
+    _run(models, caption_image, LISTS, str(tmp_path))
+    scores, lists = _entries(ScoreStore(tmp_path)), _entries(ListStore(tmp_path))
+    state = _listing(tmp_path, capsys)
+    assert len(state) == 6 and set(state.values()) == {"complete"}
+    data = cache.entry_dir(keys["emb"]) / "embeddings.npy"
+    size = data.stat().st_size
+    data.write_bytes(data.read_bytes()[:-7])  # truncated
+    make_dir(scores["a"] / "t2i.npy")
+    make_dir(scores["b"] / "i2t_order.npy")  # a side file
+    (lists["a"] / "lists.npz").unlink()
+    copy_over(lists["a"], lists["b"])  # another entry's meta.json
+    make_dir(Path(str(cache.entry_dir(keys["emb_b"])) + ".lock"))  # a lock: not an entry, not damage to one
+    state = _listing(tmp_path, capsys)
+    assert len(state) == 6
+    assert state[keys["emb"][:12]] == f"partial (damaged: embeddings.npy has {size - 7} bytes, expected {size} (truncated?))"
+    assert state[scores["a"].name[:12]] == "partial (damaged: t2i.npy is a directory)"
+    assert state[scores["b"].name[:12]] == "partial (damaged: i2t_order.npy is a directory)"
+    assert state[lists["a"].name[:12]] == "partial (damaged: lists.npz is missing)"
+    assert state[lists["b"].name[:12]].startswith("partial (damaged: meta.json records key ")
+    assert state[keys["emb_b"][:12]] == "complete"
+
+
+# ---------------------------------------------------------------- fusebench-cache: folder and key prefixes
+
+
+@pytest.mark.parametrize("command", [["list"], ["remove", "abcdef"], ["clear", "--yes"]])
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_cache_dir_that_is_not_a_folder_is_an_error(tmp_path, capsys, command, kind):
+    target = tmp_path / "nowhere"
+    if kind == "file":
+        target.write_text("a file")
+    assert cache_main(["--dir", str(target), *command]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("fusebench-cache: error: ")
+    assert str(target) in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+def _colliding_materials() -> tuple[dict, dict]:
+    """Two embedding-cache materials whose keys (10 fp32 rows) share their first 4 characters."""
+    seen = {}
+    for i in range(100_000):
+        material = {**A, "i": i}
+        prefix = cache_key({**material, "store_dtype": "fp32", "n_rows": 10})[:4]
+        if prefix in seen:
+            return seen[prefix], material
+        seen[prefix] = material
+    raise AssertionError("no two keys share 4 characters")
+
+
+def test_ambiguous_key_prefix_is_refused_unless_all(tmp_path, capsys):
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    first, second = (cache.get_or_compute(m, 10, rows_of).key for m in _colliding_materials())
+    third = cache.get_or_compute(B, 10, rows_of).key
+    prefix = first[:4]
+    assert second.startswith(prefix)
+    assert cache_main(["--dir", str(tmp_path), "remove", prefix]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fusebench-cache: error: '{prefix}' matches 2 entries") and first in err and second in err
+    assert len(cache.entries()) == 3  # nothing removed
+    assert cache_main(["--dir", str(tmp_path), "remove", third[:8], prefix]) == 2  # refused before any removal
+    assert len(cache.entries()) == 3
+    assert cache_main(["--dir", str(tmp_path), "remove", first[:12]]) == 0  # unambiguous
+    assert [e["key"] for e in cache.entries()] == sorted([second, third], key=lambda k: (k[:2], k))
+    cache.get_or_compute(_colliding_materials()[0], 10, rows_of)
+    assert cache_main(["--dir", str(tmp_path), "remove", "--all", prefix]) == 0
+    out = capsys.readouterr().out
+    assert f"removed {first}" in out and f"removed {second}" in out
+    assert [e["key"] for e in cache.entries()] == [third]
+
+
+def test_help_documents_remove_all(capsys):
+    for argv in (["--help"], ["remove", "--help"]):
+        with pytest.raises(SystemExit) as done:
+            cache_main(argv)
+        assert done.value.code == 0 and "--all" in capsys.readouterr().out
