@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from fusebench import FusebenchError
 
+VALID_DEVICES = "auto, cpu, cuda, cuda:N, mps"
+_DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
-def resolve_device(name: str | None) -> torch.device:
-    """``auto`` (or None) picks cuda, then mps, then cpu."""
+
+def check_device_name(name, key: str = "device") -> str:
+    """``name`` if it is a device name fusebench takes (auto, cpu, cuda, cuda:N, mps), else a FusebenchError
+    naming the config ``key``. Only the spelling: whether the device exists is :func:`resolve_device`'s check."""
+    if not isinstance(name, str) or not _DEVICE_NAME.fullmatch(name):
+        raise FusebenchError(f"{key}={name!r} is not a torch device fusebench can use; valid: {VALID_DEVICES}.")
+    return name
+
+
+def resolve_device(name: str | None, key: str = "device") -> torch.device:
+    """``auto`` (or None) picks cuda, then mps, then cpu; errors name the config ``key`` (``embed.device``,
+    ``eval.device``) the name came from."""
     if name in (None, "auto"):
         if torch.cuda.is_available():
             return torch.device("cuda")
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise FusebenchError(f"device {name!r} is not a torch device; valid: auto, cpu, cuda, cuda:N, mps.") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise FusebenchError(f"device {name!r} was asked for but no CUDA device is available; use auto or cpu.")
+    device = torch.device(check_device_name(name, key))
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise FusebenchError(f"{key}={name!r} was asked for but no CUDA device is available; valid here: auto, cpu.")
+        if device.index is not None and device.index >= count:
+            raise FusebenchError(f"{key}={name!r} was asked for but this machine has {count} CUDA device(s); valid "
+                                 f"here: auto, cpu, cuda, cuda:0 to cuda:{count - 1}.")
     if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise FusebenchError(f"device {name!r} was asked for but MPS is not available; use auto or cpu.")
+        raise FusebenchError(f"{key}={name!r} was asked for but MPS is not available; valid here: auto, cpu.")
     return device

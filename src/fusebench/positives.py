@@ -25,6 +25,7 @@ import torch
 
 from fusebench import FusebenchError
 from fusebench.comparisons import compare_values
+from fusebench.data import DATASET_KEYS
 from fusebench.data.corpus import Corpus
 from fusebench.record import POSITIVE_BLOCKS
 
@@ -77,6 +78,17 @@ def _read(path: Path) -> dict[int, list[int]]:
     return {int(k): [int(v) for v in values] for k, values in data.items()}
 
 
+def _subset_advice(corpus: Corpus) -> str:
+    """What to do about ids the data files have and the corpus lacks, for the dataset kind that loaded it: only
+    a kind that takes dataset.allow_nonstandard is told to set it."""
+    if "allow_nonstandard" in DATASET_KEYS.get(corpus.kind, ()):
+        return ("Karpathy's dataset_coco.json test split has every id; a deliberate subset must be marked "
+                "non-standard (dataset.allow_nonstandard=true).")
+    return ("The corpus must be that whole split (its 5,000 images and their captions) under COCO's ids: the integer "
+            "COCO image id as image_id (cocoid in Karpathy's dataset_coco.json) and COCO's caption annotation ids "
+            "as caption_ids (its sentids); otherwise leave eval.positives empty.")
+
+
 def _image_keys(corpus: Corpus) -> dict[int, int]:
     keys = {}
     for index, image_id in enumerate(corpus.image_ids):
@@ -116,8 +128,7 @@ def load_positives(name: str, corpus: Corpus, folder: Path | None = None) -> Pos
             if missing and not subset:
                 kind, missing_id = missing[0]
                 raise FusebenchError(f"{path}: {kind} id {missing_id} is not in the corpus {corpus.name!r}; "
-                                     f"{name} positives are for the COCO 5k test split (Karpathy's dataset_coco.json). "
-                                     "A deliberate subset must be marked non-standard (dataset.allow_nonstandard=true).")
+                                     f"{name} positives are for the COCO 5k test split. {_subset_advice(corpus)}")
             if query_id not in query_index:
                 skipped += 1
                 continue

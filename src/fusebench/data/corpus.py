@@ -23,6 +23,7 @@ class Corpus:
     image_paths: list[str | None] | None = None
     meta: dict = field(default_factory=dict)
     caption_ids: list[int] | None = None  # stable caption ids (COCO's annotation ids: Karpathy's sentids), if known
+    kind: str = ""  # the dataset kind that loaded it (dataset.kind: manifest, karpathy, ...), for advice in errors
 
     @property
     def n_images(self) -> int:
@@ -56,6 +57,7 @@ class Corpus:
             image_paths=None if self.image_paths is None else [self.image_paths[i] for i in keep_images],
             meta={**self.meta, "dropped_images": int(self.n_images - len(keep_images))},
             caption_ids=None if self.caption_ids is None else [self.caption_ids[c] for c in keep_captions],
+            kind=self.kind,
         )
         return corpus, keep_images, keep_captions
 

@@ -21,7 +21,7 @@ from PIL import Image
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus, validate_corpus
-from fusebench.data.text import read_utf8, utf8_lines
+from fusebench.data.text import not_a_directory, read_utf8, utf8_lines
 
 SHOW = 50  # missing or unreadable paths listed in an error message (all are written to a file)
 
@@ -88,6 +88,8 @@ def _flickr_txt(path: Path) -> list[Record]:
 def read_annotations(path: str | Path, split: str = "test") -> list[Record]:
     """(image id, path relative to the image root, raw captions, caption ids or None) per image, in file order."""
     path = Path(path).expanduser()
+    not_a_directory(path, "dataset.annotations", "Karpathy's dataset_*.json, or CLIP_benchmark's "
+                    "coco_test_karpathy.json or flickr30k_test_karpathy.txt")
     if not path.is_file():
         raise FusebenchError(f"annotation file not found: {path} (run scripts/prepare_data.py, or set the "
                              "dataset's annotations= path).")
@@ -168,5 +170,6 @@ def load_karpathy(annotations: str | Path, image_root: str | Path, split: str = 
         if split != "test":  # a deliberate choice of another split: allowed, but never passed off as the benchmark
             meta["nonstandard"] = True
     corpus = Corpus(name=name, image_ids=[record[0] for record in records], captions=captions,
-                    caption_image=caption_image, image_paths=[str(p) for p in paths], meta=meta, caption_ids=caption_ids)
+                    caption_image=caption_image, image_paths=[str(p) for p in paths], meta=meta, caption_ids=caption_ids,
+                    kind="karpathy")
     return validate_corpus(corpus, str(annotations))

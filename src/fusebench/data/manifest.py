@@ -4,10 +4,12 @@
 
 ``caption_ids`` (optional): one integer per caption, stable across files (COCO's caption annotation ids, as
 Karpathy's ``sentids``); extra-positive evaluation (``eval.positives``) needs them, on every line or none.
+Any other key is an error naming it (a misspelt ``"caption"`` would otherwise make the image a distractor).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 
@@ -15,7 +17,18 @@ import numpy as np
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus, validate_corpus
-from fusebench.data.text import utf8_lines
+from fusebench.data.text import not_a_directory, utf8_lines
+
+KEYS = ("image_id", "path", "captions", "caption_ids")  # a line's keys: any other is a mistake, never ignored
+
+
+def _unknown_keys(record: dict, where: str) -> None:
+    unknown = [str(key) for key in record if key not in KEYS]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], KEYS, n=1)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        raise FusebenchError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}{guess} (valid keys: "
+                             f"{', '.join(KEYS)}).")
 
 
 def _parse_line(text: str, where: str) -> tuple[str, str | None, list[str], list[int] | None]:
@@ -26,8 +39,9 @@ def _parse_line(text: str, where: str) -> tuple[str, str | None, list[str], list
     if not isinstance(record, dict):
         raise FusebenchError(f"{where}: expected a JSON object like {{\"image_id\": ..., \"captions\": [...]}}, "
                              f"got {type(record).__name__}.")
+    _unknown_keys(record, where)
     if "image_id" not in record:
-        raise FusebenchError(f"{where}: missing key 'image_id' (valid keys: image_id, path, captions, caption_ids).")
+        raise FusebenchError(f"{where}: missing key 'image_id' (valid keys: {', '.join(KEYS)}).")
     image_id = record["image_id"]
     if not isinstance(image_id, (str, int)) or isinstance(image_id, bool):
         raise FusebenchError(f"{where}: 'image_id' must be a string or integer, got {type(image_id).__name__}.")
@@ -52,6 +66,7 @@ def load_manifest(path: str | Path, name: str = "manifest", image_root: str | Pa
     """
     path = Path(path)
     root = Path(image_root).expanduser() if image_root else path.parent
+    not_a_directory(path, "dataset.manifest", "the JSONL manifest, one line per image")
     if not path.is_file():
         raise FusebenchError(f"manifest file not found: {path} (set dataset.manifest=/path/to/file.jsonl).")
     image_ids: list[str] = []
@@ -91,5 +106,6 @@ def load_manifest(path: str | Path, name: str = "manifest", image_root: str | Pa
         image_paths=paths,
         meta={"source": str(path)},
         caption_ids=caption_ids if with_ids else None,
+        kind="manifest",
     )
     return validate_corpus(corpus, str(path))

@@ -42,6 +42,7 @@ def make_sim_corpus(settings: SimDatasetSchema) -> Corpus:
         image_paths=None,
         meta={"simulated": True, "sim_seed": int(seed), "sim_latent_dim": int(latent_dim),
               "sim_caption_noise": float(caption_noise), "sim_shared_caption_noise": float(shared_caption_noise)},
+        kind="sim",
     )
     return validate_corpus(corpus, "sim dataset")
 

@@ -1,4 +1,5 @@
-"""Reading users' text files (manifests, annotation files) as UTF-8, with errors that name the line."""
+"""Reading users' input files: text (manifests, annotation files) as UTF-8 with or without a byte-order mark,
+with errors that name the line; and the check that a path meant as a file is not a directory."""
 
 from __future__ import annotations
 
@@ -13,11 +14,23 @@ def _not_utf8(path: Path, lineno: int, line: bytes, err: UnicodeDecodeError) -> 
                           "save the file as UTF-8 (for example: iconv -f latin1 -t utf-8).")
 
 
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors (Notepad, Excel) write first: skipped
+
+
+def not_a_directory(path: Path, key: str, wanted: str) -> None:
+    """Refuse ``path`` (the value of config key ``key``) when it is a directory: ``wanted`` says what file it
+    must name."""
+    if Path(path).is_dir():
+        raise FusebenchError(f"{key}={path} is a directory; it must name a file ({wanted}).")
+
+
 def utf8_lines(path: Path, start: int = 1) -> Iterator[tuple[int, str]]:
-    """(1-based line number, decoded line) for each line of ``path``; a line that is not UTF-8 is an error
-    naming its number."""
+    """(1-based line number, decoded line) for each line of ``path`` (a leading byte-order mark dropped); a line
+    that is not UTF-8 is an error naming its number."""
     with Path(path).open("rb") as fh:
         for lineno, line in enumerate(fh, start=start):
+            if lineno == start and line.startswith(BOM):
+                line = line[len(BOM):]
             try:
                 yield lineno, line.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -25,8 +38,10 @@ def utf8_lines(path: Path, start: int = 1) -> Iterator[tuple[int, str]]:
 
 
 def read_utf8(path: Path) -> str:
-    """The whole of ``path`` as text; a byte that is not UTF-8 is an error naming its line and column."""
+    """The whole of ``path`` as text (a leading byte-order mark dropped); a byte that is not UTF-8 is an error
+    naming its line and column."""
     data = Path(path).read_bytes()
+    data = data[len(BOM):] if data.startswith(BOM) else data
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -39,5 +39,5 @@ def load_tiny(limit: int | None = None, name: str = "tiny") -> Corpus:
     caption_image = np.repeat(np.arange(len(records)), [len(r["captions"]) for r in records])
     corpus = Corpus(name=name, image_ids=[r["id"] for r in records], captions=captions,
                     caption_image=caption_image.astype(np.int64), image_paths=paths,
-                    meta={"source": str(CAPTIONS_FILE)})
+                    meta={"source": str(CAPTIONS_FILE)}, kind="tiny")
     return validate_corpus(corpus, str(CAPTIONS_FILE))

@@ -53,7 +53,7 @@ def stand_in_record(spec: Mapping, stand_in: Mapping) -> dict:
 
 
 def _vectors(name: str, spec: Mapping, corpus: Corpus, runtime) -> RawEmbeddings:
-    image, text, image_src, text_src = vector_arrays(name, spec)
+    image, text, image_src, text_src = vector_arrays(name, spec, (corpus.n_images, corpus.n_captions))
     return RawEmbeddings(name, image, text, image_src, text_src, dict(spec))
 
 

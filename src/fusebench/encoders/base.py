@@ -1,17 +1,21 @@
-"""The contract of a real model backend, and the two embedding types: a model's rows as loaded
-(:class:`RawEmbeddings`, unchecked) and as the evaluator takes them (:class:`ModelEmbeddings`: validated,
-L2-normalised, with the model's weight), with the checks between them.
+"""The contract of a real model backend and what its loaders share (Hugging Face Hub access, the one-line load
+error), and the two embedding types: a model's rows as loaded (:class:`RawEmbeddings`, unchecked) and as the
+evaluator takes them (:class:`ModelEmbeddings`: validated, L2-normalised, with the model's weight), with the
+checks between them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from fusebench import FusebenchError, checks, memo
+from fusebench.encoders.fingerprint import first_line
 from fusebench.record import DEFAULT_WEIGHT
 from fusebench.rownorm import l2_normalise_rows
 
@@ -78,6 +82,63 @@ def embedding_width(encoder: Encoder, device) -> int:
         return int(encoder.encode_texts(to_device(encoder.tokenize(["a photo"]), device)).shape[1])
 
 
+HUB_PROBE_SECONDS = 5.0  # how long the one request that checks the hub can be reached may take
+
+
+def hub_offline_set() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set, as the environment is now (huggingface_hub reads it once,
+    when imported)."""
+    return any(os.environ.get(key, "").strip().lower() in ("1", "true", "yes", "on")
+               for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_unavailable() -> str | None:
+    """Why weights must come from the local Hugging Face cache only, or None to use the hub as usual.
+
+    Without network huggingface_hub retries each file five times with backoff (about 25 s a file, and a model
+    asks for several), so one request (HF_ENDPOINT, proxies honoured, :data:`HUB_PROBE_SECONDS`) checks first
+    that the hub answers."""
+    if hub_offline_set():
+        return "HF_HUB_OFFLINE is set"
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_SECONDS)
+    except Exception as err:  # noqa: BLE001 - any failure to get an answer means the hub cannot be used
+        return f"{constants.ENDPOINT} cannot be reached ({type(err).__name__}: {first_line(err).rstrip('.')})"
+    return None
+
+
+@contextlib.contextmanager
+def cached_files_only(on: bool) -> Iterator[None]:
+    """While ``on``, huggingface_hub (and so transformers and open_clip) makes no request and reads only its
+    local cache, whatever HF_HUB_OFFLINE was when it was imported."""
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = saved or on
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = saved
+
+
+def load_error(name: str, what: str, err: BaseException, offline: str | None, repo: str | None,
+               local: str) -> FusebenchError:
+    """The one-line error for weights that did not load: ``what`` failed and why; for hub weights (``repo``)
+    whether only the local cache was tried (``offline``: why) and the download command; else the ``local``
+    alternative."""
+    text = f"models.{name}: {what}: {first_line(err)}"
+    if repo is None:
+        return FusebenchError(f"{text} Give {local}.")
+    if offline:
+        text += f" Only the local Hugging Face cache was looked in: {offline}."
+    then = "" if hub_offline_set() else ", then set HF_HUB_OFFLINE=1 to run without network"
+    return FusebenchError(f"{text} Download them once with network (`huggingface-cli download {repo}`){then}; "
+                          f"or give {local}.")
+
+
 @dataclass
 class RawEmbeddings:
     """A model's rows as loaded, before the checks (real models mark unreadable images with NaN rows)."""
@@ -138,8 +199,8 @@ def _normalise_shared(array: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     return memo.read_only(normalised), norms, finite
 
 
-def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_meaning: str) -> np.ndarray:
-    """Validate one embedding matrix and return it L2-normalised as float32 (rows are 0-based in messages)."""
+def _check_shape(array: np.ndarray, rows: int, what: str, source: str, rows_meaning: str) -> None:
+    """What a matrix's shape and dtype alone show (a .npy file's header: nothing of its rows is read)."""
     if array.ndim != 2:
         raise FusebenchError(f"{source}: {what} must be a 2-D array (rows x dim), got shape {array.shape}.")
     if array.shape[0] != rows:
@@ -149,8 +210,15 @@ def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_mean
         )
     if array.dtype.kind not in "fiu":
         raise FusebenchError(f"{source}: {what} must be numeric, got dtype {array.dtype}.")
-    # one pass, the same bits as numpy's norm and divide; once per process for a read-only array (a sim model's
-    # rows, the same object every job of a sweep), whose normalised rows are then shared and read-only too
+
+
+def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_meaning: str) -> np.ndarray:
+    """Validate one embedding matrix and return it L2-normalised as float32 (rows are 0-based in messages).
+    Any finite row that is not all zeros is accepted at any scale (1e-30 or 3e38: see fusebench.rownorm)."""
+    _check_shape(array, rows, what, source, rows_meaning)
+    # one pass, the same bits as numpy's norm and divide for rows of ordinary scale; once per process for a
+    # read-only array (a sim model's rows, the same object every job of a sweep), whose normalised rows are then
+    # shared and read-only too
     normalised, norms, finite = (l2_normalise_rows(array) if array.flags.writeable
                                  else memo.derived(array, "l2_normalise_rows", _normalise_shared))
     if not finite.all():

@@ -8,15 +8,15 @@ Spec keys: ``checkpoint`` (hub id or local folder), ``revision`` (hub only), ``t
 from __future__ import annotations
 
 import inspect
-import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from fusebench import FusebenchError
-from fusebench.encoders.base import embedding_width
-from fusebench.encoders.fingerprint import first_line, hf_hub_revision, path_fingerprint
+from fusebench.encoders.base import cached_files_only, embedding_width, hub_unavailable, load_error
+from fusebench.encoders.fingerprint import hf_hub_revision, path_fingerprint
 
 
 def _features(output) -> torch.Tensor:
@@ -62,6 +62,13 @@ class HFEncoder:
         path = Path(str(self.checkpoint)).expanduser()
         return path if path.is_dir() else None
 
+    @property
+    def hub_repo(self) -> str | None:
+        """The Hugging Face repo id the checkpoint names; None for a folder (or a path that is not one)."""
+        if self.local_path is not None or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", str(self.checkpoint)):
+            return None
+        return str(self.checkpoint)
+
     def fingerprint(self) -> dict:
         out = {"backend": self.backend, "checkpoint": str(self.checkpoint), "revision": self.revision}
         if self.local_path is not None:
@@ -85,19 +92,20 @@ class HFEncoder:
         from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
         source = str(self.local_path or self.checkpoint)
+        offline = hub_unavailable() if self.hub_repo else None  # no hub: the local cache only, no retries
         try:
             kwargs = {"revision": self.revision} if self.local_path is None and self.revision else {}
-            if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-                kwargs["local_files_only"] = True  # honoured even if set after huggingface_hub was imported
-            self.model = AutoModel.from_pretrained(source, **kwargs).eval().to(device)
-            self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-            self.processor = AutoImageProcessor.from_pretrained(source, **kwargs)
+            if offline:
+                kwargs["local_files_only"] = True
+            with cached_files_only(bool(offline)):
+                self.model = AutoModel.from_pretrained(source, **kwargs).eval().to(device)
+                self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+                self.processor = AutoImageProcessor.from_pretrained(source, **kwargs)
         except Exception as err:  # noqa: BLE001 - turn any loader failure into one actionable message
-            raise FusebenchError(
-                f"models.{self.name}: transformers could not load checkpoint={self.checkpoint!r}: {first_line(err)} Offline "
-                f"(HF_HUB_OFFLINE=1) it must already be in the Hugging Face cache: run `huggingface-cli download "
-                f"{self.checkpoint}` once with network, or save it with save_pretrained and set "
-                f"models.{self.name}.checkpoint=/path/to/folder.") from None
+            raise load_error(self.name, f"transformers could not load checkpoint={self.checkpoint!r}", err, offline,
+                             self.hub_repo,
+                             f"a folder saved with save_pretrained (models.{self.name}.checkpoint=/path/to/folder)"
+                             ) from None
         if self.max_length is None:
             self.max_length = int(getattr(self.model.config, "text_config", self.model.config).max_position_embeddings)
         self.dim = embedding_width(self, device)

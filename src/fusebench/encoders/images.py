@@ -18,14 +18,25 @@ class BadImageError(FusebenchError):
     pass
 
 
-def open_rgb(path: str) -> Image.Image:
+def open_rgb(path: str | None) -> Image.Image:
+    """The image file decoded to RGB; raises (anything) when it cannot be read."""
+    if path is None:
+        raise FileNotFoundError("the dataset gives no file path for this image")
     with Image.open(path) as image:
         image.load()
         return image.convert("RGB")
 
 
+def bad_image_error(row: int, path: str | None, err: BaseException) -> BadImageError:
+    """The one-line error for an unreadable image under embed.on_bad_image=fail."""
+    return BadImageError(f"image {row} ({path}) cannot be read: {err}. Fix or remove the file, or set "
+                         "embed.on_bad_image=skip to leave such images (and their captions) out.")
+
+
 class ImageFiles(Dataset):
-    """Row ``i`` -> (row index, model input or None when the file is unreadable and the policy is skip)."""
+    """Row ``i`` -> (row index, model input), or for an unreadable file (row index, None) under the skip policy
+    and (row index, BadImageError) under fail: returned, not raised, so that it is raised in the main process
+    (a DataLoader worker's exception reaches the user as torch's many-line re-raise)."""
 
     def __init__(self, paths: Sequence[str | None], rows: np.ndarray, transform: Callable, on_bad_image: str):
         self.paths, self.rows, self.transform, self.on_bad_image = paths, rows, transform, on_bad_image
@@ -37,19 +48,17 @@ class ImageFiles(Dataset):
         row = int(self.rows[i])
         path = self.paths[row]
         try:
-            if path is None:
-                raise FileNotFoundError("the dataset gives no file path for this image")
             image = open_rgb(path)
         except Exception as err:  # noqa: BLE001 - any decoder failure is a bad image
-            if self.on_bad_image == "skip":
-                return row, None
-            raise BadImageError(f"image {row} ({path}) cannot be read: {err}. Fix or remove the file, or set "
-                                "embed.on_bad_image=skip to leave such images (and their captions) out.") from None
+            return row, (None if self.on_bad_image == "skip" else bad_image_error(row, path, err))
         return row, self.transform(image)
 
 
 def _collate(items):
     rows = [row for row, _ in items]
+    bad = [x for _, x in items if isinstance(x, BadImageError)]
+    if bad:  # the batch's first unreadable image, raised by image_batches in the main process
+        return rows, [], bad[0]
     good = [(row, x) for row, x in items if x is not None]
     if not good:
         return rows, [], None
@@ -63,10 +72,14 @@ def _collate(items):
 
 def image_batches(paths: Sequence[str | None], rows: np.ndarray, transform: Callable, batch_size: int,
                   num_workers: int, pin_memory: bool, on_bad_image: str) -> Iterator[tuple[list, list, object]]:
-    """Yield (all rows of the batch, rows that decoded, stacked model inputs or None)."""
+    """Yield (all rows of the batch, rows that decoded, stacked model inputs or None); under the fail policy the
+    first unreadable image raises BadImageError here, in the calling process, whatever ``num_workers``."""
     if on_bad_image not in BAD_IMAGE_POLICIES:
         raise FusebenchError(f"embed.on_bad_image={on_bad_image!r} is not valid; valid: {', '.join(BAD_IMAGE_POLICIES)}.")
     loader = DataLoader(ImageFiles(paths, rows, transform, on_bad_image), batch_size=batch_size, shuffle=False,
                         num_workers=num_workers, pin_memory=pin_memory, collate_fn=_collate,
                         persistent_workers=False, prefetch_factor=4 if num_workers > 0 else None)
-    yield from loader
+    for all_rows, good_rows, batch in loader:
+        if isinstance(batch, BadImageError):
+            raise batch
+        yield all_rows, good_rows, batch

@@ -7,14 +7,15 @@ Spec keys: ``model`` (e.g. ViT-H-14-quickgelu, hf-hub:timm/ViT-SO400M-14-SigLIP-
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from fusebench import FusebenchError
-from fusebench.encoders.base import embedding_width
-from fusebench.encoders.fingerprint import first_line, path_fingerprint
+from fusebench.encoders.base import cached_files_only, embedding_width, hub_unavailable, load_error
+from fusebench.encoders.fingerprint import path_fingerprint
 
 
 class OpenClipEncoder:
@@ -30,6 +31,25 @@ class OpenClipEncoder:
         self.context_length = spec.get("context_length")
         self.model = self.preprocess = self.tokenizer = None
         self.dim = 0  # known once loaded
+
+    @property
+    def local_weights(self) -> bool:
+        """The weights are local files: a ``local-dir:`` folder or a ``pretrained`` file."""
+        return str(self.model_id).startswith("local-dir:") or bool(
+            self.pretrained and Path(str(self.pretrained)).expanduser().is_file())
+
+    def hub_repo(self) -> str | None:
+        """The Hugging Face repo the weights come from (``hf-hub:`` models; open_clip's registry for a pretrained
+        tag); None for local weights or an unknown tag."""
+        model = str(self.model_id)
+        if model.startswith("hf-hub:"):
+            return model[len("hf-hub:"):]
+        if self.local_weights or not self.pretrained:
+            return None
+        import open_clip
+
+        hub = open_clip.get_pretrained_cfg(model, str(self.pretrained)).get("hf_hub", "")
+        return os.path.split(hub)[0] or None  # 'org/repo/' or 'org/repo/file.bin'
 
     def fingerprint(self) -> dict:
         """Identifies the weights without loading them."""
@@ -54,16 +74,17 @@ class OpenClipEncoder:
     def load(self, device: torch.device) -> None:
         import open_clip
 
+        repo = self.hub_repo()
+        offline = hub_unavailable() if repo else None  # no hub: the local cache only, no retries
         try:
-            model, _, preprocess = open_clip.create_model_and_transforms(
-                self.model_id, pretrained=self.pretrained, device=device, weights_only=True)
-            self.tokenizer = open_clip.get_tokenizer(self.model_id, context_length=self.context_length)
+            with cached_files_only(bool(offline)):
+                model, _, preprocess = open_clip.create_model_and_transforms(
+                    self.model_id, pretrained=self.pretrained, device=device, weights_only=True)
+                self.tokenizer = open_clip.get_tokenizer(self.model_id, context_length=self.context_length)
         except Exception as err:  # noqa: BLE001 - turn any loader failure into one actionable message
-            raise FusebenchError(
-                f"models.{self.name}: open_clip could not load model={self.model_id!r} pretrained={self.pretrained!r}: "
-                f"{first_line(err)} Offline, weights must already be in the Hugging Face cache (download them once with "
-                f"`huggingface-cli download REPO`) or be given as a local file (pretrained=/path/model.safetensors) "
-                f"or folder (model=local-dir:/path with open_clip_config.json and weights).") from None
+            raise load_error(self.name, f"open_clip could not load model={self.model_id!r} pretrained={self.pretrained!r}",
+                             err, offline, repo, "a local file (pretrained=/path/model.safetensors) or folder "
+                             "(model=local-dir:/path with open_clip_config.json and weights)") from None
         self.model, self.preprocess = model.eval(), preprocess
         self.dim = embedding_width(self, device)
 

@@ -18,11 +18,11 @@ import torch
 from fusebench import checks
 from fusebench.cache import EmbeddingCache
 from fusebench.data.corpus import Corpus
-from fusebench.devices import resolve_device
+from fusebench.devices import check_device_name, resolve_device
 from fusebench.encoders.base import Encoder, RawEmbeddings, to_device
 from fusebench.encoders.fingerprint import images_fingerprint, texts_fingerprint
 from fusebench.encoders.hf import HFEncoder
-from fusebench.encoders.images import image_batches
+from fusebench.encoders.images import bad_image_error, image_batches, open_rgb
 from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.text import preprocess_texts, text_settings
 from fusebench.progress import bar as progress_bar
@@ -60,7 +60,7 @@ class Runtime:
             return checks.required(mapping, key, where)
 
         return cls(
-            device=checks.text(need(cfg, "device"), "embed.device", hint="auto, cpu, cuda, cuda:1 or mps"),
+            device=check_device_name(need(cfg, "device"), "embed.device"),  # spelling now, even if no real model runs
             precision=checks.choice(need(cfg, "precision"), "embed.precision", PRECISIONS),
             batch_size=checks.integer(need(cfg, "batch_size"), "embed.batch_size", 1),
             text_batch_size=checks.integer(need(cfg, "text_batch_size"), "embed.text_batch_size", 1),
@@ -113,13 +113,39 @@ class LazyModel:
         return self.encoder
 
 
+def settle_skipped(rows: np.ndarray, stats: Mapping, corpus: Corpus, on_bad_image: str,
+                   compute_images) -> tuple[np.ndarray, int]:
+    """Image rows from the cache (or from chunks a run left) may hold images skipped as unreadable (all-NaN rows)
+    under embed.on_bad_image=skip; they stand in for this run only as a fresh computation would: each skipped
+    file is read again, and under ``fail`` the first still unreadable one raises BadImageError; one that reads
+    now is embedded now (``compute_images``). Returns the rows and how many stay skipped."""
+    if not stats.get("skipped_images"):
+        return rows, 0
+    paths = corpus.image_paths or [None] * corpus.n_images
+    skipped = np.flatnonzero(np.isnan(rows).all(axis=1))
+    readable = []
+    for row in skipped:
+        try:
+            open_rgb(paths[row])
+        except Exception as err:  # noqa: BLE001 - any decoder failure is a bad image, as in image_batches
+            if on_bad_image == "fail":
+                raise bad_image_error(int(row), paths[row], err) from None
+        else:
+            readable.append(row)
+    if readable:
+        log.info("%d image(s) skipped as unreadable when cached read now; embedding them", len(readable))
+        rows = rows.copy()  # the cached rows are shared and read-only
+        rows[readable] = np.concatenate([block for block, _ in compute_images(np.array(readable))])
+    return rows, int(np.isnan(rows).all(axis=1).sum())
+
+
 def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> RawEmbeddings:
     """A real model's rows through the embedding cache (the model is loaded only on a cache miss); precision
     is applied here, by autocast around each batch."""
     kind = spec.get("kind")
     encoder = ENCODERS[kind](name, spec)
     text = text_settings(name, spec)
-    device = resolve_device(runtime.device)
+    device = resolve_device(runtime.device, "embed.device")
     precision = runtime.resolved_precision(device)
     lazy = LazyModel(encoder, device)
     cache = EmbeddingCache(runtime.cache_dir, runtime.cache_dtype, runtime.chunk_rows)
@@ -160,15 +186,16 @@ def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> Ra
     text_material = {"kind": "text", **common, "text": {**text, **encoder.text_preprocessing()},
                      "captions": texts_fingerprint(corpus.captions)}
     images = cache.get_or_compute(image_material, corpus.n_images, compute_images, f"{name} images", info)
+    image_rows, skipped = settle_skipped(images.embeddings, images.stats, corpus, runtime.on_bad_image, compute_images)
     captions = cache.get_or_compute(text_material, corpus.n_captions, compute_texts, f"{name} texts", info)
     if not lazy.loaded:
         log.info("%s: image and text embeddings read from the cache (model not loaded)", name)
     source = f"model {name!r} ({kind})"
-    return RawEmbeddings(name, images.embeddings, captions.embeddings, source, source, dict(spec), {
+    return RawEmbeddings(name, image_rows, captions.embeddings, source, source, dict(spec), {
         "cache": {"image_key": images.key, "image_hit": images.hit, "text_key": captions.key, "text_hit": captions.hit,
                   "dir": str(cache.root)},
         "model_loaded": lazy.loaded, "precision": precision, "text": text, **common,
-        "skipped_images": int(images.stats.get("skipped_images", 0)),
+        "skipped_images": skipped,
         "truncated_captions": int(captions.stats.get("truncated_captions", 0)),
         "max_text_tokens": encoder.max_text_tokens() if lazy.loaded else None,
         "embed_seconds": {"images": round(images.seconds, 3), "texts": round(captions.seconds, 3),

@@ -9,6 +9,8 @@ import numpy as np
 
 from fusebench import FusebenchError
 from fusebench.cache import UNREADABLE
+from fusebench.data.text import not_a_directory
+from fusebench.encoders.base import _check_shape
 
 NPY_MAGIC = b"\x93NUMPY"
 
@@ -17,6 +19,7 @@ def _load_npy(path_value, key: str, name: str) -> tuple[np.ndarray, str]:
     if not path_value:
         raise FusebenchError(f"models.{name}.{key} is not set; kind 'vectors' needs image_embeddings and text_embeddings (.npy files).")
     path = Path(str(path_value)).expanduser()
+    not_a_directory(path, f"models.{name}.{key}", "a .npy file written by numpy.save")
     if not path.is_file():
         raise FusebenchError(f"models.{name}.{key}: file not found: {path}")
     problem = npy_problem(path)
@@ -42,8 +45,20 @@ def npy_problem(path: Path) -> str | None:
     return None
 
 
-def vector_arrays(name: str, spec: Mapping) -> tuple[np.ndarray, np.ndarray, str, str]:
-    """(image rows, text rows, image file, text file); checked against the corpus by the caller."""
+def vector_arrays(name: str, spec: Mapping, counts: tuple[int, int] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, str, str]:
+    """(image rows, text rows, image file, text file), memory-mapped: nothing but the files' headers is read
+    here. The headers are checked against each other (the same width) and, given the corpus's ``counts``
+    (images, captions), against it (rows, 2-D, numeric), so a wrong file fails before its rows are read; the
+    rows themselves are checked by the caller (``check_embeddings``)."""
     image, image_src = _load_npy(spec.get("image_embeddings"), "image_embeddings", name)
     text, text_src = _load_npy(spec.get("text_embeddings"), "text_embeddings", name)
+    if counts is not None:
+        _check_shape(image, counts[0], "image embeddings", image_src, "images")
+        _check_shape(text, counts[1], "text embeddings", text_src, "captions")
+    if image.ndim == text.ndim == 2 and image.shape[1] != text.shape[1]:
+        raise FusebenchError(
+            f"model {name!r}: image embeddings have dimension {image.shape[1]} ({image_src}, models.{name}."
+            f"image_embeddings) but text embeddings have {text.shape[1]} ({text_src}, models.{name}.text_embeddings), "
+            "as the .npy headers say; both must come from the same model's shared space.")
     return image, text, image_src, text_src
