@@ -2,9 +2,10 @@
 ``fusebench-models`` the model registry; ``--config-dir DIR`` adds a folder of your own configs).
 
 How it ends: 0 when every job finished; 2 with one ``fusebench: error: ...`` line for a user's mistake
-(bad input, bad config, an output folder that cannot be written); 1 when a sweep finished but some of its
-jobs failed (they are named, and each has error.txt); 130 on Ctrl-C. Tracebacks are kept for real bugs,
-and shown for everything with ``HYDRA_FULL_ERROR=1``.
+(bad input, bad config, a file that cannot be read, a run dir or cache that cannot be written or holds files
+fusebench did not write; a failed run leaves an earlier run in its dir as it was); 1 when a sweep finished
+but some of its jobs failed (they are named, and each has error.txt); 130 on Ctrl-C. Tracebacks are kept
+for real bugs, and shown for everything with ``HYDRA_FULL_ERROR=1``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException, MissingConfigException
+from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from fusebench import FusebenchError, interrupts, schema
+from fusebench import FusebenchError, interrupts, schema, specs
 
 # the configs ship inside the package, so `pip install .` (a wheel) works from any folder
 CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
@@ -32,6 +33,9 @@ BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"  # 
 # an OSError with one of these is the machine's state (permissions, a full disk), not a bug
 ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.ENOTDIR,
                       errno.EISDIR}
+WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # only ever from writing
+PLACES: dict[str, str] = {}  # config key -> a folder the job running now writes into (os_error_message)
+SHOW_TRACEBACKS = {"on": False}  # HYDRA_FULL_ERROR=1 as the user set it (main sets it for Hydra itself)
 
 
 def user_config_dirs(argv: list[str]) -> list[Path]:
@@ -47,8 +51,7 @@ def user_config_dirs(argv: list[str]) -> list[Path]:
 
 def registry(extra_dirs: list[Path] | None = None) -> list[str]:
     """The model configs by name: the package's conf/models/, plus models/ of any --config-dir."""
-    folders = [Path(CONFIG_DIR), *(extra_dirs or [])]
-    return sorted({p.stem for folder in folders for p in (folder / "models").glob("*.yaml")})
+    return specs.registry([Path(CONFIG_DIR), *(extra_dirs or [])])
 
 
 def list_models(argv: list[str] | None = None) -> int:
@@ -103,20 +106,38 @@ def unknown_models_message(missing: list[str], extra_dirs: list[Path] | None = N
             "or describe a model inline with +models.NAME.kind=... overrides.")
 
 
+def override_syntax_message(err: OverrideParseException) -> str:
+    """One line for an override Hydra cannot parse: the override, what is wrong, and where the grammar is."""
+    lines = [line for line in err.message.splitlines() if line.strip() and not line.startswith("See https://")]
+    prefix = "LexerNoViableAltException: "
+    if lines and lines[0].startswith(prefix):  # the override, then a caret under the character it stopped at
+        column = len(lines[1]) - len(prefix) if len(lines) > 1 else 0
+        lines = [f"unexpected character {err.override[column - 1:column]!r} at position {column}"]
+    elif lines and lines[0].startswith("Error parsing override"):
+        lines = lines[1:]
+    return (f"cannot parse the override {err.override!r}: {'; '.join(lines)}. Write KEY=VALUE (a list as [a,b], "
+            "quotes around odd characters; https://hydra.cc/docs/advanced/override_grammar/basic).")
+
+
 def hydra_error_message(err: CompactHydraException) -> str:
-    """Hydra's own message for a config mistake, without the search-path dump; unknown models name the registry."""
+    """Hydra's own message for a config mistake, on one line: without the search-path dump, an unknown config
+    option with the group's options, an unparsable override named; unknown models name the registry."""
     missing = getattr(err, "missing_cfg_file", None) or ""
     if isinstance(err, MissingConfigException) and missing.startswith("models/"):
         return unknown_models_message([missing.split("/", 1)[1]], user_config_dirs(sys.argv[1:]))
+    if isinstance(err, OverrideParseException):
+        return override_syntax_message(err)
+    if isinstance(err, MissingConfigException) and err.options and "/" in missing:
+        group, name = missing.rsplit("/", 1)
+        return (f"Could not find '{missing}': {group}={name} is not an option of {group}; valid: "
+                f"{', '.join(sorted(err.options))}.")
     text = str(err).split("\nConfig search path:")[0].strip()
     if err.__cause__ is not None:
         text += f"\n{str(err.__cause__).strip()}"
     internal = ("reference_type=", "object_type=")  # OmegaConf's class names say nothing to a user
     lines = [line for line in text.splitlines()
-             if not line.strip().startswith(internal) and line.strip() not in schema.SCHEMA_OPTIONS]
-    if any(line.strip().startswith("full_key:") for line in lines):  # OmegaConf's value error: one line
-        return "; ".join(line.strip() for line in lines if line.strip())
-    return "\n".join(lines)
+             if not line.strip().startswith(internal)]
+    return "; ".join(line.strip() for line in lines if line.strip())
 
 
 def freeze_long_lived() -> None:
@@ -140,6 +161,25 @@ def prepare_process() -> None:
     freeze_long_lived()
 
 
+def os_error_message(err: OSError) -> str:
+    """One line for an OSError that is the machine's state (``ENVIRONMENT_ERRNOS``): when the file lies in a
+    folder fusebench writes (``PLACES``: the embedding cache, the run or sweep dir), that folder's config
+    key; otherwise, unless only a write gives that error, the file that cannot be read."""
+    name = os.fspath(err.filename) if err.filename is not None else ""
+    if name:
+        target = Path(os.path.abspath(name))
+        for key, folder in sorted(PLACES.items(), key=lambda item: -len(Path(os.path.abspath(item[1])).parts)):
+            if target.is_relative_to(os.path.abspath(folder)):
+                what = "the embedding cache" if key == "embed.cache.dir" else "the outputs"
+                return (f"cannot use {what}: {name}: {err.strerror}. Free space or fix the permissions of "
+                        f"{key}={folder}, or choose another folder with {key}=..., then rerun.")
+        if err.errno not in WRITE_ERRNOS:
+            return (f"cannot read {name}: {err.strerror}. Make the file readable (its permissions), or point its "
+                    "config key at another file.")
+    return (f"cannot write {name or 'the outputs'}: {err.strerror}. Free space or fix permissions, or choose "
+            "another folder (hydra.run.dir=..., paths.output_dir=..., embed.cache.dir=...), then rerun.")
+
+
 def _fail(message: str, code: int = 2) -> None:
     print(f"fusebench: error: {message}", file=sys.stderr)
     raise SystemExit(code)
@@ -147,15 +187,16 @@ def _fail(message: str, code: int = 2) -> None:
 
 def main() -> None:
     """Console entry: check model names against the registry, run the Hydra app, turn mistakes into exit 2."""
-    verbose = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    verbose = SHOW_TRACEBACKS["on"] = os.environ.get("HYDRA_FULL_ERROR") == "1"
     extra = user_config_dirs(sys.argv[1:])
     missing = unknown_models(sys.argv[1:], extra)
     if missing:
         _fail(unknown_models_message(missing, extra))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # exceptions reach the handlers below instead of Hydra's printer
-    from fusebench.report.callback import SweepReport
+    from fusebench.report.callback import RunDirRefused, SweepReport
 
     SweepReport.failed = None
+    PLACES.clear()
     interrupts.watch()
     try:
         app()
@@ -166,6 +207,8 @@ def main() -> None:
         background.cancel()  # a sweep's queued plots: not drawn after Ctrl-C
         print("\nfusebench: interrupted; no outputs were written for the unfinished run", file=sys.stderr)
         raise SystemExit(130) from None
+    except RunDirRefused as err:  # raised in Hydra's callback, before Hydra creates the run or sweep dir
+        _fail(str(err))
     except FusebenchError as err:
         _fail(str(err))
     except CompactHydraException as err:
@@ -175,34 +218,61 @@ def main() -> None:
     except OSError as err:
         if verbose or err.errno not in ENVIRONMENT_ERRNOS:
             raise
-        _fail(f"cannot write {err.filename or 'the outputs'}: {err.strerror}. Choose another folder "
-              "(hydra.run.dir=..., paths.output_dir=...) or free space / fix permissions, then rerun.")
+        _fail(os_error_message(err))
     if SweepReport.failed:
         print(f"fusebench: {len(SweepReport.failed)} job(s) of the sweep failed: {', '.join(SweepReport.failed)} "
               "(each has error.txt; the sweep report lists them)", file=sys.stderr)
         raise SystemExit(1)
 
 
+def _places(cfg: DictConfig, key: str, folder: str) -> None:
+    """Record the folders this job writes into, by config key, for ``os_error_message``."""
+    from omegaconf import OmegaConf
+
+    PLACES.clear()
+    PLACES[key] = folder
+    try:
+        cache = OmegaConf.select(cfg, "embed.cache.dir")
+    except Exception:  # noqa: BLE001 - a value the run's own checks report
+        cache = None
+    if isinstance(cache, str) and cache.strip():
+        PLACES["embed.cache.dir"] = cache
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
+    """One job: check its run dir, run it; on a failure, the earlier run in the dir is left as it was (its
+    outputs stay until a run writes its own; its Hydra files, which Hydra has just rewritten, are put back)."""
     interrupts.check()  # Ctrl-C during the previous job: no further job starts
     prepare_process()  # imported here, not at the top, so --help and --cfg stay fast
+    from fusebench import rundir
     from fusebench.pipeline import run, start_fresh
+    from fusebench.report.callback import SweepReport
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
-    if hydra_cfg.mode == RunMode.MULTIRUN:  # one failed job must not stop the others
-        try:
-            start_fresh(out_dir)
-            run(cfg, out_dir, next_job_follows=hydra_cfg.launcher.get("_target_") == BASIC_LAUNCHER)
-        except Exception as err:  # noqa: BLE001 - recorded in the job dir and the sweep report
-            Path(out_dir, "error.txt").write_text("".join(traceback.format_exception(err)), encoding="utf-8")
-            print(f"fusebench: job {hydra_cfg.job.num} failed: {err} (see {out_dir}/error.txt)", file=sys.stderr)
-        return
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    _places(cfg, key, hydra_cfg.sweep.dir if multirun else out_dir)
     try:
-        start_fresh(out_dir)
-        run(cfg, out_dir)
-    except FusebenchError as err:  # handled here, so Hydra adds no "Error executing job" line of its own
-        _fail(str(err))
+        start_fresh(out_dir, key)
+        run(cfg, out_dir, next_job_follows=multirun and hydra_cfg.launcher.get("_target_") == BASIC_LAUNCHER)
+        rundir.forget(out_dir)
+    except BaseException as err:
+        rundir.restore_earlier_config(out_dir)
+        environment = isinstance(err, OSError) and err.errno in ENVIRONMENT_ERRNOS
+        if multirun and isinstance(err, Exception):  # one failed job must not stop the others
+            SweepReport.jobs_failed.append(os.path.relpath(out_dir, os.path.abspath(hydra_cfg.sweep.dir)))
+            error_file = Path(out_dir, "error.txt")
+            if not os.path.lexists(error_file) or rundir.is_error_file(error_file):  # never someone else's
+                error_file.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
+            print(f"fusebench: job {hydra_cfg.job.num} failed: {os_error_message(err) if environment else err} "
+                  f"(see {error_file})", file=sys.stderr)
+            return
+        if isinstance(err, FusebenchError):  # handled here, so Hydra adds no "Error executing job" line of its own
+            _fail(str(err))
+        if environment and not SHOW_TRACEBACKS["on"]:
+            _fail(os_error_message(err))
+        raise
 
 
 if __name__ == "__main__":

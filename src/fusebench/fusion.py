@@ -74,9 +74,23 @@ class FusionConfig:
         if self.method == "borda" and self.combine != "sum":
             raise FusebenchError(f"fusion.combine={self.combine} is not valid with fusion.method=borda: Borda adds "
                                  "every list's points (fusion.combine=sum).")
+        self._check_method_settings()
         if self.combine in MEANS and self.rrf_weighting == "rank":
             raise FusebenchError(f"fusion.combine={self.combine} weighs each list's evidence by its weight: use "
                                  "fusion.rrf_weighting=multiply with it.")
+
+    def _check_method_settings(self) -> None:
+        """A setting the method never reads is refused, not recorded as if it had changed the result."""
+        ignored = [(self.score_map != "none" and self.method in RANK_METHODS, "score_map", self.score_map,
+                    "maps scores, but this method reads only ranks", "none"),
+                   (self.rrf_ranks != "own" and self.method not in RANK_METHODS, "rrf_ranks", self.rrf_ranks,
+                    f"numbers ranks for the rank methods ({', '.join(RANK_METHODS)}) only", "own"),
+                   (self.rrf_weighting != "multiply" and self.method != "rrf", "rrf_weighting", self.rrf_weighting,
+                    "applies to rrf only", "multiply")]
+        for unused, key, value, why, default in ignored:
+            if unused and self.method != "none":
+                raise FusebenchError(f"fusion.{key}={value} has no effect with fusion.method={self.method}: it {why}. "
+                                     f"Drop it (fusion.{key}={default}) or pick a method that uses it.")
 
     def per_model_k(self, n_items: int) -> int:
         return n_items if self.top_k is None else min(self.top_k, n_items)
@@ -87,15 +101,15 @@ class FusionConfig:
         available = n_models * self.per_model_k(n_items) if self.fuse_on == "document" else n_items
         return available if wanted is None else min(wanted, available)
 
-    def check_ks(self, ks: list[int]) -> None:
-        """Recall@k needs lists at least k long."""
+    def check_ks(self, ks: list[int], source: str = "eval.ks") -> None:
+        """Recall@k needs lists at least k long (``source``: the key the ks come from, named in the error)."""
         largest = max(ks)
         for key in ("top_k", "final_top_k"):
             value = getattr(self, key)
             if value is not None and value < largest:
                 raise FusebenchError(
-                    f"fusion.{key}={value} is below the largest eval.ks ({largest}); recall@{largest} needs lists "
-                    f"of at least {largest} items: raise fusion.{key} or drop k={largest} from eval.ks."
+                    f"fusion.{key}={value} is below the largest {source} ({largest}); recall@{largest} needs lists "
+                    f"of at least {largest} items: raise fusion.{key} or drop k={largest} from {source}."
                 )
 
 

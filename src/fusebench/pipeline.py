@@ -7,10 +7,8 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -24,18 +22,20 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from fusebench import FUSED, FusebenchError, __version__, checks, interrupts
 from fusebench.comparisons import oracle_metrics, paired_comparisons, retriever_result
 from fusebench.data import load_corpus
-from fusebench.devices import resolve_device
+from fusebench.devices import check_device_name, resolve_device
 from fusebench.encoders import drop_unreadable, finalize, load_raw, model_weight
 from fusebench.encoders.real import Runtime
 from fusebench.fusion import FusionConfig
 from fusebench.positives import POSITIVE_SETS, load_positives, needed_depth
 from fusebench.positives import evaluate as evaluate_positives
+from fusebench.presets import config_folders, true_label
 from fusebench.progress import bar as progress_bar
 from fusebench.record import RunRecord
 from fusebench.reference import reference_row
-from fusebench.report.outputs import clear_run_outputs, write_run_outputs
+from fusebench.report.outputs import write_run_outputs
 from fusebench.report.table import format_table
 from fusebench.retrieval import ListSource, SearchSettings, retrieve
+from fusebench.specs import check_spec, registry
 from fusebench.topk import MATMULS
 from fusebench.tracking import check_logger, log_run
 from fusebench.tune import TuneSettings, apply, best, grid, run_grid, seeded_split, slice_embeddings, tune_settings
@@ -76,7 +76,7 @@ def eval_settings(cfg: Mapping) -> dict:
     max_mb = checks.integer(need(lists, "max_scores_mb", "eval.lists"), "eval.lists.max_scores_mb", 0,
                             "0: never store score matrices")
     store = checks.boolean(need(lists, "store", "eval.lists"), "eval.lists.store")
-    device = checks.text(need(cfg, "device"), "eval.device", hint="auto, cpu, cuda, cuda:1 or mps")
+    device = check_device_name(need(cfg, "device"), "eval.device")
     positives = cfg.get("positives") or []
     if not isinstance(positives, list):
         raise FusebenchError(f"eval.positives={positives!r} is not valid: give a list, e.g. eval.positives=[eccv,cxc] "
@@ -93,41 +93,67 @@ def fusion_settings(cfg: Mapping, ks: list[int]) -> FusionConfig:
     checks.known_keys(cfg, "fusion", known)
     fusion = FusionConfig(**{k: checks.required(cfg, k, "fusion") for k in known})
     fusion.check_ks(ks)
-    return fusion
+    return true_label(fusion)
 
 
 def model_specs(cfg: Mapping) -> dict[str, dict]:
     specs = {str(name): checks.mapping(spec, f"models.{name}") for name, spec in checks.mapping(cfg, "models").items()}
     if not specs:
         raise FusebenchError("no models selected: pick some with models=[a,b] or +models.NAME.kind=... overrides.")
+    names = registry(config_folders())
     for name, spec in specs.items():
         if name == FUSED or not _NAME.match(name):
             raise FusebenchError(f"model name {name!r} is not allowed: use letters, digits, '_', '.', '-' "
                                  f"(and not {FUSED!r}, the fused retriever's name).")
+        check_spec(name, spec, names)
         model_weight(name, spec)
     return specs
 
 
-def check_writable(out_dir: str | Path) -> None:
-    """Fail before any work when ``out_dir`` cannot be created or written (a read-only or missing mount)."""
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out_dir)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as err:
-        raise FusebenchError(f"the run dir {out_dir} cannot be written ({err.strerror}); choose another with "
-                             "hydra.run.dir=... (or paths.output_dir=...), or fix its permissions.") from None
+def check_fusion_models(fusion: FusionConfig, specs: dict[str, dict], tuning: TuneSettings | None) -> None:
+    """Refuse fusions that cannot mean anything with these models; say when a fusion is skipped."""
+    if tuning is not None and (len(specs) < 2 or fusion.method == "none"):
+        raise FusebenchError("tune tunes a fusion's weights: select at least two models and a fusion method "
+                             "(e.g. fusion=dbsf), or set tune=none.")
+    if len(specs) < 2:
+        if fusion.method != "none":
+            log.warning("fusion.method=%s is skipped: one model is selected (%s), and fusion needs two or more",
+                        fusion.method, next(iter(specs)))
+        return
+    weights = {name: model_weight(name, spec) for name, spec in specs.items()}
+    if fusion.method != "none" and tuning is None and not any(weights.values()):
+        raise FusebenchError(f"every model weight is 0 ({', '.join(f'models.{n}.weight' for n in weights)}): "
+                             "every fused score would be 0. Give at least one model a weight > 0.")
 
 
-def start_fresh(out_dir: str | Path) -> None:
-    """Clear the outputs of an earlier run from a run dir whose config Hydra has just rewritten, so that a
-    rerun into it (even one that then fails) never leaves the old metrics.json beside the new config."""
-    check_writable(out_dir)
-    stale = clear_run_outputs(out_dir)
-    if stale:
-        log.warning("%s held the outputs of an earlier run (%s); removed them first", out_dir, ", ".join(stale))
+TOP_KEYS = ("paths", "dataset", "models", "fusion", "eval", "embed", "logger", "tune", "plots", "reference")
+
+
+def check_top_keys(cfg: Mapping) -> None:
+    """A key added at the top (``+bogus=1``) is read by nothing: an error naming it."""
+    unknown = sorted(str(k) for k in cfg if k not in TOP_KEYS and k != "hydra")
+    if unknown:
+        raise FusebenchError(f"unknown top-level key(s) {', '.join(unknown)} (nothing reads them); valid: "
+                             f"{', '.join(TOP_KEYS)} (each a config group: fusebench --help lists them).")
+
+
+def check_writable(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
+    """Fail before any work when ``out_dir`` cannot be created or written (a read-only or missing mount, a
+    file); the message names ``key``."""
+    from fusebench.rundir import check_writable as check
+
+    check(out_dir, key)
+
+
+def start_fresh(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
+    """Check a run dir before the work: it can be written, and nothing in it under a run output's name was
+    written by anyone but fusebench (fusebench never removes that: refused, naming ``key``). An earlier run's
+    outputs stay until this run writes its own (``write_run_outputs`` swaps them in), so a rerun that fails
+    leaves them as they were."""
+    from fusebench.rundir import check_outputs
+
+    check_writable(out_dir, key)
+    check_outputs(out_dir, key)
 
 
 def _list_length(settings: dict, fusion: FusionConfig, extra: list, corpus, n_models: int) -> int | None:
@@ -171,6 +197,7 @@ def _tune(tuning: TuneSettings, dataset_cfg: Mapping, corpus, embeddings, specs,
                      progress=_progress_bar("tuning", len(points), unit="setting"))
     chosen = best(curve)
     embeddings, fusion = apply(chosen, embeddings, fusion)
+    fusion = true_label(fusion)  # a tuned rrf_k or ddof may leave a preset
     record = {"split": tuning.split, "criterion": tuning.criterion, "n_images": tune_corpus.n_images,
               "n_captions": tune_corpus.n_captions, "curve": curve, "chosen": chosen,
               "singles": curve[0]["singles"] if curve else {}, "seconds": round(time.perf_counter() - started, 3),
@@ -217,6 +244,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str, next_job_follows: bool = False)
     (``report.background``)."""
     started = time.perf_counter()
     check_writable(out_dir)
+    check_top_keys(cfg)
     group = {key: _plain(checks.required(cfg, key, "config"))
              for key in ("eval", "fusion", "models", "plots", "logger", "embed", "dataset", "reference", "tune")}
     settings = eval_settings(checks.mapping(group["eval"], "eval"))
@@ -226,12 +254,13 @@ def run(cfg: DictConfig | Mapping, out_dir: str, next_job_follows: bool = False)
     logger = checks.mapping(group["logger"], "logger")
     check_logger(logger)
     reference = reference_row(group["reference"])
-    device = resolve_device(settings["device"])  # checked before any embedding work
+    device = resolve_device(settings["device"], "eval.device")  # checked before any embedding work
     runtime = Runtime.from_config(group["embed"])
     dataset_cfg = checks.mapping(group["dataset"], "dataset")
     tuning = tune_settings(group["tune"], dataset_cfg.get("kind"), dataset_cfg.get("split"))
-    if tuning is not None and len(specs) < 2:
-        raise FusebenchError("tune tunes a fusion: select at least two models (or tune=none).")
+    check_fusion_models(fusion, specs, tuning)
+    if tuning is not None:
+        fusion.check_ks([tuning.k], "tune.criterion")
     corpus = load_corpus(dataset_cfg)
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
     extra = [load_positives(name, corpus) for name in settings["positives"]]  # refused before any embedding work

@@ -1,7 +1,7 @@
 """The config groups' schemas: every key a user can set, its type and its default, in one place.
 
-Registered with Hydra's ConfigStore as ``GROUP/schema`` (``fusion/schema`` is :class:`FusionConfig`), and
-each YAML option of those groups starts from it (``defaults: [schema, _self_]``), so the YAML files only
+Registered with Hydra's ConfigStore as ``schema_GROUP`` (``schema_fusion`` is :class:`FusionConfig`), and
+each YAML option of those groups starts from it (``defaults: [/schema_fusion@_here_, _self_]``), so the YAML files only
 say what differs and Hydra checks every value's type while composing (``eval.bootstrap.draws=abc`` is an
 error naming the key before any work). Code reads composed configs and has no fallbacks of its own; a
 missing key is an error, not a silent default. Model specs (``conf/models/*.yaml``) are free-form per
@@ -92,18 +92,17 @@ class WandbSchema:
     init_timeout: float = 15.0  # seconds an online start may take before logging offline instead
 
 
-SCHEMA_OPTIONS = ("schema", "sim_schema")  # the names register() stores them under: not options a user picks
-
-
 def register() -> None:
-    """Store every schema as ``GROUP/schema`` (``dataset/sim_schema`` for the sim dataset) for the YAML files."""
+    """Store every schema as a root config ``schema_GROUP`` (``schema_dataset_sim`` for the sim dataset), which
+    the YAML options start from (``defaults: [/schema_fusion@_here_, _self_]``). At the root, not inside the
+    groups: a schema is not an option a user picks, so ``fusion=schema`` is unknown, ``--help`` does not list
+    it and ``fusion=glob(*)`` does not match it."""
     from hydra.core.config_store import ConfigStore
 
     from fusebench.fusion import FusionConfig
 
     store = ConfigStore.instance()
-    for group, name, node in (("fusion", "schema", FusionConfig), ("eval", "schema", EvalSchema),
-                              ("embed", "schema", EmbedSchema), ("dataset", "sim_schema", SimDatasetSchema),
-                              ("logger", "schema", WandbSchema), ("tune", "schema", TuneSchema)):
-        assert name in SCHEMA_OPTIONS
-        store.store(group=group, name=name, node=node)
+    for name, node in (("schema_fusion", FusionConfig), ("schema_eval", EvalSchema), ("schema_embed", EmbedSchema),
+                       ("schema_dataset_sim", SimDatasetSchema), ("schema_logger", WandbSchema),
+                       ("schema_tune", TuneSchema)):
+        store.store(name=name, node=node)

@@ -81,10 +81,13 @@ def tune_settings(cfg: Mapping | None, dataset_kind: str, dataset_split: str | N
         return tuple(kind(v, f"tune.{key}") for v in raw)
 
     weights = values("weights", lambda v, key: checks.number(v, key, 0, hint="a model weight >= 0"))
+    if not weights:
+        raise FusebenchError("tune.weights=[] is not valid: give the weights to try for models 2..M, "
+                             "e.g. tune.weights=[0.5,1,2] (the first model stays at 1).")
     return TuneSettings(split=split, fraction=checks.number(checks.required(cfg, "fraction", "tune"), "tune.fraction", 0, 1,
                                                             open_low=True, open_high=True, hint="e.g. 0.2"),
                         seed=checks.integer(checks.required(cfg, "seed", "tune"), "tune.seed", 0),
-                        direction=parts[0], k=int(parts[1]), weights=weights or (1.0,),
+                        direction=parts[0], k=int(parts[1]), weights=weights,
                         rrf_k=values("rrf_k", lambda v, key: checks.number(v, key, 0, hint="rrf_k >= 0")),
                         ddof=values("ddof", lambda v, key: checks.choice(v, key, (0, 1))),
                         max_points=checks.integer(checks.required(cfg, "max_points", "tune"), "tune.max_points", 1))
@@ -98,6 +101,9 @@ def grid(settings: TuneSettings, models: list[str], fusion: FusionConfig) -> lis
     for weights in itertools.product(*weight_axes):
         for values in itertools.product(*fusion_axes.values()):
             points.append({"weights": dict(zip(models, map(float, weights))), "fusion": dict(zip(fusion_axes, values))})
+    if len(points) < 2:
+        raise FusebenchError(f"the tuning grid has {len(points)} setting, so there is nothing to choose: give "
+                             "tune.weights (or tune.rrf_k / tune.ddof) two or more values, or set tune=none.")
     if len(points) > settings.max_points:
         raise FusebenchError(f"the tuning grid has {len(points)} settings, more than tune.max_points="
                              f"{settings.max_points}: shorten tune.weights / tune.rrf_k / tune.ddof or raise it.")

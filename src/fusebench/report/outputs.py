@@ -1,8 +1,10 @@
 """Write a run's outputs: ranks/, topk/ and metrics.json, all or nothing.
 
 Everything is first written into a hidden staging folder inside the run dir and moved into place only
-once complete; metrics.json is written last, via a temp file and an atomic rename, so its presence means
-the run finished. metrics.json records the sha256 of every file in ranks/ and topk/ (``files``), so that
+once complete. An earlier run's outputs in the dir are kept until then and swapped out at that moment:
+its metrics.json is moved away first and the new one moved in last (atomic renames), so the dir never
+reads as finished with one run's record and another's files, and a run that fails before writing leaves
+the earlier run as it was. metrics.json records the sha256 of every file in ranks/ and topk/ (``files``), so that
 reports can tell a damaged or replaced rank file from the run's own.
 """
 
@@ -19,6 +21,7 @@ import numpy as np
 
 from fusebench.files import atomic_write_text, remembered_checksum
 from fusebench.record import RunRecord
+from fusebench.rundir import OUTPUTS
 
 
 def _clean(value):
@@ -34,27 +37,26 @@ def _clean(value):
     return value
 
 
-# what a run writes into its dir: (name, the file patterns a folder of that name may hold)
-RUN_OUTPUTS = {"metrics.json": None, "error.txt": None, "ranks": ("*.npy", "*.npz"), "topk": ("*.npz",),
-               "plots": ("*.png",)}
-
-
-def clear_run_outputs(out_dir: str | Path) -> list[str]:
-    """Remove the outputs of an earlier run from ``out_dir`` (metrics.json first, so the dir never reads as
-    finished); a folder is removed only when it holds nothing but files of the kind fusebench writes there.
-    Returns what was removed."""
-    out_dir, removed = Path(out_dir), []
-    for name, patterns in RUN_OUTPUTS.items():
-        path = out_dir / name
-        if patterns is None and path.is_file():
-            path.unlink()
-            removed.append(name)
-        elif patterns is not None and path.is_dir():
-            files = list(path.iterdir())
-            if all(f.is_file() and any(f.match(p) for p in patterns) for f in files):
-                shutil.rmtree(path)
-                removed.append(name + "/")
-    return removed
+def _swap_in(out_dir: Path, staging: Path) -> None:
+    """Move the earlier run's outputs out of ``out_dir`` into ``staging``/earlier (removed with it), metrics.json
+    first, then the staged ranks/, topk/ and metrics.json in, metrics.json last; on an error the earlier
+    outputs are put back."""
+    earlier, moved, placed = staging / "earlier", [], []
+    earlier.mkdir()
+    try:
+        for name in OUTPUTS:
+            if os.path.lexists(out_dir / name):
+                os.replace(out_dir / name, earlier / name)
+                moved.append(name)
+        for name in ("ranks", "topk", "metrics.json"):
+            os.replace(staging / name, out_dir / name)
+            placed.append(name)
+    except BaseException:
+        for name in reversed(placed):
+            os.replace(out_dir / name, staging / name)
+        for name in reversed(moved):
+            os.replace(earlier / name, out_dir / name)
+        raise
 
 
 def write_run_outputs(out_dir: str | Path, lists: dict, record: RunRecord, save_topk: int | None,
@@ -83,12 +85,8 @@ def write_run_outputs(out_dir: str | Path, lists: dict, record: RunRecord, save_
                     arrays["contributors"] = ranked.contributors[:, cut].numpy().astype(np.int32)
                 np.savez(staging / "topk" / f"{name}.{direction}.npz", **arrays)
         files = {f"{sub}/{f.name}": remembered_checksum(f) for sub in ("ranks", "topk") for f in sorted((staging / sub).iterdir())}
-        for sub in ("ranks", "topk"):
-            target = out_dir / sub
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(staging / sub, target)
         record.files = files  # checksums: a report never trusts a rank file changed after the run
-        atomic_write_text(out_dir / "metrics.json", json.dumps(_clean(record.to_json()), indent=2) + "\n")
+        atomic_write_text(staging / "metrics.json", json.dumps(_clean(record.to_json()), indent=2) + "\n")
+        _swap_in(out_dir, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

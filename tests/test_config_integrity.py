@@ -1,0 +1,145 @@
+"""Config values that would label, weigh or tune a run wrongly are refused (or relabelled) before any work.
+
+Each case ran with exit 0 and a misleading result before: a preset's label on a fusion that is not the preset,
+keys nothing reads, all-zero weights, settings a method ignores, a tuning grid with nothing to choose.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from fusebench import FusebenchError
+from fusebench.fusion import FusionConfig
+from fusebench.pipeline import run
+from fusebench.presets import definition, package_conf, preset_files, true_label
+
+SMALL = ["dataset.n_images=60", "dataset.n_captions=300", "logger=none", "plots=false", "eval.bootstrap.draws=50"]
+
+
+def _refused(compose_cfg, tmp_path: Path, overrides: list[str], *fragments: str) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(FusebenchError) as err:
+        run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'cache'}"] + overrides), str(out))
+    for fragment in fragments:
+        assert fragment in str(err.value)
+    assert not (out / "metrics.json").exists()
+
+
+# -- presets: the name labels a fusion only while it is that preset ---------------------------------------------
+
+@pytest.mark.parametrize("preset, change", [
+    ("qdrant_dbsf", {"method": "rrf"}),  # the issue's case
+    ("qdrant_dbsf", {"ddof": 0}),  # another field of the same preset
+    ("qdrant_rrf", {"rrf_k": 60.0}),
+    ("opensearch_minmax", {"floor": None}),  # a field the preset sets to non-default, put back to the default
+    ("ranx_combmnz", {"combine": "sum"}),
+    ("milvus_rrf", {"score_map": "none", "flat_score": 0.5}),  # a field the preset leaves at its default
+])
+def test_a_changed_preset_loses_its_label(preset, change):
+    base = {k: v for k, v in definition(preset, [package_conf()]).items()}
+    fusion = FusionConfig(**{**base, **change, "preset": preset})
+    assert true_label(fusion, [package_conf()]).preset is None
+    assert true_label(FusionConfig(**{**base, "preset": preset}), [package_conf()]).preset == preset
+
+
+def test_every_preset_file_composes_to_its_own_definition(compose_cfg):
+    """The YAML read by hand (presets.definition) is what Hydra composes: each preset keeps its label, with
+    either fuse_on and any list length (run settings, not part of a preset)."""
+    files = preset_files([package_conf()])
+    assert {"qdrant_dbsf", "qdrant_rrf", "lancedb_rrf", "milvus_rrf", "opensearch_zscore"} <= set(files)
+    labelled = 0
+    for option in sorted(p.stem for p in (package_conf() / "fusion").glob("*.yaml")):
+        fusion = dict(compose_cfg([f"fusion={option}", "fusion.top_k=37", "fusion.final_top_k=20"]).fusion)
+        if fusion["preset"] is not None:
+            labelled += 1
+            assert true_label(FusionConfig(**fusion), [package_conf()]).preset == fusion["preset"], option
+    assert labelled == 22
+
+
+def test_an_unknown_preset_name_is_refused():
+    with pytest.raises(FusebenchError, match=r"fusion.preset='qdrant_dbfs' names no engine preset.*qdrant_dbsf"):
+        true_label(FusionConfig(preset="qdrant_dbfs"), [package_conf()])
+
+
+def test_a_run_of_a_changed_preset_is_recorded_without_it(compose_cfg, tmp_path, caplog):
+    record = run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "fusion=qdrant_dbsf",
+                                      "fusion.method=rrf"]), str(tmp_path / "r"))
+    assert record.fusion["preset"] is None and record.fusion["method"] == "rrf"
+    assert record.retrievers["fused"].spec["preset"] is None
+    assert "fusion.preset=qdrant_dbsf dropped" in caplog.text and "method=rrf" in caplog.text
+    kept = run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "fusion=qdrant_dbsf_document"]),
+               str(tmp_path / "kept"))
+    assert kept.fusion["preset"] == "qdrant_dbsf"
+
+
+# -- keys nothing reads ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override, fragments", [
+    ("+bogus=1", ["unknown top-level key(s) bogus", "valid: paths, dataset"]),
+    ("+evals.ks=[1]", ["unknown top-level key(s) evals"]),
+    ("+models.sim_dfn5b_like.wieght=0", ["models.sim_dfn5b_like (kind sim): unknown key(s) wieght", "weight"]),
+    ("+models.sim_siglip2_like.text.cse=lowercase", ["models.sim_siglip2_like.text: unknown key(s) cse", "case"]),
+    ("+models.sim_third.dim=8", ["models.sim_third.dim was set but model 'sim_third' is not selected",
+                                 "models=[...,sim_third]"]),
+    ("+models.mine.dim=8", ["models.mine has no kind", "+models.mine.kind="]),
+])
+def test_keys_nothing_reads_are_errors(compose_cfg, tmp_path, override, fragments):
+    _refused(compose_cfg, tmp_path, [override], *fragments)
+
+
+def test_a_real_models_sim_block_and_vectors_keys_are_checked(compose_cfg, tmp_path):
+    _refused(compose_cfg, tmp_path, ["models=[dfn5b_h14_224,sim_third]", "+models.dfn5b_h14_224.sim.noise=1"],
+             "models.dfn5b_h14_224.sim: unknown key(s) noise")
+    _refused(compose_cfg, tmp_path, ["models=[]", "+models.a.kind=vectors", "+models.a.image_embedings=x.npy"],
+             "models.a (kind vectors): unknown key(s) image_embedings", "image_embeddings")
+
+
+# -- combinations that cannot mean anything -------------------------------------------------------------------
+
+def test_tuning_without_a_fusion_is_one_line(compose_cfg, tmp_path):
+    _refused(compose_cfg, tmp_path, ["tune=weights", "fusion=none"], "tune tunes a fusion", "fusion=dbsf")
+    _refused(compose_cfg, tmp_path, ["tune=weights", "models=[sim_third]"], "select at least two models")
+
+
+def test_all_zero_weights_are_refused(compose_cfg, tmp_path):
+    _refused(compose_cfg, tmp_path, ["models.sim_siglip2_like.weight=0", "models.sim_dfn5b_like.weight=0.0"],
+             "every model weight is 0")
+
+
+@pytest.mark.parametrize("method, key, value", [
+    ("dbsf", "rrf_ranks", "concatenated"), ("sum", "rrf_ranks", "concatenated"),
+    ("rrf", "score_map", "cosine01"), ("isr", "score_map", "atan"),
+    ("dbsf", "rrf_weighting", "rank"), ("borda", "rrf_weighting", "rank"),
+])
+def test_settings_the_method_never_reads_are_refused(method, key, value):
+    with pytest.raises(FusebenchError, match=rf"fusion.{key}={value} has no effect with fusion.method={method}"):
+        FusionConfig(method=method, **{key: value})
+
+
+def test_one_model_with_a_fusion_says_the_fusion_is_skipped(compose_cfg, tmp_path, caplog):
+    record = run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "models=[sim_third]", "fusion=rrf"]),
+                 str(tmp_path / "r"))
+    assert list(record.retrievers) == ["sim_third"]
+    assert "fusion.method=rrf is skipped: one model is selected (sim_third)" in caplog.text
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["tune.weights=[]"], "tune.weights=[] is not valid"),
+    (["tune.weights=[2.0]"], "the tuning grid has 1 setting"),
+    (["tune.criterion='mean R@1000'"], "fusion.top_k=100 is below the largest tune.criterion (1000)"),
+    (["tune.criterion='t2i R@101'", "fusion.top_k=100"], "below the largest tune.criterion (101)"),
+])
+def test_tuning_that_cannot_choose_is_refused(compose_cfg, tmp_path, overrides, fragment):
+    _refused(compose_cfg, tmp_path, ["tune=weights", *overrides], fragment)
+
+
+# -- the schemas are not options -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override", ["fusion=schema", "logger=schema", "dataset=sim_schema", "eval=schema",
+                                      "tune=schema"])
+def test_schemas_are_not_selectable(compose_cfg, override):
+    with pytest.raises(ConfigCompositionException, match="Could not find"):
+        compose_cfg([override])

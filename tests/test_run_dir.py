@@ -1,0 +1,384 @@
+"""Run and sweep dirs (issue 20, items 6, 7, 9) and the CLI's one-line errors for Hydra's own mistakes and for
+files that cannot be read or written.
+
+A rerun into a run dir keeps the earlier run (outputs, and the ``.hydra`` files Hydra rewrote) until it writes
+its own; a run dir that is empty, the current folder holding others' files, a file, or cannot be created is
+refused before Hydra touches it; fusebench removes nothing it cannot tell it wrote. Every refusal is exit 2
+and one ``fusebench: error:`` line naming the config key or the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
+
+from fusebench import FusebenchError, cli, rundir
+from fusebench.pipeline import run
+from fusebench.report.runs import scan_runs
+
+FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
+SMALL = ["dataset.n_images=200", "dataset.n_captions=1000", "eval.bootstrap.draws=100", "logger=none", "plots=false"]
+# the CLI with io.open and os.mkdir failing (FAULT_ERRNO) for paths under FAULT_PREFIX, for reads or for writes
+# (FAULT_KIND): a file the user cannot read, a full or read-only disk, even when the tests run as root
+FAULTY_CLI = """
+import builtins, io, os, sys
+prefix, code, kind = os.path.abspath(os.environ["FAULT_PREFIX"]), int(os.environ["FAULT_ERRNO"]), os.environ["FAULT_KIND"]
+real_open, real_mkdir = io.open, os.mkdir
+def hit(path):
+    return isinstance(path, (str, os.PathLike)) and os.path.abspath(path).startswith(prefix)
+def faulty_open(file, mode="r", *args, **kwargs):
+    if hit(file) and any(c in mode for c in "wax+") == (kind == "write"):
+        raise OSError(code, os.strerror(code), os.fspath(file))
+    return real_open(file, mode, *args, **kwargs)
+def faulty_mkdir(path, *args, **kwargs):
+    if hit(path) and kind == "write":
+        raise OSError(code, os.strerror(code), os.fspath(path))
+    return real_mkdir(path, *args, **kwargs)
+io.open = builtins.open = faulty_open
+os.mkdir = faulty_mkdir
+from fusebench.cli import main
+sys.argv = ["fusebench", *sys.argv[1:]]
+main()
+"""
+
+
+def fusebench(*args, cwd, fault: tuple[str, int, str] | None = None):
+    env = {**os.environ, "FUSEBENCH_OUTPUT": str(Path(cwd).parent / f"{Path(cwd).name}-out"),
+           "WANDB_MODE": "disabled"}
+    command = [FUSEBENCH, *args]
+    if fault is not None:
+        env.update(FAULT_PREFIX=str(fault[0]), FAULT_ERRNO=str(fault[1]), FAULT_KIND=fault[2])
+        command = [sys.executable, "-c", FAULTY_CLI, *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(result, *fragments, alone: bool = False) -> str:
+    """Exit 2 and one ``fusebench: error:`` line holding every fragment; no traceback, no Hydra "Error executing
+    job" line; ``alone``: nothing else on stderr (refused before the job started). Returns the line."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "Error executing job" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("fusebench: error:")]
+    assert len(lines) == 1, result.stderr
+    if alone:
+        assert result.stderr.strip() == lines[0], result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file below ``folder`` (hidden ones too), relative path -> bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def without_logs(files: dict[str, bytes]) -> dict[str, bytes]:
+    return {name: data for name, data in files.items() if not name.endswith(".log")}
+
+
+# ---------------------------------------------------------------- item 6: a failed rerun keeps the earlier run
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", [["eval.bootstrap.draws=0"], ["fusion.top_k=5"], ["models.sim_dfn5b_like.weight=nan"]],
+                         ids=["draws", "top_k", "weight"])
+def test_a_failed_rerun_keeps_the_earlier_run_and_its_config(tmp_path, bad):
+    assert fusebench(*SMALL, "hydra.run.dir=X", cwd=tmp_path).returncode == 0
+    before = without_logs(snapshot(tmp_path / "X"))
+    assert {"metrics.json", ".hydra/overrides.yaml"} <= set(before) and any(n.startswith("ranks/") for n in before)
+    one_line_error(fusebench(*SMALL, *bad, "hydra.run.dir=X", cwd=tmp_path), bad[-1].split("=")[0])
+    assert without_logs(snapshot(tmp_path / "X")) == before  # results, and the .hydra config that made them
+    scan = scan_runs(tmp_path / "X")
+    assert not scan.failed and [r.overrides for r in scan.runs] == [SMALL]
+
+
+@pytest.mark.slow
+def test_a_rerun_stopped_with_ctrl_c_keeps_the_earlier_run(tmp_path):
+    assert fusebench(*SMALL, "hydra.run.dir=X", cwd=tmp_path).returncode == 0
+    before = without_logs(snapshot(tmp_path / "X"))
+    overrides = tmp_path / "X" / ".hydra" / "overrides.yaml"
+    env = {**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen([FUSEBENCH, "dataset.n_images=20000", "dataset.n_captions=100000", "logger=none",
+                             "hydra.run.dir=X"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while b"n_images=20000" not in overrides.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)  # until Hydra has rewritten the dir's config
+    time.sleep(2.0)  # inside the run
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    assert without_logs(snapshot(tmp_path / "X")) == before
+
+
+@pytest.mark.slow
+def test_a_finished_rerun_replaces_the_earlier_outputs(tmp_path):
+    assert fusebench(*SMALL, "plots=true", "hydra.run.dir=X", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "X" / "plots").is_dir()
+    (tmp_path / "X" / "notes.txt").write_text("mine")
+    # every plot fusebench drew is recognised as its own (rundir.PLOTS), so the rerun is not refused
+    result = fusebench(*SMALL, "fusion=rrf", "hydra.run.dir=X", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "X" / "plots").exists()  # the earlier run's plots went with its results
+    assert (tmp_path / "X" / "notes.txt").read_text() == "mine"
+    assert not list((tmp_path / "X").glob(".staging-*"))
+    scan = scan_runs(tmp_path / "X")
+    assert not scan.failed and scan.runs[0].record.fusion["method"] == "rrf"
+    assert "fusion=rrf" in scan.runs[0].overrides
+
+
+@pytest.mark.slow
+def test_a_failed_sweep_rerun_keeps_the_earlier_jobs(tmp_path):
+    assert fusebench("-m", *SMALL, "fusion=rrf,dbsf", "hydra.sweep.dir=S", cwd=tmp_path).returncode == 0
+    jobs = {job: without_logs(snapshot(tmp_path / "S" / job)) for job in ("0", "1")}
+    result = fusebench("-m", *SMALL, "fusion=rrf,dbsf", "eval.bootstrap.draws=0", "hydra.sweep.dir=S", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "2 job(s) of the sweep failed: 0, 1" in result.stderr
+    for job, files in jobs.items():
+        now = without_logs(snapshot(tmp_path / "S" / job))
+        assert now.pop("error.txt").startswith(b"Traceback") and now == files
+    assert len(scan_runs(tmp_path / "S").runs) == 2  # each still reads as its own, earlier run
+    assert fusebench("-m", *SMALL, "fusion=rrf,dbsf", "hydra.sweep.dir=S", cwd=tmp_path).returncode == 0
+    assert not (tmp_path / "S" / "0" / "error.txt").exists()  # the next finished run swaps it out too
+
+
+def test_outputs_are_swapped_back_when_the_new_ones_cannot_be_moved_in(compose_cfg, tmp_path, monkeypatch):
+    cfg = compose_cfg(["dataset.n_images=50", "dataset.n_captions=100", "logger=none", "plots=false",
+                       "eval.lists.store=false"])
+    run(cfg, str(tmp_path / "run"))
+    before = snapshot(tmp_path / "run")
+    real = os.replace
+
+    def fails_at_metrics(src, dst):
+        if Path(dst).name == "metrics.json" and Path(src).parent.name.startswith(".staging-"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr("fusebench.report.outputs.os.replace", fails_at_metrics)
+    with pytest.raises(FusebenchError, match="could not write the outputs"):
+        run(compose_cfg(["dataset.n_images=50", "dataset.n_captions=100", "logger=none", "plots=false",
+                         "eval.lists.store=false", "fusion=rrf"]), str(tmp_path / "run"))
+    assert snapshot(tmp_path / "run") == before  # the earlier ranks/ and topk/ moved back, nothing staged left
+
+
+def test_earlier_config_is_restored_only_while_its_metrics_stand(tmp_path):
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- a=1\n")
+    (tmp_path / "metrics.json").write_text(json.dumps({"version": 2, "dataset": {}, "retrievers": {}, "run": {},
+                                                       "files": {}}))
+    rundir.keep_earlier_config(tmp_path)
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- a=2\n")  # Hydra's rewrite for the rerun
+    (tmp_path / ".hydra" / "config.yaml").write_text("a: 2\n")
+    assert rundir.restore_earlier_config(tmp_path)
+    assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- a=1\n"
+    assert not (tmp_path / ".hydra" / "config.yaml").exists()  # the earlier run had none
+    rundir.keep_earlier_config(tmp_path)
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- a=3\n")
+    (tmp_path / "metrics.json").write_text(json.dumps({"version": 2, "dataset": {}, "retrievers": {}, "run": {},
+                                                       "files": {"x": "y"}}))  # the rerun wrote its own
+    assert not rundir.restore_earlier_config(tmp_path)
+    assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- a=3\n"
+
+
+# ---------------------------------------------------------------- item 7: what fusebench did not write is kept
+
+def _someone_elses_files(folder: Path) -> dict[str, bytes]:
+    folder.mkdir(exist_ok=True)
+    (folder / "notes.txt").write_text("mine")
+    (folder / "metrics.json").write_text('{"accuracy": 0.9}\n')
+    (folder / "ranks").mkdir()
+    np.save(folder / "ranks" / "mine.npy", np.arange(3))
+    return snapshot(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,key", [(["hydra.run.dir="], "hydra.run.dir"), (["hydra.run.dir=."], "hydra.run.dir"),
+                                      (["-m", "hydra.sweep.dir="], "hydra.sweep.dir")],
+                         ids=["empty", "current_folder", "empty_sweep_dir"])
+def test_an_empty_or_current_folder_run_dir_is_refused(tmp_path, args, key):
+    work = tmp_path / "work"
+    before = _someone_elses_files(work)
+    one_line_error(fusebench(*args, *SMALL, cwd=work), key, alone=True)
+    assert snapshot(work) == before and not (work / ".hydra").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["foreign_rank_file", "foreign_metrics", "foreign_topk_file"])
+def test_a_run_dir_holding_files_fusebench_did_not_write_is_refused(tmp_path, damage):
+    assert fusebench(*SMALL, "hydra.run.dir=X", cwd=tmp_path).returncode == 0
+    x = tmp_path / "X"
+    if damage == "foreign_rank_file":
+        np.save(x / "ranks" / "mine.npy", np.arange(3))
+    elif damage == "foreign_metrics":
+        (x / "metrics.json").write_text('{"accuracy": 0.9}\n')
+    else:
+        np.savez(x / "topk" / "notes.npz", ids=np.arange(3))
+    before = without_logs(snapshot(x))
+    line = one_line_error(fusebench(*SMALL, "hydra.run.dir=X", cwd=tmp_path), "hydra.run.dir", alone=True)
+    assert "fusebench did not write" in line
+    assert without_logs(snapshot(x)) == before
+
+
+@pytest.mark.slow
+def test_a_damaged_rank_file_of_the_earlier_run_is_replaced_not_a_dead_end(tmp_path):
+    """A file the earlier record lists is fusebench's even when its bytes changed (damage): the rerun replaces it."""
+    assert fusebench(*SMALL, "hydra.run.dir=X", cwd=tmp_path).returncode == 0
+    rank_file = next((tmp_path / "X" / "ranks").glob("*.t2i.npy"))
+    good = rank_file.read_bytes()
+    np.save(rank_file, np.load(rank_file)[::-1])
+    result = fusebench(*SMALL, "hydra.run.dir=X", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert rank_file.read_bytes() == good
+
+
+@pytest.mark.slow
+def test_the_current_folder_holding_only_fusebench_outputs_is_a_run_dir(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    for _ in range(2):  # the rerun finds nothing but the first run's own files (its cache in out/ too)
+        result = fusebench(*SMALL, "paths.output_dir=out", "hydra.run.dir=.", cwd=work)
+        assert result.returncode == 0, result.stderr
+    assert not scan_runs(work).failed and len(scan_runs(work).runs) == 1
+
+
+def test_foreign_recognises_what_fusebench_wrote(tmp_path):
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "topk").mkdir()
+    (tmp_path / "plots").mkdir()
+    np.save(tmp_path / "ranks" / "a.t2i.npy", np.arange(5))
+    np.savez(tmp_path / "topk" / "a.t2i.npz", ids=np.arange(5))
+    (tmp_path / "plots" / "recall_bars.png").write_bytes(b"\x89PNG")
+    (tmp_path / "error.txt").write_text("Traceback (most recent call last):\n  ...\n")
+    assert rundir.foreign(tmp_path) == ["ranks/a.t2i.npy", "topk/a.t2i.npz"]  # no record to check them by
+    from fusebench.files import file_sha256
+
+    files = {f"{sub}/{p.name}": file_sha256(p) for sub in ("ranks", "topk") for p in (tmp_path / sub).iterdir()}
+    (tmp_path / "metrics.json").write_text(json.dumps({"version": 2, "dataset": {}, "retrievers": {}, "run": {},
+                                                       "files": files}))
+    assert rundir.foreign(tmp_path) == []
+    (tmp_path / "plots" / "chart.png").write_bytes(b"\x89PNG")
+    (tmp_path / "error.txt").write_text("my notes")
+    np.save(tmp_path / "ranks" / "a.t2i.npy", np.arange(6))  # listed by the record: fusebench's, damaged
+    np.save(tmp_path / "ranks" / "b.t2i.npy", np.arange(6))  # not listed: someone else's
+    assert rundir.foreign(tmp_path) == ["ranks/b.t2i.npy", "plots/chart.png", "error.txt"]
+    with pytest.raises(FusebenchError, match="hydra.run.dir"):
+        rundir.check_outputs(tmp_path)
+    assert (tmp_path / "metrics.json").is_file()  # refused, none of it removed
+
+
+# ---------------------------------------------------------------- item 9: a run dir that cannot be one
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,key", [
+    (["hydra.run.dir=a_file"], "hydra.run.dir"),
+    (["hydra.run.dir=/proc/fusebench-x/run"], "hydra.run.dir"),
+    (["-m", "hydra.sweep.dir=a_file"], "hydra.sweep.dir"),
+    (["-m", "hydra.sweep.dir=/proc/fusebench-x"], "hydra.sweep.dir"),
+], ids=["run_dir_is_a_file", "run_dir_cannot_be_created", "sweep_dir_is_a_file", "sweep_dir_cannot_be_created"])
+def test_a_run_dir_that_is_a_file_or_cannot_be_created(tmp_path, args, key):
+    if "/proc/" in args[-1] and not Path("/proc/self").exists():
+        pytest.skip("no /proc here")
+    (tmp_path / "a_file").write_text("x")
+    line = one_line_error(fusebench(*args, *SMALL, cwd=tmp_path), key, alone=True)
+    assert args[-1].split("=", 1)[1] in line
+    assert (tmp_path / "a_file").read_text() == "x"
+
+
+@pytest.mark.slow
+def test_an_output_root_that_cannot_be_created_names_the_run_dir(tmp_path):
+    env = {**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "a_file" / "out"), "WANDB_MODE": "disabled"}
+    (tmp_path / "a_file").write_text("x")
+    result = subprocess.run([FUSEBENCH, *SMALL], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    one_line_error(result, "hydra.run.dir", "paths.output_dir", alone=True)
+
+
+# ---------------------------------------------------------------- Hydra's own mistakes: one line
+
+def _parse_error(override: str) -> OverrideParseException:
+    with pytest.raises(OverrideParseException) as err:
+        OverridesParser.create().parse_overrides([override])
+    return err.value
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("eval.ks=[1", "no viable alternative at input '[1'"),
+    ("foo", "missing EQUAL"),
+    ("fusion.rrf_k=60'", "unexpected character \"'\" at position 16"),
+])
+def test_bad_override_syntax_is_one_line_naming_the_override(override, fragment):
+    message = cli.hydra_error_message(_parse_error(override))
+    assert "\n" not in message and repr(override) in message and fragment in message
+
+
+@pytest.mark.slow
+def test_bad_override_syntax_through_the_cli(tmp_path):
+    one_line_error(fusebench(*SMALL, "eval.ks=[1,5", "hydra.run.dir=run", cwd=tmp_path),
+                   "'eval.ks=[1,5'", alone=True)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override,group", [("fusion=nonexistent", "fusion"), ("dataset=nope", "dataset")])
+def test_an_unknown_config_option_is_one_line_with_the_valid_ones(tmp_path, override, group):
+    line = one_line_error(fusebench(*SMALL, override, "hydra.run.dir=run", cwd=tmp_path), override, alone=True)
+    options = sorted(p.stem for p in (Path(cli.CONFIG_DIR) / group).glob("*.yaml"))
+    assert f"valid: {', '.join(options)}." in line
+
+
+# ---------------------------------------------------------------- files that cannot be read or written
+
+@pytest.mark.slow
+def test_an_unreadable_manifest_is_named_as_unreadable(tmp_path):
+    manifest = tmp_path / "M.jsonl"
+    manifest.write_text(json.dumps({"image_id": "a", "captions": ["x"]}) + "\n")
+    result = fusebench("dataset=manifest", f"dataset.manifest={manifest}", "logger=none", "hydra.run.dir=run",
+                       cwd=tmp_path, fault=(manifest, errno.EACCES, "read"))
+    line = one_line_error(result, f"cannot read {manifest}: Permission denied")
+    assert "hydra.run.dir" not in line and "cannot write" not in line
+
+
+@pytest.mark.slow
+def test_an_unreadable_npy_is_named_as_unreadable(vectors_case, tmp_path):
+    files = vectors_case["files"]
+    result = fusebench(
+        "dataset=manifest", f"dataset.manifest={vectors_case['manifest']}", "models=[]", "logger=none",
+        "+models.a.kind=vectors", f"+models.a.image_embeddings={files['A'][0]}",
+        f"+models.a.text_embeddings={files['A'][1]}", "hydra.run.dir=run", cwd=tmp_path,
+        fault=(files["A"][1], errno.EACCES, "read"))
+    one_line_error(result, f"cannot read {files['A'][1]}: Permission denied")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["read_only_disk", "under_a_file"])
+def test_a_cache_that_cannot_be_written_names_embed_cache_dir(tmp_path, case):
+    cache = tmp_path / "cache"
+    if case == "under_a_file":
+        cache.write_text("x")
+        cache = cache / "sub"
+    fault = (cache, errno.EROFS, "write") if case == "read_only_disk" else None
+    result = fusebench(*SMALL, f"embed.cache.dir={cache}", "hydra.run.dir=run", cwd=tmp_path, fault=fault)
+    line = one_line_error(result, "embed.cache.dir")
+    assert "hydra.run.dir" not in line
+
+
+@pytest.mark.parametrize("error,fragments", [
+    (OSError(errno.ENOSPC, "No space left on device", "/c/lists/ab/x.npz"), ["embed.cache.dir=/c"]),
+    (OSError(errno.EACCES, "Permission denied", "/c/lists/ab/x.npz"), ["embed.cache.dir=/c"]),
+    (OSError(errno.ENOSPC, "No space left on device", "/runs/1/ranks/a.npy"), ["hydra.run.dir=/runs/1"]),
+    (OSError(errno.EACCES, "Permission denied", "/data/M.jsonl"), ["cannot read /data/M.jsonl"]),
+    (OSError(errno.EROFS, "Read-only file system", "/elsewhere/x"), ["cannot write /elsewhere/x"]),
+])
+def test_os_error_message_names_the_place(monkeypatch, error, fragments):
+    monkeypatch.setattr(cli, "PLACES", {"hydra.run.dir": "/runs/1", "embed.cache.dir": "/c"})
+    message = cli.os_error_message(error)
+    assert all(f in message for f in fragments), message
