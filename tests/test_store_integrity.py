@@ -3,6 +3,7 @@ to what it wrote earlier (an entry copied over another's, a directory where a fi
 directory) is reported and rebuilt, never a dead end; ``fusebench-cache`` shows damaged entries as partial."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -370,3 +371,129 @@ def test_help_documents_remove_all(capsys):
         with pytest.raises(SystemExit) as done:
             cache_main(argv)
         assert done.value.code == 0 and "--all" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- a file where a store's folder belongs
+
+
+def _file_at(path: Path, kind: str) -> None:
+    """Replace the folder at ``path`` by a file, or by a link to nowhere."""
+    shutil.rmtree(path)
+    if kind == "file":
+        path.write_text("junk")
+    else:
+        path.symlink_to(path.parent / "nowhere")
+
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_embedding_shard_folder_made_a_file_is_reported_and_cleared(tmp_path, caplog, kind):
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    first = cache.get_or_compute(A, 10, rows_of)
+    shard = cache.entry_dir(first.key).parent
+    _file_at(shard, kind)
+    with caplog.at_level("WARNING"):
+        again = cache.get_or_compute(A, 10, rows_of)
+    assert not again.hit and np.array_equal(again.embeddings, first.embeddings)
+    assert f"embedding cache: {shard} is a" in caplog.text and "not a folder; removing it" in caplog.text
+    assert shard.is_dir() and cache.get_or_compute(A, 10, rows_of).hit
+
+
+@pytest.mark.parametrize("store,config,label", [(ListStore, LISTS, "list store"), (ScoreStore, DENSE, "score store")])
+@pytest.mark.parametrize("level", ["shard", "store"])
+def test_store_folder_made_a_file_is_reported_and_cleared(twins, tmp_path, caplog, store, config, label, level):
+    """CACHE/lists/ab (or CACHE/scores/ab), or CACHE/lists itself, a file: reported, removed, rebuilt."""
+    models, caption_image = twins
+    first, _, _ = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    entry = _entries(store(tmp_path))["a"]
+    folder = entry.parent if level == "shard" else entry.parent.parent
+    _file_at(folder, "file")
+    with caplog.at_level("WARNING"):
+        again, _, blocks = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    assert blocks > 0 and f"{label}: {folder} is a file, not a folder; removing it" in caplog.text
+    _assert_equal(first, again)
+    assert entry.is_dir()
+    _, _, blocks = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    assert blocks == 0  # stored again
+
+
+@pytest.mark.parametrize("store", ["embeddings", "lists", "scores"])
+def test_cache_root_that_is_a_file_is_an_error_and_kept(tmp_path, store):
+    """The cache root is the user's embed.cache.dir: a file there is never removed (ENOTDIR: the run's one-line
+    error naming embed.cache.dir)."""
+    root = tmp_path / "cache"
+    root.write_text("the user's file")
+    never = pytest.fail  # nothing is computed
+    with pytest.raises(NotADirectoryError):
+        if store == "embeddings":
+            EmbeddingCache(root, dtype="fp32", chunk_rows=4).get_or_compute(A, 10, never)
+        elif store == "lists":
+            ListStore(root).get_or_compute({"kind": "lists"}, 5, 3, 3, never)
+        else:
+            ScoreStore(root).get_or_compute({"kind": "scores"}, {}, never, np.zeros(0), 1 << 20)
+    assert root.read_text() == "the user's file"
+
+
+# ---------------------------------------------------------------- fusebench-cache: entries made files, --dir "", key case
+
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_list_shows_an_entry_made_a_file_and_remove_clears_it(twins, tmp_path, capsys, kind):
+    models, caption_image = twins
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    emb = cache.entry_dir(cache.get_or_compute(A, 10, rows_of).key)
+    _run(models, caption_image, LISTS, str(tmp_path))
+    lists = _entries(ListStore(tmp_path))
+    _file_at(lists["a"], kind)
+    _file_at(emb, kind)
+    (emb.parent / "notes.txt").write_text("not an entry")  # a stray file of another name: not an entry
+    state = _listing(tmp_path, capsys)
+    what = "a file" if kind == "file" else "a link to nowhere"
+    assert len(state) == 3 and state[lists["b"].name[:12]] == "complete"
+    for path in (lists["a"], emb):
+        assert state[path.name[:12]] == f"partial (damaged: the entry is {what}, not a folder)"
+    assert cache_main(["--dir", str(tmp_path), "remove", lists["a"].name[:8]]) == 0
+    assert not os.path.lexists(lists["a"]) and lists["b"].is_dir()
+    assert cache_main(["--dir", str(tmp_path), "clear", "--yes"]) == 0
+    assert not os.path.lexists(emb) and (emb.parent / "notes.txt").is_file()
+    capsys.readouterr()
+    assert _listing(tmp_path, capsys) == {}
+
+
+@pytest.mark.parametrize("command", [["list"], ["remove", "abcdef"], ["clear", "--yes"]])
+@pytest.mark.parametrize("where", ["before", "after", "equals", "blank"])
+def test_an_empty_cache_dir_is_an_error_not_the_default(tmp_path, capsys, monkeypatch, command, where):
+    """``--dir "$UNSET"``: exit 2, one line; the default cache is not touched (clear must not clear it)."""
+    default = tmp_path / "default"
+    key = EmbeddingCache(default, dtype="fp32", chunk_rows=4).get_or_compute(A, 10, rows_of).key
+    monkeypatch.setattr("fusebench.cache_cli.default_cache_dir", lambda: str(default))
+    given = {"before": ["--dir", "", *command], "after": [*command, "--dir", ""], "equals": ["--dir=", *command],
+             "blank": ["--dir", "  ", *command]}[where]
+    assert cache_main(given) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("fusebench-cache: error: --dir is empty")
+    assert len(captured.err.strip().splitlines()) == 1
+    assert [e["key"] for e in EmbeddingCache(default).entries()] == [key]
+
+
+def test_key_prefixes_are_case_insensitive(tmp_path, capsys):
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    a, b = cache.get_or_compute(A, 10, rows_of).key, cache.get_or_compute(B, 10, rows_of).key
+    prefix = a[:10].upper()
+    assert prefix != a[:10]  # A's key has a letter among its first 10 characters
+    assert cache_main(["--dir", str(tmp_path), "remove", prefix]) == 0
+    assert capsys.readouterr().out.strip() == f"removed {a}"
+    assert [e["key"] for e in cache.entries()] == [b]
+
+
+def test_damaged_entry_message_tells_keys_that_differ_at_the_end_apart(tmp_path, capsys):
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    key = cache.get_or_compute(A, 10, rows_of).key
+    other = key[:-1] + ("0" if key[-1] != "0" else "1")  # another key, alike but for its last character
+    meta_path = cache.entry_dir(key) / "meta.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "key": other}))
+    state = _listing(tmp_path, capsys)[key[:12]]
+    assert state == f"partial (damaged: meta.json records key {other}, not this entry's {key} (copied from another entry?))"
+    differ = "0" if key[20] != "0" else "1"  # alike for 20 characters: 21 of each are shown
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "key": key[:20] + differ * 44}))
+    state = _listing(tmp_path, capsys)[key[:12]]
+    assert f"records key {key[:20]}{differ}..., not this entry's {key[:21]}..." in state

@@ -13,10 +13,13 @@ complete. A complete entry is read only when it is provably the one asked for (`
 records this entry's key, and key material equal to what was asked for: an entry copied over another's is
 not) and its .npy matches its recorded size and checksum; else it is reported, removed and recomputed,
 never read as data. A chunk records its entry's key too. What sits where a store keeps a file but is none
-(a directory, a link to nowhere: a lock, a chunk, meta.json) is reported and removed (``clear_non_file``).
+(a directory, a link to nowhere: a lock, a chunk, meta.json) is reported and removed (``clear_non_file``); so
+is what sits where a store keeps a folder but is none (a file where a shard folder ``ab/``, ``lists/`` or
+``scores/`` belongs: ``store_folders``), below the cache root: the root itself, the user's folder, is never
+removed (a file there is an error).
 
-The helpers here (``entry_meta``, ``entry_lock``, ``clear_non_file``, ``discard_entry``, ``scan_entries``,
-``remove_entry``) are shared by the list store and the score store.
+The helpers here (``entry_meta``, ``entry_lock``, ``clear_non_file``, ``store_folders``, ``discard_entry``,
+``scan_entries``, ``remove_entry``) are shared by the list store and the score store.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 import zipfile
 import zlib
@@ -36,7 +40,16 @@ import numpy as np
 from filelock import FileLock
 
 from fusebench import FusebenchError, memo
-from fusebench.files import CHECKSUMS, atomic_save, atomic_write_text, clear_path, file_sha256, not_a_file, remembered_checksum
+from fusebench.files import (
+    CHECKSUMS,
+    atomic_save,
+    atomic_write_text,
+    clear_path,
+    file_sha256,
+    not_a_file,
+    not_a_folder,
+    remembered_checksum,
+)
 
 log = logging.getLogger(__name__)
 ROWS = memo.FileReads(768 << 20)  # entries' rows kept for the next job of the process (as encoders.sim keeps rows)
@@ -45,6 +58,7 @@ STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError, zipfile.BadZipFile,
               zlib.error)
 Compute = Callable[[np.ndarray], Iterable[tuple[np.ndarray, dict]]]
+KEY = re.compile(r"[0-9a-f]{64}")  # an entry's key (cache_key): the name of its folder
 
 
 def cache_key(material: dict) -> str:
@@ -83,6 +97,33 @@ def clear_non_file(path: Path, store: str | None) -> None:
         clear_path(path)
 
 
+def clear_non_folder(path: Path, store: str) -> None:
+    """Report and remove what sits at ``path`` where a store keeps a folder but is none (a file, a link to
+    nowhere, ...), so that the folder can be made there. Only a non-folder is removed: a folder another process
+    has just made there is left as it is."""
+    kind = not_a_folder(path)
+    if kind in (None, "missing"):
+        return
+    log.warning("%s: %s is %s, not a folder; removing it", store, path, kind)
+    try:
+        path.unlink()
+    except OSError:
+        if os.path.lexists(path) and not path.is_dir():
+            raise
+
+
+def store_folders(base: Path, folder: Path, store: str) -> None:
+    """Make ``folder`` (a store's shard folder) and every folder between the cache root ``base`` (exclusive) and
+    it, after reporting and removing a non-folder found where one of them belongs (``clear_non_folder``): that
+    layout is fusebench's own, and a file there would fail every job. ``base`` itself, the user's
+    embed.cache.dir, is never removed: a file there fails the mkdir (a one-line error naming it)."""
+    path = Path(base)
+    for part in Path(folder).relative_to(base).parts:
+        path = path / part
+        clear_non_folder(path, store)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+
+
 def entry_lock(folder: Path, store: str) -> FileLock:
     """The lock of a store entry (``folder.lock``), after removing (and reporting) a directory or other non-file
     found at its path: no process can hold such a lock, and every job would fail on it."""
@@ -96,11 +137,20 @@ def recorded_material(material: dict) -> dict:
     return json.loads(json.dumps(material, default=str))
 
 
+def distinct_keys(one: str, other: str, least: int = 16) -> tuple[str, str]:
+    """Prefixes of two different keys long enough to tell them apart (``least`` characters at least; a key
+    longer than its prefix ends in "...")."""
+    same = len(os.path.commonprefix([one, other]))
+    length = max(least, same + 1)
+    return tuple(key if len(key) <= length else key[:length] + "..." for key in (one, other))
+
+
 def key_problem(meta: dict, key: str, material: dict | None) -> str | None:
     """Why ``meta`` is not the meta.json of the entry keyed ``key`` for ``material`` (None: not checked): it
     records another key, or other inputs (an entry copied or moved from elsewhere); None when it is."""
     if meta.get("key") != key:
-        return f"meta.json records key {str(meta.get('key'))[:16]}, not this entry's {key[:16]} (copied from another entry?)"
+        recorded, this = distinct_keys(str(meta.get("key")), key)
+        return f"meta.json records key {recorded}, not this entry's {this} (copied from another entry?)"
     if material is not None and meta.get("material") != recorded_material(material):
         return "meta.json records inputs other than this entry's"
     return None
@@ -113,7 +163,7 @@ def entry_meta(folder: Path, key: str, material: dict | None) -> tuple[dict | No
     records another key or other inputs (``key_problem``)."""
     meta_path = folder / "meta.json"
     if os.path.lexists(folder) and not folder.is_dir():
-        return None, f"the entry is {not_a_file(folder) or 'a file'}, not a folder"
+        return None, f"the entry is {not_a_folder(folder)}, not a folder"
     if not os.path.lexists(meta_path):
         return None, None
     kind = not_a_file(meta_path)
@@ -200,7 +250,7 @@ class EmbeddingCache:
         material = {**material, "store_dtype": self.dtype, "n_rows": int(n_rows)}
         key = cache_key(material)
         folder = self.entry_dir(key)
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        store_folders(self.root, folder.parent, "embedding cache")
         with entry_lock(folder, "cache"):
             found = self._read_complete(folder, key, material, n_rows)
             if found is not None:
@@ -239,7 +289,7 @@ class EmbeddingCache:
                 with np.load(path, allow_pickle=False) as chunk:
                     data, stats, written_for = chunk["embeddings"], json.loads(str(chunk["stats"])), str(chunk["key"])
                 if written_for != key:
-                    raise ValueError(f"written for entry {written_for[:16]}, not this one")
+                    raise ValueError("written for entry {}, not this one ({})".format(*distinct_keys(written_for, key)))
                 if data.shape[0] != rows:
                     raise ValueError(f"{data.shape[0]} rows, expected {rows}")
                 done[index] = (data, stats)
@@ -321,12 +371,15 @@ def scan_entries(root: Path, describe: Callable[[dict], dict], data_files: Calla
     ``describe(meta)`` adds; ``kind`` labels entries whose meta does not say it. Complete: meta.json is this
     entry's (``entry_meta``) and each data file ``data_files(meta)`` names (name -> recorded bytes) is a regular
     file of that size (cheap checks: no checksum is read); else ``problem`` says why, when it is damage
-    rather than an unfinished write."""
+    rather than an unfinished write. A file (or a link to nowhere) at an entry's path (a key's name) is listed
+    too, as damaged, so that it can be removed."""
     out = []
-    folders = sorted(p for p in root.glob("??/*") if p.is_dir() and not p.name.endswith(".lock")) if root.is_dir() else []
+    folders = sorted(p for p in root.glob("??/*") if not p.name.endswith(".lock") and (
+        p.is_dir() or (KEY.fullmatch(p.name) and p.name.startswith(p.parent.name)))) if root.is_dir() else []
     for folder in folders:
-        info = {"key": folder.name, "path": str(folder), "complete": False,
-                "bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file())}
+        size = (sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) if folder.is_dir()
+                else folder.lstat().st_size)
+        info = {"key": folder.name, "path": str(folder), "complete": False, "bytes": size}
         if kind is not None:
             info["kind"] = kind
         meta, problem = entry_meta(folder, folder.name, None)
@@ -343,10 +396,11 @@ def scan_entries(root: Path, describe: Callable[[dict], dict], data_files: Calla
 
 
 def matching(entries: list[dict], key_prefix: str) -> list[dict]:
-    """The listed entries whose key starts with ``key_prefix`` (at least 4 characters)."""
+    """The listed entries whose key starts with ``key_prefix`` (at least 4 characters; hex digits in either
+    case: keys are written in lower case)."""
     if len(key_prefix) < 4:
         raise FusebenchError("give at least 4 characters of a cache key (see fusebench-cache list).")
-    return [entry for entry in entries if entry["key"].startswith(key_prefix)]
+    return [entry for entry in entries if entry["key"].lower().startswith(key_prefix.lower())]
 
 
 def remove_entry(entry: dict) -> None:

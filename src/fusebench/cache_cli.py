@@ -1,14 +1,15 @@
 """``fusebench-cache``: list and remove cache entries: embeddings, each model's stored ranked lists and score matrices.
 
     fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists/scores), shape, size, state
-    fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters); a prefix
-                                               that matches several entries is refused (they are listed)
+    fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters, either case);
+                                               a prefix that matches several entries is refused (they are listed)
     fusebench-cache remove --all KEY [...]     remove every entry each prefix matches
     fusebench-cache clear --yes                remove every entry
 The default DIR is the runs' own: embed.cache.dir of the composed config ($FUSEBENCH_OUTPUT/cache, else
-outputs/cache). A DIR given with --dir must be an existing folder. State: complete; partial (an unfinished
-entry, with its finished chunks); partial (damaged: why), an entry that a run would report and recompute
-(meta.json of another entry, a data file missing, of the wrong size or not a regular file).
+outputs/cache). A DIR given with --dir must be an existing folder (an empty --dir, such as an unset shell
+variable, is an error: never the default). State: complete; partial (an unfinished entry, with its finished
+chunks); partial (damaged: why), an entry that a run would report and recompute (meta.json of another entry,
+a data file missing, of the wrong size or not a regular file, a file where the entry's folder belongs).
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def format_entries(entries: list[dict]) -> str:
 
 def checked_dir(given: str | None) -> str:
     """The cache folder: ``given`` (--dir), which must be an existing folder, else the runs' default, which
-    may not exist yet (no entries) but must not be anything else."""
-    folder = Path(given or default_cache_dir()).expanduser()
+    may not exist yet (no entries) but must not be anything else. An empty --dir (an unset shell variable) is
+    an error, not the default: ``clear --yes --dir "$UNSET"`` must not clear the default cache."""
+    if given is not None and not given.strip():
+        raise FusebenchError(f"--dir is empty ({given!r}; an unset shell variable?): give the cache folder, "
+                             "or leave --dir out for the default (embed.cache.dir)")
+    folder = Path(given if given is not None else default_cache_dir()).expanduser()
     if folder.exists() and not folder.is_dir():
         raise FusebenchError(f"--dir {folder}: not a folder")
     if given is not None and not folder.exists():

@@ -1,6 +1,7 @@
 """Files fusebench writes and checks: atomic writes (a temp file beside the target, renamed into place),
 SHA-256 digests (of files, and of arrays for store keys), CRC-32 checksums for the score store's large
-matrices (2.5x faster to check here), and what sits where a file belongs (``not_a_file``, ``clear_path``)."""
+matrices (2.5x faster to check here), and what sits where a file or a folder belongs (``not_a_file``,
+``not_a_folder``, ``clear_path``)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,19 @@ def not_a_file(path: Path) -> str | None:
     if path.is_dir():
         return "a directory"
     return "a link to nowhere" if path.is_symlink() else "not a regular file"
+
+
+def not_a_folder(path: Path) -> str | None:
+    """What is at ``path`` when it is not a folder (or a link to one): "missing", "a file", "a link to nowhere"
+    or "neither a file nor a folder"; None for a folder."""
+    path = Path(path)
+    if path.is_dir():
+        return None
+    if not os.path.lexists(path):
+        return "missing"
+    if path.is_file():
+        return "a file"
+    return "a link to nowhere" if path.is_symlink() else "neither a file nor a folder"
 
 
 def clear_path(path: Path) -> None:

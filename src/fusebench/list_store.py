@@ -14,7 +14,8 @@ Guarantees as for embeddings: atomic writes (meta.json last, so an entry with me
 lock per entry, a checksum verified when a process first reads the file; an entry that is not provably the
 one asked for (its meta.json records another key or other inputs: ``cache.entry_meta``), truncated, corrupt,
 of another format or holding a directory where a file belongs is reported, removed and recomputed, never
-used.
+used; a file where a folder belongs (the entry's, ``lists/ab/`` or ``lists/`` itself) is reported and removed
+(``cache.store_folders``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from fusebench.cache import (
     entry_meta,
     remove_entries,
     scan_entries,
+    store_folders,
     unreadable,
 )
 from fusebench.files import array_digest, atomic_save, atomic_write_text, clear_path, file_sha256
@@ -98,7 +100,8 @@ class StoreResult:
 
 class ListStore:
     def __init__(self, cache_root: str | Path):
-        self.root = Path(cache_root).expanduser() / "lists"
+        self.cache_root = Path(cache_root).expanduser()
+        self.root = self.cache_root / "lists"
 
     def entry_dir(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -109,7 +112,7 @@ class ListStore:
         started = time.perf_counter()
         key = cache_key(material)
         folder = self.entry_dir(key)
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        store_folders(self.cache_root, folder.parent, "list store")
         with entry_lock(folder, "list store"):
             stored = self._read(folder, key, material, n_images, n_captions)
             if stored is not None and stored.covers(depth, n_images, n_captions):

@@ -10,7 +10,8 @@ is never mapped, so memory stays at one block). Same key, guarantees and layout 
 (``CACHE/scores/ab/KEY/{t2i,i2t}.npy`` + ``meta.json``): atomic, locked, checksummed (verified once per
 process), rebuilt when corrupt, of another format or not provably the entry asked for (``cache.entry_meta``),
 listed and removed by ``fusebench-cache``. A matrix stored beside them (row orders, moments) that is damaged
-(a directory where it belongs included) is reported and computed again.
+(a directory where it belongs included) is reported and computed again; a file where a folder belongs (the
+entry's, ``scores/ab/`` or ``scores/`` itself) is reported and removed (``cache.store_folders``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from fusebench.cache import (
     read_meta,
     remove_entries,
     scan_entries,
+    store_folders,
     unreadable,
 )
 from fusebench.files import Crc32Writer, atomic_save, atomic_write_text, clear_path, remember_checksum
@@ -118,7 +120,8 @@ def _save_matrix(path: Path, shape: tuple[int, int], blocks: Iterator, dtype: np
 
 class ScoreStore:
     def __init__(self, cache_root: str | Path):
-        self.root = Path(cache_root).expanduser() / "scores"
+        self.cache_root = Path(cache_root).expanduser()
+        self.root = self.cache_root / "scores"
 
     def get_or_compute(self, material: dict, shapes: dict[str, tuple[int, int]],
                        t2i_blocks: Callable[[], Iterator[torch.Tensor]], query_images: np.ndarray, tile_bytes: int,
@@ -129,7 +132,7 @@ class ScoreStore:
         material = {**material, "kind": "scores", "format": FORMAT}
         key = cache_key(material)
         folder = self.root / key[:2] / key
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        store_folders(self.cache_root, folder.parent, "score store")
         with entry_lock(folder, "score store"):
             readers = self._read(folder, key, material, shapes)
             if readers is not None:
