@@ -59,6 +59,23 @@ def test_every_preset_file_composes_to_its_own_definition(compose_cfg):
     assert labelled == 22
 
 
+def test_unequal_weights_leave_a_preset_whose_engine_takes_none():
+    fusion = FusionConfig(method="dbsf", ddof=1, preset="qdrant_dbsf")
+    assert true_label(fusion, [package_conf()], weights=[1.0, 2.0]).preset is None
+    assert true_label(fusion, [package_conf()], weights=[2.0, 2.0]).preset == "qdrant_dbsf"  # only ratios matter
+    rrf = FusionConfig(method="rrf", rrf_k=1, rrf_weighting="rank", preset="qdrant_rrf")  # Qdrant weighs RRF
+    assert true_label(rrf, [package_conf()], weights=[1.0, 2.0]).preset == "qdrant_rrf"
+
+
+def test_a_weighted_or_tuned_run_of_an_unweighted_preset_loses_its_label(compose_cfg, tmp_path):
+    base = SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "fusion=qdrant_dbsf"]
+    weighted = run(compose_cfg(base + ["models.sim_dfn5b_like.weight=2"]), str(tmp_path / "w"))
+    assert weighted.fusion["preset"] is None
+    tuned = run(compose_cfg(base + ["tune=weights", "tune.weights=[0.5,4]"]), str(tmp_path / "t"))
+    chosen = tuned.tune["chosen"]["weights"]
+    assert (tuned.fusion["preset"] is None) == (len(set(chosen.values())) > 1)
+
+
 def test_an_unknown_preset_name_is_refused():
     with pytest.raises(FusebenchError, match=r"fusion.preset='qdrant_dbfs' names no engine preset.*qdrant_dbsf"):
         true_label(FusionConfig(preset="qdrant_dbfs"), [package_conf()])
@@ -107,6 +124,27 @@ def test_tuning_without_a_fusion_is_one_line(compose_cfg, tmp_path):
 def test_all_zero_weights_are_refused(compose_cfg, tmp_path):
     _refused(compose_cfg, tmp_path, ["models.sim_siglip2_like.weight=0", "models.sim_dfn5b_like.weight=0.0"],
              "every model weight is 0")
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["models.sim_siglip2_like.weight=1e39", "models.sim_dfn5b_like.weight=1e39"], "models.sim_siglip2_like.weight"),
+    (["models.sim_dfn5b_like.weight=1e-300"], "models.sim_dfn5b_like.weight"),
+    (["models.sim_dfn5b_like.weight=2e6"], "models.sim_dfn5b_like.weight"),
+    (["tune=weights", "tune.weights=[1,1e300]"], "tune.weights"),
+])
+def test_weights_whose_float32_products_overflow_are_refused(compose_cfg, tmp_path, overrides, key):
+    """Equal weights of 1e39 became inf in float32 and the fusion collapsed to the first model's ranking."""
+    _refused(compose_cfg, tmp_path, overrides, f"{key}=", "valid: 0 or a number between 1e-06 and 1e+06")
+
+
+def test_weights_at_the_ends_of_the_range_run(compose_cfg, tmp_path):
+    record = run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "models.sim_siglip2_like.weight=1e6",
+                                      "models.sim_dfn5b_like.weight=1e-6"]), str(tmp_path / "r"))
+    assert record.retrievers["fused"].recall("t2i", 1) == record.retrievers["sim_siglip2_like"].recall("t2i", 1)
+
+
+def test_keys_added_to_logger_none_are_errors(compose_cfg, tmp_path):
+    _refused(compose_cfg, tmp_path, ["logger=none", "+logger.project=x"], "logger (logger=none): unknown key(s) project")
 
 
 @pytest.mark.parametrize("method, key, value", [

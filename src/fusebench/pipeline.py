@@ -93,7 +93,7 @@ def fusion_settings(cfg: Mapping, ks: list[int]) -> FusionConfig:
     checks.known_keys(cfg, "fusion", known)
     fusion = FusionConfig(**{k: checks.required(cfg, k, "fusion") for k in known})
     fusion.check_ks(ks)
-    return true_label(fusion)
+    return fusion
 
 
 def model_specs(cfg: Mapping) -> dict[str, dict]:
@@ -197,7 +197,7 @@ def _tune(tuning: TuneSettings, dataset_cfg: Mapping, corpus, embeddings, specs,
                      progress=_progress_bar("tuning", len(points), unit="setting"))
     chosen = best(curve)
     embeddings, fusion = apply(chosen, embeddings, fusion)
-    fusion = true_label(fusion)  # a tuned rrf_k or ddof may leave a preset
+    fusion = true_label(fusion, weights=[m.weight for m in embeddings])  # tuned settings may leave a preset
     record = {"split": tuning.split, "criterion": tuning.criterion, "n_images": tune_corpus.n_images,
               "n_captions": tune_corpus.n_captions, "curve": curve, "chosen": chosen,
               "singles": curve[0]["singles"] if curve else {}, "seconds": round(time.perf_counter() - started, 3),
@@ -259,6 +259,7 @@ def run(cfg: DictConfig | Mapping, out_dir: str, next_job_follows: bool = False)
     dataset_cfg = checks.mapping(group["dataset"], "dataset")
     tuning = tune_settings(group["tune"], dataset_cfg.get("kind"), dataset_cfg.get("split"))
     check_fusion_models(fusion, specs, tuning)
+    fusion = true_label(fusion, weights=[model_weight(name, spec) for name, spec in specs.items()])
     if tuning is not None:
         fusion.check_ks([tuning.k], "tune.criterion")
     corpus = load_corpus(dataset_cfg)

@@ -22,6 +22,9 @@ from fusebench.fusion import FusionConfig
 
 log = logging.getLogger(__name__)
 RUN_SETTINGS = ("fuse_on", "top_k", "final_top_k", "preset")  # chosen per run, not part of a preset
+# presets whose engine takes no per-model weights (checked in the engine's source): unequal weights leave them
+UNWEIGHTED = {"qdrant_dbsf": "qdrant_client.hybrid.fusion.distribution_based_score_fusion takes no weights "
+                             "(qdrant-client 1.20.0)"}
 
 
 def package_conf() -> Path:
@@ -76,11 +79,15 @@ def changes(fusion: FusionConfig, preset: dict) -> list[str]:
     return [f"{key}={getattr(fusion, key)}" for key, value in preset.items() if getattr(fusion, key) != value]
 
 
-def true_label(fusion: FusionConfig, folders: list[Path] | None = None) -> FusionConfig:
-    """``fusion`` with its preset label kept only while every formula setting is the preset's own."""
+def true_label(fusion: FusionConfig, folders: list[Path] | None = None,
+               weights: list[float] | None = None) -> FusionConfig:
+    """``fusion`` with its preset label kept only while every formula setting is the preset's own (and, for a
+    preset whose engine takes no weights, while the models' ``weights`` are all equal)."""
     if fusion.preset is None:
         return fusion
     changed = changes(fusion, definition(fusion.preset, config_folders() if folders is None else folders))
+    if fusion.preset in UNWEIGHTED and weights is not None and len(set(weights)) > 1:
+        changed.append(f"weights={'/'.join(f'{w:g}' for w in weights)} ({UNWEIGHTED[fusion.preset]})")
     if not changed:
         return fusion
     log.warning("fusion.preset=%s dropped: this fusion changes the preset's own settings (%s), so it is labelled "

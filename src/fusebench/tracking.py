@@ -114,7 +114,8 @@ MODES = ("offline", "online", "disabled")
 def check_logger(cfg: Mapping) -> None:
     """The ``logger`` group's values, checked before any work (keys and defaults: fusebench.schema.WandbSchema)."""
     kind = checks.choice(checks.required(cfg, "kind", "logger"), "logger.kind", ("none", "wandb"))
-    if kind == "none":
+    if kind == "none":  # logger=none reads nothing else: a key added to it (+logger.project=x) is an error
+        checks.known_keys(cfg, "logger (logger=none)", ("kind",))
         return
     checks.known_keys(cfg, "logger", LOGGER_KEYS)
     for key in LOGGER_KEYS:

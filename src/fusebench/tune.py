@@ -23,7 +23,7 @@ import numpy as np
 
 from fusebench import FUSED, FusebenchError, checks
 from fusebench.data.corpus import Corpus
-from fusebench.encoders.base import ModelEmbeddings
+from fusebench.encoders.base import ModelEmbeddings, fusion_weight
 from fusebench.fusion import FusionConfig
 from fusebench.metrics import recall_at_k
 
@@ -80,7 +80,7 @@ def tune_settings(cfg: Mapping | None, dataset_kind: str, dataset_split: str | N
             raise FusebenchError(f"tune.{key}={raw!r} is not valid: give a list (an empty list keeps the fusion's own).")
         return tuple(kind(v, f"tune.{key}") for v in raw)
 
-    weights = values("weights", lambda v, key: checks.number(v, key, 0, hint="a model weight >= 0"))
+    weights = values("weights", fusion_weight)
     if not weights:
         raise FusebenchError("tune.weights=[] is not valid: give the weights to try for models 2..M, "
                              "e.g. tune.weights=[0.5,1,2] (the first model stays at 1).")

@@ -184,10 +184,24 @@ class ModelEmbeddings:
         return self.dim
 
 
+WEIGHT_RANGE = (1e-6, 1e6)  # a non-zero weight: fusion multiplies float32 evidence by it (1e39 is inf there)
+
+
+def fusion_weight(value, key: str) -> float:
+    """A weight in the fused score: 0, or a finite number within WEIGHT_RANGE (far outside it the float32
+    products of fusion overflow or underflow, and only the weights' ratios matter to a weighted sum)."""
+    low, high = WEIGHT_RANGE
+    weight = checks.number(value, key, 0, hint=f"0 or between {low:g} and {high:g}: the weight in the fused score")
+    if weight != 0 and not low <= weight <= high:
+        raise FusebenchError(f"{key}={value!r} is not valid; valid: 0 or a number between {low:g} and {high:g} (the "
+                             "weight multiplies float32 scores, which overflow or underflow far outside that range; "
+                             "scale all weights together: only their ratios matter to a weighted sum).")
+    return weight
+
+
 def model_weight(name: str, spec: dict) -> float:
     """A model's weight in the fused score (``weight`` in its spec; DEFAULT_WEIGHT when it sets none)."""
-    return checks.number(spec.get("weight", DEFAULT_WEIGHT), f"models.{name}.weight", 0,
-                         hint="the model's weight in the fused score")
+    return fusion_weight(spec.get("weight", DEFAULT_WEIGHT), f"models.{name}.weight")
 
 
 def _first_bad_row(array: np.ndarray, mask: np.ndarray) -> int:
