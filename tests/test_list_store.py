@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from helpers.lists import assert_same_lists, run_lists
 from helpers.reference import integer_embeddings
 
 from fusebench import score_store
@@ -34,36 +34,17 @@ def case():
     return models, caption_image
 
 
-def _run(models, caption_image, config, store, depth=30, keep_k=None):
-    source = ListSource()
-    before = MATMULS["blocks"]
-    out = retrieve(models, caption_image, config, keep_k=keep_k,
-                   settings=SearchSettings(chunk_size=16, item_chunk_size=16, depth=depth, store_dir=store), source=source)
-    return out, source.records, MATMULS["blocks"] - before
-
-
-def _assert_equal(a, b):
-    assert a.keys() == b.keys()
-    for name in a:
-        for d in ("t2i", "i2t"):
-            assert np.array_equal(a[name][d].ranks, b[name][d].ranks)
-            assert torch.equal(a[name][d].ids, b[name][d].ids)
-            assert torch.equal(a[name][d].scores, b[name][d].scores)
-            if a[name][d].contributors is not None:
-                assert torch.equal(a[name][d].contributors, b[name][d].contributors)
-
-
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("fuse_on", FUSE_ON)
 def test_stored_lists_reproduce_cold_results_and_warm_jobs_do_no_matmul(case, tmp_path, method, fuse_on):
     models, caption_image = case
     for top_k in (5, 25):
         config = FusionConfig(method=method, fuse_on=fuse_on, top_k=top_k)
-        cold, _, _ = _run(models, caption_image, config, store=None)
-        first, records, _ = _run(models, caption_image, config, store=str(tmp_path))
-        warm, warm_records, blocks = _run(models, caption_image, config, store=str(tmp_path))
-        _assert_equal(cold, first)
-        _assert_equal(cold, warm)
+        cold, _, _ = run_lists(models, caption_image, config, store=None)
+        first, records, _ = run_lists(models, caption_image, config, store=str(tmp_path))
+        warm, warm_records, blocks = run_lists(models, caption_image, config, store=str(tmp_path))
+        assert_same_lists(cold, first)
+        assert_same_lists(cold, warm)
         assert blocks == 0, "a job whose lists are stored must not compute similarities"
         assert all(r["hit"] for r in warm_records.values())
 
@@ -72,21 +53,21 @@ def test_stored_lists_reproduce_cold_results_and_warm_jobs_do_no_matmul(case, tm
 def test_dense_jobs_take_single_models_from_the_store(case, tmp_path, fuse_on):
     models, caption_image = case
     config = FusionConfig(method="dbsf", fuse_on=fuse_on, top_k=None)
-    cold, _, _ = _run(models, caption_image, config, store=None, keep_k=10)
-    _run(models, caption_image, FusionConfig(method="rrf", top_k=5), store=str(tmp_path))
-    warm, records, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=10)
+    cold, _, _ = run_lists(models, caption_image, config, store=None, keep_k=10)
+    run_lists(models, caption_image, FusionConfig(method="rrf", top_k=5), store=str(tmp_path))
+    warm, records, _ = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=10)
     assert all(r["hit"] for r in records.values())
-    _assert_equal(cold, warm)
+    assert_same_lists(cold, warm)
 
 
 def test_deeper_request_recomputes_shallower_reuses(case, tmp_path):
     models, caption_image = case
     config = FusionConfig(method="rrf", top_k=10)
-    _, records, _ = _run(models[:1], caption_image, config, store=str(tmp_path), depth=10)
+    _, records, _ = run_lists(models[:1], caption_image, config, store=str(tmp_path), depth=10)
     assert not records["a"]["hit"]
-    _, records, _ = _run(models[:1], caption_image, config, store=str(tmp_path), depth=20)
+    _, records, _ = run_lists(models[:1], caption_image, config, store=str(tmp_path), depth=20)
     assert not records["a"]["hit"] and records["a"]["depth"] == 20
-    _, records, blocks = _run(models[:1], caption_image, config, store=str(tmp_path), depth=15)
+    _, records, blocks = run_lists(models[:1], caption_image, config, store=str(tmp_path), depth=15)
     assert records["a"]["hit"] and records["a"]["depth"] == 20 and blocks == 0
     assert len(ListStore(tmp_path).entries()) == 1  # one entry per model and corpus, whatever the depth
 
@@ -142,14 +123,14 @@ def _killed_mid_write(entry: Path):
 def test_damaged_entry_is_reported_and_recomputed(case, tmp_path, caplog, damage):
     models, caption_image = case
     config = FusionConfig(method="dbsf", top_k=8)
-    first, _, _ = _run(models[:1], caption_image, config, store=str(tmp_path))
+    first, _, _ = run_lists(models[:1], caption_image, config, store=str(tmp_path))
     damage(_entry(tmp_path))
-    again, records, blocks = _run(models[:1], caption_image, config, store=str(tmp_path))
+    again, records, blocks = run_lists(models[:1], caption_image, config, store=str(tmp_path))
     assert not records["a"]["hit"] and blocks > 0
-    _assert_equal(first, again)
+    assert_same_lists(first, again)
     if damage is not _killed_mid_write:
         assert "corrupt or outdated" in caplog.text
-    third, records, blocks = _run(models[:1], caption_image, config, store=str(tmp_path))
+    third, records, blocks = run_lists(models[:1], caption_image, config, store=str(tmp_path))
     assert records["a"]["hit"] and blocks == 0  # rebuilt entry is whole again
 
 
@@ -177,7 +158,7 @@ def test_two_processes_compute_one_entry_once(case, tmp_path):
 
 def test_fusebench_cache_lists_and_removes_list_entries(case, tmp_path, capsys):
     models, caption_image = case
-    _run(models, caption_image, FusionConfig(method="rrf", top_k=5), store=str(tmp_path))
+    run_lists(models, caption_image, FusionConfig(method="rrf", top_k=5), store=str(tmp_path))
     assert cache_main(["--dir", str(tmp_path), "list"]) == 0
     listing = capsys.readouterr().out
     assert listing.count(" lists ") == 2 and "2 entries" in listing
@@ -207,8 +188,8 @@ def test_whole_ranking_jobs_read_stored_score_matrices(case, tmp_path, method, f
     assert all(r["scores"]["stored"] and not r["scores"]["hit"] for r in records.values())
     warm, records, blocks = _dense(models, caption_image, str(tmp_path), method, fuse_on)
     assert blocks == 0 and all(r["scores"]["hit"] for r in records.values())
-    _assert_equal(cold, first)
-    _assert_equal(cold, warm)
+    assert_same_lists(cold, first)
+    assert_same_lists(cold, warm)
 
 
 @pytest.mark.parametrize("tile_bytes", [64, 20_000, 1 << 20])  # one transposed row per block .. one block
@@ -277,7 +258,7 @@ def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
     forget_checksums()  # as a new process would: checksums are verified once per process
     again, records, blocks = _dense(models, caption_image, str(tmp_path))
     assert blocks > 0 and "score store entry" in caplog.text
-    _assert_equal(first, again)
+    assert_same_lists(first, again)
 
 
 def _count_sorts(monkeypatch) -> list[int]:
@@ -293,26 +274,26 @@ def test_rrf_by_source_object_sorts_each_stored_matrix_once(case, tmp_path, monk
     scores, as uint16 for up to 65,536 items), then read back by every later job with no sort at all."""
     models, caption_image = case
     config = FusionConfig(method="rrf", fuse_on="source_object", top_k=None, combine=combine)
-    cold, _, _ = _run(models, caption_image, config, store=None, keep_k=12)
+    cold, _, _ = run_lists(models, caption_image, config, store=None, keep_k=12)
     sorts = _count_sorts(monkeypatch)
-    first, records, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    first, records, _ = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert sum(sorts) == 2 * (len(caption_image) + len(np.unique(caption_image))) and all(r["scores"]["orders"] for r in records.values())
     entry = Path(ScoreStore(tmp_path).entries()[0]["path"])
     assert np.load(entry / "t2i_order.npy").dtype == np.uint16
     assert np.array_equal(np.load(entry / "t2i_order.npy"), np.argsort(-np.load(entry / "t2i.npy"), axis=1, kind="stable"))
     sorts.clear()
     forget_checksums()  # a new process: the stored orders' checksums are verified, not trusted
-    warm, _, blocks = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    warm, _, blocks = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert sorts == [] and blocks == 0
-    _assert_equal(cold, first)
-    _assert_equal(cold, warm)
+    assert_same_lists(cold, first)
+    assert_same_lists(cold, warm)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "wrong_type"])
 def test_damaged_stored_order_is_sorted_again(case, tmp_path, monkeypatch, caplog, damage):
     models, caption_image = case
     config = FusionConfig(method="rrf", fuse_on="source_object", top_k=None)
-    first, _, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    first, _, _ = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=12)
     path = Path(ScoreStore(tmp_path).entries()[0]["path"]) / "i2t_order.npy"
     data = bytearray(path.read_bytes())
     if damage == "wrong_type":  # a valid .npy of the right shape, but scores instead of column indices
@@ -321,9 +302,9 @@ def test_damaged_stored_order_is_sorted_again(case, tmp_path, monkeypatch, caplo
         path.write_bytes(bytes(data[:-2]) if damage == "truncate" else bytes(data[:-1]) + bytes([data[-1] ^ 1]))
     forget_checksums()
     sorts = _count_sorts(monkeypatch)
-    again, _, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    again, _, _ = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert "i2t_order.npy is damaged" in caplog.text and sum(sorts) == len(np.unique(caption_image))
-    _assert_equal(first, again)
+    assert_same_lists(first, again)
 
 
 def test_stored_rows_read_orders_in_their_own_dtype(tmp_path):
@@ -342,13 +323,13 @@ def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, c
     values row_kernels.row_mean_std gives), then read back by later jobs, which compute no moments."""
     models, caption_image = case
     config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None, ddof=ddof)
-    cold, _, _ = _run(models, caption_image, config, store=None, keep_k=12)
+    cold, _, _ = run_lists(models, caption_image, config, store=None, keep_k=12)
     calls = []
     moments = score_store.row_kernels.row_mean_std
     counted = lambda block, d: calls.append(len(block)) or moments(block, d)  # noqa: E731
     monkeypatch.setattr(score_store.row_kernels, "row_mean_std", counted)  # the store's computation
     monkeypatch.setattr("fusebench.evidence.row_mean_std", counted)  # the one a job makes without stored moments
-    first, records, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    first, records, _ = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert sum(calls) == 2 * (len(caption_image) + len(np.unique(caption_image)))
     assert all(r["scores"]["moments"] and not r["scores"]["orders"] for r in records.values())
     entry = Path(ScoreStore(tmp_path).entries()[0]["path"])
@@ -362,10 +343,10 @@ def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, c
         np.save(damaged, np.load(damaged).astype(np.float64))
     else:
         damaged.write_bytes(data[:-4] if damage == "truncate" else data[:-1] + bytes([data[-1] ^ 0x20]))
-    warm, _, _ = _run(models, caption_image, config, store=str(tmp_path), keep_k=12)
+    warm, _, _ = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert sum(calls) == len(np.unique(caption_image)) and f"{damaged.name} is damaged" in caplog.text
-    _assert_equal(cold, first)
-    _assert_equal(cold, warm)
+    assert_same_lists(cold, first)
+    assert_same_lists(cold, warm)
 
 
 def test_key_material_hashed_in_parallel_equals_each_array_hashed_alone():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from helpers.lists import assert_same_lists, run_lists
 from helpers.reference import integer_embeddings
 
 from fusebench.cache import EmbeddingCache, cache_key
@@ -18,9 +18,7 @@ from fusebench.encoders.base import ModelEmbeddings
 from fusebench.files import forget_checksums
 from fusebench.fusion import FusionConfig
 from fusebench.list_store import ListStore
-from fusebench.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.score_store import ScoreStore
-from fusebench.topk import MATMULS
 
 A = {"kind": "image", "model": {"backend": "integrity", "name": "a"}, "images": "abc"}
 B = {**A, "model": {"backend": "integrity", "name": "b"}}
@@ -166,23 +164,6 @@ def twins():
     return models, caption_image
 
 
-def _run(models, caption_image, config, store, keep_k=None):
-    source = ListSource()
-    before = MATMULS["blocks"]
-    out = retrieve(models, caption_image, config, keep_k=keep_k, source=source,
-                   settings=SearchSettings(chunk_size=16, item_chunk_size=16, depth=30, store_dir=store))
-    return out, source.records, MATMULS["blocks"] - before
-
-
-def _assert_equal(a, b):
-    assert a.keys() == b.keys()
-    for name in a:
-        for d in ("t2i", "i2t"):
-            assert np.array_equal(a[name][d].ranks, b[name][d].ranks)
-            assert torch.equal(a[name][d].ids, b[name][d].ids)
-            assert torch.equal(a[name][d].scores, b[name][d].scores)
-
-
 LISTS = FusionConfig(method="rrf", top_k=8)
 DENSE = FusionConfig(method="dbsf", fuse_on="source_object", top_k=None)
 ORDERS = FusionConfig(method="rrf", fuse_on="source_object", top_k=None)
@@ -194,16 +175,16 @@ def _entries(store) -> dict[str, Path]:
 
 def test_list_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path, caplog):
     models, caption_image = twins
-    cold, _, _ = _run(models, caption_image, LISTS, None)
-    _run(models, caption_image, LISTS, str(tmp_path))
+    cold, _, _ = run_lists(models, caption_image, LISTS, None)
+    run_lists(models, caption_image, LISTS, str(tmp_path))
     entries = _entries(ListStore(tmp_path))
     copy_over(entries["a"], entries["b"])
     forget_checksums()
     with caplog.at_level("WARNING"):
-        again, records, _ = _run(models, caption_image, LISTS, str(tmp_path))
+        again, records, _ = run_lists(models, caption_image, LISTS, str(tmp_path))
     assert records["a"]["hit"] and not records["b"]["hit"] and "copied from another entry" in caplog.text
-    _assert_equal(cold, again)
-    _, records, blocks = _run(models, caption_image, LISTS, str(tmp_path))
+    assert_same_lists(cold, again)
+    _, records, blocks = run_lists(models, caption_image, LISTS, str(tmp_path))
     assert all(r["hit"] for r in records.values()) and blocks == 0
 
 
@@ -211,73 +192,73 @@ def test_list_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path, 
 def test_score_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path, caplog, what):
     models, caption_image = twins
     source, target = what
-    cold, _, _ = _run(models, caption_image, DENSE, None, keep_k=10)
-    _run(models, caption_image, DENSE, str(tmp_path), keep_k=10)
+    cold, _, _ = run_lists(models, caption_image, DENSE, None, keep_k=10)
+    run_lists(models, caption_image, DENSE, str(tmp_path), keep_k=10)
     entries = _entries(ScoreStore(tmp_path))
     copy_over(entries[source], entries[target])
     forget_checksums()
     with caplog.at_level("WARNING"):
-        again, records, _ = _run(models, caption_image, DENSE, str(tmp_path), keep_k=10)
+        again, records, _ = run_lists(models, caption_image, DENSE, str(tmp_path), keep_k=10)
     assert records[source]["scores"]["hit"] and not records[target]["scores"]["hit"]
     assert "copied from another entry" in caplog.text
-    _assert_equal(cold, again)
+    assert_same_lists(cold, again)
 
 
 @pytest.mark.parametrize("name", ["lists.npz", "meta.json"])
 def test_list_file_made_a_directory_is_reported_and_rebuilt(twins, tmp_path, caplog, name):
     models, caption_image = twins
-    first, _, _ = _run(models[:1], caption_image, LISTS, str(tmp_path))
+    first, _, _ = run_lists(models[:1], caption_image, LISTS, str(tmp_path))
     make_dir(_entries(ListStore(tmp_path))["a"] / name)
     with caplog.at_level("WARNING"):
-        again, records, _ = _run(models[:1], caption_image, LISTS, str(tmp_path))
+        again, records, _ = run_lists(models[:1], caption_image, LISTS, str(tmp_path))
     assert not records["a"]["hit"] and f"{name} is a directory" in caplog.text
-    _assert_equal(first, again)
-    assert _run(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]
+    assert_same_lists(first, again)
+    assert run_lists(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]
 
 
 def test_list_entry_made_a_file_is_rebuilt(twins, tmp_path, caplog):
     models, caption_image = twins
-    _run(models[:1], caption_image, LISTS, str(tmp_path))
+    run_lists(models[:1], caption_image, LISTS, str(tmp_path))
     folder = _entries(ListStore(tmp_path))["a"]
     shutil.rmtree(folder)
     folder.write_text("not a folder")
     with caplog.at_level("WARNING"):
-        assert not _run(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]
+        assert not run_lists(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]
     assert "not a folder" in caplog.text
-    assert _run(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]  # stored again
+    assert run_lists(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]  # stored again
 
 
 @pytest.mark.parametrize("config,name", [(ORDERS, "t2i_order.npy"), (ORDERS, "i2t_order.npy"),
                                          (DENSE, "i2t_moments_ddof0.npy"), (DENSE, "t2i.npy"), (DENSE, "meta.json")])
 def test_score_file_made_a_directory_is_reported_and_rebuilt(twins, tmp_path, caplog, config, name):
     models, caption_image = twins
-    first, _, _ = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    first, _, _ = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
     entry = _entries(ScoreStore(tmp_path))["a"]
     assert (entry / name).is_file()
     make_dir(entry / name)
     forget_checksums()
     with caplog.at_level("WARNING"):
-        again, _, _ = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+        again, _, _ = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
     assert f"{name} is a directory" in caplog.text
-    _assert_equal(first, again)
+    assert_same_lists(first, again)
     assert (entry / name).is_file()
     caplog.clear()
     forget_checksums()
-    third, records, blocks = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    third, records, blocks = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
     assert records["a"]["scores"]["hit"] and blocks == 0 and "WARNING" not in caplog.text  # whole again
-    _assert_equal(first, third)
+    assert_same_lists(first, third)
 
 
 @pytest.mark.parametrize("store,config", [(ListStore, LISTS), (ScoreStore, ORDERS)])
 def test_store_lock_made_a_directory_is_cleared(twins, tmp_path, caplog, store, config):
     models, caption_image = twins
-    first, _, _ = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    first, _, _ = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
     lock = Path(str(_entries(store(tmp_path))["a"]) + ".lock")
     make_dir(lock)
     with caplog.at_level("WARNING"):
-        again, _, blocks = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+        again, _, blocks = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
     assert blocks == 0 and ".lock is a directory" in caplog.text and lock.is_file()
-    _assert_equal(first, again)
+    assert_same_lists(first, again)
     assert len(store(tmp_path).entries()) == 2  # the lock is not listed as an entry
 
 
@@ -295,8 +276,8 @@ def test_list_shows_damaged_entries_as_partial(twins, tmp_path, capsys):
     models, caption_image = twins
     cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
     keys = {"emb": cache.get_or_compute(A, 10, rows_of).key, "emb_b": cache.get_or_compute(B, 10, rows_of).key}
-    _run(models, caption_image, ORDERS, str(tmp_path), keep_k=10)
-    _run(models, caption_image, LISTS, str(tmp_path))
+    run_lists(models, caption_image, ORDERS, str(tmp_path), keep_k=10)
+    run_lists(models, caption_image, LISTS, str(tmp_path))
     scores, lists = _entries(ScoreStore(tmp_path)), _entries(ListStore(tmp_path))
     state = _listing(tmp_path, capsys)
     assert len(state) == 6 and set(state.values()) == {"complete"}
@@ -403,16 +384,16 @@ def test_embedding_shard_folder_made_a_file_is_reported_and_cleared(tmp_path, ca
 def test_store_folder_made_a_file_is_reported_and_cleared(twins, tmp_path, caplog, store, config, label, level):
     """CACHE/lists/ab (or CACHE/scores/ab), or CACHE/lists itself, a file: reported, removed, rebuilt."""
     models, caption_image = twins
-    first, _, _ = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    first, _, _ = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
     entry = _entries(store(tmp_path))["a"]
     folder = entry.parent if level == "shard" else entry.parent.parent
     _file_at(folder, "file")
     with caplog.at_level("WARNING"):
-        again, _, blocks = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+        again, _, blocks = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
     assert blocks > 0 and f"{label}: {folder} is a file, not a folder; removing it" in caplog.text
-    _assert_equal(first, again)
+    assert_same_lists(first, again)
     assert entry.is_dir()
-    _, _, blocks = _run(models, caption_image, config, str(tmp_path), keep_k=10)
+    _, _, blocks = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
     assert blocks == 0  # stored again
 
 
@@ -441,7 +422,7 @@ def test_list_shows_an_entry_made_a_file_and_remove_clears_it(twins, tmp_path, c
     models, caption_image = twins
     cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
     emb = cache.entry_dir(cache.get_or_compute(A, 10, rows_of).key)
-    _run(models, caption_image, LISTS, str(tmp_path))
+    run_lists(models, caption_image, LISTS, str(tmp_path))
     lists = _entries(ListStore(tmp_path))
     _file_at(lists["a"], kind)
     _file_at(emb, kind)
