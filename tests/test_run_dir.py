@@ -53,9 +53,9 @@ main()
 """
 
 
-def fusebench(*args, cwd, fault: tuple[str, int, str] | None = None):
+def fusebench(*args, cwd, fault: tuple[str, int, str] | None = None, env: dict[str, str] | None = None):
     env = {**os.environ, "FUSEBENCH_OUTPUT": str(Path(cwd).parent / f"{Path(cwd).name}-out"),
-           "WANDB_MODE": "disabled"}
+           "WANDB_MODE": "disabled", **(env or {})}
     command = [FUSEBENCH, *args]
     if fault is not None:
         env.update(FAULT_PREFIX=str(fault[0]), FAULT_ERRNO=str(fault[1]), FAULT_KIND=fault[2])
@@ -146,8 +146,12 @@ def test_a_failed_sweep_rerun_keeps_the_earlier_jobs(tmp_path):
     assert "2 job(s) of the sweep failed: 0, 1" in result.stderr
     for job, files in jobs.items():
         now = without_logs(snapshot(tmp_path / "S" / job))
-        assert now.pop("error.txt").startswith(b"Traceback") and now == files
-    assert len(scan_runs(tmp_path / "S").runs) == 2  # each still reads as its own, earlier run
+        error = now.pop("error.txt").decode()  # a user's mistake: its one line, not a traceback
+        assert error.startswith("fusebench: error: ") and "eval.bootstrap.draws" in error and error.count("\n") == 1
+        assert now == files
+    scan = scan_runs(tmp_path / "S")  # the earlier results are kept, but not reported as this sweep's
+    assert not scan.runs and sorted(scan.failed) == ["0", "1"]
+    assert all("earlier run's results, not reported" in why for why in scan.failed.values())
     assert fusebench("-m", *SMALL, "fusion=rrf,dbsf", "hydra.sweep.dir=S", cwd=tmp_path).returncode == 0
     assert not (tmp_path / "S" / "0" / "error.txt").exists()  # the next finished run swaps it out too
 
@@ -382,3 +386,234 @@ def test_os_error_message_names_the_place(monkeypatch, error, fragments):
     monkeypatch.setattr(cli, "PLACES", {"hydra.run.dir": "/runs/1", "embed.cache.dir": "/c"})
     message = cli.os_error_message(error)
     assert all(f in message for f in fragments), message
+
+
+# ---------------------------------------------------------------- sweep job dirs: one per job, inside the sweep dir
+
+@pytest.mark.slow
+@pytest.mark.parametrize("subdir,fragment", [("same", "same for every job"), ("", "is empty"),
+                                             ("../../d7", "climbs out"), ("/proc/x", "absolute path")],
+                         ids=["constant", "empty", "dotdot", "absolute"])
+def test_a_job_dir_pattern_that_does_not_give_each_job_its_own_dir_is_refused(tmp_path, subdir, fragment):
+    result = fusebench("-m", *SMALL, "hydra.sweep.dir=S", f"hydra.sweep.subdir={subdir}", "fusion=rrf,dbsf,sum",
+                       cwd=tmp_path)
+    one_line_error(result, "hydra.sweep.subdir", fragment, alone=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # refused before anything was created
+    assert not (tmp_path.parent / "d7").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,fragment", [
+    (["hydra.sweep.subdir=${hydra.job.override_dirname}", "hydra.job.config.override_dirname.exclude_keys=[fusion]"],
+     "which job 0 of this sweep writes too"),
+    (["hydra.sweep.subdir=${oc.env:FUSEBENCH_TEST_ELSEWHERE}/${hydra.job.num}"], "not a folder inside the sweep dir"),
+], ids=["same_dir_for_two_jobs", "resolves_outside"])
+def test_job_dirs_are_checked_as_resolved_before_any_job_runs(tmp_path, args, fragment):
+    """A pattern that names a per-job key can still resolve to one dir for two jobs, or to a dir elsewhere: the
+    sweeper works out every job's dir before the first job runs."""
+    result = fusebench("-m", *SMALL, "hydra.sweep.dir=S", *args, "fusion=rrf,sum", cwd=tmp_path,
+                       env={"FUSEBENCH_TEST_ELSEWHERE": str(tmp_path / "elsewhere")})
+    one_line_error(result, "hydra.sweep.subdir", fragment)
+    assert not list(tmp_path.rglob("metrics.json")) and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.slow
+def test_a_job_dir_an_earlier_job_of_the_sweep_wrote_stops_the_sweep_with_hydras_sweeper(tmp_path):
+    """With Hydra's own sweeper (no check before the jobs) the second job into the first one's dir is refused as
+    it starts, and the first job's config, which Hydra had just overwritten, is put back."""
+    result = fusebench("-m", *SMALL, "hydra/sweeper=basic", "hydra.sweep.dir=S",
+                       "hydra.sweep.subdir=${hydra.job.override_dirname}",
+                       "hydra.job.config.override_dirname.exclude_keys=[fusion]", "fusion=rrf,sum", cwd=tmp_path)
+    one_line_error(result, "hydra.sweep.subdir", "which job 0 of this sweep already wrote")
+    [job_dir] = [p.parent for p in (tmp_path / "S").rglob("metrics.json")]
+    assert "- fusion=rrf" in (job_dir / ".hydra" / "overrides.yaml").read_text()
+    assert [r.record.fusion["method"] for r in scan_runs(tmp_path / "S").runs] == ["rrf"]
+
+
+def test_check_subdir_needs_a_per_job_relative_path():
+    for good in ("${hydra.job.num}", "${hydra:job.id}", "run_${hydra.job.num}", "${hydra.job.override_dirname}",
+                 "a/${ hydra.job.num }"):
+        rundir.check_subdir(good)
+    for bad, fragment in (("same", "same for every job"), ("", "empty"), ("  ", "empty"), (None, "empty"),
+                          (5, "same for every job"), ("/abs/${hydra.job.num}", "absolute"),
+                          ("../${hydra.job.num}", "climbs out"), ("${hydra.job.name}", "same for every job")):
+        with pytest.raises(FusebenchError, match=fragment) as err:
+            rundir.check_subdir(bad)
+        assert "hydra.sweep.subdir" in str(err.value)
+
+
+def test_check_job_dir_refuses_a_shared_or_outside_dir(tmp_path):
+    taken: dict[str, int] = {}
+    first = rundir.check_job_dir(tmp_path / "S", "0", 0, taken)
+    assert first == str(tmp_path / "S" / "0") and taken == {first: 0}
+    with pytest.raises(FusebenchError, match="which job 0 of this sweep writes too"):
+        rundir.check_job_dir(tmp_path / "S", "./0", 1, taken)
+    for outside in ("", ".", "../x", str(tmp_path / "x"), "a/../../x"):
+        with pytest.raises(FusebenchError, match="not a folder inside the sweep dir"):
+            rundir.check_job_dir(tmp_path / "S", outside, 2, taken)
+    assert rundir.check_job_dir(tmp_path / "S", "a=1/b", 3, taken) == str(tmp_path / "S" / "a=1" / "b")
+
+
+# ---------------------------------------------------------------- a failed job of a sweep rerun: failed, not stale
+
+@pytest.mark.slow
+def test_a_failed_job_of_a_sweep_rerun_is_reported_as_failed_not_with_its_earlier_results(tmp_path):
+    assert fusebench("-m", *SMALL, "fusion=rrf,sum", "hydra.sweep.dir=S", cwd=tmp_path).returncode == 0
+    earlier = without_logs(snapshot(tmp_path / "S" / "0"))
+    result = fusebench("-m", *SMALL, "fusion=rrf,sum", "fusion.score_map=atan", "hydra.sweep.dir=S", cwd=tmp_path)
+    assert result.returncode == 1 and "1 job(s) of the sweep failed: 0" in result.stderr, result.stderr
+    assert "(1 runs, 1 failed)" in result.stdout + result.stderr  # Hydra's log line of the report
+    now = without_logs(snapshot(tmp_path / "S" / "0"))
+    error = now.pop("error.txt").decode()
+    assert error.startswith("fusebench: error: fusion.score_map") and error.count("\n") == 1
+    assert now == earlier  # the earlier results are never lost ...
+    scan = scan_runs(tmp_path / "S")  # ... nor reported as this sweep's
+    assert list(scan.failed) == ["0"] and "earlier run's results, not reported" in scan.failed["0"]
+    assert [(r.record.fusion["method"], r.record.fusion["score_map"]) for r in scan.runs] == [("sum", "atan")]
+    summary = (tmp_path / "S" / "summary.md").read_text()
+    assert "1 finished runs, 1 failed: 0." in summary and "- 0: the job failed (see error.txt)" in summary
+
+
+def test_scan_counts_a_dir_with_error_txt_as_failed(compose_cfg, tmp_path):
+    cfg = compose_cfg(["dataset.n_images=50", "dataset.n_captions=100", "logger=none", "plots=false",
+                       "eval.lists.store=false"])
+    run(cfg, str(tmp_path / "S" / "0"))
+    assert len(scan_runs(tmp_path / "S").runs) == 1
+    error = tmp_path / "S" / "0" / "error.txt"
+    for text in ("fusebench: error: eval.bootstrap.draws=0 is not valid\n",
+                 "Traceback (most recent call last):\n  File ...\nValueError: x\n"):
+        error.write_text(text)
+        assert rundir.is_error_file(error)
+        scan = scan_runs(tmp_path / "S")
+        assert not scan.runs and "earlier run's results, not reported" in scan.failed["0"]
+    error.write_text("my notes\n")  # not fusebench's: not a sign of a failed job (a rerun refuses the dir)
+    assert not rundir.is_error_file(error) and len(scan_runs(tmp_path / "S").runs) == 1
+    (tmp_path / "S" / "1").mkdir()  # a job that failed before writing anything but its error.txt
+    (tmp_path / "S" / "1" / "error.txt").write_text("fusebench: error: x\n")
+    assert scan_runs(tmp_path / "S").failed == {"1": "no metrics.json (the job failed or was stopped; see error.txt)"}
+
+
+# ---------------------------------------------------------------- another Hydra app's run dir
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sweep", [False, True], ids=["run_dir", "sweep_job_dir"])
+def test_another_hydra_apps_run_dir_is_refused(tmp_path, sweep):
+    theirs = tmp_path / ("S/1" if sweep else "X") / ".hydra"
+    theirs.mkdir(parents=True)
+    (theirs / "config.yaml").write_text("my: cfg\n")
+    (theirs / "overrides.yaml").write_text("- my=cfg\n")
+    before = snapshot(theirs)
+    args = ["-m", "hydra.sweep.dir=S", "fusion=rrf,sum"] if sweep else ["hydra.run.dir=X"]
+    line = one_line_error(fusebench(*args, *SMALL, cwd=tmp_path), "hydra.sweep.dir" if sweep else "hydra.run.dir",
+                          "not a fusebench config")
+    assert snapshot(theirs) == before and not list(tmp_path.rglob("metrics.json"))  # no job ran
+    assert "job 1" in line if sweep else True
+
+
+def test_foreign_hydra_recognises_a_fusebench_config(tmp_path):
+    assert rundir.foreign_hydra(tmp_path) is None  # no .hydra
+    (tmp_path / ".hydra").mkdir()
+    assert rundir.foreign_hydra(tmp_path) is None  # empty
+    config = tmp_path / ".hydra" / "config.yaml"
+    for text in ("my: cfg\n", "- a\n", "not: [valid\n", "models: {}\nfusion: {}\n"):
+        config.write_text(text)
+        assert "not a fusebench config" in rundir.foreign_hydra(tmp_path)
+    config.write_text("models: {}\nfusion: {method: rrf}\neval: {ks: [1]}\ndataset: {}\n")
+    assert rundir.foreign_hydra(tmp_path) is None
+    assert rundir.foreign_hydra(tmp_path, None) is None
+    config.unlink()
+    (tmp_path / ".hydra" / "hydra.yaml").write_text("hydra: {}\n")
+    assert "without a fusebench config.yaml" in rundir.foreign_hydra(tmp_path)
+    with pytest.raises(FusebenchError, match="choose another hydra.run.dir"):
+        rundir.check_dir(tmp_path, "hydra.run.dir")
+
+
+# ---------------------------------------------------------------- an empty output or data root
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,env,key,variable", [
+    (["paths.output_dir="], {}, "paths.output_dir", "FUSEBENCH_OUTPUT"),
+    (["-m", "fusion=rrf,sum"], {"FUSEBENCH_OUTPUT": ""}, "paths.output_dir", "FUSEBENCH_OUTPUT"),
+    ([], {"FUSEBENCH_DATA": ""}, "paths.data_root", "FUSEBENCH_DATA"),
+], ids=["output_dir_override", "output_env_sweep", "data_env"])
+def test_an_empty_output_or_data_root_is_refused(tmp_path, args, env, key, variable):
+    root_before = set(os.listdir("/"))
+    one_line_error(fusebench(*args, *SMALL, cwd=tmp_path, env=env), key, variable, alone=True)
+    assert set(os.listdir("/")) == root_before and not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- values that cannot be resolved
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,key,alone", [
+    (["hydra.run.dir=${oc.env:NOPE_UNSET}"], "hydra.run.dir", True),
+    (["-m", "hydra.sweep.dir=${oc.env:NOPE_UNSET}"], "hydra.sweep.dir", True),
+    (["embed.cache.dir=${oc.env:NOPE_UNSET}", "hydra.run.dir=run"], "embed.cache.dir", False),
+    (["eval.bootstrap.draws=${nope.key}", "hydra.run.dir=run"], "eval.bootstrap.draws", True),
+], ids=["run_dir", "sweep_dir", "cache_dir", "report_setting"])
+def test_a_value_that_cannot_be_resolved_is_one_line_naming_the_key(tmp_path, args, key, alone):
+    env = {k: v for k, v in os.environ.items() if k != "NOPE_UNSET"}
+    sweep = args[:1] == ["-m"]
+    command = [FUSEBENCH, *args[:sweep], *SMALL, *args[sweep:]]  # after SMALL: its eval.bootstrap.draws too
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env={**env, "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"})
+    line = one_line_error(result, f"cannot resolve {key}:", alone=alone)
+    assert "NOPE_UNSET" in line or "nope.key" in line
+
+
+def test_config_error_message_names_the_override_when_omegaconf_gives_no_key():
+    from omegaconf.errors import InterpolationKeyError
+
+    message = cli.config_error_message(InterpolationKeyError("Interpolation key 'nope.key' not found"),
+                                       ["dataset=sim", "eval.bootstrap.draws=${nope.key}"])
+    assert message.startswith("cannot resolve eval.bootstrap.draws: Interpolation key 'nope.key' not found")
+    assert "cannot resolve a config value:" in cli.config_error_message(InterpolationKeyError("x"), [])
+
+
+# ---------------------------------------------------------------- a cache dir that cannot be created
+
+def test_check_writable_names_the_key_of_the_folder(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(FusebenchError) as err:
+        rundir.check_writable(tmp_path / "a_file", "embed.cache.dir")
+    assert str(err.value).startswith(f"the embedding cache {tmp_path / 'a_file'} cannot be written (it is a file")
+    assert "embed.cache.dir=..." in str(err.value) and "hydra.run.dir" not in str(err.value)
+    if Path("/proc/self").exists():
+        with pytest.raises(FusebenchError, match=r"the embedding cache /proc/fusebench-x cannot be written .*"
+                                                 r"embed\.cache\.dir=\.\.\."):
+            rundir.check_writable("/proc/fusebench-x", "embed.cache.dir")
+    with pytest.raises(FusebenchError, match=r"the run dir .* choose another with hydra\.run\.dir=\.\.\. "
+                                             r"\(or paths\.output_dir=\.\.\.\)"):
+        rundir.check_writable(tmp_path / "a_file")
+
+
+def test_a_missing_path_in_a_folder_fusebench_writes_is_the_environment(monkeypatch):
+    monkeypatch.setattr(cli, "PLACES", {"hydra.run.dir": "/runs/1", "embed.cache.dir": "/proc/x"})
+    inside = FileNotFoundError(errno.ENOENT, "No such file or directory", "/proc/x/lists")
+    assert cli.is_environment(inside)
+    message = cli.os_error_message(inside)
+    assert "embed.cache.dir=..." in message and "/proc/x/lists" in message
+    assert not cli.is_environment(FileNotFoundError(errno.ENOENT, "No such file or directory", "/elsewhere/x"))
+    assert not cli.is_environment(ValueError("x"))
+
+
+@pytest.mark.slow
+def test_a_cache_dir_that_cannot_be_created_is_one_line(tmp_path):
+    if not Path("/proc/self").exists():
+        pytest.skip("no /proc here")
+    result = fusebench(*SMALL, "embed.cache.dir=/proc/fusebench-x", "hydra.run.dir=run", cwd=tmp_path)
+    line = one_line_error(result, "embed.cache.dir", "/proc/fusebench-x")
+    assert "hydra.run.dir" not in line
+
+
+# ---------------------------------------------------------------- a sweep without jobs
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override", ["fusion=glob(*nomatch*)", "eval.bootstrap.seed=range(0,0)"],
+                         ids=["glob", "empty_range"])
+def test_a_sweep_without_jobs_is_refused(tmp_path, override):
+    line = one_line_error(fusebench("-m", *SMALL, override, "hydra.sweep.dir=S", cwd=tmp_path),
+                          "the sweep has no jobs", f"{override} matches nothing", alone=True)
+    assert not (tmp_path / "S").exists()
+    if override.startswith("fusion="):
+        assert "rrf" in line  # the group's options

@@ -14,6 +14,7 @@ import atexit
 import errno
 import gc
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -23,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import GrammarParseError, InterpolationResolutionError, MissingMandatoryValue, UnsupportedInterpolationType
 
 from fusebench import FusebenchError, interrupts, schema, specs
 
@@ -34,6 +36,8 @@ BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"  # 
 ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.ENOTDIR,
                       errno.EISDIR}
 WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # only ever from writing
+# a value a user gave that OmegaConf cannot resolve (${oc.env:UNSET}, ${no.such.key}, ${bad, ???)
+CONFIG_ERRORS = (InterpolationResolutionError, UnsupportedInterpolationType, GrammarParseError, MissingMandatoryValue)
 PLACES: dict[str, str] = {}  # config key -> a folder the job running now writes into (os_error_message)
 SHOW_TRACEBACKS = {"on": False}  # HYDRA_FULL_ERROR=1 as the user set it (main sets it for Hydra itself)
 
@@ -161,18 +165,88 @@ def prepare_process() -> None:
     freeze_long_lived()
 
 
+def _place(err: OSError) -> tuple[str, str] | None:
+    """(config key, folder) of the folder in ``PLACES`` that ``err``'s file lies in (the deepest), or None."""
+    name = os.fspath(err.filename) if getattr(err, "filename", None) is not None else ""
+    if not name:
+        return None
+    target = Path(os.path.abspath(name))
+    for key, folder in sorted(PLACES.items(), key=lambda item: -len(Path(os.path.abspath(item[1])).parts)):
+        if target.is_relative_to(os.path.abspath(folder)):
+            return key, folder
+    return None
+
+
+def is_environment(err: BaseException) -> bool:
+    """Whether ``err`` is the machine's state, not a bug: an OSError with one of ``ENVIRONMENT_ERRNOS``, or a
+    path that does not exist (ENOENT) in a folder fusebench writes (``PLACES``: e.g. embed.cache.dir=/proc/x)."""
+    if not isinstance(err, OSError):
+        return False
+    return err.errno in ENVIRONMENT_ERRNOS or (err.errno == errno.ENOENT and _place(err) is not None)
+
+
+def config_error(err: BaseException | None) -> Exception | None:
+    """The OmegaConf error of a value that cannot be resolved (``CONFIG_ERRORS``) that ``err`` is or was raised
+    from (Hydra wraps some), or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, CONFIG_ERRORS):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def config_error_message(err: Exception, argv: list[str] | None = None) -> str:
+    """One line for a config value OmegaConf cannot resolve: the key (OmegaConf's ``full_key``; when it has none,
+    as when Hydra resolves a whole node at once, the override in ``argv`` that holds what it names) and why."""
+    key = getattr(err, "full_key", None) or ""
+    why = (getattr(err, "msg", None) or str(err)).strip().splitlines()
+    why = why[0] if why else type(err).__name__
+    if not key:
+        named = re.findall(r"'([^']+)'", why)
+        for arg in sys.argv[1:] if argv is None else argv:
+            name, _, value = arg.partition("=")
+            if "${" in value and any(n in value for n in named):
+                key = name.lstrip("+~")
+                break
+    return (f"cannot resolve {key or 'a config value'}: {why}. Fix that value (an environment variable that is "
+            "not set, a key that does not exist, a missing '}'), then rerun.")
+
+
+def user_error_message(err: BaseException) -> str | None:
+    """The one line for ``err`` when it is a user's mistake or the machine's state (a FusebenchError, a config
+    value that cannot be resolved, Hydra's own config errors, an OSError of ``is_environment``); None for a
+    bug (its traceback is shown), and for everything but a FusebenchError with ``HYDRA_FULL_ERROR=1``."""
+    if isinstance(err, FusebenchError):
+        return str(err)
+    if SHOW_TRACEBACKS["on"] or not isinstance(err, Exception):
+        return None
+    found = config_error(err)
+    if found is not None:
+        return config_error_message(found)
+    if isinstance(err, CompactHydraException):
+        return hydra_error_message(err)
+    if is_environment(err):
+        return os_error_message(err)
+    return None
+
+
 def os_error_message(err: OSError) -> str:
     """One line for an OSError that is the machine's state (``ENVIRONMENT_ERRNOS``): when the file lies in a
     folder fusebench writes (``PLACES``: the embedding cache, the run or sweep dir), that folder's config
     key; otherwise, unless only a write gives that error, the file that cannot be read."""
     name = os.fspath(err.filename) if err.filename is not None else ""
     if name:
-        target = Path(os.path.abspath(name))
-        for key, folder in sorted(PLACES.items(), key=lambda item: -len(Path(os.path.abspath(item[1])).parts)):
-            if target.is_relative_to(os.path.abspath(folder)):
-                what = "the embedding cache" if key == "embed.cache.dir" else "the outputs"
-                return (f"cannot use {what}: {name}: {err.strerror}. Free space or fix the permissions of "
-                        f"{key}={folder}, or choose another folder with {key}=..., then rerun.")
+        place = _place(err)
+        if place is not None:
+            key, folder = place
+            what = "the embedding cache" if key == "embed.cache.dir" else "the outputs"
+            if err.errno == errno.ENOENT:
+                return (f"cannot use {what}: {name}: {err.strerror} (a folder that cannot be created there, or "
+                        f"one removed while the run went on). Choose another folder with {key}=..., then rerun.")
+            return (f"cannot use {what}: {name}: {err.strerror}. Free space or fix the permissions of "
+                    f"{key}={folder}, or choose another folder with {key}=..., then rerun.")
         if err.errno not in WRITE_ERRNOS:
             return (f"cannot read {name}: {err.strerror}. Make the file readable (its permissions), or point its "
                     "config key at another file.")
@@ -187,7 +261,7 @@ def _fail(message: str, code: int = 2) -> None:
 
 def main() -> None:
     """Console entry: check model names against the registry, run the Hydra app, turn mistakes into exit 2."""
-    verbose = SHOW_TRACEBACKS["on"] = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    SHOW_TRACEBACKS["on"] = os.environ.get("HYDRA_FULL_ERROR") == "1"
     extra = user_config_dirs(sys.argv[1:])
     missing = unknown_models(sys.argv[1:], extra)
     if missing:
@@ -207,18 +281,13 @@ def main() -> None:
         background.cancel()  # a sweep's queued plots: not drawn after Ctrl-C
         print("\nfusebench: interrupted; no outputs were written for the unfinished run", file=sys.stderr)
         raise SystemExit(130) from None
-    except RunDirRefused as err:  # raised in Hydra's callback, before Hydra creates the run or sweep dir
+    except RunDirRefused as err:  # raised in Hydra's callback (or sweeper), before Hydra creates the dirs
         _fail(str(err))
-    except FusebenchError as err:
-        _fail(str(err))
-    except CompactHydraException as err:
-        if verbose:
+    except Exception as err:  # a user's mistake (FusebenchError, a config value, ...): one line; a bug: raised
+        message = user_error_message(err)
+        if message is None:
             raise
-        _fail(hydra_error_message(err))
-    except OSError as err:
-        if verbose or err.errno not in ENVIRONMENT_ERRNOS:
-            raise
-        _fail(os_error_message(err))
+        _fail(message)
     if SweepReport.failed:
         print(f"fusebench: {len(SweepReport.failed)} job(s) of the sweep failed: {', '.join(SweepReport.failed)} "
               "(each has error.txt; the sweep report lists them)", file=sys.stderr)
@@ -247,32 +316,36 @@ def app(cfg: DictConfig) -> None:
     prepare_process()  # imported here, not at the top, so --help and --cfg stay fast
     from fusebench import rundir
     from fusebench.pipeline import run, start_fresh
-    from fusebench.report.callback import SweepReport
+    from fusebench.report.callback import SweepReport, job_ended, job_started
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     _places(cfg, key, hydra_cfg.sweep.dir if multirun else out_dir)
+    if multirun:  # a dir another job of this sweep wrote, or outside the sweep dir: the sweep stops (exit 2)
+        job_started(out_dir, hydra_cfg.sweep.dir, hydra_cfg.job.num, hydra_cfg.output_subdir)
     try:
         start_fresh(out_dir, key)
         run(cfg, out_dir, next_job_follows=multirun and hydra_cfg.launcher.get("_target_") == BASIC_LAUNCHER)
         rundir.forget(out_dir)
     except BaseException as err:
         rundir.restore_earlier_config(out_dir)
-        environment = isinstance(err, OSError) and err.errno in ENVIRONMENT_ERRNOS
+        message = user_error_message(err)  # None: a bug (or HYDRA_FULL_ERROR=1), shown with its traceback
         if multirun and isinstance(err, Exception):  # one failed job must not stop the others
             SweepReport.jobs_failed.append(os.path.relpath(out_dir, os.path.abspath(hydra_cfg.sweep.dir)))
             error_file = Path(out_dir, "error.txt")
             if not os.path.lexists(error_file) or rundir.is_error_file(error_file):  # never someone else's
-                error_file.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
-            print(f"fusebench: job {hydra_cfg.job.num} failed: {os_error_message(err) if environment else err} "
-                  f"(see {error_file})", file=sys.stderr)
+                error_file.write_text(rundir.error_text(message, "".join(traceback.format_exception(err))),
+                                      encoding="utf-8")
+            shown = message or (os_error_message(err) if is_environment(err) else err)
+            print(f"fusebench: job {hydra_cfg.job.num} failed: {shown} (see {error_file})", file=sys.stderr)
             return
-        if isinstance(err, FusebenchError):  # handled here, so Hydra adds no "Error executing job" line of its own
-            _fail(str(err))
-        if environment and not SHOW_TRACEBACKS["on"]:
-            _fail(os_error_message(err))
+        if message is not None:  # handled here, so Hydra adds no "Error executing job" line of its own
+            _fail(message)
         raise
+    finally:
+        if multirun:
+            job_ended(out_dir, hydra_cfg.job.num, hydra_cfg.output_subdir)
 
 
 if __name__ == "__main__":

@@ -256,6 +256,8 @@ def run(cfg: DictConfig | Mapping, out_dir: str, next_job_follows: bool = False)
     reference = reference_row(group["reference"])
     device = resolve_device(settings["device"], "eval.device")  # checked before any embedding work
     runtime = Runtime.from_config(group["embed"])
+    if settings["lists"]["store"] or any(spec.get("kind") in ("open_clip", "hf") for spec in specs.values()):
+        check_writable(runtime.cache_dir, "embed.cache.dir")  # before any work: the stores write there
     dataset_cfg = checks.mapping(group["dataset"], "dataset")
     tuning = tune_settings(group["tune"], dataset_cfg.get("kind"), dataset_cfg.get("split"))
     check_fusion_models(fusion, specs, tuning)

@@ -1,14 +1,18 @@
 """Run dirs on disk, as reports read them: every finished, intact run, and the others with the reason.
 
-A run dir is a folder with ``.hydra/config.yaml`` or ``metrics.json``. It is reported when its metrics.json
-is a readable object with the fields reports use and its rank files are readable, of one length per
+A run dir is a folder with ``.hydra/config.yaml``, ``metrics.json`` or ``error.txt``. It is reported when its
+metrics.json is a readable object with the fields reports use and its rank files are readable, of one length per
 direction, and match the sha256 that metrics.json recorded for them (``files``); otherwise it is listed as
-failed (no metrics.json: the job failed or was stopped) or damaged (which file, and how).
+failed (no metrics.json: the job failed or was stopped) or damaged (which file, and how). A dir holding the
+error.txt fusebench writes for a failed sweep job is failed, even beside a metrics.json: that is an earlier
+run's, kept when the latest job in the dir failed (a finished run moves error.txt out with the earlier outputs),
+so it is not reported as this sweep's result.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +20,7 @@ import numpy as np
 
 from fusebench.files import remembered_checksum
 from fusebench.record import RecordError, RunRecord
+from fusebench.rundir import is_error_file
 
 
 @dataclass
@@ -92,16 +97,30 @@ def _run_problem(path: Path, record: RunRecord) -> str | None:
     return None
 
 
+def _failed_job(path: Path) -> bool:
+    """Whether ``path`` holds the error.txt of a sweep job that failed (and no run finished there since)."""
+    try:
+        return (path / "error.txt").is_file() and is_error_file(path / "error.txt")
+    except OSError:
+        return False
+
+
 def scan_runs(folder: str | Path) -> Scan:
     """Every run dir below ``folder`` (itself included), sorted by path: the finished, readable runs, and the
-    others with the reason (no metrics.json: failed or killed; or which file is damaged and how)."""
+    others with the reason (no metrics.json: failed or killed; error.txt: the latest job there failed, its
+    earlier run's metrics.json not reported; or which file is damaged and how)."""
     folder = Path(folder)
     runs, failed = [], {}
     candidates = sorted({p.parent.parent for p in folder.rglob(".hydra/config.yaml")}
-                        | {p.parent for p in folder.rglob("metrics.json")})
+                        | {p.parent for p in folder.rglob("metrics.json")}
+                        | {p.parent for p in folder.rglob("error.txt") if _failed_job(p.parent)})
     for path in candidates:
         label = str(path.relative_to(folder)) or "."
         metrics_path = path / "metrics.json"
+        if _failed_job(path) and os.path.lexists(metrics_path):
+            failed[label] = ("the job failed (see error.txt); its dir still holds an earlier run's results, "
+                             "not reported")
+            continue
         if not metrics_path.is_file():
             failed[label] = "no metrics.json (the job failed or was stopped" + (
                 "; see error.txt)" if (path / "error.txt").is_file() else ")")

@@ -8,6 +8,11 @@ and then the launcher composes each job again when it starts it. A composition o
 process, one after the other) this sweeper keeps the configs it validated and hands each to the launcher when
 that job starts; everything else (validation first, batches, job numbers, the launcher's own steps) is Hydra's.
 Other launchers (joblib, submitit) compose in their own processes, so they get Hydra's sweeper unchanged.
+
+While validating a batch it also works out each job's dir (hydra.sweep.dir / hydra.sweep.subdir, as the launcher
+will) and refuses the sweep before any job of the batch runs when one lies outside the sweep dir, when two jobs
+of the sweep share one (they would overwrite each other's results), or when one holds another Hydra app's
+.hydra folder (``fusebench.rundir.check_job_dir``).
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from typing import Any
 
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.hydra_config import HydraConfig
 from hydra.types import HydraContext
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 
 class ComposedConfigs:
@@ -32,9 +38,10 @@ class ComposedConfigs:
     def __getattr__(self, name: str) -> Any:  # every other method of Hydra's loader
         return getattr(self.loader, name)
 
-    def compose_and_keep(self, master_config: DictConfig, overrides: Sequence[str]) -> None:
+    def compose_and_keep(self, master_config: DictConfig, overrides: Sequence[str]) -> DictConfig:
         config = self.loader.load_sweep_config(master_config, list(overrides))
         self.kept.setdefault(tuple(overrides), []).append(config)
+        return config
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         kept = self.kept.get(tuple(sweep_overrides))
@@ -43,8 +50,42 @@ class ComposedConfigs:
         return self.loader.load_sweep_config(master_config, sweep_overrides)
 
 
+def check_job_dirs(configs: Sequence[DictConfig], first_job: int, taken: dict[str, int]) -> None:
+    """Each job's dir, as Hydra's ``run_job`` will make it (job number ``first_job`` + i, set as the launcher sets
+    it), checked by ``rundir.check_job_dir`` (``taken``: the job dirs of the sweep so far, updated). Raises
+    ``RunDirRefused`` (the ``fusebench`` command's exit 2) before any job of the batch runs."""
+    from fusebench import FusebenchError, rundir
+    from fusebench.report.callback import RunDirRefused
+
+    hydra_config = HydraConfig.instance()
+    before = hydra_config.cfg
+    try:
+        for i, config in enumerate(configs):
+            job = first_job + i
+            if not isinstance(config, DictConfig) or "hydra" not in config:  # not a Hydra job's config
+                continue
+            readonly = config.hydra._get_node_flag("readonly")
+            with read_write(config.hydra), open_dict(config.hydra):
+                config.hydra.job.id = job
+                config.hydra.job.num = job
+            try:
+                hydra_config.set_config(config)  # for ${hydra:...} in the dir, as run_job resolves it
+                sweep_dir = OmegaConf.select(config, "hydra.sweep.dir")
+                subdir = OmegaConf.select(config, "hydra.sweep.subdir")
+                output_subdir = OmegaConf.select(config, "hydra.output_subdir")
+            finally:
+                OmegaConf.set_readonly(config.hydra, readonly)  # as composed: the launcher sets the job's number
+            rundir.check_job_dir(sweep_dir, subdir, job, taken, output_subdir)
+    except FusebenchError as err:
+        raise RunDirRefused(str(err)) from None
+    finally:
+        hydra_config.cfg = before
+
+
 class ComposeOnceSweeper(BasicSweeper):
     composed: ComposedConfigs | None = None
+    next_job: int = 0  # the number of the first job of the next batch
+    job_dirs: dict[str, int] | None = None  # job dir -> job number, every batch of the sweep so far
 
     def setup(self, *, hydra_context: HydraContext, task_function: Any, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -54,12 +95,16 @@ class ComposeOnceSweeper(BasicSweeper):
                                                        callbacks=hydra_context.callbacks)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        if self.composed is None:
-            super().validate_batch_is_legal(batch)
-            return
-        from fusebench import cli
+        if self.job_dirs is None:
+            self.job_dirs = {}
+        if self.composed is None:  # composed again in the launcher's processes: these are only checked
+            loader = self.hydra_context.config_loader
+            configs = [loader.load_sweep_config(self.config, list(overrides)) for overrides in batch]
+        else:
+            from fusebench import cli
 
-        cli.prepare_process()  # the modules frozen now, so the kept configs stay collectable after their jobs
-        self.composed.kept.clear()  # a batch's configs are used by that batch only
-        for overrides in batch:
-            self.composed.compose_and_keep(self.config, overrides)
+            cli.prepare_process()  # the modules frozen now, so the kept configs stay collectable after their jobs
+            self.composed.kept.clear()  # a batch's configs are used by that batch only
+            configs = [self.composed.compose_and_keep(self.config, overrides) for overrides in batch]
+        check_job_dirs(configs, self.next_job, self.job_dirs)
+        self.next_job += len(batch)
