@@ -19,7 +19,8 @@ is what sits where a store keeps a folder but is none (a file where a shard fold
 removed (a file there is an error).
 
 The helpers here (``entry_meta``, ``entry_lock``, ``clear_non_file``, ``store_folders``, ``discard_entry``,
-``scan_entries``, ``remove_entry``) are shared by the list store and the score store.
+``scan_entries``) are shared by the list store and the score store; ``matching`` and ``remove_entry`` serve
+fusebench-cache.
 """
 
 from __future__ import annotations
@@ -360,10 +361,6 @@ class EmbeddingCache:
                 info["chunks"] = len(list(Path(info["path"]).glob("chunk-*.npz")))
         return entries
 
-    def remove(self, key_prefix: str) -> list[str]:
-        """Remove the entries whose key starts with ``key_prefix``; return the removed keys."""
-        return remove_entries(self.entries(), key_prefix)
-
 
 def scan_entries(root: Path, describe: Callable[[dict], dict], data_files: Callable[[dict], dict[str, int]],
                  kind: str | None = None) -> list[dict]:
@@ -409,14 +406,6 @@ def remove_entry(entry: dict) -> None:
     with entry_lock(folder, "fusebench-cache"):
         clear_path(folder)
     clear_path(Path(str(folder) + ".lock"))
-
-
-def remove_entries(entries: list[dict], key_prefix: str) -> list[str]:
-    """Remove (under each entry's lock) the listed entries whose key starts with ``key_prefix``."""
-    found = matching(entries, key_prefix)
-    for entry in found:
-        remove_entry(entry)
-    return [entry["key"] for entry in found]
 
 
 def _save_npy(path: Path, data: np.ndarray) -> None:

@@ -9,7 +9,7 @@ The default DIR is the runs' own: embed.cache.dir of the composed config ($FUSEB
 outputs/cache). A DIR given with --dir must be an existing folder (an empty --dir, such as an unset shell
 variable, is an error: never the default). State: complete; partial (an unfinished entry, with its finished
 chunks); partial (damaged: why), an entry that a run would report and recompute (meta.json of another entry,
-a data file missing, of the wrong size or not a regular file, a file where the entry's folder belongs).
+a data file missing, of the wrong size or not a file, a file where the entry's folder belongs).
 """
 
 from __future__ import annotations

@@ -35,30 +35,29 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_save(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def not_a_file(path: Path) -> str | None:
-    """What is at ``path`` when it is not a regular file (or a link to one): "missing", "a directory", "a link
-    to nowhere" or "not a regular file"; None for a regular file."""
+def path_kind(path: Path) -> str:
+    """What is at ``path``, links followed: "a file", "a directory", "missing", "a link to nowhere" or "neither a
+    file nor a directory"."""
     path = Path(path)
     if path.is_file():
-        return None
-    if not os.path.lexists(path):
-        return "missing"
+        return "a file"
     if path.is_dir():
         return "a directory"
-    return "a link to nowhere" if path.is_symlink() else "not a regular file"
+    if not os.path.lexists(path):
+        return "missing"
+    return "a link to nowhere" if path.is_symlink() else "neither a file nor a directory"
+
+
+def not_a_file(path: Path) -> str | None:
+    """What is at ``path`` when it is not a regular file (or a link to one), as ``path_kind`` says; None for one."""
+    kind = path_kind(path)
+    return None if kind == "a file" else kind
 
 
 def not_a_folder(path: Path) -> str | None:
-    """What is at ``path`` when it is not a folder (or a link to one): "missing", "a file", "a link to nowhere"
-    or "neither a file nor a folder"; None for a folder."""
-    path = Path(path)
-    if path.is_dir():
-        return None
-    if not os.path.lexists(path):
-        return "missing"
-    if path.is_file():
-        return "a file"
-    return "a link to nowhere" if path.is_symlink() else "neither a file nor a folder"
+    """What is at ``path`` when it is not a folder (or a link to one), as ``path_kind`` says; None for one."""
+    kind = path_kind(path)
+    return None if kind == "a directory" else kind
 
 
 def clear_path(path: Path) -> None:

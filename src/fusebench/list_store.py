@@ -39,7 +39,6 @@ from fusebench.cache import (
     discard_entry,
     entry_lock,
     entry_meta,
-    remove_entries,
     scan_entries,
     store_folders,
     unreadable,
@@ -166,10 +165,6 @@ class ListStore:
             "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
             "shape": (meta.get("shapes") or {}).get("t2i_ids"), "dtype": f"depth {meta.get('depth')}"},
             lambda meta: {"lists.npz": meta["bytes"]}, kind="lists")
-
-    def remove(self, key_prefix: str) -> list[str]:
-        """Remove the entries whose key starts with ``key_prefix``; return the removed keys."""
-        return remove_entries(self.entries(), key_prefix)
 
 
 def shared_arrays(path: Path) -> dict[str, np.ndarray]:

@@ -35,7 +35,6 @@ from fusebench.cache import (
     entry_lock,
     entry_meta,
     read_meta,
-    remove_entries,
     scan_entries,
     store_folders,
     unreadable,
@@ -214,7 +213,3 @@ class ScoreStore:
             "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
             "shape": (meta.get("shapes") or {}).get("t2i")},
             lambda meta: {f"{name}.npy": file["bytes"] for name, file in meta["files"].items()}, kind="scores")
-
-    def remove(self, key_prefix: str) -> list[str]:
-        return remove_entries(self.entries(), key_prefix)
-
