@@ -315,7 +315,7 @@ def app(cfg: DictConfig) -> None:
     interrupts.check()  # Ctrl-C during the previous job: no further job starts
     prepare_process()  # imported here, not at the top, so --help and --cfg stay fast
     from fusebench import rundir
-    from fusebench.pipeline import run, start_fresh
+    from fusebench.pipeline import run
     from fusebench.report.callback import SweepReport, job_ended, job_started
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
@@ -325,7 +325,7 @@ def app(cfg: DictConfig) -> None:
     if multirun:  # a dir another job of this sweep wrote, or outside the sweep dir: the sweep stops (exit 2)
         job_started(out_dir, hydra_cfg.sweep.dir, hydra_cfg.job.num, hydra_cfg.output_subdir)
     try:
-        start_fresh(out_dir, key)
+        rundir.start_fresh(out_dir, key)
         run(cfg, out_dir, next_job_follows=multirun and hydra_cfg.launcher.get("_target_") == BASIC_LAUNCHER)
         rundir.forget(out_dir)
     except BaseException as err:

@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,6 +34,7 @@ from fusebench.reference import reference_row
 from fusebench.report.outputs import write_run_outputs
 from fusebench.report.table import format_table
 from fusebench.retrieval import ListSource, SearchSettings, retrieve
+from fusebench.rundir import check_writable
 from fusebench.specs import check_spec, registry
 from fusebench.topk import MATMULS
 from fusebench.tracking import check_logger, log_run
@@ -135,25 +135,6 @@ def check_top_keys(cfg: Mapping) -> None:
     if unknown:
         raise FusebenchError(f"unknown top-level key(s) {', '.join(unknown)} (nothing reads them); valid: "
                              f"{', '.join(TOP_KEYS)} (each a config group: fusebench --help lists them).")
-
-
-def check_writable(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
-    """Fail before any work when ``out_dir`` cannot be created or written (a read-only or missing mount, a
-    file); the message names ``key``."""
-    from fusebench.rundir import check_writable as check
-
-    check(out_dir, key)
-
-
-def start_fresh(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
-    """Check a run dir before the work: it can be written, and nothing in it under a run output's name was
-    written by anyone but fusebench (fusebench never removes that: refused, naming ``key``). An earlier run's
-    outputs stay until this run writes its own (``write_run_outputs`` swaps them in), so a rerun that fails
-    leaves them as they were."""
-    from fusebench.rundir import check_outputs
-
-    check_writable(out_dir, key)
-    check_outputs(out_dir, key)
 
 
 def _list_length(settings: dict, fusion: FusionConfig, extra: list, corpus, n_models: int) -> int | None:

@@ -204,6 +204,15 @@ def check_writable(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
                              f"{hint}, or fix its permissions.") from None
 
 
+def start_fresh(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
+    """Check a run dir before the work: it can be written, and nothing in it under a run output's name was
+    written by anyone but fusebench (fusebench never removes that: refused, naming ``key``). An earlier run's
+    outputs stay until this run writes its own (``write_run_outputs`` swaps them in), so a rerun that fails
+    leaves them as they were."""
+    check_writable(out_dir, key)
+    check_outputs(out_dir, key)
+
+
 def check_dir(value, key: str, own: tuple[str, ...] = (), subdir: str | None = ".hydra") -> Path:
     """The folder ``value`` of ``key`` (hydra.run.dir or hydra.sweep.dir), checked before Hydra creates it:
     refused (FusebenchError naming ``key``) when empty (an unset shell variable), when it is the current
