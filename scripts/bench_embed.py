@@ -23,8 +23,8 @@ import torch
 
 from fusebench.data.corpus import Corpus
 from fusebench.data.tiny import load_tiny
-from fusebench.devices import resolve_device
 from fusebench.encoders import load_raw
+from fusebench.encoders.devices import resolve_device
 from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.real import Runtime, autocast
 

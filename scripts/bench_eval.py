@@ -36,17 +36,17 @@ from bench_common import cpu_model, run_fusebench
 from omegaconf import OmegaConf
 
 from fusebench import FUSED
-from fusebench.cli import CONFIG_DIR
-from fusebench.comparisons import paired_comparisons, retriever_result
-from fusebench.data.sim import make_sim_corpus
-from fusebench.devices import resolve_device
+from fusebench.app.retrieval import SearchSettings, retrieve
+from fusebench.config import CONFIG_DIR
+from fusebench.config.schema import SimDatasetSchema
+from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders import embed
-from fusebench.fusion import EVIDENCE, FusionConfig, fuse_in_blocks
-from fusebench.metrics import hits_at_k
-from fusebench.retrieval import SearchSettings, retrieve
-from fusebench.schema import SimDatasetSchema
-from fusebench.stats import paired_bootstrap
-from fusebench.topk import float_rows
+from fusebench.encoders.devices import resolve_device
+from fusebench.evaluation.comparisons import paired_comparisons, retriever_result
+from fusebench.evaluation.metrics import hits_at_k
+from fusebench.evaluation.stats import paired_bootstrap
+from fusebench.fusion.combine import EVIDENCE, FusionConfig, fuse_in_blocks
+from fusebench.search.exact import float_rows
 
 
 def sync(device: torch.device) -> None:
@@ -70,7 +70,7 @@ def bare_matmuls(models, chunk: int, device: torch.device, dtype: torch.dtype = 
 def import_seconds(repeats: int = 3) -> float:
     """Median wall time of a fresh interpreter that imports what every fusebench run imports (the pipeline:
     torch, numba, Hydra, ...) and exits: the part of a CLI run no faster search can remove."""
-    code = "import fusebench.cli, fusebench.pipeline"
+    code = "import fusebench.app.cli, fusebench.app.pipeline"
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

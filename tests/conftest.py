@@ -8,7 +8,7 @@ from helpers.corpora import write_manifest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from fusebench.cli import CONFIG_DIR
+from fusebench.config import CONFIG_DIR
 
 
 @pytest.fixture(autouse=True)

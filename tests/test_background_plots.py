@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from fusebench import pipeline
+from fusebench.app import pipeline
 from fusebench.report import background
 from fusebench.report.plots import run_plots
 
@@ -20,7 +20,7 @@ def two_runs(tmp_path_factory):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from fusebench.cli import CONFIG_DIR
+    from fusebench.config import CONFIG_DIR
 
     root, runs = tmp_path_factory.mktemp("runs"), []
     for method in ("rrf", "dbsf"):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from fusebench import FusebenchError
-from fusebench.cache import EmbeddingCache, cache_key
-from fusebench.cache_cli import main as cache_main
+from fusebench.app.cache_cli import main as cache_main
+from fusebench.stores.embeddings import EmbeddingCache, cache_key
 
 MATERIAL = {"kind": "image", "model": {"backend": "test"}, "images": "abc"}
 

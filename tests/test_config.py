@@ -5,8 +5,8 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from fusebench.fusion import METHODS, FusionConfig
-from fusebench.schema import EmbedSchema, EvalSchema, SimDatasetSchema, WandbSchema
+from fusebench.config.schema import EmbedSchema, EvalSchema, SimDatasetSchema, WandbSchema
+from fusebench.fusion.combine import METHODS, FusionConfig
 
 
 def test_default_job_takes_every_default_from_the_schemas(compose_cfg):
@@ -79,7 +79,7 @@ def test_four_model_job_is_the_articles_four_models(compose_cfg):
 def test_published_numbers_say_their_protocol_and_source(compose_cfg):
     import yaml
 
-    from fusebench.cli import CONFIG_DIR, registry
+    from fusebench.app.cli import CONFIG_DIR, registry
 
     for name in registry():
         spec = yaml.safe_load((Path(CONFIG_DIR) / "models" / f"{name}.yaml").read_text())
@@ -91,8 +91,8 @@ def test_published_numbers_say_their_protocol_and_source(compose_cfg):
 
 
 def test_article_reference_rows_point_at_real_study_jobs():
-    from fusebench.cli import CONFIG_DIR
-    from fusebench.reference import article
+    from fusebench.config import CONFIG_DIR
+    from fusebench.report.article import article
 
     studies = {p.stem for p in (Path(CONFIG_DIR) / "study").glob("*.yaml")}
     for dataset in ("coco5k", "flickr1k"):
@@ -124,7 +124,7 @@ def test_long_lived_objects_are_frozen_once_per_process(monkeypatch):
     freeze their own garbage with them) and once more at exit."""
     import gc
 
-    from fusebench import cli
+    from fusebench.app import cli
 
     freezes, at_exit = [], []
     monkeypatch.setattr(gc, "freeze", lambda: freezes.append(1))

@@ -12,9 +12,9 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from fusebench import FusebenchError
-from fusebench.fusion import FusionConfig
-from fusebench.pipeline import run
-from fusebench.presets import definition, package_conf, preset_files, true_label
+from fusebench.app.pipeline import run
+from fusebench.fusion.combine import FusionConfig
+from fusebench.fusion.presets import definition, package_conf, preset_files, true_label
 
 SMALL = ["dataset.n_images=60", "dataset.n_captions=300", "logger=none", "plots=false", "eval.bootstrap.draws=50"]
 

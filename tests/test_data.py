@@ -3,10 +3,10 @@ import pytest
 from helpers.corpora import write_manifest
 
 from fusebench import FusebenchError
+from fusebench.config.schema import SimDatasetSchema
 from fusebench.data import load_corpus
 from fusebench.data.manifest import load_manifest
-from fusebench.data.sim import caption_counts, make_sim_corpus, sim_latents
-from fusebench.schema import SimDatasetSchema
+from fusebench.data.simulated import caption_counts, make_sim_corpus, sim_latents
 
 
 def test_manifest_loads_in_order_with_distractors(tmp_path):
@@ -80,7 +80,7 @@ def test_sim_corpus_is_coco_sized_by_default_and_seeded():
 
 
 def test_score_location_is_an_exact_affine_map_that_keeps_every_ranking():
-    from fusebench.data.sim import with_score_location
+    from fusebench.data.simulated import with_score_location
 
     rng = np.random.default_rng(5)
     image, text = rng.standard_normal((60, 8)), rng.standard_normal((40, 8))
@@ -102,7 +102,7 @@ def test_sim_families_sit_where_real_ones_do_and_raw_sum_follows_the_wider_model
     import torch
 
     from fusebench.encoders import embed
-    from fusebench.fusion import FusionConfig, fuse
+    from fusebench.fusion.combine import FusionConfig, fuse
 
     corpus = make_sim_corpus(SimDatasetSchema(n_images=400, n_captions=2000))
     cfg = compose_cfg(["models=[sim_siglip2_like,sim_dfn5b_like]"])

@@ -20,14 +20,14 @@ from helpers.tiny_models import build_hf, build_open_clip
 import fusebench.encoders.images as images_module
 import fusebench.encoders.real as real_module
 from fusebench import FusebenchError
+from fusebench.app.pipeline import run
 from fusebench.data.manifest import load_manifest
-from fusebench.devices import resolve_device
 from fusebench.encoders import load_raw
+from fusebench.encoders.devices import resolve_device
 from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.images import BadImageError, image_batches
 from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.real import Runtime
-from fusebench.pipeline import run
 
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 BROKEN = b"\xff\xd8\xff\xe0 this is not a jpeg"
@@ -258,7 +258,7 @@ def no_network(monkeypatch, tmp_path):
 def _registry_spec(name):
     import yaml
 
-    from fusebench.cli import CONFIG_DIR
+    from fusebench.config import CONFIG_DIR
 
     return yaml.safe_load((Path(CONFIG_DIR) / "models" / f"{name}.yaml").read_text())
 

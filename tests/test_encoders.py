@@ -3,10 +3,10 @@ import pytest
 from helpers.corpora import write_manifest
 
 from fusebench import FusebenchError
+from fusebench.config.schema import SimDatasetSchema
 from fusebench.data.manifest import load_manifest
-from fusebench.data.sim import make_sim_corpus
+from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders import embed
-from fusebench.schema import SimDatasetSchema
 
 
 @pytest.fixture
@@ -69,8 +69,8 @@ def test_sim_model_needs_sim_corpus_and_is_seeded(corpus):
 
 
 def test_sim_rows_are_kept_for_the_next_job_read_only_and_keyed_on_every_setting():
-    from fusebench.data.sim import make_sim_corpus
-    from fusebench.encoders.sim import sim_arrays
+    from fusebench.data.simulated import make_sim_corpus
+    from fusebench.encoders.simulated import sim_arrays
 
     corpus = make_sim_corpus(SimDatasetSchema(n_images=30, n_captions=70, seed=3))
     spec = {"dim": 8, "image_noise": 0.4, "text_noise": 0.6, "seed": 1}
@@ -87,14 +87,14 @@ def test_sim_rows_are_kept_for_the_next_job_read_only_and_keyed_on_every_setting
 
 
 def test_sim_rows_of_large_corpora_are_not_kept(monkeypatch):
-    from fusebench.data.sim import make_sim_corpus
-    from fusebench.encoders import sim
+    from fusebench.data.simulated import make_sim_corpus
+    from fusebench.encoders import simulated
 
-    monkeypatch.setattr(sim, "MEMO_ENTRY_BYTES", 1000)
+    monkeypatch.setattr(simulated, "MEMO_ENTRY_BYTES", 1000)
     corpus = make_sim_corpus(SimDatasetSchema(n_images=30, n_captions=70, seed=5))
     spec = {"dim": 8, "seed": 7, "image_noise": 0.5, "text_noise": 0.5}
-    first = sim.sim_arrays(spec, corpus)
-    assert sim.sim_arrays(spec, corpus)[0] is not first[0]  # 3,200 bytes > 1,000: recomputed
+    first = simulated.sim_arrays(spec, corpus)
+    assert simulated.sim_arrays(spec, corpus)[0] is not first[0]  # 3,200 bytes > 1,000: recomputed
 
 
 def test_every_real_backend_implements_the_encoder_protocol():

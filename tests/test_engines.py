@@ -18,8 +18,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from fusebench.cli import CONFIG_DIR
-from fusebench.fusion import FusionConfig, fuse
+from fusebench.config import CONFIG_DIR
+from fusebench.fusion.combine import FusionConfig, fuse
 
 qdrant = pytest.importorskip("qdrant_client", reason="qdrant-client is a dev dependency (pip install -e '.[dev]')")
 from qdrant_client import models  # noqa: E402

@@ -25,16 +25,16 @@ from helpers.tiers import fast_first
 from hydra.errors import HydraException
 
 from fusebench import FusebenchError
-from fusebench.cache import EmbeddingCache
-from fusebench.cache_cli import main as cache_main
-from fusebench.cli import CONFIG_DIR, hydra_error_message, unknown_models
+from fusebench.app.cache_cli import main as cache_main
+from fusebench.app.cli import CONFIG_DIR, hydra_error_message, unknown_models
+from fusebench.app.pipeline import run
 from fusebench.data.karpathy import read_annotations
 from fusebench.data.manifest import load_manifest
-from fusebench.pipeline import run
-from fusebench.record import RunRecord
+from fusebench.evaluation.record import RunRecord
 from fusebench.report.cli import main as report_main
 from fusebench.report.sweep import scan_runs
 from fusebench.report.table import format_table
+from fusebench.stores.embeddings import EmbeddingCache
 
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 SMALL = ["dataset.n_images=200", "dataset.n_captions=1000", "eval.bootstrap.draws=100", "logger=none", "plots=false"]
@@ -180,7 +180,7 @@ def test_damaged_vectors_exit_2_naming_the_file(vectors_case, tmp_path, damage, 
     ("+eval.bootstrap.reps=5", "eval.bootstrap: unknown key(s) reps"),
 ], 12, unpack=True))  # the fast tier checks the first twelve; make test checks all
 def test_every_config_value_is_checked_before_any_work(compose_cfg, tmp_path, override, key):
-    """A value of the wrong type is refused by Hydra while composing (the schemas in fusebench.schema); a value
+    """A value of the wrong type is refused by Hydra while composing (the schemas in fusebench.config.schema); a value
     out of range, or in a free-form block (models), by the run's own checks. Either way the message names
     the key and what is valid, and nothing is written."""
     (tmp_path / "run").mkdir()
@@ -321,7 +321,7 @@ def test_write_probe_and_disk_full_are_one_message(compose_cfg, tmp_path, monkey
         raise PermissionError(errno.EACCES, "Permission denied")
 
     with monkeypatch.context() as m:
-        m.setattr("fusebench.rundir.tempfile.mkstemp", refuse)
+        m.setattr("fusebench.app.rundir.tempfile.mkstemp", refuse)
         with pytest.raises(FusebenchError, match=r"run dir .* cannot be written \(Permission denied\)"):
             run(cfg, str(tmp_path / "ro"))
 

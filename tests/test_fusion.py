@@ -4,8 +4,7 @@ import torch
 from helpers.reference import fuse_one_query
 
 from fusebench import FusebenchError
-from fusebench.evidence import EVIDENCE, dbsf_evidence, minmax_evidence, rrf_evidence, zscore_evidence
-from fusebench.fusion import (
+from fusebench.fusion.combine import (
     COMBINES,
     FUSE_ON,
     MEANS,
@@ -14,6 +13,7 @@ from fusebench.fusion import (
     fuse,
     fuse_in_blocks,
 )
+from fusebench.fusion.normalisers import EVIDENCE, dbsf_evidence, minmax_evidence, rrf_evidence, zscore_evidence
 
 FUSING = [m for m in METHODS if m != "none"]
 
@@ -194,9 +194,9 @@ def test_final_k_defaults_to_top_k_and_caps():
 @pytest.mark.parametrize("combine", ["sum", "max", "mnz"])
 @pytest.mark.parametrize("method", ["rrf", "dbsf", "minmax"])
 def test_numba_kernel_equals_the_torch_path(method, combine, monkeypatch):
-    """On the CPU source_object fusion runs in fusebench.kernels.fuse_by_id; other devices take the torch path:
+    """On the CPU source_object fusion runs in fusebench.search.topk_kernels.fuse_by_id; other devices take the torch path:
     both must give the same lists, scores and contributor bits exactly."""
-    import fusebench.fusion as fusion
+    import fusebench.fusion.combine as fusion
 
     ids, scores = _random_lists(seed=21, rows=60)
     config = FusionConfig(method=method, combine=combine)

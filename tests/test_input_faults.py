@@ -20,8 +20,8 @@ from fusebench.data.karpathy import load_karpathy, read_annotations
 from fusebench.data.manifest import load_manifest
 from fusebench.encoders import load_raw
 from fusebench.encoders.base import check_embeddings, check_matrix
+from fusebench.encoders.rownorm import l2_normalise_rows
 from fusebench.encoders.vectors import vector_arrays
-from fusebench.rownorm import l2_normalise_rows
 
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 
@@ -110,7 +110,7 @@ def test_scaled_embeddings_rank_as_the_unscaled(vectors_case, image_scale, text_
 
 def test_scaled_vectors_score_as_the_unscaled_through_a_run(compose_cfg, tmp_path, vectors_case):
     """The issue's case: image embeddings x 1e20 gave t2i and i2t R@1 of 2.5 (every row a NaN direction)."""
-    from fusebench.pipeline import run
+    from fusebench.app.pipeline import run
 
     img, txt = vectors_case["files"]["A"]
     np.save(tmp_path / "big.npy", np.load(img) * np.float32(1e20))
@@ -232,7 +232,7 @@ def test_unknown_manifest_key_names_file_line_and_valid_keys(tmp_path, line, key
 @pytest.mark.parametrize("name", ["eccv", "cxc"])
 def test_positives_on_a_manifest_give_advice_a_manifest_can_follow(tmp_path, name):
     pytest.importorskip("eccv_caption", reason="eccv-caption is a dependency")
-    from fusebench.positives import load_positives
+    from fusebench.evaluation.positives import load_positives
 
     path = write_manifest(tmp_path / "m.jsonl", [{"image_id": i, "captions": [f"c{i}"], "caption_ids": [100 + i]}
                                                  for i in range(1, 5)])

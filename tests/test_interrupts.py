@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from fusebench import interrupts
+from fusebench.app import interrupts
 
 
 @pytest.fixture

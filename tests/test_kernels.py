@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from fusebench import row_kernels
-from fusebench.kernels import Heaps
-from fusebench.row_kernels import gather_rows, row_order, scatter_by_order, stable_ranks
-from fusebench.topk import topk_stable
+from fusebench.search import row_kernels
+from fusebench.search.exact import topk_stable
+from fusebench.search.row_kernels import gather_rows, row_order, scatter_by_order, stable_ranks
+from fusebench.search.topk_kernels import Heaps
 
 
 def _blocks():
@@ -123,7 +123,7 @@ def test_affine_count_top_equals_evidence_count_and_heap_passes(flat_rows):
     """The fused document pass equals its three parts: the evidence row (affine_evidence), the entries ahead
     of (best, tiebreak, index) counted on it with the scores as tiebreak (count_ahead), and the row's top k
     (offer_rows) - on rows with many ties and, with flat_rows, some rows that are flat."""
-    from fusebench.row_kernels import affine_count_top, affine_evidence, count_ahead
+    from fusebench.search.row_kernels import affine_count_top, affine_evidence, count_ahead
 
     rng = np.random.default_rng(11)
     rows, width, k = 12, 300, 7
@@ -143,8 +143,8 @@ def test_affine_count_top_equals_evidence_count_and_heap_passes(flat_rows):
     heaps = Heaps(rows, k)
     got = affine_count_top(block, low, scale, flat, 0.5, 0.7, best, tb, index, heaps.vals, heaps.ids, heaps.counts)
     assert np.array_equal(got, count_ahead(evidence, block, True, best, tb, index))
-    from fusebench.dense import _affine_at  # the same evidence from scores in torch, bit for bit
-    from fusebench.evidence import RowAffine
+    from fusebench.fusion.normalisers import RowAffine
+    from fusebench.fusion.whole_rankings import _affine_at  # the same evidence from scores in torch, bit for bit
 
     rows_affine = RowAffine(torch.from_numpy(low)[:, None], torch.from_numpy(scale)[:, None],
                             torch.from_numpy(flat)[:, None], 0.5)

@@ -11,15 +11,15 @@ import pytest
 from helpers.lists import assert_same_lists, run_lists
 from helpers.reference import integer_embeddings
 
-from fusebench import score_store
-from fusebench.cache_cli import main as cache_main
+from fusebench.app.cache_cli import main as cache_main
+from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.encoders.base import ModelEmbeddings
-from fusebench.files import forget_checksums
-from fusebench.fusion import FUSE_ON, FusionConfig
-from fusebench.list_store import FORMAT, ListStore
-from fusebench.retrieval import ListSource, SearchSettings, retrieve
-from fusebench.score_store import ScoreStore
-from fusebench.topk import MATMULS
+from fusebench.fusion.combine import FUSE_ON, FusionConfig
+from fusebench.search.exact import MATMULS
+from fusebench.stores import scores
+from fusebench.stores.files import forget_checksums
+from fusebench.stores.lists import FORMAT, ListStore
+from fusebench.stores.scores import ScoreStore
 
 METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore"]
 
@@ -108,7 +108,7 @@ def _wrong_shapes(entry: Path):
     arrays["t2i_ranks"] = arrays["t2i_ranks"][:-1]
     np.savez(entry / "lists.npz", **arrays)
     meta = json.loads((entry / "meta.json").read_text())
-    from fusebench.files import file_sha256
+    from fusebench.stores.files import file_sha256
 
     meta.update(bytes=(entry / "lists.npz").stat().st_size, sha256=file_sha256(entry / "lists.npz"))
     (entry / "meta.json").write_text(json.dumps(meta))
@@ -143,7 +143,7 @@ def test_two_processes_compute_one_entry_once(case, tmp_path):
     script = textwrap.dedent(f"""
         import json, numpy as np
         from fusebench.encoders.base import ModelEmbeddings
-        from fusebench.retrieval import ListSource, SearchSettings, model_lists
+        from fusebench.app.retrieval import ListSource, SearchSettings, model_lists
         d = {str(tmp_path)!r}
         model = ModelEmbeddings("a", np.load(d + "/image.npy"), np.load(d + "/text.npy"))
         source = ListSource()
@@ -201,7 +201,7 @@ def test_transposed_rows_of_a_stored_matrix(tmp_path, tile_bytes):
     matrix = rng.standard_normal((150, 140)).astype(np.float32)
     np.save(tmp_path / "m.npy", matrix)
     columns = np.sort(rng.choice(140, size=100, replace=False))
-    blocks = list(score_store.transposed_rows(score_store.StoredRows(tmp_path / "m.npy"), columns, tile_bytes))
+    blocks = list(scores.transposed_rows(scores.StoredRows(tmp_path / "m.npy"), columns, tile_bytes))
     assert (len(blocks) > 1) == (tile_bytes < 4 * 150 * len(columns))
     assert np.array_equal(np.concatenate(blocks), matrix[:, columns].T)
 
@@ -209,7 +209,7 @@ def test_transposed_rows_of_a_stored_matrix(tmp_path, tile_bytes):
 def test_stored_i2t_is_the_transposed_t2i_from_one_similarity_pass(tmp_path, monkeypatch):
     """A model's score entry costs one similarity pass (its t2i rows): the i2t matrix is the t2i matrix's
     transpose for the images with captions, bit for bit, so a pair has one score in both directions."""
-    from fusebench import retrieval
+    from fusebench.app import retrieval
 
     rng = np.random.default_rng(8)
     caption_image = np.repeat(np.arange(30), rng.integers(0, 3, size=30))  # some images have no caption
@@ -263,8 +263,8 @@ def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
 
 def _count_sorts(monkeypatch) -> list[int]:
     calls = []
-    sort = score_store.row_kernels.row_order
-    monkeypatch.setattr(score_store.row_kernels, "row_order", lambda block, *how: calls.append(len(block)) or sort(block, *how))
+    sort = scores.row_kernels.row_order
+    monkeypatch.setattr(scores.row_kernels, "row_order", lambda block, *how: calls.append(len(block)) or sort(block, *how))
     return calls
 
 
@@ -310,9 +310,9 @@ def test_damaged_stored_order_is_sorted_again(case, tmp_path, monkeypatch, caplo
 def test_stored_rows_read_orders_in_their_own_dtype(tmp_path):
     order = np.array([[2, 0, 1], [1, 2, 0]], dtype=np.uint16)
     np.save(tmp_path / "o.npy", order)
-    rows = score_store.StoredRows(tmp_path / "o.npy")(1, 2).numpy()
+    rows = scores.StoredRows(tmp_path / "o.npy")(1, 2).numpy()
     assert rows.dtype == np.uint16 and rows.tolist() == [[1, 2, 0]]
-    assert score_store.order_dtype(65536) == np.uint16 and score_store.order_dtype(65537) == np.int32
+    assert scores.order_dtype(65536) == np.uint16 and scores.order_dtype(65537) == np.int32
 
 
 @pytest.mark.parametrize("method,fuse_on,ddof,damage", [("dbsf", "source_object", 0, "truncate"),
@@ -325,10 +325,10 @@ def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, c
     config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None, ddof=ddof)
     cold, _, _ = run_lists(models, caption_image, config, store=None, keep_k=12)
     calls = []
-    moments = score_store.row_kernels.row_mean_std
+    moments = scores.row_kernels.row_mean_std
     counted = lambda block, d: calls.append(len(block)) or moments(block, d)  # noqa: E731
-    monkeypatch.setattr(score_store.row_kernels, "row_mean_std", counted)  # the store's computation
-    monkeypatch.setattr("fusebench.evidence.row_mean_std", counted)  # the one a job makes without stored moments
+    monkeypatch.setattr(scores.row_kernels, "row_mean_std", counted)  # the store's computation
+    monkeypatch.setattr("fusebench.fusion.normalisers.row_mean_std", counted)  # the one a job makes without stored moments
     first, records, _ = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert sum(calls) == 2 * (len(caption_image) + len(np.unique(caption_image)))
     assert all(r["scores"]["moments"] and not r["scores"]["orders"] for r in records.values())
@@ -352,7 +352,7 @@ def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, c
 def test_key_material_hashed_in_parallel_equals_each_array_hashed_alone():
     """The job's models are hashed at once on all cores: the same digests, in the same places, as one array
     at a time (store keys are unchanged by the threads)."""
-    from fusebench.list_store import array_digest, array_digests, list_materials
+    from fusebench.stores.lists import array_digest, array_digests, list_materials
 
     rng = np.random.default_rng(3)
     pairs = [(rng.standard_normal((40, 8)).astype(np.float32), rng.standard_normal((90, 8)).astype(np.float32)),

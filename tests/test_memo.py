@@ -1,4 +1,4 @@
-"""What a process derives from a read-only array is derived once (fusebench.memo), and never for an array
+"""What a process derives from a read-only array is derived once (fusebench.app.memo), and never for an array
 that could have changed: the normalised rows and store-key digests a sweep's jobs share."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from fusebench import memo
+from fusebench.app import memo
+from fusebench.app.pipeline import run
 from fusebench.encoders.base import check_matrix
-from fusebench.list_store import array_digest, shared_digests
-from fusebench.pipeline import run
+from fusebench.stores.lists import array_digest, shared_digests
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,7 @@ def test_check_matrix_shares_normalised_rows_of_read_only_input_only():
 
 
 def test_shared_digests_hash_each_read_only_array_once(monkeypatch):
-    import fusebench.list_store as list_store
+    import fusebench.stores.lists as list_store
 
     hashed = []
     monkeypatch.setattr(list_store, "array_digest", lambda a: hashed.append(a.nbytes) or array_digest(a))
@@ -85,7 +85,7 @@ def test_shared_digests_hash_each_read_only_array_once(monkeypatch):
 
 def test_jobs_of_one_process_share_sim_rows_and_keys_and_get_the_same_results(compose_cfg, tmp_path, monkeypatch):
     import fusebench.encoders.base as base
-    import fusebench.list_store as list_store
+    import fusebench.stores.lists as list_store
 
     normalised, hashed = [], []
     real_normalise, real_digest = base.l2_normalise_rows, list_store.array_digest
@@ -109,7 +109,7 @@ def test_jobs_of_one_process_share_sim_rows_and_keys_and_get_the_same_results(co
 
 
 def test_cache_hits_of_one_process_share_read_only_rows_until_the_file_changes(tmp_path, monkeypatch):
-    import fusebench.cache as cache
+    import fusebench.stores.embeddings as cache
 
     monkeypatch.setattr(cache, "ROWS", memo.FileReads(cache.ROWS.budget))
     rows = np.random.default_rng(3).standard_normal((50, 8)).astype(np.float32)
@@ -130,7 +130,7 @@ def test_cache_hits_of_one_process_share_read_only_rows_until_the_file_changes(t
 
 
 def test_cached_rows_kept_in_memory_are_bounded(tmp_path, monkeypatch):
-    import fusebench.cache as cache
+    import fusebench.stores.embeddings as cache
 
     monkeypatch.setattr(cache, "ROWS", memo.FileReads(2 * 50 * 8 * 4))  # two 50 x 8 float32 entries
     store = cache.EmbeddingCache(tmp_path, "fp32", 50)
@@ -142,8 +142,8 @@ def test_cached_rows_kept_in_memory_are_bounded(tmp_path, monkeypatch):
 
 
 def test_list_store_hits_of_one_process_share_read_only_arrays(tmp_path, monkeypatch):
-    import fusebench.list_store as list_store
-    from fusebench.lists import compute_model_lists
+    import fusebench.stores.lists as list_store
+    from fusebench.search.model_lists import compute_model_lists
 
     monkeypatch.setattr(list_store, "LISTS", memo.FileReads(list_store.LISTS.budget))
     rng = np.random.default_rng(5)

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from fusebench.comparisons import retriever_result
-from fusebench.metrics import hits_at_k, i2t_list_ranks, median_rank, recall_at_k, t2i_list_ranks
+from fusebench.evaluation.comparisons import retriever_result
+from fusebench.evaluation.metrics import hits_at_k, i2t_list_ranks, median_rank, recall_at_k, t2i_list_ranks
 
 
 def test_recall_and_median_exact_numbers():

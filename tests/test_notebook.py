@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from fusebench.report.explore import won_and_lost
+from fusebench.report.notebook import won_and_lost
 from fusebench.report.sweep import load_runs
 
 pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier

@@ -27,20 +27,20 @@ def test_wheel_ships_the_configs_and_runs_from_any_folder(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(target), "FUSEBENCH_OUTPUT": str(elsewhere / "out"), "WANDB_MODE": "disabled"}
-    where = subprocess.run([sys.executable, "-c", "import fusebench.cli as c; print(c.CONFIG_DIR)"], cwd=elsewhere,
+    where = subprocess.run([sys.executable, "-c", "import fusebench.app.cli as c; print(c.CONFIG_DIR)"], cwd=elsewhere,
                            env=env, capture_output=True, text=True, check=True)
     assert where.stdout.strip().startswith(str(target))  # the installed copy, not the checkout
-    result = subprocess.run([sys.executable, "-m", "fusebench.cli", "dataset.n_images=100", "dataset.n_captions=300",
+    result = subprocess.run([sys.executable, "-m", "fusebench.app.cli", "dataset.n_images=100", "dataset.n_captions=300",
                              "eval.bootstrap.draws=20", "logger=none", "plots=false"], cwd=elsewhere, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert list((elsewhere / "out" / "runs").glob("*/*/metrics.json"))
-    sweep = subprocess.run([sys.executable, "-m", "fusebench.cli", "-m", "fusion=rrf,dbsf", "dataset.n_images=100",
+    sweep = subprocess.run([sys.executable, "-m", "fusebench.app.cli", "-m", "fusion=rrf,dbsf", "dataset.n_images=100",
                             "dataset.n_captions=300", "eval.bootstrap.draws=20", "logger=none", "plots=false",
                             f"hydra.sweep.dir={elsewhere / 'sweep'}"], cwd=elsewhere, env=env, capture_output=True,
                            text=True, timeout=600)
     assert sweep.returncode == 0, sweep.stderr  # fusebench's sweeper (a Hydra plugin) ships in the wheel
     assert (elsewhere / "sweep" / "1" / "metrics.json").is_file() and (elsewhere / "sweep" / "summary.md").is_file()
-    listing = subprocess.run([sys.executable, "-c", "from fusebench.cli import list_models; list_models([])"],
+    listing = subprocess.run([sys.executable, "-c", "from fusebench.app.cli import list_models; list_models([])"],
                              cwd=elsewhere, env=env, capture_output=True, text=True, check=True)
     assert "siglip2_so400m_p14_384" in listing.stdout and "hf" in listing.stdout

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from fusebench import FusebenchError
-from fusebench.metrics import recall_at_k
-from fusebench.pipeline import run
-from fusebench.record import RunRecord
+from fusebench.app.pipeline import run
+from fusebench.evaluation.metrics import recall_at_k
+from fusebench.evaluation.record import RunRecord
 
 pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
 

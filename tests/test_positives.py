@@ -10,9 +10,10 @@ import pytest
 from helpers.tiers import fast_first
 
 from fusebench import FusebenchError
+from fusebench.app.tracking import summary_metrics
 from fusebench.data.corpus import Corpus
 from fusebench.data.manifest import load_manifest
-from fusebench.positives import (
+from fusebench.evaluation.positives import (
     data_dir,
     load_positives,
     map_at_r_values,
@@ -21,11 +22,10 @@ from fusebench.positives import (
     r_precision_values,
     summarise,
 )
-from fusebench.record import RunRecord
-from fusebench.report.explore import positive_misses
+from fusebench.evaluation.record import RunRecord
+from fusebench.report.notebook import positive_misses
 from fusebench.report.runs import load_runs
 from fusebench.report.table import format_table
-from fusebench.tracking import summary_metrics
 
 eccv_caption = pytest.importorskip("eccv_caption", reason="eccv-caption is a dependency")
 
@@ -157,7 +157,7 @@ def coco_vectors(tmp_path, corpus: Corpus) -> list[str]:
 def test_run_records_corrected_metrics_for_single_and_fused(compose_cfg, tmp_path):
     """eval.positives=[eccv,cxc] through a whole run: every retriever's block equals eccv_caption.Metrics fed the
     run's own saved lists (topk/, whole lists), and fused-vs-single comparisons exist for every metric."""
-    from fusebench.pipeline import run
+    from fusebench.app.pipeline import run
 
     corpus = coco_corpus()
     overrides = coco_vectors(tmp_path, corpus) + ["eval.positives=[eccv,cxc]", "eval.save_topk=null",
@@ -209,7 +209,7 @@ def test_run_records_corrected_metrics_for_single_and_fused(compose_cfg, tmp_pat
 
 
 def test_positives_on_sim_are_explained(compose_cfg, tmp_path):
-    from fusebench.pipeline import run
+    from fusebench.app.pipeline import run
 
     with pytest.raises(FusebenchError, match="needs COCO ids"):
         run(compose_cfg(["eval.positives=[eccv]", "dataset.n_images=50", "dataset.n_captions=250", "logger=none"]),

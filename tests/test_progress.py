@@ -4,7 +4,7 @@ import io
 
 import tqdm.std
 
-from fusebench import progress
+from fusebench.app import progress
 
 
 class Terminal(io.StringIO):

@@ -11,13 +11,13 @@ from helpers.tiny_models import build_hf, build_open_clip
 from PIL import Image
 
 from fusebench import FusebenchError
+from fusebench.app.pipeline import run
 from fusebench.data.tiny import load_tiny
 from fusebench.encoders import embed, load_raw
 from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.openclip import OpenClipEncoder
+from fusebench.encoders.query_text import preprocess_text, text_settings
 from fusebench.encoders.real import Runtime
-from fusebench.encoders.text import preprocess_text, text_settings
-from fusebench.pipeline import run
 
 pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
 
@@ -180,7 +180,7 @@ def test_text_preprocessing():
 
 
 def test_unknown_registry_model_lists_the_registry():
-    from fusebench.cli import registry, unknown_models
+    from fusebench.app.cli import registry, unknown_models
 
     assert {"dfn5b_h14_224", "siglip2_so400m_p14_384", "metaclip_h14_fullcc", "openai_clip_b32"} <= set(registry())
     assert unknown_models(["models=[dfn5b_h14_224,nope]", "fusion=rrf"]) == ["nope"]

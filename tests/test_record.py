@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fusebench.record import RECORD_VERSION, RecordError, RunRecord
+from fusebench.evaluation.record import RECORD_VERSION, RecordError, RunRecord
 
 
 def _record_json(**changes) -> dict:

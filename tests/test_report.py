@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from fusebench.metrics import hits_at_k
+from fusebench.evaluation.metrics import hits_at_k
+from fusebench.evaluation.stats import holm_adjust, paired_bootstrap
 from fusebench.report.cli import main as report_main
 from fusebench.report.sweep import build_report, load_runs
-from fusebench.stats import holm_adjust, paired_bootstrap
 
 pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
 
@@ -164,7 +164,7 @@ def test_experiments_compose(compose_cfg):
 
 def test_real_model_without_stand_in_is_refused_on_sim(compose_cfg, tmp_path):
     from fusebench import FusebenchError
-    from fusebench.pipeline import run
+    from fusebench.app.pipeline import run
 
     with pytest.raises(FusebenchError, match="has no 'sim:' stand-in"):
         run(compose_cfg(SMALL + ["models=[]", "+models.x.kind=hf", "+models.x.checkpoint=somewhere"]), str(tmp_path))
@@ -173,8 +173,8 @@ def test_real_model_without_stand_in_is_refused_on_sim(compose_cfg, tmp_path):
 def test_every_fusion_setting_makes_a_distinct_retriever(tmp_path):
     """Two fusions that differ only in a setting outside method / key (here the floor) are two retrievers, and
     a pair one factor apart; an older record without the newer settings reads them as the defaults."""
-    from fusebench.fusion import FusionConfig
-    from fusebench.record import RunRecord
+    from fusebench.evaluation.record import RunRecord
+    from fusebench.fusion.combine import FusionConfig
     from fusebench.report.runs import Run
     from fusebench.report.sweep import retriever_factors
 
@@ -197,7 +197,7 @@ def test_every_fusion_setting_makes_a_distinct_retriever(tmp_path):
 def test_a_run_file_damaged_after_it_was_hashed_here_is_read_again(tmp_path):
     """The digests a job computed when it wrote its files are reused by the same process's sweep report, but
     only for a file unchanged since: a byte flipped in place (same inode and size) is hashed again."""
-    from fusebench.files import file_sha256, remembered_checksum
+    from fusebench.stores.files import file_sha256, remembered_checksum
 
     path = tmp_path / "ranks.npy"
     path.write_bytes(bytes(range(256)) * 64)

@@ -4,11 +4,11 @@ import torch
 from helpers.reference import fuse_one_query, i2t_rank, integer_embeddings, stable_order, t2i_rank
 from helpers.tiers import fast_first
 
-import fusebench.lists
-from fusebench.dense import _read_ahead
+from fusebench.app.retrieval import SearchSettings, retrieve
 from fusebench.encoders.base import ModelEmbeddings
-from fusebench.fusion import FUSE_ON, FusionConfig
-from fusebench.retrieval import SearchSettings, retrieve
+from fusebench.fusion.combine import FUSE_ON, FusionConfig
+from fusebench.fusion.whole_rankings import _read_ahead
+from fusebench.search import model_lists
 
 N_IMAGES = 23
 METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore", "l2"]
@@ -80,7 +80,7 @@ def test_torch_selection_path_equals_cpu_heaps(case, monkeypatch):
     models, caption_image = case
     config = FusionConfig(method="rrf", top_k=5)
     heaps = _run(models, caption_image, config, chunk_size=4, item_chunk_size=6)
-    monkeypatch.setattr(fusebench.lists, "_running_lists", lambda n, k, device: fusebench.lists._TorchLists(n, k, device))
+    monkeypatch.setattr(model_lists, "_running_lists", lambda n, k, device: model_lists._TorchLists(n, k, device))
     _assert_same(heaps, _run(models, caption_image, config, chunk_size=4, item_chunk_size=6))
 
 
@@ -239,7 +239,7 @@ def test_read_ahead_loads_each_block_once_in_order_and_at_most_one_ahead(ahead):
 def test_dense_blocks_read_into_reused_buffers_give_the_same_result(case, tmp_path, monkeypatch, method, fuse_on):
     """Block i is read into block i - 2's buffers (scores, stored orders and moments, fresh or stored rows):
     the same lists and ranks as fresh arrays for every block."""
-    import fusebench.dense as dense
+    import fusebench.fusion.whole_rankings as dense
 
     models, caption_image = case
     config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from helpers.tiers import fast_first
 
-from fusebench.rownorm import PAIRWISE_BLOCK, l2_normalise_rows
+from fusebench.encoders.rownorm import PAIRWISE_BLOCK, l2_normalise_rows
 
 # every shape of numpy's pairwise tree: under 8, one block of 8 accumulators with and without a rest, the
 # block boundary, one split, two levels of splits, odd widths, and the widths of real models

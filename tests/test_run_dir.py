@@ -23,8 +23,9 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 
-from fusebench import FusebenchError, cli, rundir
-from fusebench.pipeline import run
+from fusebench import FusebenchError
+from fusebench.app import cli, rundir
+from fusebench.app.pipeline import run
 from fusebench.report.runs import scan_runs
 
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
@@ -47,7 +48,7 @@ def faulty_mkdir(path, *args, **kwargs):
     return real_mkdir(path, *args, **kwargs)
 io.open = builtins.open = faulty_open
 os.mkdir = faulty_mkdir
-from fusebench.cli import main
+from fusebench.app.cli import main
 sys.argv = ["fusebench", *sys.argv[1:]]
 main()
 """
@@ -264,7 +265,7 @@ def test_foreign_recognises_what_fusebench_wrote(tmp_path):
     (tmp_path / "plots" / "recall_bars.png").write_bytes(b"\x89PNG")
     (tmp_path / "error.txt").write_text("Traceback (most recent call last):\n  ...\n")
     assert rundir.foreign(tmp_path) == ["ranks/a.t2i.npy", "topk/a.t2i.npz"]  # no record to check them by
-    from fusebench.files import file_sha256
+    from fusebench.stores.files import file_sha256
 
     files = {f"{sub}/{p.name}": file_sha256(p) for sub in ("ranks", "topk") for p in (tmp_path / sub).iterdir()}
     (tmp_path / "metrics.json").write_text(json.dumps({"version": 2, "dataset": {}, "retrievers": {}, "run": {},

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fusebench.stats import clustered_bootstrap, mcnemar_p, oracle_hits, paired_bootstrap
+from fusebench.evaluation.stats import clustered_bootstrap, mcnemar_p, oracle_hits, paired_bootstrap
 
 
 def _paired_sample(rng, n, p_win, p_loss, p_both=0.5):

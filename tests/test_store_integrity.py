@@ -12,13 +12,13 @@ import pytest
 from helpers.lists import assert_same_lists, run_lists
 from helpers.reference import integer_embeddings
 
-from fusebench.cache import EmbeddingCache, cache_key
-from fusebench.cache_cli import main as cache_main
+from fusebench.app.cache_cli import main as cache_main
 from fusebench.encoders.base import ModelEmbeddings
-from fusebench.files import forget_checksums
-from fusebench.fusion import FusionConfig
-from fusebench.list_store import ListStore
-from fusebench.score_store import ScoreStore
+from fusebench.fusion.combine import FusionConfig
+from fusebench.stores.embeddings import EmbeddingCache, cache_key
+from fusebench.stores.files import forget_checksums
+from fusebench.stores.lists import ListStore
+from fusebench.stores.scores import ScoreStore
 
 A = {"kind": "image", "model": {"backend": "integrity", "name": "a"}, "images": "abc"}
 B = {**A, "model": {"backend": "integrity", "name": "b"}}
@@ -446,7 +446,7 @@ def test_an_empty_cache_dir_is_an_error_not_the_default(tmp_path, capsys, monkey
     """``--dir "$UNSET"``: exit 2, one line; the default cache is not touched (clear must not clear it)."""
     default = tmp_path / "default"
     key = EmbeddingCache(default, dtype="fp32", chunk_rows=4).get_or_compute(A, 10, rows_of).key
-    monkeypatch.setattr("fusebench.cache_cli.default_cache_dir", lambda: str(default))
+    monkeypatch.setattr("fusebench.app.cache_cli.default_cache_dir", lambda: str(default))
     given = {"before": ["--dir", "", *command], "after": [*command, "--dir", ""], "equals": ["--dir=", *command],
              "blank": ["--dir", "  ", *command]}[where]
     assert cache_main(given) == 2

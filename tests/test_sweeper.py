@@ -24,7 +24,7 @@ def counted(self, master_config, sweep_overrides):
     return original(self, master_config, sweep_overrides)
 ConfigLoaderImpl.load_sweep_config = counted
 atexit.register(lambda: open(os.environ["COUNT_FILE"], "w").write(str(len(calls))))
-from fusebench.cli import main
+from fusebench.app.cli import main
 sys.argv = ["fusebench", *sys.argv[1:]]
 main()
 """
@@ -59,7 +59,7 @@ def test_composed_configs_are_handed_out_once_each_in_order():
 def test_the_process_is_prepared_before_the_configs_are_kept(monkeypatch):
     """The modules are imported and frozen out of the collector (cli.prepare_process) before the sweeper keeps
     the batch's configs; frozen with them, every job's config would stay in memory to the end of the sweep."""
-    from fusebench import cli
+    from fusebench.app import cli
 
     events = []
     monkeypatch.setattr(cli, "prepare_process", lambda: events.append("prepare"))

@@ -3,8 +3,8 @@ import pytest
 import torch
 from helpers.reference import i2t_rank, integer_embeddings, stable_order, t2i_rank
 
-from fusebench.devices import resolve_device
-from fusebench.topk import column_target_ranks, merge_topk, target_ranks, topk_stable
+from fusebench.encoders.devices import resolve_device
+from fusebench.search.exact import column_target_ranks, merge_topk, target_ranks, topk_stable
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_resolve_device():
 
 
 def test_descending_keys_order_special_floats():
-    from fusebench.topk import decode_keys, descending_keys, sort_desc_with_tiebreak
+    from fusebench.search.exact import decode_keys, descending_keys, sort_desc_with_tiebreak
 
     values = torch.tensor([[0.0, -0.0, 1.5, -2.0, float("inf"), float("-inf"), 1e-30, -1e-30, 1.5]])
     sorted_values, positions = sort_desc_with_tiebreak(values)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fusebench.pipeline import run
-from fusebench.record import RunRecord
-from fusebench.tracking import read_wandb_file, summary_metrics
+from fusebench.app.pipeline import run
+from fusebench.app.tracking import read_wandb_file, summary_metrics
+from fusebench.evaluation.record import RunRecord
 
 pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
 

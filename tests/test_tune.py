@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from fusebench import FusebenchError
+from fusebench.app.pipeline import run
+from fusebench.app.tracking import summary_metrics
 from fusebench.data.manifest import load_manifest
-from fusebench.fusion import FusionConfig
-from fusebench.pipeline import run
+from fusebench.evaluation.tuning import TuneSettings, best, grid, seeded_split, tune_settings
+from fusebench.fusion.combine import FusionConfig
 from fusebench.report.sweep import build_report
 from fusebench.report.table import format_table
-from fusebench.tracking import summary_metrics
-from fusebench.tune import TuneSettings, best, grid, seeded_split, tune_settings
 
 BASE = {"enabled": True, "split": "auto", "fraction": 0.2, "seed": 0, "criterion": "t2i R@1",
         "weights": [0.5, 1.0, 2.0], "rrf_k": [], "ddof": [], "max_points": 500}

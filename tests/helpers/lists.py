@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fusebench.retrieval import ListSource, SearchSettings, retrieve
-from fusebench.topk import MATMULS
+from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
+from fusebench.search.exact import MATMULS
 
 
 def run_lists(models, caption_image, config, store, depth=30, keep_k=None):

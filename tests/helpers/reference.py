@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fusebench.fusion import FusionConfig, weighted_evidence
+from fusebench.fusion.combine import FusionConfig, weighted_evidence
 
 
 def stable_order(row_scores) -> list[int]:

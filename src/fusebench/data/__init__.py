@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fusebench import FusebenchError, checks
+from fusebench import FusebenchError
+from fusebench.config import checks
+from fusebench.config.schema import SimDatasetSchema
 from fusebench.data.corpus import Corpus, validate_corpus
 from fusebench.data.karpathy import load_karpathy
 from fusebench.data.manifest import load_manifest
-from fusebench.data.sim import make_sim_corpus
+from fusebench.data.simulated import make_sim_corpus
 from fusebench.data.tiny import load_tiny
-from fusebench.schema import SimDatasetSchema
 
 DATASET_KINDS = ("karpathy", "manifest", "sim", "tiny")
 
@@ -25,7 +26,7 @@ DATASET_KEYS = {
 
 def load_corpus(cfg: Mapping) -> Corpus:
     """The corpus a ``dataset`` config describes (every key set: sim's defaults are
-    :class:`fusebench.schema.SimDatasetSchema`, the other kinds' their YAML files)."""
+    :class:`fusebench.config.schema.SimDatasetSchema`, the other kinds' their YAML files)."""
     cfg = checks.mapping(cfg, "dataset")
     kind = checks.choice(checks.required(cfg, "kind", "dataset"), "dataset.kind", DATASET_KINDS)
     checks.known_keys(cfg, "dataset", DATASET_KEYS[kind])

@@ -21,7 +21,7 @@ from PIL import Image
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus, validate_corpus
-from fusebench.data.text import not_a_directory, read_utf8, utf8_lines
+from fusebench.data.input_files import not_a_directory, read_utf8, utf8_lines
 
 SHOW = 50  # missing or unreadable paths listed in an error message (all are written to a file)
 

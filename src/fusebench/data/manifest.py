@@ -17,7 +17,7 @@ import numpy as np
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus, validate_corpus
-from fusebench.data.text import not_a_directory, utf8_lines
+from fusebench.data.input_files import not_a_directory, utf8_lines
 
 KEYS = ("image_id", "path", "captions", "caption_ids")  # a line's keys: any other is a mistake, never ignored
 

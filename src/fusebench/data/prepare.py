@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusebench import FusebenchError
-from fusebench.files import file_sha256
-from fusebench.progress import bar as progress_bar
+from fusebench.app.progress import bar as progress_bar
+from fusebench.stores.files import file_sha256
 
 log = logging.getLogger(__name__)
 

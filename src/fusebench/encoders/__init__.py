@@ -12,11 +12,12 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from fusebench import FusebenchError, checks
+from fusebench import FusebenchError
+from fusebench.config import checks
 from fusebench.data.corpus import Corpus
 from fusebench.encoders.base import ModelEmbeddings, RawEmbeddings, check_embeddings, model_weight
-from fusebench.encoders.sim import sim_arrays
-from fusebench.encoders.text import text_settings
+from fusebench.encoders.query_text import text_settings
+from fusebench.encoders.simulated import sim_arrays
 from fusebench.encoders.vectors import vector_arrays
 
 

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from fusebench import FusebenchError, checks, memo
+from fusebench import FusebenchError
+from fusebench.app import memo
+from fusebench.config import checks
 from fusebench.encoders.fingerprint import first_line
-from fusebench.record import DEFAULT_WEIGHT
-from fusebench.rownorm import l2_normalise_rows
+from fusebench.encoders.rownorm import l2_normalise_rows
+from fusebench.evaluation.record import DEFAULT_WEIGHT
 
 if TYPE_CHECKING:
     import torch
@@ -228,7 +230,7 @@ def _check_shape(array: np.ndarray, rows: int, what: str, source: str, rows_mean
 
 def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_meaning: str) -> np.ndarray:
     """Validate one embedding matrix and return it L2-normalised as float32 (rows are 0-based in messages).
-    Any finite row that is not all zeros is accepted at any scale (1e-30 or 3e38: see fusebench.rownorm)."""
+    Any finite row that is not all zeros is accepted at any scale (1e-30 or 3e38: see fusebench.encoders.rownorm)."""
     _check_shape(array, rows, what, source, rows_meaning)
     # one pass, the same bits as numpy's norm and divide for rows of ordinary scale; once per process for a
     # read-only array (a sim model's rows, the same object every job of a sweep), whose normalised rows are then

@@ -15,18 +15,18 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from fusebench import checks
-from fusebench.cache import EmbeddingCache
+from fusebench.app.progress import bar as progress_bar
+from fusebench.config import checks
+from fusebench.config.schema import EmbedSchema
 from fusebench.data.corpus import Corpus
-from fusebench.devices import check_device_name, resolve_device
 from fusebench.encoders.base import Encoder, RawEmbeddings, to_device
+from fusebench.encoders.devices import check_device_name, resolve_device
 from fusebench.encoders.fingerprint import images_fingerprint, texts_fingerprint
 from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.images import bad_image_error, image_batches, open_rgb
 from fusebench.encoders.openclip import OpenClipEncoder
-from fusebench.encoders.text import preprocess_texts, text_settings
-from fusebench.progress import bar as progress_bar
-from fusebench.schema import EmbedSchema
+from fusebench.encoders.query_text import preprocess_texts, text_settings
+from fusebench.stores.embeddings import EmbeddingCache
 
 log = logging.getLogger(__name__)
 ENCODERS: dict[str, type[Encoder]] = {"open_clip": OpenClipEncoder, "hf": HFEncoder}  # real kind -> backend
@@ -36,7 +36,7 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 @dataclass
 class Runtime:
     """How to run models and where to cache: the ``embed`` config group, checked (keys and defaults:
-    :class:`fusebench.schema.EmbedSchema`)."""
+    :class:`fusebench.config.schema.EmbedSchema`)."""
 
     device: str
     precision: str

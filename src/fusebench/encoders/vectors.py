@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.cache import UNREADABLE
-from fusebench.data.text import not_a_directory
+from fusebench.data.input_files import not_a_directory
 from fusebench.encoders.base import _check_shape
+from fusebench.stores.embeddings import UNREADABLE
 
 NPY_MAGIC = b"\x93NUMPY"
 

@@ -16,7 +16,7 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from fusebench.record import RunRecord
+from fusebench.evaluation.record import RunRecord
 
 log = logging.getLogger(__name__)
 _POOL: ThreadPoolExecutor | None = None

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.files import atomic_write_text, remembered_checksum
-from fusebench.record import RunRecord
-from fusebench.rundir import OUTPUTS
+from fusebench.app.rundir import OUTPUTS
+from fusebench.evaluation.record import RunRecord
+from fusebench.stores.files import atomic_write_text, remembered_checksum
 
 
 def _clean(value):

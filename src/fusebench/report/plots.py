@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import FUSED
-from fusebench.comparisons import level_label
-from fusebench.files import array_digest, atomic_save, file_identity
-from fusebench.record import RunRecord
+from fusebench.evaluation.comparisons import level_label
+from fusebench.evaluation.record import RunRecord
+from fusebench.stores.files import array_digest, atomic_save, file_identity
 
 log = logging.getLogger(__name__)
 _DRAWN: dict[str, tuple[Path, tuple]] = {}  # digest of a plot's inputs -> (a PNG this process drew, its identity)
@@ -274,7 +274,7 @@ def tune_curve(record: RunRecord, path: Path) -> Path | None:
     t = record.tune
     if not t or not t.get("curve"):
         return None
-    from fusebench.tune import describe_point
+    from fusebench.evaluation.tuning import describe_point
 
     curve = t["curve"]
     fig, ax = subplots(figsize=(max(7, 0.45 * len(curve) + 3), 4.4))

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.files import remembered_checksum
-from fusebench.record import RecordError, RunRecord
-from fusebench.rundir import is_error_file
+from fusebench.app.rundir import is_error_file
+from fusebench.evaluation.record import RecordError, RunRecord
+from fusebench.stores.files import remembered_checksum
 
 
 @dataclass

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.comparisons import compare, format_p, level_label
-from fusebench.files import atomic_write_text
-from fusebench.fusion import FusionConfig
-from fusebench.record import DEFAULT_WEIGHT
-from fusebench.reference import beside_article
+from fusebench.evaluation.comparisons import compare, format_p, level_label
+from fusebench.evaluation.record import DEFAULT_WEIGHT
+from fusebench.evaluation.stats import holm_adjust
+from fusebench.fusion.combine import FusionConfig
+from fusebench.report.article import beside_article
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
-from fusebench.stats import holm_adjust
+from fusebench.stores.files import atomic_write_text
 
 FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines
     "method": ["none", "sum", "minmax", "zscore", "isr", "rrf", "dbsf"],
@@ -158,7 +158,7 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
                      seed: int = 0) -> list[dict]:
     """Every comparable pair (one factor apart), and each fusion against its best single member at each
     direction and k (:meth:`RunRecord.best_single`), through the run's own comparison function
-    (:func:`fusebench.comparisons.compare`); p-values Holm-adjusted over the whole sweep."""
+    (:func:`fusebench.evaluation.comparisons.compare`); p-values Holm-adjusted over the whole sweep."""
     rows = []
 
     def add(factor: str, run_c: Run, cand: str, run_b: Run, base: str, **options) -> None:
@@ -314,7 +314,7 @@ def positive_gain_rows(runs: list[Run]) -> list[dict]:
 
 def tuned_rows(runs: list[Run]) -> list[dict]:
     """Runs in tune mode: what the tuning split chose, its value there, and the test value of that one setting."""
-    from fusebench.tune import describe_point
+    from fusebench.evaluation.tuning import describe_point
 
     rows = []
     for run in runs:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fusebench.comparisons import format_p, level_label
-from fusebench.record import RunRecord
-from fusebench.reference import reference_lines
-from fusebench.tune import describe_point
+from fusebench.evaluation.comparisons import format_p, level_label
+from fusebench.evaluation.record import RunRecord
+from fusebench.evaluation.tuning import describe_point
+from fusebench.report.article import reference_lines
 
 
 def _fmt(value) -> str:

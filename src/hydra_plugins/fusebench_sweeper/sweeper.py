@@ -12,7 +12,7 @@ Other launchers (joblib, submitit) compose in their own processes, so they get H
 While validating a batch it also works out each job's dir (hydra.sweep.dir / hydra.sweep.subdir, as the launcher
 will) and refuses the sweep before any job of the batch runs when one lies outside the sweep dir, when two jobs
 of the sweep share one (they would overwrite each other's results), or when one holds another Hydra app's
-.hydra folder (``fusebench.rundir.check_job_dir``).
+.hydra folder (``fusebench.app.rundir.check_job_dir``).
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ def check_job_dirs(configs: Sequence[DictConfig], first_job: int, taken: dict[st
     """Each job's dir, as Hydra's ``run_job`` will make it (job number ``first_job`` + i, set as the launcher sets
     it), checked by ``rundir.check_job_dir`` (``taken``: the job dirs of the sweep so far, updated). Raises
     ``RunDirRefused`` (the ``fusebench`` command's exit 2) before any job of the batch runs."""
-    from fusebench import FusebenchError, rundir
-    from fusebench.report.callback import RunDirRefused
+    from fusebench import FusebenchError
+    from fusebench.app import rundir
+    from fusebench.app.callback import RunDirRefused
 
     hydra_config = HydraConfig.instance()
     before = hydra_config.cfg
@@ -101,7 +102,7 @@ class ComposeOnceSweeper(BasicSweeper):
             loader = self.hydra_context.config_loader
             configs = [loader.load_sweep_config(self.config, list(overrides)) for overrides in batch]
         else:
-            from fusebench import cli
+            from fusebench.app import cli
 
             cli.prepare_process()  # the modules frozen now, so the kept configs stay collectable after their jobs
             self.composed.kept.clear()  # a batch's configs are used by that batch only

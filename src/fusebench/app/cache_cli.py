@@ -1,0 +1,136 @@
+"""``fusebench-cache``: list and remove cache entries: embeddings, each model's stored ranked lists and score matrices.
+
+    fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists/scores), shape, size, state
+    fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters, either case);
+                                               a prefix that matches several entries is refused (they are listed)
+    fusebench-cache remove --all KEY [...]     remove every entry each prefix matches
+    fusebench-cache clear --yes                remove every entry
+The default DIR is the runs' own: embed.cache.dir of the composed config ($FUSEBENCH_OUTPUT/cache, else
+outputs/cache). A DIR given with --dir must be an existing folder (an empty --dir, such as an unset shell
+variable, is an error: never the default). State: complete; partial (an unfinished entry, with its finished
+chunks); partial (damaged: why), an entry that a run would report and recompute (meta.json of another entry,
+a data file missing, of the wrong size or not a file, a file where the entry's folder belongs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fusebench import FusebenchError
+from fusebench.stores.embeddings import EmbeddingCache, matching, remove_entry
+from fusebench.stores.lists import ListStore
+from fusebench.stores.scores import ScoreStore
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def format_entries(entries: list[dict]) -> str:
+    if not entries:
+        return "no cache entries"
+    lines = [f"{'key':<14} {'model':<26} {'kind':<6} {'shape':<14} {'size':>9}  state"]
+    for e in entries:
+        shape = "x".join(str(x) for x in e.get("shape") or []) or "-"
+        state = "complete" if e["complete"] else (f"partial (damaged: {e['problem']})" if e.get("problem")
+                                                  else f"partial ({e.get('chunks', 0)} chunks)")
+        lines.append(f"{e['key'][:12]:<14} {e.get('model', '') or '-':<26} {e.get('kind', '') or '-':<6} "
+                     f"{shape:<14} {_size(e['bytes']):>9}  {state}")
+    total = sum(e["bytes"] for e in entries)
+    lines.append(f"{len(entries)} entries, {_size(total)}")
+    return "\n".join(lines)
+
+
+def checked_dir(given: str | None) -> str:
+    """The cache folder: ``given`` (--dir), which must be an existing folder, else the runs' default, which
+    may not exist yet (no entries) but must not be anything else. An empty --dir (an unset shell variable) is
+    an error, not the default: ``clear --yes --dir "$UNSET"`` must not clear the default cache."""
+    if given is not None and not given.strip():
+        raise FusebenchError(f"--dir is empty ({given!r}; an unset shell variable?): give the cache folder, "
+                             "or leave --dir out for the default (embed.cache.dir)")
+    folder = Path(given if given is not None else default_cache_dir()).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise FusebenchError(f"--dir {folder}: not a folder")
+    if given is not None and not folder.exists():
+        raise FusebenchError(f"--dir {folder}: no such folder")
+    return str(folder)
+
+
+def _match_line(entry: dict) -> str:
+    return f"  {entry['key']}  {entry.get('kind') or '-'}  {entry.get('model') or '-'}"
+
+
+def default_cache_dir() -> str:
+    """embed.cache.dir as a run would resolve it (the config is the one home of that default)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fusebench.config import CONFIG_DIR
+
+    if GlobalHydra.instance().is_initialized():
+        cfg = compose(config_name="config")
+    else:
+        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+            cfg = compose(config_name="config")
+    return str(cfg.embed.cache.dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fusebench-cache", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", default=None, help="cache folder (default: embed.cache.dir, as runs use it)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands = {"list": sub.add_parser("list", help="list entries"),
+                "remove": sub.add_parser("remove", help="remove entries by key prefix"),
+                "clear": sub.add_parser("clear", help="remove every entry")}
+    for command in commands.values():  # --dir before or after the command: both forms work
+        command.add_argument("--dir", default=argparse.SUPPRESS, help="cache folder")
+    commands["remove"].add_argument("keys", nargs="+")
+    commands["remove"].add_argument("--all", action="store_true",
+                                    help="remove every entry a prefix matches (without it, a prefix that matches "
+                                         "several entries is refused and the matches are listed)")
+    commands["clear"].add_argument("--yes", action="store_true", help="confirm")
+    args = parser.parse_args(argv)
+    try:
+        args.dir = checked_dir(args.dir)
+        stores = {"embeddings": EmbeddingCache(args.dir), "lists": ListStore(args.dir), "scores": ScoreStore(args.dir)}
+        if args.command == "list":
+            print(format_entries([e for store in stores.values() for e in store.entries()]))
+        elif args.command == "remove":
+            entries = [e for store in stores.values() for e in store.entries()]
+            chosen = []
+            for key in args.keys:  # every prefix is resolved before anything is removed
+                found = matching(entries, key)
+                if not found:
+                    print(f"fusebench-cache: no entry matches {key!r} in {args.dir}", file=sys.stderr)
+                    return 1
+                if len(found) > 1 and not args.all:
+                    print(f"fusebench-cache: error: {key!r} matches {len(found)} entries; give more of the key, "
+                          f"or --all to remove them all:", *map(_match_line, found), sep="\n", file=sys.stderr)
+                    return 2
+                chosen += [e for e in found if e not in chosen]
+            for entry in chosen:
+                remove_entry(entry)
+            print("\n".join(f"removed {e['key']}" for e in chosen))
+        elif args.command == "clear":
+            if not args.yes:
+                print("fusebench-cache: clear removes every entry; add --yes to confirm", file=sys.stderr)
+                return 2
+            entries = [e for store in stores.values() for e in store.entries()]
+            for entry in entries:
+                remove_entry(entry)
+            print(f"removed {len(entries)} entries from {args.dir}")
+    except FusebenchError as err:
+        print(f"fusebench-cache: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

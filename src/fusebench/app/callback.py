@@ -1,0 +1,219 @@
+"""Hydra callback of every fusebench run: before Hydra creates the run or sweep dir, check it (``rundir``), the
+folders it lies under (``paths.*``), and for a sweep its job dir pattern (``hydra.sweep.subdir``) and that it has
+jobs at all; read an earlier run's ``.hydra`` files, which Hydra is about to rewrite; at the end of a multirun,
+write the sweep report (and log it to W&B when enabled).
+
+``SweepReport.failed`` holds the job dirs that did not finish (or whose outputs are damaged), and the jobs
+that failed in this process (``jobs_failed``: a failed job may keep an earlier run's outputs), so that the
+``fusebench`` command can exit non-zero and name them."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+class RunDirRefused(BaseException):
+    """A run or sweep dir refused before Hydra touched it. A BaseException, not an Exception: Hydra's callback
+    runner turns an Exception into a warning and carries on; this one reaches ``cli.main`` (exit 2)."""
+
+
+def _check_dir(config: DictConfig, key: str) -> Path | None:
+    """The run or sweep dir (``key``), refused with ``RunDirRefused`` when ``rundir.check_dir`` refuses it;
+    None when only Hydra can resolve it now (Hydra then reports what is wrong)."""
+    from fusebench import FusebenchError
+    from fusebench.app import rundir
+
+    try:
+        value = OmegaConf.select(config, key)
+    except Exception:  # noqa: BLE001 - e.g. an interpolation of hydra:runtime, set later by Hydra
+        return None
+    folders = [_value(config, k) for k in ("paths.output_dir", "embed.cache.dir")]
+    cwd = Path.cwd().resolve()
+    inside = [Path(f).resolve() for f in folders if isinstance(f, str) and f.strip()]
+    own = tuple(f.relative_to(cwd).parts[0] for f in inside if f != cwd and f.is_relative_to(cwd))
+    try:
+        return rundir.check_dir(value, key, own, subdir=_value(config, "hydra.output_subdir"))
+    except FusebenchError as err:
+        raise RunDirRefused(str(err)) from None
+
+
+def _value(config: DictConfig, key: str):
+    """``key``'s value, or None when it cannot be resolved now (its own check reports it when it is used)."""
+    try:
+        return OmegaConf.select(config, key, default=None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+# the folders every path of a run lies under: an empty one (a variable set to nothing) puts them at the root
+ROOTS = {"paths.output_dir": ("FUSEBENCH_OUTPUT", "the outputs and the embedding cache would be written at the "
+                              "filesystem root (/runs/..., /cache/...)"),
+         "paths.data_root": ("FUSEBENCH_DATA", "the datasets would be read from the filesystem root (/coco/...)")}
+
+
+def _check_roots(config: DictConfig) -> None:
+    """Refuse an empty paths.output_dir or paths.data_root before Hydra creates anything under it."""
+    for key, (variable, consequence) in ROOTS.items():
+        value = _value(config, key)
+        if isinstance(value, str) and not value.strip():
+            raise RunDirRefused(f"{key} is empty ({variable} set to nothing, or {key}= given), so {consequence}; "
+                                f"unset {variable} or set it to a folder, or give {key}=FOLDER.")
+
+
+def _check_subdir(config: DictConfig) -> None:
+    """Refuse a job dir pattern (hydra.sweep.subdir, as written) that does not give each job a folder of its own
+    inside the sweep dir (``rundir.check_subdir``)."""
+    from fusebench import FusebenchError
+    from fusebench.app import rundir
+
+    try:
+        raw = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
+    except Exception:  # noqa: BLE001 - no hydra.sweep: Hydra reports it
+        return
+    try:
+        rundir.check_subdir(raw)
+    except FusebenchError as err:
+        raise RunDirRefused(str(err)) from None
+
+
+def empty_sweeps(config: DictConfig) -> list[str]:
+    """The sweep overrides (hydra.sweeper.params, then the command line's) that give no value at all (a glob
+    that matches nothing, an empty range), each with what it could have matched; parsed with Hydra's grammar
+    and config loader (an override Hydra cannot parse is left for Hydra to report)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
+    params = _value(config, "hydra.sweeper.params")
+    lines = [f"{k}={v}" for k, v in (params.items() if params else [])]
+    try:
+        lines += list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+        overrides = OverridesParser.create(config_loader=loader).parse_overrides(lines)
+    except Exception:  # noqa: BLE001
+        return []
+    empty = []
+    for override in overrides:
+        if not override.is_sweep_override():
+            continue
+        try:
+            values = list(override.sweep_string_iterator() if override.is_discrete_sweep()
+                          else override.sweep_iterator())
+        except Exception:  # noqa: BLE001 - Hydra reports it
+            continue
+        if not values:
+            group = override.key_or_group
+            try:
+                options = loader.get_group_options(group) if loader is not None else []
+            except Exception:  # noqa: BLE001 - not a config group: nothing to list
+                options = []
+            line = override.input_line or f"{override.get_key_element()}={override.value()}"
+            empty.append(f"{line} matches nothing" + (f" ({group}'s options: {', '.join(options)})" if options else ""))
+    return empty
+
+
+def _check_jobs(config: DictConfig) -> None:
+    """Refuse a sweep without jobs (an override of it gives no value) before anything is created."""
+    empty = empty_sweeps(config)
+    if empty:
+        raise RunDirRefused(f"the sweep has no jobs: {'; '.join(empty)}. Fix the pattern, or give the values "
+                            "(a,b or choice(a,b)).")
+
+
+def job_started(out_dir: str, sweep_dir: str, job: int, output_subdir: str | None) -> None:
+    """A sweep job starts in ``out_dir`` (Hydra has created it and written its .hydra files): refused when the
+    dir does not lie inside the sweep dir, or when a job of this sweep in this process already wrote it (its
+    .hydra files, which Hydra has just overwritten, are put back). A backstop: the sweep's job dir pattern is
+    checked when it starts, and every job's dir before any job runs (fusebench's sweeper)."""
+    from fusebench.app import rundir
+
+    path, base = os.path.normpath(os.path.abspath(out_dir)), os.path.normpath(os.path.abspath(sweep_dir))
+    earlier = SweepReport.job_dirs.get(path)
+    if earlier is not None:
+        num, kept = earlier
+        if output_subdir and kept is not None:
+            try:
+                rundir.put_back_hydra_files(Path(path, output_subdir), kept)
+            except OSError:
+                pass
+        raise RunDirRefused(f"hydra.sweep.subdir gives job {job} the dir {path}, which job {num} of this sweep "
+                            "already wrote: the jobs would overwrite each other's results, so the sweep stops here; "
+                            "make it differ per job, e.g. hydra.sweep.subdir='${hydra.job.num}' (the default).")
+    if path == base or not Path(path).is_relative_to(base):
+        raise RunDirRefused(f"hydra.sweep.subdir gives job {job} the dir {path}, not a folder inside the sweep dir "
+                            f"{base}; use a relative path that differs per job, e.g. "
+                            "hydra.sweep.subdir='${hydra.job.num}' (the default).")
+
+
+def job_ended(out_dir: str, job: int, output_subdir: str | None) -> None:
+    """A sweep job in ``out_dir`` ended (finished or failed): no later job of this sweep may write there."""
+    from fusebench.app import rundir
+
+    path = os.path.normpath(os.path.abspath(out_dir))
+    try:
+        kept = rundir.read_hydra_files(Path(path, output_subdir)) if output_subdir else None
+    except OSError:
+        kept = None
+    SweepReport.job_dirs[path] = (job, kept)
+
+
+class SweepReport(Callback):
+    failed: list[str] | None = None  # set at the end of each multirun in this process
+    jobs_failed: list[str] = []  # job dirs (relative to the sweep dir) whose job raised, this multirun
+    job_dirs: dict[str, tuple[int, dict | None]] = {}  # job dir -> (its job, its .hydra files), this multirun
+
+    def __init__(self, draws: int = 2000, seed: int = 0, level: float = 0.95):
+        self.draws, self.seed, self.level = draws, seed, level
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from fusebench.app import rundir
+
+        _check_roots(config)
+        folder = _check_dir(config, "hydra.run.dir")
+        if folder is not None:
+            rundir.keep_earlier_config(folder, config.hydra.output_subdir)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from fusebench.app import rundir
+
+        SweepReport.jobs_failed = []
+        SweepReport.job_dirs = {}
+        _check_roots(config)
+        _check_subdir(config)
+        _check_jobs(config)
+        folder = _check_dir(config, "hydra.sweep.dir")
+        if folder is not None:
+            for metrics in folder.rglob("metrics.json"):  # the job dirs of an earlier sweep into this dir
+                rundir.keep_earlier_config(metrics.parent, config.hydra.output_subdir)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        folder = Path(config.hydra.sweep.dir)
+        from fusebench.report import background
+
+        background.finish()  # the last jobs' plots, drawn while the sweep went on
+        try:
+            from fusebench.report.sweep import write_report
+
+            report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level)
+            SweepReport.failed = sorted({*report["failed"], *SweepReport.jobs_failed})
+            log.info("sweep report: %s (%d runs, %d failed)", folder / "summary.md", len(report["runs"]),
+                     len(report["failed"]))
+            if report["failed"]:
+                log.error("failed jobs (see error.txt in each): %s", ", ".join(report["failed"]))
+            from omegaconf import OmegaConf
+
+            from fusebench.app.tracking import log_sweep
+
+            log_sweep(OmegaConf.to_container(config.logger, resolve=True) if "logger" in config else None, folder, report)
+        except Exception as err:  # noqa: BLE001 - a report failure must never fail the sweep
+            from fusebench.report.runs import scan_runs
+
+            SweepReport.failed = sorted({*(scan_runs(folder).failed if folder.is_dir() else []),
+                                         *SweepReport.jobs_failed})
+            log.error("could not write the sweep report for %s: %s (run fusebench-report %s)", folder, err, folder)

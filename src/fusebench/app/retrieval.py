@@ -1,0 +1,222 @@
+"""Every retriever's ranked lists and exact ranks, both directions: each model's lists (from the list
+store, or computed once and stored), then fusion over them.
+
+* A model alone: its stored lists (top ``depth`` per query) and exact ranks in its full ranking.
+* Fusion with ``top_k`` set: each model's stored lists cut to ``top_k``, fused (:mod:`fusebench.fusion.combine`).
+  No similarity is computed when every model's lists are stored.
+* Fusion with ``top_k: null`` (whole rankings): the dense path (:mod:`fusebench.fusion.whole_rankings`), one bounded
+  block of queries at a time, over each model's whole score matrices: from the score store when they fit
+  under ``max_scores_mb`` (computed once per model), else recomputed block by block.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fusebench import DIRECTIONS, FUSED
+from fusebench.encoders.base import ModelEmbeddings
+from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
+from fusebench.fusion.combine import RANK_METHODS, FusionConfig, fuse_in_blocks
+from fusebench.fusion.normalisers import MOMENT_METHODS
+from fusebench.fusion.whole_rankings import DenseSide, RowBlocks, correct_items, dense_fuse
+from fusebench.search.exact import float_rows
+from fusebench.search.model_lists import ModelLists, compute_model_lists, full_rows, tiles
+from fusebench.stores.lists import ListStore, list_materials
+from fusebench.stores.scores import ScoreStore
+
+Progress = Callable[[str, int], Callable[[int], None]]  # (description, total) -> update(n)
+
+
+@dataclass
+class RankedLists:
+    """One retriever in one direction: per-query exact ranks and its (possibly truncated) ranked list."""
+
+    ranks: np.ndarray  # (queries,) 1-based rank of the first correct item, 0 when absent from the list
+    ids: torch.Tensor  # (queries, L) int64 item index per position, -1 padding
+    scores: torch.Tensor  # (queries, L) float32
+    contributors: torch.Tensor | None = None  # fused only: bitmask of models holding each entry
+
+
+@dataclass
+class SearchSettings:
+    """How to search: where, in what tiles, how deep to store lists, and where the list store is."""
+
+    device: torch.device | str = "cpu"
+    chunk_size: int = 4096  # query rows per similarity tile
+    item_chunk_size: int = 16384  # item columns per similarity tile
+    depth: int = 100  # list depth stored per model (at least top_k and the saved length)
+    store_dir: str | None = None  # list store root (the embedding cache folder); None = no store
+    max_scores_mb: int = 2048  # top_k null: store a model's whole score matrices up to this size (MB)
+    progress: Progress | None = None
+
+    @property
+    def tile_bytes(self) -> int:
+        return 4 * self.chunk_size * self.item_chunk_size
+
+
+@dataclass
+class ListSource:
+    """Where each model's lists (and score matrices) came from, for metrics.json: hit, key, seconds; and each
+    model's store key material, hashed once per run."""
+
+    records: dict[str, dict] = field(default_factory=dict)
+    materials: dict[str, dict] = field(default_factory=dict)
+
+    def prepare(self, models: Sequence[ModelEmbeddings], caption_image: np.ndarray, device_type: str) -> None:
+        """Hash every model's key material at once, on all cores (the keys of a job's models in one go)."""
+        todo = [m for m in models if m.name not in self.materials]
+        if not todo:
+            return
+        found = list_materials([(np.asarray(m.image), np.asarray(m.text)) for m in todo], caption_image, device_type)
+        self.materials.update({m.name: material for m, material in zip(todo, found)})
+
+    def material(self, model: ModelEmbeddings, caption_image: np.ndarray, device_type: str) -> dict:
+        self.prepare([model], caption_image, device_type)
+        return self.materials[model.name]
+
+
+def _no_progress(_desc: str, _total: int) -> Callable[[int], None]:
+    return lambda _n: None
+
+
+def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, settings: SearchSettings,
+                source: ListSource) -> ModelLists:
+    """One model's lists at least ``depth`` deep: from the store when present, else computed (and stored)."""
+    device = torch.device(settings.device)
+    progress = settings.progress or _no_progress
+
+    def compute(d: int) -> ModelLists:
+        return compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
+                                   settings.item_chunk_size, progress(f"lists {model.name}", len(caption_image)))
+
+    n_images, n_captions = len(model.image), len(model.text)
+    if settings.store_dir is None:
+        lists = compute(depth)
+        source.records[model.name] = {"hit": False, "stored": False}
+        return lists
+    store = ListStore(settings.store_dir)
+    material = source.material(model, caption_image, device.type)
+    found = store.get_or_compute(material, depth, n_images, n_captions, compute, {"model": model.name})
+    source.records[model.name] = {"hit": found.hit, "stored": True, "key": found.key,
+                                  "depth": found.lists.depth, "seconds": round(found.seconds, 3)}
+    return found.lists
+
+
+def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: np.ndarray, settings: SearchSettings,
+               source: ListSource, orders: bool = False, moments_ddof: int | None = None
+               ) -> tuple[dict[str, RowBlocks], dict[str, dict[str, RowBlocks]]]:
+    """Per direction, the model's whole score rows by block: from the score store (computed once) when the
+    matrices fit under ``max_scores_mb``, else computed afresh for each block; and what the store keeps
+    beside them for this job, by name and direction (on the CPU; nothing when the rows are not stored):
+    ``order`` (with ``orders``: RRF by source object), each row's order, sorted once; ``moments`` (with
+    ``moments_ddof``: DBSF, z-score), each row's mean and sd, computed once."""
+    device = torch.device(settings.device)
+    shapes = {"t2i": (len(model.text), len(model.image)), "i2t": (len(query_images), len(model.text))}
+
+    def fresh_rows() -> dict[str, RowBlocks]:
+        """Rows computed from the embeddings, block by block (built only when something will compute)."""
+        image, text = float_rows(model.image, device), float_rows(model.text, device)
+        sides = {"t2i": (text, image), "i2t": (image[torch.as_tensor(query_images, device=device)], text)}
+        def out(r0: int, r1: int, items: torch.Tensor, into: np.ndarray | None) -> torch.Tensor:
+            return torch.empty(r1 - r0, items.shape[0], device=device) if into is None else torch.from_numpy(into[: r1 - r0])
+
+        return {d: (lambda r0, r1, into=None, q=q, items=items: full_rows(q[r0:r1], items, settings.item_chunk_size,
+                                                                            out(r0, r1, items, into)))
+                for d, (q, items) in sides.items()}
+
+    megabytes = 4 * sum(a * b for a, b in shapes.values()) / 2**20
+    if settings.store_dir is None or megabytes > settings.max_scores_mb:
+        source.records.setdefault(model.name, {})["scores"] = {"stored": False, "mb": round(megabytes)}
+        return fresh_rows(), {}
+
+    def t2i_blocks():
+        rows = fresh_rows()["t2i"]
+        step = max(1, settings.tile_bytes // (4 * shapes["t2i"][1]))
+        return (rows(r0, r1) for r0, r1 in tiles(shapes["t2i"][0], step))
+
+    material = source.material(model, caption_image, device.type)
+    started = time.perf_counter()
+    store = ScoreStore(settings.store_dir)
+    readers, hit = store.get_or_compute(material, shapes, t2i_blocks, query_images, settings.tile_bytes,
+                                        {"model": model.name})
+    beside = {}  # a GPU sorts or sums a block faster than the disk reads its result: CPU only
+    if orders and device.type == "cpu":
+        beside["order"] = {d: store.row_orders(readers[d], settings.tile_bytes) for d in DIRECTIONS}
+    if moments_ddof is not None and device.type == "cpu":
+        beside["moments"] = {d: store.row_moments(readers[d], moments_ddof, settings.tile_bytes) for d in DIRECTIONS}
+    source.records.setdefault(model.name, {})["scores"] = {"stored": True, "hit": hit, "mb": round(megabytes),
+                                                           "orders": "order" in beside, "moments": "moments" in beside,
+                                                           "seconds": round(time.perf_counter() - started, 3)}
+    return {d: (lambda r0, r1, into=None, reader=readers[d]: reader(r0, r1, into=into).to(device))
+            for d in DIRECTIONS}, beside
+
+
+def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
+    return torch.from_numpy(array[:, :length].astype(np.int64 if array.dtype.kind == "i" else np.float32))
+
+
+def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig, keep_k: int | None,
+             settings: SearchSettings | None = None, source: ListSource | None = None
+             ) -> dict[str, dict[str, RankedLists]]:
+    """Ranked lists and ranks for each model alone and, with 2+ models and a method, for ``fused``.
+
+    Ranks are exact in each model's full ranking (a fused retriever's in its ``final_top_k`` list). The
+    lists returned are cut to ``keep_k`` entries (None = as long as the run has them: ``top_k``, or the
+    stored depth for single models and for ``top_k: null``). i2t rows are the images that have captions.
+    """
+    settings = settings or SearchSettings()
+    source = source if source is not None else ListSource()
+    caption_image = np.asarray(caption_image, dtype=np.int64)
+    n_captions, n_images = len(caption_image), len(models[0].image)
+    fusing = fusion.method != "none" and len(models) >= 2
+    depth = max(settings.depth, fusion.top_k or 0, keep_k or 0)
+    if settings.store_dir is not None:
+        source.prepare(models, caption_image, torch.device(settings.device).type)
+    stored = {m.name: model_lists(m, caption_image, depth, settings, source) for m in models}
+    single_len = keep_k if keep_k is not None else (fusion.top_k or depth)
+    results = {name: {d: RankedLists(lists.ranks(d), _cut(lists.ids(d), single_len), _cut(lists.scores(d), single_len))
+                      for d in DIRECTIONS} for name, lists in stored.items()}
+    if not fusing:
+        return results
+    weights = [float(m.weight) for m in models]
+    cap_img = torch.as_tensor(caption_image)
+    query_images = torch.unique(cap_img)
+    n_items = {"t2i": n_images, "i2t": n_captions}
+    results[FUSED] = {}
+    if fusion.top_k is not None:
+        for d in DIRECTIONS:
+            k = fusion.per_model_k(n_items[d])
+            ids = [_cut(stored[m.name].ids(d), k) for m in models]
+            scores = [_cut(stored[m.name].scores(d), k) for m in models]
+            fused = fuse_in_blocks(ids, scores, fusion, fusion.final_k(n_items[d], len(models)), weights)
+            ranks = (t2i_list_ranks(fused.ids, cap_img) if d == "t2i"
+                     else i2t_list_ranks(fused.ids, query_images, cap_img))
+            cut = slice(None) if keep_k is None else slice(0, keep_k)
+            results[FUSED][d] = RankedLists(ranks, fused.ids[:, cut], fused.scores[:, cut], fused.contributors[:, cut])
+        return results
+    i2t_correct = correct_items(caption_image, query_images.numpy())
+    sorts = fusion.method in RANK_METHODS and fusion.fuse_on == "source_object"  # the whole-row order of each model
+    ddof = fusion.ddof if fusion.method in MOMENT_METHODS else None  # each row's mean and sd
+    rows, beside = zip(*(score_rows(m, caption_image, query_images.numpy(), settings, source, sorts, ddof)
+                         for m in models))
+
+    def kept_beside(what: str, d: str) -> list[RowBlocks] | None:  # every model's, or none
+        return [b[what][d] for b in beside] if all(what in b for b in beside) else None
+
+    correct = {"t2i": cap_img[:, None].to(settings.device), "i2t": torch.as_tensor(i2t_correct, device=settings.device)}
+    from_store = all(source.records[m.name]["scores"]["stored"] for m in models)
+    sides = {d: DenseSide([r[d] for r in rows], n_items[d], correct[d], kept_beside("order", d), kept_beside("moments", d),
+                          from_store) for d in DIRECTIONS}
+    progress = settings.progress or _no_progress
+    keep = keep_k if keep_k is not None else depth
+    for d in DIRECTIONS:
+        final_k = fusion.final_k(n_items[d], len(models))
+        fused, ranks = dense_fuse(sides[d], weights, fusion, keep, final_k, 2 * settings.tile_bytes,
+                                  progress(f"fuse {d} (whole rankings)", len(sides[d].correct)))
+        results[FUSED][d] = RankedLists(ranks, fused.ids, fused.scores, fused.contributors)
+    return results

@@ -1,0 +1,287 @@
+"""Run and sweep dirs: which are refused before Hydra creates or writes into them, which files in a run dir
+fusebench wrote, and an earlier run's Hydra config, kept so that a rerun that fails leaves the earlier run whole.
+
+A rerun into a run dir keeps the earlier run's metrics.json, ranks/, topk/ and plots/ until the new run writes
+its own (``report.outputs.write_run_outputs`` swaps them). Hydra rewrites ``.hydra/`` before fusebench's code
+runs, so the Hydra callback (``report.callback``) reads the earlier ``.hydra`` files first, in memory, and the
+``fusebench`` command puts them back when the rerun fails before writing. fusebench removes only files it can
+tell it wrote (``foreign``); a dir holding anything else under a run output's name is refused instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from fusebench import FusebenchError
+from fusebench.stores.files import atomic_save, file_identity
+
+OUTPUTS = ("metrics.json", "ranks", "topk", "plots", "error.txt")  # what a run writes into its dir
+# the PNGs a run's plots/ holds (fusebench.report.plots.run_plots)
+PLOTS = frozenset({"recall_bars.png", "recall_at_k.png", "wins_losses.png", "paired_gains.png",
+                   "score_distributions.png", "corrected_metrics.png", "tune_curve.png"})
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into hydra.output_subdir
+FUSEBENCH_GROUPS = frozenset({"models", "fusion", "eval"})  # keys every fusebench job's .hydra/config.yaml has
+# the first bytes of an error.txt fusebench writes: a bug's traceback, or a user's mistake in one line
+ERROR_FILE_STARTS = (b"Traceback (most recent call last):", b"fusebench: error: ")
+# what a folder is called in messages, by its config key
+WHAT = {"hydra.run.dir": "run dir", "hydra.sweep.dir": "sweep dir", "embed.cache.dir": "embedding cache"}
+# an interpolation of what tells a sweep's jobs apart (hydra.sweep.subdir must hold one)
+PER_JOB = re.compile(r"hydra\s*[.:]\s*job\s*\.\s*(num|id|override_dirname)\b")
+# resolved run dir -> (its metrics.json's identity, its .hydra folder, the earlier .hydra files: None = absent)
+_EARLIER: dict[Path, tuple[tuple, Path, dict[str, bytes | None]]] = {}
+
+
+def run_record(path: Path) -> dict | None:
+    """The content of ``path`` (a metrics.json) when it is a run record fusebench wrote, with the sha256 of
+    the run's files; else None (not JSON, not a record, damaged, unreadable)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and {"version", "dataset", "retrievers", "run"} <= data.keys() \
+            and isinstance(data.get("files"), dict):
+        return data
+    return None
+
+
+def is_error_file(path: Path) -> bool:
+    """Whether ``path`` is an error.txt fusebench wrote (a failed sweep job's traceback, or the one line
+    ``fusebench: error: ...`` of a user's mistake)."""
+    with Path(path).open("rb") as fh:
+        start = fh.read(max(len(s) for s in ERROR_FILE_STARTS))
+    return start.startswith(ERROR_FILE_STARTS)
+
+
+def error_text(message: str | None, trace: str) -> str:
+    """What a failed sweep job's error.txt holds: the one-line ``message`` of a user's mistake, else the
+    traceback ``trace`` (a bug)."""
+    return f"fusebench: error: {message}\n" if message else trace
+
+
+def is_fusebench_config(path: Path) -> bool:
+    """Whether ``path`` (a job's .hydra/config.yaml) is a fusebench job's config: a mapping with its groups."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and FUSEBENCH_GROUPS <= data.keys()
+
+
+def foreign_hydra(run_dir: str | Path, subdir: str | None = ".hydra") -> str | None:
+    """What in ``run_dir``'s Hydra folder (``subdir``, hydra.output_subdir) says another app wrote it, which
+    Hydra would overwrite: a file where the folder belongs, or a folder holding files whose config.yaml is not
+    a fusebench config (another Hydra app's run); None when there is none, it is empty or it is fusebench's."""
+    if subdir is None or not str(subdir).strip():
+        return None
+    folder = Path(run_dir) / str(subdir)
+    if not os.path.lexists(folder):
+        return None
+    if not folder.is_dir():
+        return f"{subdir} (a file, where Hydra writes a folder)"
+    config = folder / "config.yaml"
+    if os.path.lexists(config):
+        return None if config.is_file() and is_fusebench_config(config) else \
+            f"{subdir}/config.yaml, which is not a fusebench config (another Hydra app's run?)"
+    try:
+        held = sorted(p.name for p in folder.iterdir())
+    except OSError:
+        return None  # unreadable: creating files in it fails, and names the run dir
+    return f"{subdir}/ holding {', '.join(held[:3])} without a fusebench config.yaml" if held else None
+
+
+def check_hydra_files(run_dir: str | Path, key: str, subdir: str | None = ".hydra", what: str | None = None) -> None:
+    """Refuse ``run_dir`` (naming ``key``) when its Hydra folder is another app's (``foreign_hydra``), which Hydra
+    would overwrite; ``what``: what the dir is, for the message (by default, by ``key``: run dir, ...)."""
+    theirs = foreign_hydra(run_dir, subdir)
+    if theirs:
+        raise FusebenchError(f"the {what or WHAT.get(key, 'run dir')} {run_dir} holds {theirs}; Hydra would "
+                             "overwrite it, and fusebench removes none of that: move it away, or choose another "
+                             f"{key}=...")
+
+
+def check_subdir(raw, key: str = "hydra.sweep.subdir") -> None:
+    """Refuse a sweep's job dir pattern (``raw``: hydra.sweep.subdir as written, interpolations unresolved) that
+    does not give each job a folder of its own inside the sweep dir: empty, absolute, climbing out with '..', or
+    the same for every job (it must interpolate hydra.job.num, hydra.job.id or hydra.job.override_dirname)."""
+    example = f"e.g. {key}='${{hydra.job.num}}' (the default)"
+    text = "" if raw is None else str(raw)
+    if not text.strip():
+        raise FusebenchError(f"{key} is empty: every job of the sweep would write into the sweep dir itself, over "
+                             f"the others' results; give each job a folder of its own, {example}.")
+    if os.path.isabs(text) or text.startswith("~"):
+        raise FusebenchError(f"{key}={text} is an absolute path: a job dir must lie inside the sweep dir "
+                             f"(hydra.sweep.dir); use a relative path that differs per job, {example}.")
+    if ".." in Path(text).parts:
+        raise FusebenchError(f"{key}={text} climbs out of the sweep dir ('..'): a job dir must lie inside the sweep "
+                             f"dir (hydra.sweep.dir); use a relative path that differs per job, {example}.")
+    if not isinstance(raw, str) or not PER_JOB.search(text):
+        raise FusebenchError(f"{key}={text} is the same for every job, so the jobs would overwrite each other's "
+                             "results; make it differ per job with ${hydra.job.num}, ${hydra.job.id} or "
+                             f"${{hydra.job.override_dirname}}, {example}.")
+
+
+def check_job_dir(sweep_dir: str | Path, subdir, job: int, taken: dict[str, int],
+                  output_subdir: str | None = ".hydra", key: str = "hydra.sweep.subdir") -> str:
+    """The job dir of sweep job ``job`` (``subdir``: hydra.sweep.subdir resolved for it), refused when it does not
+    lie inside the sweep dir, when another job of this sweep (``taken``: job dir -> job number, updated) has it,
+    or when it holds another app's Hydra folder. Returns the job dir (absolute)."""
+    text = "" if subdir is None else str(subdir)
+    base = os.path.normpath(os.path.abspath(str(sweep_dir)))
+    path = os.path.normpath(os.path.join(base, text))
+    if not text.strip() or os.path.isabs(text) or ".." in Path(text).parts or path == base \
+            or not Path(path).is_relative_to(base):
+        raise FusebenchError(f"{key} gives job {job} the dir {text!r}, not a folder inside the sweep dir {base}; "
+                             "use a relative path that differs per job, e.g. "
+                             f"{key}='${{hydra.job.num}}' (the default).")
+    if path in taken:
+        raise FusebenchError(f"{key} gives job {job} the dir {path}, which job {taken[path]} of this sweep writes "
+                             "too: the jobs would overwrite each other's results; make it differ per job, e.g. "
+                             f"{key}='${{hydra.job.num}}' (the default).")
+    check_hydra_files(path, "hydra.sweep.dir", output_subdir, what=f"job dir (job {job})")
+    taken[path] = job
+    return path
+
+
+def foreign(out_dir: str | Path) -> list[str]:
+    """What in ``out_dir`` has a run output's name but is not known to be fusebench's: a metrics.json that is
+    not a run record; a file in ranks/ or topk/ that the record does not list (someone else's: a listed file
+    whose bytes changed is fusebench's, damaged, and the rerun replaces it); a file in plots/ that is not one of
+    fusebench's plots; an error.txt fusebench did not write (``is_error_file``); a folder where fusebench
+    writes a file, or the reverse. fusebench never removes these."""
+    out_dir = Path(out_dir)
+    record = run_record(out_dir / "metrics.json")
+    checksums = record["files"] if record else {}
+    found = []
+    for name in OUTPUTS:
+        path = out_dir / name
+        if not os.path.lexists(path):
+            continue
+        if name == "metrics.json" or name == "error.txt":
+            mine = path.is_file() and (record is not None if name == "metrics.json" else is_error_file(path))
+            found += [] if mine else [name]
+        elif not path.is_dir():
+            found.append(name)
+        else:
+            for file in sorted(path.iterdir()):
+                mine = file.is_file() and (file.name in PLOTS if name == "plots"
+                                           else f"{name}/{file.name}" in checksums)
+                found += [] if mine else [f"{name}/{file.name}"]
+    return found
+
+
+def check_outputs(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
+    """Refuse a run dir that holds something under a run output's name that fusebench did not write."""
+    theirs = foreign(out_dir)
+    if theirs:
+        shown = ", ".join(theirs[:4]) + (f" and {len(theirs) - 4} more" if len(theirs) > 4 else "")
+        raise FusebenchError(f"the run dir {out_dir} holds {shown}, which fusebench did not write (or which changed "
+                             f"since its run); fusebench removes none of that: move it away, or choose another "
+                             f"{key}=...")
+
+
+def check_writable(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
+    """Create ``out_dir`` and write a probe file into it; a folder that cannot be is refused, naming ``key``
+    (hydra.run.dir, hydra.sweep.dir, embed.cache.dir, or any other key of a folder fusebench writes into)."""
+    out_dir = Path(out_dir)
+    what = WHAT.get(key, "folder")
+    hint = " (or paths.output_dir=...)" if key in ("hydra.run.dir", "hydra.sweep.dir") else ""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        reason = "it is a file, not a folder" if out_dir.exists() and not out_dir.is_dir() else err.strerror
+        if err.filename and os.fspath(err.filename) != os.fspath(out_dir) and not out_dir.exists():
+            reason += f": {err.filename}"
+        raise FusebenchError(f"the {what} {out_dir} cannot be written ({reason}); choose another with {key}=..."
+                             f"{hint}, or fix its permissions.") from None
+
+
+def start_fresh(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
+    """Check a run dir before the work: it can be written, and nothing in it under a run output's name was
+    written by anyone but fusebench (fusebench never removes that: refused, naming ``key``). An earlier run's
+    outputs stay until this run writes its own (``write_run_outputs`` swaps them in), so a rerun that fails
+    leaves them as they were."""
+    check_writable(out_dir, key)
+    check_outputs(out_dir, key)
+
+
+def check_dir(value, key: str, own: tuple[str, ...] = (), subdir: str | None = ".hydra") -> Path:
+    """The folder ``value`` of ``key`` (hydra.run.dir or hydra.sweep.dir), checked before Hydra creates it:
+    refused (FusebenchError naming ``key``) when empty (an unset shell variable), when it is the current
+    folder and that holds files fusebench did not write (besides run outputs, ``own``: the folders of
+    paths.output_dir and embed.cache.dir there), when a run dir holds a run output fusebench did not
+    write or another app's Hydra folder (``subdir``: hydra.output_subdir, which Hydra would overwrite; a
+    sweep's job dirs are checked by the sweeper before any job runs, and as each job starts), or when it
+    cannot be created and written."""
+    if value is None or not str(value).strip():
+        raise FusebenchError(f"{key} is empty (an unset shell variable?); give the outputs a folder of their own, "
+                             f"e.g. {key}=outputs/run1.")
+    path = Path(str(value))
+    if path.is_dir() and path.resolve() == Path.cwd().resolve():
+        theirs = sorted(p.name for p in path.iterdir() if p.name not in (*OUTPUTS, ".hydra", "fusebench.log", *own))
+        if theirs:
+            raise FusebenchError(f"{key}={value} is the current folder, which holds files fusebench did not write "
+                                 f"({', '.join(theirs[:4])}{', ...' if len(theirs) > 4 else ''}); give the outputs "
+                                 f"a folder of their own, e.g. {key}=outputs/run1.")
+    if path.is_dir() and key != "hydra.sweep.dir":
+        check_outputs(path, key)
+        check_hydra_files(path, key, subdir)
+    check_writable(path, key)
+    return path
+
+
+def keep_earlier_config(run_dir: str | Path, subdir: str | None = ".hydra") -> None:
+    """Read the Hydra files of the finished run in ``run_dir`` (if it holds one), before Hydra rewrites them."""
+    run_dir = Path(run_dir).resolve()
+    if subdir is None or run_record(run_dir / "metrics.json") is None:
+        return
+    folder = run_dir / subdir
+    try:
+        _EARLIER[run_dir] = (file_identity(run_dir / "metrics.json"), folder, read_hydra_files(folder))
+    except OSError:  # unreadable: nothing kept, the rerun goes on as before
+        pass
+
+
+def read_hydra_files(folder: str | Path) -> dict[str, bytes | None]:
+    """The Hydra files in ``folder`` (a job's hydra.output_subdir), name -> bytes (None: absent)."""
+    folder = Path(folder)
+    return {name: (folder / name).read_bytes() if (folder / name).is_file() else None for name in HYDRA_FILES}
+
+
+def put_back_hydra_files(folder: str | Path, kept: dict[str, bytes | None]) -> None:
+    """Write ``kept`` (``read_hydra_files``) back into ``folder``, removing the files that were absent."""
+    folder = Path(folder)
+    for name, data in kept.items():
+        if data is None:
+            (folder / name).unlink(missing_ok=True)
+        else:
+            atomic_save(folder / name, lambda tmp, data=data: tmp.write_bytes(data))
+
+
+def restore_earlier_config(run_dir: str | Path) -> bool:
+    """Put the earlier run's Hydra files back when its metrics.json is still the one in ``run_dir`` (the rerun
+    failed before writing its own outputs), so that its config describes its results. Returns whether it did."""
+    entry = _EARLIER.pop(Path(run_dir).resolve(), None)
+    if entry is None:
+        return False
+    identity, folder, kept = entry
+    try:
+        if file_identity(Path(run_dir) / "metrics.json") != identity:
+            return False
+        put_back_hydra_files(folder, kept)
+    except OSError:
+        return False
+    return True
+
+
+def forget(run_dir: str | Path) -> None:
+    """The run in ``run_dir`` wrote its outputs: its earlier run's Hydra files are not needed."""
+    _EARLIER.pop(Path(run_dir).resolve(), None)

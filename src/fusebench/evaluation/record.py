@@ -1,0 +1,246 @@
+"""The run record: what one run measured, as types. metrics.json is its serialised form, and every consumer
+(the printed table, plots, W&B, sweep reports, notebook helpers) reads these types, not dict keys.
+
+Layout of metrics.json (unchanged from version 1, which lacked ``version`` and ``files``)::
+
+    {"version": 2, "dataset": {...}, "retrievers": {NAME: {"t2i": {"R@1": .., "median_rank": .., "n_queries": ..},
+     "i2t": {...}, "mean": {"R@1": ..}, "spec": {...}, "embedding": {...}?}}, "comparisons": [{...}],
+     "oracle": {...} | null, "fusion": {...}, "eval": {...}, "run": {...}, "files": {"ranks/x.npy": sha256}}
+
+A fusion is a retriever whose ``spec.kind`` is ``"fusion"``; its ``spec.members`` are the models it fused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+RECORD_VERSION = 2
+POSITIVE_BLOCKS = ("eccv", "cxc")  # extra-positive metric blocks a retriever may carry (fusebench.evaluation.positives)
+DEFAULT_WEIGHT = 1.0  # a model's weight in the fused score when its spec sets none
+
+
+class RecordError(ValueError):
+    """A metrics.json that cannot be read as a run record; the message says what is wrong."""
+
+
+def _need(mapping, key: str, where: str):
+    if not isinstance(mapping, dict) or key not in mapping:
+        raise RecordError(f"{where} lacks '{key}'")
+    return mapping[key]
+
+
+@dataclass(frozen=True)
+class DirectionMetrics:
+    """Recall@k (percent) for one direction, with the median rank and the number of queries."""
+
+    recall: dict[int, float]
+    median_rank: float | None = None
+    n_queries: int = 0
+
+    def at(self, k: int) -> float | None:
+        return self.recall.get(k)
+
+    def to_json(self) -> dict:
+        out: dict = {f"R@{k}": v for k, v in self.recall.items()}
+        out["median_rank"], out["n_queries"] = self.median_rank, self.n_queries
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict, where: str) -> DirectionMetrics:
+        if not isinstance(data, dict):
+            raise RecordError(f"{where} is not an object")
+        recall = {int(key[2:]): value for key, value in data.items() if key.startswith("R@") and key[2:].isdigit()}
+        return cls(recall, data.get("median_rank"), int(data.get("n_queries", 0)))
+
+
+@dataclass
+class RetrieverResult:
+    name: str
+    t2i: DirectionMetrics
+    i2t: DirectionMetrics
+    mean: dict[int, float]
+    spec: dict
+    embedding: dict | None = None
+    positives: dict[str, dict] = field(default_factory=dict)  # {"eccv": {"t2i": {"mAP@R": ...}, "i2t": {...}}}
+
+    @property
+    def is_fusion(self) -> bool:
+        return self.spec.get("kind") == "fusion"
+
+    @property
+    def members(self) -> list[str]:
+        return list(self.spec.get("members", [])) if self.is_fusion else []
+
+    def direction(self, direction: str) -> DirectionMetrics:
+        return self.t2i if direction == "t2i" else self.i2t
+
+    def recall(self, direction: str, k: int) -> float | None:
+        """Recall@k in percent for ``t2i``, ``i2t`` or ``mean``."""
+        return self.mean.get(k) if direction == "mean" else self.direction(direction).at(k)
+
+    def to_json(self) -> dict:
+        out = {"t2i": self.t2i.to_json(), "i2t": self.i2t.to_json(), "mean": {f"R@{k}": v for k, v in self.mean.items()},
+               "spec": self.spec}
+        if self.embedding:
+            out["embedding"] = self.embedding
+        out.update(self.positives)  # retrievers.NAME.eccv / .cxc beside t2i and i2t
+        return out
+
+    @classmethod
+    def from_json(cls, name: str, data: dict) -> RetrieverResult:
+        where = f"retriever {name!r}"
+        spec = _need(data, "spec", where)
+        if not isinstance(spec, dict):
+            raise RecordError(f"{where}: 'spec' is not an object")
+        mean = _need(data, "mean", where)
+        if not isinstance(mean, dict):
+            raise RecordError(f"{where}: 'mean' is not an object")
+        positives = {key: data[key] for key in POSITIVE_BLOCKS if isinstance(data.get(key), dict)}
+        return cls(name, DirectionMetrics.from_json(_need(data, "t2i", where), f"{where} t2i"),
+                   DirectionMetrics.from_json(_need(data, "i2t", where), f"{where} i2t"),
+                   {int(k[2:]): v for k, v in mean.items() if k.startswith("R@")}, spec, data.get("embedding"),
+                   positives)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One paired comparison: candidate vs baseline at one direction and k (gain in points)."""
+
+    candidate: str
+    baseline: str
+    direction: str
+    k: int
+    gain: float
+    ci_low: float
+    ci_high: float
+    wins: int
+    losses: int
+    cluster_ci_low: float
+    cluster_ci_high: float
+    p_value: float
+    baseline_recall: float
+    candidate_recall: float
+    n_queries: int
+    level: float = 0.95
+    draws: int = 0
+    metric: str = ""  # "" = recall@k on the split's own positives; else e.g. "eccv mAP@R" (then k is 0)
+
+    def to_json(self) -> dict:
+        order = ("baseline", "candidate", "direction", "k", "gain", "ci_low", "ci_high", "wins", "losses",
+                 "cluster_ci_low", "cluster_ci_high", "p_value", "baseline_recall", "candidate_recall", "n_queries",
+                 "level", "draws")
+        out = {key: getattr(self, key) for key in order}
+        if self.metric:
+            out["metric"] = self.metric
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> Comparison:
+        if not isinstance(data, dict):
+            raise RecordError("a comparison is not an object")
+        known = {f.name for f in fields(cls)}
+        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in ("level", "draws", "metric")]
+        if missing:
+            raise RecordError(f"a comparison lacks {', '.join(missing)}")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class RunRecord:
+    dataset: dict
+    retrievers: dict[str, RetrieverResult]
+    comparisons: list[Comparison]
+    fusion: dict
+    eval: dict
+    run: dict
+    oracle: dict | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    reference: dict | None = None  # the article's row for this job (fusebench.report.article), when it has one
+    positives: dict | None = None  # per extra-positive set: its query counts (fusebench.evaluation.positives)
+    positive_comparisons: list[Comparison] = field(default_factory=list)  # the same pairs on those metrics
+    tune: dict | None = None  # tune mode: the tuning split, criterion, every setting's value, the chosen one
+    version: int = RECORD_VERSION
+
+    @property
+    def ks(self) -> list[int]:
+        return list(self.eval.get("ks", []))
+
+    @property
+    def level(self) -> float:
+        return float(self.eval.get("level", 0.95))
+
+    @property
+    def fusions(self) -> list[str]:
+        return [n for n, r in self.retrievers.items() if r.is_fusion]
+
+    @property
+    def headline(self) -> str:
+        """The retriever a run is about: its fusion when there is one, else its first model."""
+        return self.fusions[0] if self.fusions else next(iter(self.retrievers))
+
+    @property
+    def singles(self) -> list[str]:
+        return [n for n, r in self.retrievers.items() if not r.is_fusion]
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.dataset.get("simulated"))
+
+    def best_single(self, direction: str = "t2i", k: int = 1, among: list[str] | None = None) -> str | None:
+        """The best single model: the non-fusion retriever (of ``among``, default all) with the highest recall
+        at ``direction`` and ``k``; the first in config order on ties. The one definition every consumer uses."""
+        names = [n for n in (among if among is not None else list(self.retrievers)) if not self.retrievers[n].is_fusion]
+        if not names:
+            return None
+        return max(names, key=lambda n: (self.retrievers[n].recall(direction, k) or 0.0, -names.index(n)))
+
+    def comparison(self, candidate: str, baseline: str, direction: str, k: int) -> Comparison | None:
+        return next((c for c in self.comparisons if (c.candidate, c.baseline, c.direction, c.k)
+                     == (candidate, baseline, direction, k)), None)
+
+    def to_json(self) -> dict:
+        out = {"version": self.version, "dataset": self.dataset,
+               "retrievers": {n: r.to_json() for n, r in self.retrievers.items()},
+               "comparisons": [c.to_json() for c in self.comparisons], "oracle": self.oracle, "fusion": self.fusion,
+               "eval": self.eval, "run": self.run, "files": self.files}
+        if self.reference is not None:
+            out["reference"] = self.reference
+        if self.tune is not None:
+            out["tune"] = self.tune
+        if self.positives:
+            out["positives"] = self.positives
+            out["positive_comparisons"] = [c.to_json() for c in self.positive_comparisons]
+        return out
+
+    @classmethod
+    def from_json(cls, data) -> RunRecord:
+        """The record in a parsed metrics.json; RecordError says what is missing, or which version it is."""
+        if not isinstance(data, dict):
+            raise RecordError(f"metrics.json holds a JSON {type(data).__name__}, not an object")
+        version = data.get("version", 1)
+        if not isinstance(version, int) or not 1 <= version <= RECORD_VERSION:
+            raise RecordError(f"metrics.json is record version {version!r}; this fusebench reads versions 1 to "
+                              f"{RECORD_VERSION} (upgrade fusebench to read it)")
+        dataset = _need(data, "dataset", "metrics.json")
+        if not isinstance(dataset, dict) or not {"name", "n_images", "n_captions"} <= set(dataset):
+            raise RecordError("metrics.json: 'dataset' lacks name, n_images or n_captions")
+        retrievers = _need(data, "retrievers", "metrics.json")
+        if not isinstance(retrievers, dict) or not retrievers:
+            raise RecordError("metrics.json: 'retrievers' is missing or empty")
+        comparisons = data.get("comparisons", [])
+        if not isinstance(comparisons, list):
+            raise RecordError("metrics.json: 'comparisons' is not a list")
+        files = data.get("files") or {}
+        if not isinstance(files, dict):
+            raise RecordError("metrics.json: 'files' is not a mapping of file -> sha256")
+        eval_ = data.get("eval") or {}
+        if not isinstance(eval_, dict):
+            raise RecordError("metrics.json: 'eval' is not an object")
+        return cls(dataset=dataset, retrievers={str(n): RetrieverResult.from_json(str(n), r) for n, r in retrievers.items()},
+                   comparisons=[Comparison.from_json(c) for c in comparisons], fusion=data.get("fusion") or {},
+                   eval=eval_, run=data.get("run") or {}, oracle=data.get("oracle"), files=files,
+                   reference=data.get("reference") if isinstance(data.get("reference"), dict) else None,
+                   positives=data.get("positives") if isinstance(data.get("positives"), dict) else None,
+                   positive_comparisons=[Comparison.from_json(c) for c in data.get("positive_comparisons") or []],
+                   tune=data.get("tune") if isinstance(data.get("tune"), dict) else None,
+                   version=version)

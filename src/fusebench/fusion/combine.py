@@ -1,0 +1,320 @@
+"""Rank fusion over per-model top-k lists: the ``fusion`` config and one ``fuse`` (the normalisers that give each
+list's evidence are in :mod:`fusebench.fusion.normalisers`).
+
+Inputs are per-model ranked lists for a batch of queries (``valid`` marks real entries; ``None`` means every
+entry is real, as for whole score rows): ``ids`` (B, k) int64 with -1 padding and
+``scores`` (B, k) float32, ordered best first. A normaliser maps one model's list to per-hit evidence;
+``fuse`` adds the weighted evidence either per source object (item id) or per document (each model's hit
+its own entry) and orders the result by fused score, ties kept in first-appearance order when the lists
+are read model by model in config order, each from rank 1 down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from fusebench import FusebenchError
+from fusebench.config import checks
+from fusebench.fusion.normalisers import AFFINE, EVIDENCE, RowAffine, _ranks, affine_evidence, borda_absent_points, map_scores
+from fusebench.search import topk_kernels
+from fusebench.search.exact import sort_desc_with_tiebreak, sort_rows
+
+METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore", "isr", "l2", "borda")
+FUSE_ON = ("document", "source_object")
+RRF_WEIGHTINGS = ("multiply", "rank")
+# how an image's evidence from several lists adds up (source_object); the last three are OpenSearch's
+COMBINES = ("sum", "max", "mnz", "mean", "geometric", "harmonic")
+MEANS = ("mean", "geometric", "harmonic")  # weighted means: per image, never per (model, hit) entry
+HOLDER_MEANS = MEANS[1:]  # means over the lists that hold the image (evidence > 0), not over every list
+RANK_METHODS = ("rrf", "isr", "borda")  # evidence from the rank alone
+SCORE_MAPS = ("none", "cosine01", "atan")  # an engine's own score for a cosine s, before normalising
+RRF_RANKS = ("own", "concatenated")  # concatenated: ranks run on through the models' lists (LanceDB)
+
+
+@dataclass
+class FusionConfig:
+    """The ``fusion`` config group's schema and defaults (registered with Hydra by :mod:`fusebench.config.schema`)."""
+
+    method: str = "dbsf"  # none | rrf | isr | borda | dbsf | sum | minmax | zscore | l2
+    fuse_on: str = "source_object"  # source_object: one entry per image; document: each model's hit its own entry
+    top_k: int | None = 100  # per-model list length; null = all items
+    final_top_k: int | None = None  # fused list length; null = top_k
+    rrf_k: float = 60.0  # rrf only: 1 / (rrf_k + rank)
+    ddof: int = 0  # dbsf/zscore sd: 0 population, 1 sample (Qdrant)
+    rrf_weighting: str = "multiply"  # rrf only: multiply: w / (rrf_k + rank) | rank: 1 / (rank / w + rrf_k) (Qdrant)
+    combine: str = "sum"  # source_object: sum (CombSUM) | max (CombMAX) | mnz (sum x lists holding it, CombMNZ)
+    #   | mean (sum / all weights) | geometric | harmonic (weighted means over the lists holding it: OpenSearch)
+    score_map: str = "none"  # none | cosine01: (1 + s) / 2 (Lucene, Milvus COSINE) | atan: 1/2 + atan(s) / pi (Milvus IP)
+    flat_score: float | None = None  # evidence for a list whose scores are all equal; null = the method's own
+    floor: float | None = None  # evidence <= 0 becomes this (OpenSearch's 0.001); null = none
+    rrf_ranks: str = "own"  # rank methods: own list's rank | concatenated: model m's ranks start after the lists before it
+    preset: str | None = None  # the engine preset this is (conf/fusion/ENGINE_METHOD.yaml), for labels
+
+    def __post_init__(self):
+        checks.choice(self.method, "fusion.method", METHODS)
+        checks.choice(self.fuse_on, "fusion.fuse_on", FUSE_ON)
+        for key in ("top_k", "final_top_k"):
+            checks.optional_integer(getattr(self, key), f"fusion.{key}", 1, "null = all items")
+        if isinstance(self.ddof, bool) or self.ddof not in (0, 1):
+            raise FusebenchError(f"fusion.ddof={self.ddof!r} is not valid: use 0 (population sd) or 1 (sample sd, as Qdrant).")
+        checks.number(self.rrf_k, "fusion.rrf_k", 0, hint="rrf only: 1 / (rrf_k + rank); the usual value is 60")
+        checks.choice(self.rrf_weighting, "fusion.rrf_weighting", RRF_WEIGHTINGS)
+        checks.choice(self.combine, "fusion.combine", COMBINES)
+        checks.choice(self.score_map, "fusion.score_map", SCORE_MAPS)
+        checks.choice(self.rrf_ranks, "fusion.rrf_ranks", RRF_RANKS)
+        for key in ("flat_score", "floor"):
+            if getattr(self, key) is not None:
+                checks.number(getattr(self, key), f"fusion.{key}", hint="null = none")
+        checks.text(self.preset, "fusion.preset", allow_none=True)
+        if self.fuse_on == "document" and (self.combine in MEANS or self.method == "borda"):
+            what = f"fusion.combine={self.combine}" if self.combine in MEANS else "fusion.method=borda"
+            raise FusebenchError(f"{what} combines an image's entries across lists, so it needs "
+                                 "fusion.fuse_on=source_object (fuse_on=document keeps each model's hit apart).")
+        if self.method == "borda" and self.combine != "sum":
+            raise FusebenchError(f"fusion.combine={self.combine} is not valid with fusion.method=borda: Borda adds "
+                                 "every list's points (fusion.combine=sum).")
+        self._check_method_settings()
+        if self.combine in MEANS and self.rrf_weighting == "rank":
+            raise FusebenchError(f"fusion.combine={self.combine} weighs each list's evidence by its weight: use "
+                                 "fusion.rrf_weighting=multiply with it.")
+
+    def _check_method_settings(self) -> None:
+        """A setting the method never reads is refused, not recorded as if it had changed the result."""
+        ignored = [(self.score_map != "none" and self.method in RANK_METHODS, "score_map", self.score_map,
+                    "maps scores, but this method reads only ranks", "none"),
+                   (self.rrf_ranks != "own" and self.method not in RANK_METHODS, "rrf_ranks", self.rrf_ranks,
+                    f"numbers ranks for the rank methods ({', '.join(RANK_METHODS)}) only", "own"),
+                   (self.rrf_weighting != "multiply" and self.method != "rrf", "rrf_weighting", self.rrf_weighting,
+                    "applies to rrf only", "multiply")]
+        for unused, key, value, why, default in ignored:
+            if unused and self.method != "none":
+                raise FusebenchError(f"fusion.{key}={value} has no effect with fusion.method={self.method}: it {why}. "
+                                     f"Drop it (fusion.{key}={default}) or pick a method that uses it.")
+
+    def per_model_k(self, n_items: int) -> int:
+        return n_items if self.top_k is None else min(self.top_k, n_items)
+
+    def final_k(self, n_items: int, n_models: int) -> int:
+        """Length of the fused list: final_top_k, else top_k; never more than the entries that exist."""
+        wanted = self.final_top_k if self.final_top_k is not None else self.top_k
+        available = n_models * self.per_model_k(n_items) if self.fuse_on == "document" else n_items
+        return available if wanted is None else min(wanted, available)
+
+    def check_ks(self, ks: list[int], source: str = "eval.ks") -> None:
+        """Recall@k needs lists at least k long (``source``: the key the ks come from, named in the error)."""
+        largest = max(ks)
+        for key in ("top_k", "final_top_k"):
+            value = getattr(self, key)
+            if value is not None and value < largest:
+                raise FusebenchError(
+                    f"fusion.{key}={value} is below the largest {source} ({largest}); recall@{largest} needs lists "
+                    f"of at least {largest} items: raise fusion.{key} or drop k={largest} from {source}."
+                )
+
+
+def method_rows(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig,
+                moments: torch.Tensor | None = None) -> RowAffine:
+    """The method's per-row affine map, with ``config.flat_score`` for flat lists where set (``moments``: whole
+    rows' stored mean and sd, for the methods that use them)."""
+    rows = AFFINE[config.method](scores, valid, ddof=config.ddof, moments=moments)
+    return rows if config.flat_score is None else replace(rows, flat_value=float(config.flat_score))
+
+
+@dataclass
+class FusedLists:
+    ids: torch.Tensor  # (B, L) int64, -1 padding
+    scores: torch.Tensor  # (B, L) float32, -inf padding
+    contributors: torch.Tensor  # (B, L) int64 bitmask of the models whose lists hold this entry
+
+
+def _group_by_id(all_ids: torch.Tensor):
+    """Per row, the entries sorted by (id, position): (ids, positions, first-of-its-id mask, padding slot id).
+    Each model's list holds an id at most once, so an id's entries are at most ``n_models`` apart."""
+    width = all_ids.shape[1]
+    shift = max(1, (width - 1).bit_length())
+    n_slots = int(all_ids.max()) + 2 if all_ids.numel() else 1  # the last slot holds padding
+    dtype = torch.int32 if n_slots << shift < 2**31 else torch.int64  # int32 keys sort twice as fast
+    slot = all_ids.to(dtype)
+    slot.masked_fill_(slot < 0, n_slots - 1)
+    keys = sort_rows((slot << shift) | torch.arange(width, device=all_ids.device, dtype=dtype))
+    ids, positions = keys >> shift, (keys & ((1 << shift) - 1)).long()
+    first = torch.ones_like(ids, dtype=torch.bool)
+    first[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    return ids, positions, first, n_slots - 1
+
+
+def _group_reduce(ids: torch.Tensor, parts: torch.Tensor, n_models: int, op: str) -> torch.Tensor:
+    """Each id's parts reduced (``sum`` in position order, ``max``, ``or``) at its first entry."""
+    total = parts.clone()
+    for step in range(1, n_models):
+        apart = ids[:, step:] != ids[:, :-step]
+        if op == "max":
+            total[:, :-step] = torch.maximum(total[:, :-step], parts[:, step:].masked_fill(apart, float("-inf")))
+        elif op == "or":
+            total[:, :-step] |= parts[:, step:].masked_fill(apart, 0)
+        else:
+            total[:, :-step] += parts[:, step:].masked_fill(apart, 0.0)
+    return total
+
+
+def _popcount(bits: torch.Tensor, n_models: int) -> torch.Tensor:
+    return sum((bits >> m) & 1 for m in range(n_models))
+
+
+def mean_parts(value: torch.Tensor, weight, combine: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """OpenSearch's geometric and harmonic means, per entry: what the numerator and the denominator add
+    (w ln e and w, or w / e and w); an entry whose evidence e is <= 0 adds to neither. ``weight``: a number
+    or a tensor like ``value``."""
+    counted = value > 0
+    safe = torch.where(counted, value, torch.ones_like(value))
+    part = weight * torch.log(safe) if combine == "geometric" else weight / safe
+    return part.masked_fill_(~counted, 0.0), torch.where(counted, weight, 0.0).to(value.dtype)
+
+
+def mean_total(num: torch.Tensor, den: torch.Tensor, combine: str) -> torch.Tensor:
+    """The mean from the summed parts: exp(num / den) (geometric) or den / num (harmonic); 0 with no parts."""
+    if combine == "geometric":
+        return torch.where(den > 0, torch.exp(num / den.clamp(min=1e-30)), 0.0)
+    return torch.where(num > 0, den / num.clamp(min=1e-30), 0.0)
+
+
+def _combine_by_id(ids, gather, weighted, plain, entry_weights, bits, n_models, config: FusionConfig):
+    """Per id (at its first entry in the sorted layout): the evidence combined as ``config.combine`` says,
+    and the bitmask of the lists holding it. ``gather`` puts an entry tensor in the sorted layout."""
+    contributors = _group_reduce(ids, gather(bits), n_models, "or")
+    combine = config.combine
+    if combine == "max":
+        return _group_reduce(ids, gather(weighted), n_models, "max"), contributors
+    if combine in HOLDER_MEANS:  # weighted means over the lists holding it with evidence > 0
+        part, part_weight = mean_parts(gather(plain), gather(entry_weights), combine)
+        return mean_total(_group_reduce(ids, part, n_models, "sum"), _group_reduce(ids, part_weight, n_models, "sum"),
+                          combine), contributors
+    total = _group_reduce(ids, gather(weighted), n_models, "sum")
+    if combine == "mnz":  # times the number of lists that hold the id
+        total *= _popcount(contributors, n_models).to(total.dtype)
+    return total, contributors
+
+
+def weighted_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig,
+                      weight: float, offset: int = 0, candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """One model's evidence for its list, times its weight; with ``rrf_weighting: rank`` (Qdrant) RRF divides
+    the rank by the weight instead: 1 / (rank / w + rrf_k), and a weight <= 0 gives 0. ``offset``: ranks
+    start after it (``rrf_ranks: concatenated``); ``candidates``: Borda's n per row."""
+    if config.method == "rrf" and config.rrf_weighting == "rank":
+        return _rank_weighted_rrf(scores, config, weight, offset)
+    return plain_evidence(scores, valid, config, offset, candidates) * weight
+
+
+def _rank_offset(config: FusionConfig, offset: int) -> int:
+    """Where a list's ranks start: after the lists before it (``rrf_ranks: concatenated``), else at 1."""
+    return offset if config.rrf_ranks == "concatenated" else 0
+
+
+def _rank_weighted_rrf(scores: torch.Tensor, config: FusionConfig, weight: float, offset: int) -> torch.Tensor:
+    offset = _rank_offset(config, offset)
+    if weight <= 0:
+        return torch.zeros_like(scores)
+    return (1.0 / (_ranks(scores, offset) / weight + config.rrf_k)).expand_as(scores).clone()
+
+
+def plain_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig, offset: int = 0,
+                   candidates: torch.Tensor | None = None) -> torch.Tensor:
+    """One model's unweighted evidence: the engine's score map, the method (its flat value as configured),
+    then the floor."""
+    method = config.method
+    if valid is not None and scores.device.type == "cpu" and bool(valid.all()):
+        valid = None  # full lists (the usual case): whole-row statistics, one numba pass per moment
+    if method in RANK_METHODS:
+        evidence = EVIDENCE[method](scores, valid, rrf_k=config.rrf_k, offset=_rank_offset(config, offset),
+                                    candidates=candidates)
+    else:
+        mapped = map_scores(scores, config.score_map)
+        evidence = mapped.clone() if method == "sum" else affine_evidence(mapped, method_rows(mapped, valid, config))
+    if config.floor is not None:
+        evidence = torch.where(evidence <= 0, torch.tensor(float(config.floor), dtype=evidence.dtype), evidence)
+    return evidence
+
+
+_KERNEL_COMBINES = {"sum": topk_kernels.COMBINE_SUM, "max": topk_kernels.COMBINE_MAX, "mnz": topk_kernels.COMBINE_MNZ}
+
+
+def _kernel_combines(config: FusionConfig, all_ids: torch.Tensor) -> bool:
+    return (all_ids.device.type == "cpu" and config.combine in _KERNEL_COMBINES and config.method != "borda"
+            and all_ids.numel() > 0)
+
+
+def _weighted_lists(ids, scores, weights, offsets, config: FusionConfig) -> torch.Tensor:
+    """Every model's weighted evidence, side by side in model order (B, sum of the list lengths)."""
+    return torch.cat([weighted_evidence(s.to(torch.float32), i >= 0, config, w, offset=o)
+                      for i, s, w, o in zip(ids, scores, weights, offsets)], dim=1)
+
+
+def _fuse_by_id_kernel(all_ids, ids, scores, weights, offsets, config, final_k) -> FusedLists:
+    """source_object fusion by :func:`fusebench.search.topk_kernels.fuse_by_id` (the same rule as the torch path below)."""
+    evidence = _weighted_lists(ids, scores, weights, offsets, config)
+    rows = all_ids.shape[0]
+    out_ids = np.full((rows, final_k), -1, dtype=np.int64)
+    out_scores = np.full((rows, final_k), -np.inf, dtype=np.float32)
+    out_bits = np.zeros((rows, final_k), dtype=np.int64)
+    column_bits = np.concatenate([np.full(t.shape[1], 1 << m, dtype=np.int64) for m, t in enumerate(ids)])
+    topk_kernels.fuse_by_id(all_ids.contiguous().numpy(), evidence.contiguous().numpy(), column_bits,
+                       int(all_ids.max()) + 1, final_k, _KERNEL_COMBINES[config.combine], out_ids, out_scores, out_bits)
+    return FusedLists(torch.from_numpy(out_ids), torch.from_numpy(out_scores), torch.from_numpy(out_bits))
+
+
+def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
+         weights: list[float] | None = None) -> FusedLists:
+    """Fuse per-model ranked lists for one batch of queries into one list of length ``final_k`` with
+    ``config``'s method, key, rrf_k and ddof (``weights``: per model, None = equal)."""
+    method, fuse_on, n_models = config.method, config.fuse_on, len(ids)
+    if method not in EVIDENCE:
+        raise FusebenchError(f"fusion method {method!r} cannot fuse; valid: {', '.join(EVIDENCE)}.")
+    if fuse_on not in FUSE_ON:
+        raise FusebenchError(f"fuse_on={fuse_on!r} is not valid; valid: {', '.join(FUSE_ON)}.")
+    weights = [1.0] * n_models if weights is None else list(weights)
+    all_ids = torch.cat(ids, dim=1)
+    offsets = [sum(t.shape[1] for t in ids[:m]) for m in range(n_models)]
+    if fuse_on == "source_object" and _kernel_combines(config, all_ids):  # the common case on the CPU: numba
+        return _fuse_by_id_kernel(all_ids, ids, scores, weights, offsets, config, final_k)
+    bits = torch.cat([torch.full_like(i, 1 << m) for m, i in enumerate(ids)], dim=1)
+    if fuse_on == "document":
+        fused = _weighted_lists(ids, scores, weights, offsets, config).masked_fill(all_ids < 0, float("-inf"))
+        out_scores, out_positions = sort_desc_with_tiebreak(fused)
+    else:
+        sorted_ids, positions, first, pad = _group_by_id(all_ids)
+        candidates = (first & (sorted_ids != pad)).sum(dim=1, keepdim=True) if method == "borda" else None
+        plain = torch.cat([plain_evidence(s.to(torch.float32), i >= 0, config, o, candidates)
+                           for i, s, o in zip(ids, scores, offsets)], dim=1)
+        entry_weights = torch.cat([torch.full_like(s, w, dtype=torch.float32) for s, w in zip(scores, weights)], dim=1)
+        rank_weighted = method == "rrf" and config.rrf_weighting == "rank"  # the weight divides the rank (Qdrant)
+        weighted = _weighted_lists(ids, scores, weights, offsets, config) if rank_weighted else plain * entry_weights
+        total, by_id = _combine_by_id(sorted_ids, lambda t: t.gather(1, positions), weighted, plain, entry_weights,
+                                      bits, n_models, config)
+        if method == "borda":  # the points of the lists that lack the id
+            for m, (i, w) in enumerate(zip(ids, weights)):
+                total += ((by_id >> m) & 1 == 0).to(total.dtype) * (w * borda_absent_points(i >= 0, candidates))
+        if config.combine == "mean":  # OpenSearch's arithmetic mean: a list lacking the id counts as 0
+            total /= sum(weights) if sum(weights) > 0 else 1.0
+        total = total.masked_fill_(~first | (sorted_ids == pad), float("-inf"))
+        out_scores, out_positions = sort_desc_with_tiebreak(total, positions)
+        bits = torch.zeros_like(bits).scatter_(1, positions, by_id)
+    out_scores, out_positions = out_scores[:, :final_k], out_positions[:, :final_k]
+    pad_out = out_scores == float("-inf")
+    return FusedLists(ids=all_ids.gather(1, out_positions).masked_fill_(pad_out, -1), scores=out_scores,
+                      contributors=bits.gather(1, out_positions).masked_fill_(pad_out, 0))
+
+
+def fuse_in_blocks(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
+                   weights: list[float] | None = None, max_entries: int = 1 << 17) -> FusedLists:
+    """``fuse`` over row blocks so that long lists (top_k = all) never hold more than ``max_entries`` at once."""
+    rows = ids[0].shape[0]
+    width = sum(t.shape[1] for t in ids)
+    step = max(1, max_entries // width)
+    blocks = [fuse([t[r:r + step] for t in ids], [t[r:r + step] for t in scores], config, final_k, weights)
+              for r in range(0, rows, step)]
+    if len(blocks) == 1:
+        return blocks[0]
+    return FusedLists(*(torch.cat([getattr(b, f) for b in blocks]) for f in ("ids", "scores", "contributors")))

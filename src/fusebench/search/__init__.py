@@ -1,0 +1,5 @@
+"""Search: per model, per direction, ranked lists from embeddings. ``exact`` is stable top-k and the ranks of
+known targets on any torch device; ``topk_kernels`` (numba) select running top-k per row and per column of a score
+block in one read; ``row_kernels`` (numba) order and rank whole rows; ``model_lists`` streams one model's
+similarity matrix in tiles into its lists, both directions, with every query's exact rank. Approximate index
+backends (FAISS and engines in the loop) belong beside ``exact``, returning the same ``ModelLists``."""

@@ -1,0 +1,165 @@
+"""One model's ranked lists, both directions, from its embeddings: the unit the list store keeps.
+
+The similarity matrix (captions x images, fp32) is computed in tiles of ``chunk_size`` caption rows by
+``item_chunk_size`` image columns, so memory is bounded by the tile, never by the corpus. Each tile
+feeds two sets of running top-``depth`` lists: per caption (t2i, merged across image tiles) and per image
+that has captions (i2t, merged across caption tiles). On the CPU the numba heaps of
+:mod:`fusebench.search.topk_kernels` read the tile in place; on other devices ``torch.topk`` candidates are merged.
+Ranks are exact: a query whose first correct item is in its list gets its list position, the rest are
+counted against a recomputed full row (t2i) or column (i2t), in pieces of at most one tile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
+from fusebench.search.exact import column_target_ranks, float_rows, merge_topk, similarity, target_ranks, topk_stable
+from fusebench.search.topk_kernels import Heaps
+
+
+@dataclass
+class ModelLists:
+    """Per direction: ``ids`` (queries, L) int32 item indices best first, ``scores`` (queries, L) float32,
+    ``ranks`` (queries,) int64 exact 1-based rank of the first correct item in the model's full ranking.
+    t2i queries are captions in corpus order; i2t queries the images that have captions, in index order."""
+
+    depth: int  # the depth asked for; each direction holds min(depth, items) entries per query
+    arrays: dict[str, np.ndarray]  # "t2i_ids", "t2i_scores", "t2i_ranks", "i2t_ids", ...
+
+    def ids(self, direction: str) -> np.ndarray:
+        return self.arrays[f"{direction}_ids"]
+
+    def scores(self, direction: str) -> np.ndarray:
+        return self.arrays[f"{direction}_scores"]
+
+    def ranks(self, direction: str) -> np.ndarray:
+        return self.arrays[f"{direction}_ranks"]
+
+    def covers(self, depth: int, n_images: int, n_captions: int) -> bool:
+        """True when these lists are at least ``depth`` long (or already hold every item)."""
+        return (self.ids("t2i").shape[1] >= min(depth, n_images)
+                and self.ids("i2t").shape[1] >= min(depth, n_captions))
+
+
+class _TorchLists:
+    """Running top-k lists on any torch device: ``topk_stable`` candidates per tile, merged in index order."""
+
+    def __init__(self, n: int, k: int, device: torch.device):
+        self.k = k
+        self.vals = torch.full((n, k), float("-inf"), device=device)
+        self.ids = torch.full((n, k), -1, dtype=torch.int64, device=device)
+
+    def _merge(self, rows, values: torch.Tensor, ids: torch.Tensor) -> None:
+        merged = merge_topk([(self.vals[rows], self.ids[rows]), (values, ids)], self.k)
+        self.vals[rows], self.ids[rows] = merged
+
+    def offer_rows(self, block: torch.Tensor, first_item: int) -> None:
+        values, ids = topk_stable(block, min(self.k, block.shape[1]))
+        self._merge(slice(None), values, ids + first_item)
+
+    def offer_columns(self, block: torch.Tensor, first_row: int, slot: np.ndarray) -> None:
+        columns = np.flatnonzero(slot >= 0)
+        if columns.size:
+            cols = torch.as_tensor(columns, device=block.device)
+            values, ids = topk_stable(block[:, cols].T, min(self.k, block.shape[0]))
+            self._merge(torch.as_tensor(slot[columns], device=block.device), values, ids + first_row)
+
+    def lists(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.vals.cpu().numpy(), self.ids.cpu().numpy()
+
+
+class _CpuLists(Heaps):
+    def offer_rows(self, block: torch.Tensor, first_item: int) -> None:
+        super().offer_rows(block.numpy(), first_item)
+
+    def offer_columns(self, block: torch.Tensor, first_row: int, slot: np.ndarray) -> None:
+        super().offer_columns(block.numpy(), first_row, slot)
+
+
+def _running_lists(n: int, k: int, device: torch.device):
+    return _CpuLists(n, k) if device.type == "cpu" else _TorchLists(n, k, device)
+
+
+def tiles(n: int, size: int):
+    """(start, stop) pairs covering range(n) in steps of ``size``."""
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def full_rows(text: torch.Tensor, image: torch.Tensor, item_chunk: int, out: torch.Tensor) -> torch.Tensor:
+    """``text @ image.T`` assembled from image tiles into ``out`` (rows x items): the same tile shapes as
+    the pass that built the lists."""
+    if image.shape[0] <= item_chunk:  # one tile: write it in place
+        return similarity(text, image, out=out)
+    for c0, c1 in tiles(image.shape[0], item_chunk):
+        out[:, c0:c1] = similarity(text, image[c0:c1])
+    return out
+
+
+def t2i_ranks(ids: np.ndarray, text: torch.Tensor, image: torch.Tensor, cap_img: torch.Tensor,
+              tile_entries: int, item_chunk: int) -> np.ndarray:
+    """Exact t2i ranks: list position when the target is listed, else counted on the recomputed row."""
+    ranks = t2i_list_ranks(torch.from_numpy(ids), cap_img.cpu())
+    missing = np.flatnonzero(ranks == 0)
+    step = max(1, tile_entries // image.shape[0])
+    for start in range(0, missing.size, step):
+        rows = torch.as_tensor(missing[start:start + step], device=text.device)
+        scores = full_rows(text[rows], image, item_chunk,
+                           torch.empty(len(rows), image.shape[0], device=text.device))
+        ranks[missing[start:start + step]] = target_ranks(scores, cap_img[rows]).cpu().numpy()
+    return ranks
+
+
+def i2t_ranks(ids: np.ndarray, text: torch.Tensor, image: torch.Tensor, query_images: torch.Tensor,
+              cap_img: torch.Tensor, tile_entries: int) -> np.ndarray:
+    """Exact i2t ranks: list position when a correct caption is listed, else counted on the recomputed column."""
+    ranks = i2t_list_ranks(torch.from_numpy(ids), query_images.cpu(), cap_img.cpu())
+    missing = np.flatnonzero(ranks == 0)
+    step = max(1, tile_entries // text.shape[0])
+    for start in range(0, missing.size, step):
+        rows = torch.as_tensor(missing[start:start + step], device=text.device)
+        columns = similarity(text, image[query_images[rows]])
+        ranks[missing[start:start + step]] = column_target_ranks(columns, cap_img, query_images[rows]).cpu().numpy()
+    return ranks
+
+
+def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, device: torch.device | str = "cpu",
+                        chunk_size: int = 4096, item_chunk_size: int = 16384,
+                        progress: Callable[[int], None] | None = None) -> ModelLists:
+    """Top-``depth`` lists and exact ranks of one model, both directions (see the module docstring)."""
+    device = torch.device(device)
+    text, image = float_rows(text, device), float_rows(image, device)
+    n_captions, n_images = text.shape[0], image.shape[0]
+    k_t2i, k_i2t = min(depth, n_images), min(depth, n_captions)
+    cap_img = torch.as_tensor(np.asarray(caption_image), dtype=torch.int64, device=device)
+    query_images_np = np.unique(np.asarray(caption_image))
+    slot = np.full(n_images, -1, dtype=np.int64)
+    slot[query_images_np] = np.arange(query_images_np.size)
+    chunk, item_chunk = min(chunk_size, n_captions), min(item_chunk_size, n_images)
+    buffer = torch.empty(chunk * item_chunk, dtype=torch.float32, device=device)
+    columns = _running_lists(query_images_np.size, k_i2t, device)
+    t2i_ids = np.empty((n_captions, k_t2i), dtype=np.int32)
+    t2i_scores = np.empty((n_captions, k_t2i), dtype=np.float32)
+    for r0, r1 in tiles(n_captions, chunk):
+        rows = _running_lists(r1 - r0, k_t2i, device)
+        for c0, c1 in tiles(n_images, item_chunk):
+            block = similarity(text[r0:r1], image[c0:c1], out=buffer[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0))
+            rows.offer_rows(block, c0)
+            columns.offer_columns(block, r0, slot[c0:c1])
+        t2i_scores[r0:r1], t2i_ids[r0:r1] = rows.lists()
+        if progress is not None:
+            progress(r1 - r0)
+    del buffer
+    i2t_scores, i2t_ids = columns.lists()
+    query_images = torch.as_tensor(query_images_np, device=device)
+    tile_entries = chunk * item_chunk
+    return ModelLists(depth, {
+        "t2i_ids": t2i_ids, "t2i_scores": t2i_scores,
+        "t2i_ranks": t2i_ranks(t2i_ids, text, image, cap_img, tile_entries, item_chunk),
+        "i2t_ids": i2t_ids.astype(np.int32), "i2t_scores": i2t_scores.astype(np.float32),
+        "i2t_ranks": i2t_ranks(i2t_ids, text, image, query_images, cap_img, tile_entries),
+    })

@@ -1,0 +1,196 @@
+"""The list store: each model's ranked lists (both directions, exact ranks), computed once per model x
+corpus x depth and reused by every later job, in this process or another.
+
+An entry's key is the SHA-256 of what determines its lists: the model's normalised image and text
+embeddings (their bytes), which image each caption describes, the compute device type and the store
+format. The depth is not in the key: an entry holds the deepest lists asked for so far, and a job that
+needs deeper lists recomputes the entry at its depth. Layout, beside the embedding cache:
+
+    CACHE/lists/ab/abcdef.../lists.npz    t2i_ids, t2i_scores, t2i_ranks, i2t_ids, i2t_scores, i2t_ranks
+    CACHE/lists/ab/abcdef.../meta.json    key material, depth, shapes, bytes and sha256 of lists.npz
+    CACHE/lists/ab/abcdef....lock         held while the entry is read or computed (one job computes it)
+
+Guarantees as for embeddings: atomic writes (meta.json last, so an entry with meta.json is complete), a
+lock per entry, a checksum verified when a process first reads the file; an entry that is not provably the
+one asked for (its meta.json records another key or other inputs: ``cache.entry_meta``), truncated, corrupt,
+of another format or holding a directory where a file belongs is reported, removed and recomputed, never
+used; a file where a folder belongs (the entry's, ``lists/ab/`` or ``lists/`` itself) is reported and removed
+(``cache.store_folders``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fusebench import DIRECTIONS
+from fusebench.app import memo
+from fusebench.search.model_lists import ModelLists
+from fusebench.stores.embeddings import (
+    UNREADABLE,
+    cache_key,
+    data_file_problem,
+    discard_entry,
+    entry_lock,
+    entry_meta,
+    scan_entries,
+    store_folders,
+    unreadable,
+)
+from fusebench.stores.files import array_digest, atomic_save, atomic_write_text, clear_path, file_sha256
+
+log = logging.getLogger(__name__)
+FORMAT = 1  # bump when the stored arrays change meaning; older entries are then recomputed
+LISTS = memo.FileReads(256 << 20)  # entries' arrays kept for the next job of the process
+FIELDS = tuple(f"{d}_{f}" for d in DIRECTIONS for f in ("ids", "scores", "ranks"))
+
+
+def array_digests(arrays: Sequence[np.ndarray]) -> list[str]:
+    """``array_digest`` of each array, largest first on one thread per core (hashlib releases the GIL while
+    it hashes: a sim sweep job hashes ~260 MB of embeddings for its keys)."""
+    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].nbytes)
+    workers = min(len(arrays), os.cpu_count() or 1)
+    if workers < 2:
+        digests = [array_digest(arrays[i]) for i in order]
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            digests = list(pool.map(lambda i: array_digest(arrays[i]), order))
+    out = [""] * len(arrays)
+    for i, digest in zip(order, digests):
+        out[i] = digest
+    return out
+
+
+def shared_digests(arrays: Sequence[np.ndarray]) -> list[str]:
+    """``array_digests``, each read-only array's hashed once per process (``fusebench.app.memo``): a sweep's jobs
+    share their sim models' normalised rows, and each job's keys would hash them again (~0.2 s a job)."""
+    digests = [memo.known(a, "sha256") for a in arrays]
+    todo = [i for i, digest in enumerate(digests) if digest is None]
+    for i, digest in zip(todo, array_digests([arrays[i] for i in todo])):
+        digests[i] = digest
+        memo.remember(arrays[i], "sha256", digest)
+    return digests
+
+
+def list_materials(models: Sequence[tuple[np.ndarray, np.ndarray]], caption_image: np.ndarray,
+                   device_type: str) -> list[dict]:
+    """Everything each model's lists depend on, for the entry keys: per (image, text) pair, the digests of
+    its normalised embeddings, of which image each caption describes, the device type and the format."""
+    arrays = [np.asarray(a, dtype=np.float32) for pair in models for a in pair]
+    digests = shared_digests([*arrays, np.asarray(caption_image, dtype=np.int64)])
+    return [{"kind": "lists", "format": FORMAT, "image": digests[2 * m], "text": digests[2 * m + 1],
+             "caption_image": digests[-1], "device": device_type} for m in range(len(models))]
+
+
+@dataclass
+class StoreResult:
+    lists: ModelLists
+    key: str
+    hit: bool  # True: read from the store, no similarity computed
+    seconds: float  # time to read, or to compute and write
+
+
+class ListStore:
+    def __init__(self, cache_root: str | Path):
+        self.cache_root = Path(cache_root).expanduser()
+        self.root = self.cache_root / "lists"
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get_or_compute(self, material: dict, depth: int, n_images: int, n_captions: int,
+                       compute: Callable[[int], ModelLists], info: dict | None = None) -> StoreResult:
+        """The lists for ``material`` at least ``depth`` deep: from the store, else ``compute(depth)``."""
+        started = time.perf_counter()
+        key = cache_key(material)
+        folder = self.entry_dir(key)
+        store_folders(self.cache_root, folder.parent, "list store")
+        with entry_lock(folder, "list store"):
+            stored = self._read(folder, key, material, n_images, n_captions)
+            if stored is not None and stored.covers(depth, n_images, n_captions):
+                return StoreResult(stored, key, True, time.perf_counter() - started)
+            if stored is not None:
+                log.info("list store %s holds depth %d; recomputing at depth %d", key[:12], stored.depth, depth)
+                depth = max(depth, stored.depth)
+            lists = compute(depth)
+            try:
+                self._write(folder, key, material, lists, info or {})
+            except OSError as err:  # a full disk or a read-only cache: keep the computed lists, store nothing
+                clear_path(folder)
+                log.warning("could not store the lists in %s (%s); this job goes on without storing them",
+                            folder, err.strerror or err)
+            return StoreResult(lists, key, False, time.perf_counter() - started)
+
+    def _read(self, folder: Path, key: str, material: dict, n_images: int, n_captions: int) -> ModelLists | None:
+        data_path = folder / "lists.npz"
+        meta, problem = entry_meta(folder, key, material)
+        if meta is None and problem is None:
+            clear_path(folder)  # a write that never finished (or none yet): nothing in it is trusted
+            return None
+        try:
+            if problem is None and meta.get("format") != FORMAT:
+                problem = f"format {meta.get('format')!r}, this version reads format {FORMAT}"
+            problem = problem or data_file_problem(data_path, meta, once_per_process=True)
+            if problem is None:
+                arrays = shared_arrays(data_path)
+                problem = _shape_problem(arrays, n_images, n_captions)
+        except UNREADABLE as err:
+            problem = unreadable(err)
+        if problem:
+            discard_entry(folder, "list store", problem)
+            return None
+        return ModelLists(int(meta["depth"]), arrays)
+
+    def _write(self, folder: Path, key: str, material: dict, lists: ModelLists, info: dict) -> None:
+        clear_path(folder)
+        folder.mkdir(parents=True)
+        data_path = folder / "lists.npz"
+        atomic_save(data_path, lambda tmp: _save_npz(tmp, lists.arrays))
+        meta = {"key": key, "format": FORMAT, "info": info, "material": material, "depth": lists.depth,
+                "shapes": {name: list(lists.arrays[name].shape) for name in FIELDS},
+                "bytes": data_path.stat().st_size, "sha256": file_sha256(data_path),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+
+    def entries(self) -> list[dict]:
+        """Every entry: key, model, depth, queries x depth (t2i), size on disk, complete or not."""
+        return scan_entries(self.root, lambda meta: {
+            "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
+            "shape": (meta.get("shapes") or {}).get("t2i_ids"), "dtype": f"depth {meta.get('depth')}"},
+            lambda meta: {"lists.npz": meta["bytes"]}, kind="lists")
+
+
+def shared_arrays(path: Path) -> dict[str, np.ndarray]:
+    """An entry's arrays, read once per process for the unchanged file and returned read-only: the jobs of a
+    sweep on the basic launcher read the same lists (~25 MB a COCO model, ~40 ms to read, CRCs checked)."""
+    return LISTS.get(path, _read_arrays)
+
+
+def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as npz:
+        return {name: memo.read_only(npz[name]) for name in FIELDS}
+
+
+def _shape_problem(arrays: dict[str, np.ndarray], n_images: int, n_captions: int) -> str | None:
+    n_queries = {"t2i": n_captions, "i2t": None}
+    for direction in DIRECTIONS:
+        ids, scores, ranks = (arrays[f"{direction}_{f}"] for f in ("ids", "scores", "ranks"))
+        rows = n_queries[direction] if n_queries[direction] is not None else ids.shape[0]
+        if ids.ndim != 2 or ids.shape != scores.shape or ids.shape[0] != rows or ranks.shape != (rows,):
+            return f"{direction} arrays have shapes {ids.shape}, {scores.shape}, {ranks.shape}"
+    if arrays["t2i_ids"].shape[1] > n_images or arrays["i2t_ids"].shape[1] > n_captions:
+        return "lists longer than the corpus"
+    return None
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    with path.open("wb") as fh:
+        np.savez(fh, **arrays)
