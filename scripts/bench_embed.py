@@ -21,12 +21,13 @@ from pathlib import Path
 
 import torch
 
+from fusebench.config.schema import EmbedConfig
 from fusebench.data.corpus import Corpus
 from fusebench.data.tiny import load_tiny
 from fusebench.encoders import load_raw
 from fusebench.encoders.devices import resolve_device
 from fusebench.encoders.openclip import OpenClipEncoder
-from fusebench.encoders.real import Runtime, autocast
+from fusebench.encoders.real import autocast
 
 
 def random_open_clip(model: str, folder: Path) -> Path:
@@ -50,7 +51,7 @@ def repeated_corpus(n_images: int) -> Corpus:
                   image_paths=[base.image_paths[j] for j in index])
 
 
-def forward_only(spec: dict, corpus: Corpus, runtime: Runtime, device: torch.device) -> tuple[float, float]:
+def forward_only(spec: dict, corpus: Corpus, runtime: EmbedConfig, device: torch.device) -> tuple[float, float]:
     encoder = OpenClipEncoder("bench", spec)
     precision = runtime.resolved_precision(device)
     started = time.perf_counter()
@@ -86,7 +87,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="fusebench-bench-embed-"))
     spec = {"kind": "open_clip", "model": f"local-dir:{random_open_clip(args.model, work / 'ckpt')}"}
     corpus = repeated_corpus(args.images)
-    runtime = Runtime.with_defaults(str(work / "cache"), device=args.device, batch_size=args.batch_size,
+    runtime = EmbedConfig.with_defaults(str(work / "cache"), device=args.device, batch_size=args.batch_size,
                                     num_workers=args.workers)
 
     forward_ips, _ = forward_only(spec, corpus, runtime, device)

@@ -38,14 +38,15 @@ from omegaconf import OmegaConf
 from fusebench import FUSED
 from fusebench.app.retrieval import SearchSettings, retrieve
 from fusebench.config import CONFIG_DIR
-from fusebench.config.schema import SimDatasetSchema
+from fusebench.config.schema import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders import embed
 from fusebench.encoders.devices import resolve_device
 from fusebench.evaluation.comparisons import paired_comparisons, retriever_result
 from fusebench.evaluation.metrics import hits_at_k
 from fusebench.evaluation.stats import paired_bootstrap
-from fusebench.fusion.combine import EVIDENCE, FusionConfig, fuse_in_blocks
+from fusebench.fusion.combine import EVIDENCE, fuse_in_blocks
+from fusebench.fusion.config import FusionConfig
 from fusebench.search.exact import float_rows
 
 
@@ -143,7 +144,7 @@ def main() -> None:
     device = resolve_device(args.device)
     torch.set_float32_matmul_precision("highest")
 
-    corpus = make_sim_corpus(SimDatasetSchema())  # the default job's: 5,000 images, 25,010 captions
+    corpus = make_sim_corpus(SimDatasetConfig())  # the default job's: 5,000 images, 25,010 captions
     specs = {name: OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml"))
              for name in ("sim_siglip2_like", "sim_dfn5b_like")}  # the default job's models, d = 1,152 and 1,024
     models = [embed(name, spec, corpus) for name, spec in specs.items()]

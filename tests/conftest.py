@@ -8,7 +8,9 @@ from helpers.corpora import write_manifest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from fusebench.config import CONFIG_DIR
+from fusebench.config import CONFIG_DIR, schema
+
+schema.register()  # as the CLI does on import: every test that composes the config tree finds the groups' schemas
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,8 @@ import pytest
 
 from fusebench import FusebenchError
 from fusebench.app.cache_cli import main as cache_main
-from fusebench.stores.embeddings import EmbeddingCache, cache_key
+from fusebench.stores.embeddings import EmbeddingCache
+from fusebench.stores.entries import cache_key
 
 MATERIAL = {"kind": "image", "model": {"backend": "test"}, "images": "abc"}
 

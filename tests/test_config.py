@@ -5,8 +5,8 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from fusebench.config.schema import EmbedSchema, EvalSchema, SimDatasetSchema, WandbSchema
-from fusebench.fusion.combine import METHODS, FusionConfig
+from fusebench.config.schema import EmbedConfig, EvalConfig, SimDatasetConfig, WandbConfig
+from fusebench.fusion.config import METHODS, FusionConfig
 
 
 def test_default_job_takes_every_default_from_the_schemas(compose_cfg):
@@ -15,10 +15,10 @@ def test_default_job_takes_every_default_from_the_schemas(compose_cfg):
     assert list(cfg.models) == ["sim_siglip2_like", "sim_dfn5b_like"]
     plain = OmegaConf.to_container(cfg, resolve=False)
     assert plain["fusion"] == asdict(FusionConfig())
-    assert plain["eval"] == asdict(EvalSchema())
-    assert plain["embed"] == asdict(EmbedSchema())
-    assert plain["dataset"] == asdict(SimDatasetSchema())
-    assert plain["logger"] == asdict(WandbSchema())
+    assert plain["eval"] == asdict(EvalConfig())
+    assert plain["embed"] == asdict(EmbedConfig())
+    assert plain["dataset"] == asdict(SimDatasetConfig())
+    assert plain["logger"] == asdict(WandbConfig())
 
 
 def test_a_wrong_type_is_refused_while_composing(compose_cfg):
@@ -119,17 +119,85 @@ def test_engines_sweep_runs_every_engine_preset(compose_cfg):
     assert set(ENGINE_PRESETS) <= set(sweep.hydra.sweeper.params["fusion"].split(","))
 
 
-def test_long_lived_objects_are_frozen_once_per_process(monkeypatch):
-    """The CLI moves the imported modules out of the collector's reach once (a sweep's later jobs must not
-    freeze their own garbage with them) and once more at exit."""
-    import gc
+def _plain_config(compose_cfg, overrides: list[str] | None = None) -> dict:
+    """A composed config as plain data, to change by hand (what Hydra's own checks would refuse first)."""
+    return OmegaConf.to_container(compose_cfg(overrides), resolve=True)
 
-    from fusebench.app import cli
 
-    freezes, at_exit = [], []
-    monkeypatch.setattr(gc, "freeze", lambda: freezes.append(1))
-    monkeypatch.setattr(cli.atexit, "register", lambda fn: at_exit.append(fn))
-    monkeypatch.delattr(cli.freeze_long_lived, "done", raising=False)
-    for _ in range(3):  # three jobs of a sweep in one process
-        cli.freeze_long_lived()
-    assert len(freezes) == 1 and at_exit == [gc.freeze]
+def test_the_composed_config_converts_once_into_its_types(compose_cfg):
+    from fusebench.config.run import RunConfig, run_config
+    from fusebench.config.schema import NoLoggerConfig, SimDatasetConfig
+    from fusebench.config.specs import HFModel, OpenClipModel, SimModel
+
+    config = run_config(compose_cfg(["logger=none", "tune=weights"]))
+    assert isinstance(config, RunConfig) and isinstance(config.dataset, SimDatasetConfig)
+    assert config.eval.bootstrap.draws == 2000 and config.eval.lists.depth == 100 and config.fusion.method == "dbsf"
+    assert isinstance(config.logger, NoLoggerConfig) and config.tune.split == "seeded" and config.tune.k == 1
+    sim = config.models["sim_dfn5b_like"]
+    assert isinstance(sim, SimModel) and sim.params.score == (0.4, 0.12) and sim.weight == 1.0
+    assert config.resolved["models"]["sim_dfn5b_like"]["dim"] == 1024  # the composed config, for trackers
+    real = run_config(compose_cfg(["experiment=article_coco", "study=pair_rrf_document", "dataset=sim", "logger=none"]))
+    siglip, dfn = real.models["siglip2_so400m_p14_384"], real.models["dfn5b_h14_224"]
+    assert isinstance(siglip, HFModel) and siglip.text.case == "lowercase" and siglip.text.max_length == 64
+    assert siglip.stand_in.text_noise == 0.22  # the sim: block's noise for its text case
+    assert isinstance(dfn, OpenClipModel) and dfn.pretrained == "dfn5b" and real.reference["study"] == "pair_rrf_document"
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: c.update(bogus=1), "unknown top-level key(s) bogus (nothing reads them); valid: paths, dataset, models,"),
+    (lambda c: c["eval"]["bootstrap"].update(drawz=5), "eval.bootstrap: unknown key(s) drawz; valid keys: draws, level, seed."),
+    (lambda c: c["eval"]["lists"].pop("depth"), "eval.lists.depth is missing"),
+    (lambda c: c["eval"].update(ks=5), "eval.ks=5 is not valid"),
+    (lambda c: c["eval"].update(device="gpu"), "eval.device='gpu' is not a torch device"),
+    (lambda c: c["dataset"].update(n_imgs=5), "dataset: unknown key(s) n_imgs; valid keys: caption_noise, kind,"),
+    (lambda c: c["dataset"].update(n_images=0), "dataset.n_images=0 is not valid"),
+    (lambda c: c["models"]["sim_dfn5b_like"].update(wieght=0),
+     "models.sim_dfn5b_like (kind sim): unknown key(s) wieght (nothing reads them); valid keys: dim, image_noise,"),
+    (lambda c: c["models"]["sim_dfn5b_like"].update(text={"cas": "lowercase"}),
+     "models.sim_dfn5b_like.text: unknown key(s) cas (nothing reads them); valid keys: case, template."),
+    (lambda c: c["models"]["sim_dfn5b_like"].update(weight=1e9), "models.sim_dfn5b_like.weight=1000000000.0 is not valid"),
+    (lambda c: c["models"].update(x={"kind": "hf", "checkpoint": "a/b", "sim": {"dimm": 3}}),
+     "models.x.sim: unknown key(s) dimm (nothing reads them)"),
+    (lambda c: c["models"].update(x={"kind": "hf", "checkpoint": "a/b", "text": {"case": "lowercase"},
+                                     "sim": {"dim": 8, "image_noise": 0.1, "text_noise": {"as_typed": 0.3}, "seed": 1}}),
+     "models.x.sim.text_noise has no value for text.case='lowercase'"),
+    (lambda c: c["models"].update(x={"kind": "open_clip"}), "models.x.model is not set"),
+    (lambda c: c["fusion"].update(top_k=0), "fusion.top_k=0 is not valid"),
+    (lambda c: c["fusion"].update(top_k=5), "fusion.top_k=5 is below the largest eval.ks (10)"),
+    (lambda c: c.update(logger={"kind": "none", "project": "x"}), "logger (logger=none): unknown key(s) project"),
+    (lambda c: c["logger"].update(mode="live"), "logger.mode='live' is not valid"),
+    (lambda c: c["embed"]["cache"].update(dtype="int8"), "embed.cache.dtype='int8' is not valid"),
+    (lambda c: (c["tune"].update(enabled=True, criterion="t2i R@20"), c["fusion"].update(top_k=10)),
+     "fusion.top_k=10 is below the largest tune.criterion (20)"),
+    (lambda c: c.update(reference={"dataset": "coco5k"}), "reference.study is missing"),
+    (lambda c: c["paths"].update(cache="x"), "paths: unknown key(s) cache; valid keys: data_root, output_dir."),
+])
+def test_a_config_mistake_is_one_line_naming_the_key(compose_cfg, change, message):
+    """Every key nothing reads, at any level, and every bad value: one FusebenchError naming it, from the one
+    conversion (the dataclasses' fields are the valid keys)."""
+    from fusebench import FusebenchError
+    from fusebench.config.run import run_config
+
+    config = _plain_config(compose_cfg, ["logger=wandb", "fusion.top_k=100"])
+    change(config)
+    with pytest.raises(FusebenchError) as err:
+        run_config(config)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_converting_a_config_imports_nothing_heavy():
+    """The CLI converts the config before any run starts: a mistake is reported without torch and the rest."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom hydra import compose, initialize_config_dir\nfrom fusebench.config import CONFIG_DIR, schema\n"
+            "from fusebench.config.run import run_config\nschema.register()\n"
+            "with initialize_config_dir(version_base='1.3', config_dir=CONFIG_DIR):\n"
+            "    cfg = compose(config_name='config', overrides=['experiment=article_coco', 'study=pair_rrf_document',"
+            " 'dataset=sim', 'tune=weights'])\n"
+            "run_config(cfg)\n"
+            "print(sorted(m for m in ('torch', 'numba', 'matplotlib', 'transformers', 'open_clip', 'wandb', 'numpy')"
+            " if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

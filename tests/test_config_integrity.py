@@ -13,7 +13,7 @@ from hydra.errors import ConfigCompositionException
 
 from fusebench import FusebenchError
 from fusebench.app.pipeline import run
-from fusebench.fusion.combine import FusionConfig
+from fusebench.fusion.config import FusionConfig
 from fusebench.fusion.presets import definition, package_conf, preset_files, true_label
 
 SMALL = ["dataset.n_images=60", "dataset.n_captions=300", "logger=none", "plots=false", "eval.bootstrap.draws=50"]
@@ -70,10 +70,10 @@ def test_unequal_weights_leave_a_preset_whose_engine_takes_none():
 def test_a_weighted_or_tuned_run_of_an_unweighted_preset_loses_its_label(compose_cfg, tmp_path):
     base = SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "fusion=qdrant_dbsf"]
     weighted = run(compose_cfg(base + ["models.sim_dfn5b_like.weight=2"]), str(tmp_path / "w"))
-    assert weighted.fusion["preset"] is None
+    assert weighted.fusion.preset is None
     tuned = run(compose_cfg(base + ["tune=weights", "tune.weights=[0.5,4]"]), str(tmp_path / "t"))
-    chosen = tuned.tune["chosen"]["weights"]
-    assert (tuned.fusion["preset"] is None) == (len(set(chosen.values())) > 1)
+    chosen = tuned.tune.chosen.weights
+    assert (tuned.fusion.preset is None) == (len(set(chosen.values())) > 1)
 
 
 def test_an_unknown_preset_name_is_refused():
@@ -84,12 +84,12 @@ def test_an_unknown_preset_name_is_refused():
 def test_a_run_of_a_changed_preset_is_recorded_without_it(compose_cfg, tmp_path, caplog):
     record = run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "fusion=qdrant_dbsf",
                                       "fusion.method=rrf"]), str(tmp_path / "r"))
-    assert record.fusion["preset"] is None and record.fusion["method"] == "rrf"
-    assert record.retrievers["fused"].spec["preset"] is None
+    assert record.fusion.preset is None and record.fusion.method == "rrf"
+    assert record.retrievers["fused"].spec.fusion.preset is None
     assert "fusion.preset=qdrant_dbsf dropped" in caplog.text and "method=rrf" in caplog.text
     kept = run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "fusion=qdrant_dbsf_document"]),
                str(tmp_path / "kept"))
-    assert kept.fusion["preset"] == "qdrant_dbsf"
+    assert kept.fusion.preset == "qdrant_dbsf"
 
 
 # -- keys nothing reads ---------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ import pytest
 from helpers.corpora import write_manifest
 
 from fusebench import FusebenchError
-from fusebench.config.schema import SimDatasetSchema
+from fusebench.config.run import dataset_config
+from fusebench.config.schema import SimDatasetConfig
 from fusebench.data import load_corpus
 from fusebench.data.manifest import load_manifest
 from fusebench.data.simulated import caption_counts, make_sim_corpus, sim_latents
@@ -63,20 +64,28 @@ def test_missing_manifest_file(tmp_path):
     with pytest.raises(FusebenchError, match="manifest file not found"):
         load_manifest(tmp_path / "nope.jsonl")
     with pytest.raises(FusebenchError, match="dataset.manifest is not set"):
-        load_corpus({"kind": "manifest", "name": "m", "manifest": None, "image_root": None})
+        dataset_config({"kind": "manifest", "name": "m", "manifest": None, "image_root": None})
     with pytest.raises(FusebenchError, match="valid: karpathy, manifest, sim, tiny"):
-        load_corpus({"kind": "coco"})
+        dataset_config({"kind": "coco"})
+    with pytest.raises(FusebenchError, match="dataset: unknown key.s. manifets; valid keys: image_root, kind, manifest, name"):
+        dataset_config({"kind": "manifest", "name": "m", "manifets": "x.jsonl", "manifest": "m.jsonl", "image_root": None})
+    with pytest.raises(FusebenchError, match="dataset.image_root is missing"):
+        dataset_config({"kind": "manifest", "name": "m", "manifest": "m.jsonl"})
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"image_id": "a", "captions": ["c"]}\n')
+    assert load_corpus(dataset_config({"kind": "manifest", "name": "m", "manifest": str(path),
+                                       "image_root": None})).image_ids == ["a"]
 
 
 def test_sim_corpus_is_coco_sized_by_default_and_seeded():
     assert caption_counts(5000, 25010).sum() == 25010
     assert (caption_counts(5000, 25010) == 6).sum() == 10
-    small = make_sim_corpus(SimDatasetSchema(n_images=50, n_captions=260, seed=3))
-    again = make_sim_corpus(SimDatasetSchema(n_images=50, n_captions=260, seed=3))
+    small = make_sim_corpus(SimDatasetConfig(n_images=50, n_captions=260, seed=3))
+    again = make_sim_corpus(SimDatasetConfig(n_images=50, n_captions=260, seed=3))
     assert small.n_images == 50 and small.n_captions == 260 and small.meta["simulated"] is True
     images, captions = sim_latents(small)
     assert np.array_equal(images, sim_latents(again)[0]) and np.array_equal(captions, sim_latents(again)[1])
-    assert not np.array_equal(images, sim_latents(make_sim_corpus(SimDatasetSchema(n_images=50, n_captions=260, seed=4)))[0])
+    assert not np.array_equal(images, sim_latents(make_sim_corpus(SimDatasetConfig(n_images=50, n_captions=260, seed=4)))[0])
 
 
 def test_score_location_is_an_exact_affine_map_that_keeps_every_ranking():
@@ -102,9 +111,10 @@ def test_sim_families_sit_where_real_ones_do_and_raw_sum_follows_the_wider_model
     import torch
 
     from fusebench.encoders import embed
-    from fusebench.fusion.combine import FusionConfig, fuse
+    from fusebench.fusion.combine import fuse
+    from fusebench.fusion.config import FusionConfig
 
-    corpus = make_sim_corpus(SimDatasetSchema(n_images=400, n_captions=2000))
+    corpus = make_sim_corpus(SimDatasetConfig(n_images=400, n_captions=2000))
     cfg = compose_cfg(["models=[sim_siglip2_like,sim_dfn5b_like]"])
     models = {n: embed(n, dict(cfg.models[n]), corpus) for n in cfg.models}
     matched, top = {}, {}

@@ -21,13 +21,13 @@ import fusebench.encoders.images as images_module
 import fusebench.encoders.real as real_module
 from fusebench import FusebenchError
 from fusebench.app.pipeline import run
+from fusebench.config.schema import EmbedConfig
 from fusebench.data.manifest import load_manifest
 from fusebench.encoders import load_raw
 from fusebench.encoders.devices import resolve_device
 from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.images import BadImageError, image_batches
 from fusebench.encoders.openclip import OpenClipEncoder
-from fusebench.encoders.real import Runtime
 
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 BROKEN = b"\xff\xd8\xff\xe0 this is not a jpeg"
@@ -60,8 +60,8 @@ def bad_manifest(tmp_path: Path, n: int = 6, bad: int = 2) -> Path:
     return write_manifest(tmp_path / "M.jsonl", records)
 
 
-def runtime(cache: Path, **kw) -> Runtime:
-    return Runtime.with_defaults(str(cache), batch_size=2, num_workers=kw.pop("num_workers", 0),
+def runtime(cache: Path, **kw) -> EmbedConfig:
+    return EmbedConfig.with_defaults(str(cache), batch_size=2, num_workers=kw.pop("num_workers", 0),
                                  cache_dtype="fp32", **kw)
 
 
@@ -73,6 +73,7 @@ def fresh_message(checkpoints, name, corpus, tmp_path) -> str:
 
 # ------------------------------------------------------------ item 3: fail after a skip run filled the cache
 
+@pytest.mark.slow  # builds and runs real (tiny) open_clip and HF models
 @pytest.mark.parametrize("name", ["clip", "oc"])
 def test_fail_after_skip_run_raises_as_a_fresh_computation(checkpoints, tmp_path, name):
     corpus = load_manifest(bad_manifest(tmp_path))
@@ -86,6 +87,7 @@ def test_fail_after_skip_run_raises_as_a_fresh_computation(checkpoints, tmp_path
     assert again.info["cache"]["image_hit"] and again.info["skipped_images"] == 1  # skip still reuses the entry
 
 
+@pytest.mark.slow  # builds and runs real (tiny) open_clip and HF models
 def test_fail_resuming_the_chunks_of_a_killed_skip_run_raises(checkpoints, tmp_path, monkeypatch):
     """Not only a complete entry: chunks a killed skip run left hold the skipped image too."""
     corpus = load_manifest(bad_manifest(tmp_path, n=6, bad=1))
@@ -106,6 +108,7 @@ def test_fail_resuming_the_chunks_of_a_killed_skip_run_raises(checkpoints, tmp_p
         load_raw("clip", spec(checkpoints, "clip"), corpus, runtime(tmp_path / "cache", chunk_rows=2))
 
 
+@pytest.mark.slow  # builds and runs real (tiny) open_clip and HF models
 def test_a_skipped_image_that_reads_now_is_embedded(checkpoints, tmp_path, monkeypatch):
     """An image skipped when the entry was made, readable now (file size and mtime unchanged: permissions, a
     newer decoder): under either policy a fresh computation would embed it, so the run embeds it."""
@@ -224,6 +227,7 @@ def test_unavailable_device_names_the_key(key):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.slow  # builds and runs real (tiny) open_clip and HF models
 def test_real_model_on_missing_cuda_names_embed_device(checkpoints, tmp_path):
     corpus = load_manifest(bad_manifest(tmp_path, bad=99))
     with pytest.raises(FusebenchError, match=r"^embed\.device='cuda' was asked for but no CUDA device"):
@@ -297,6 +301,7 @@ def test_hf_hub_offline_names_the_repo_to_download(no_network, tmp_path, monkeyp
     assert "HF_HUB_OFFLINE is set" in message and no_network == []  # no request at all
 
 
+@pytest.mark.slow  # builds and runs real (tiny) open_clip and HF models
 def test_cached_weights_load_without_network(no_network, checkpoints, tmp_path):
     """The hub unreachable and HF_HUB_OFFLINE unset: weights in the local Hugging Face cache still load."""
     from huggingface_hub import constants

@@ -3,7 +3,8 @@ import pytest
 from helpers.corpora import write_manifest
 
 from fusebench import FusebenchError
-from fusebench.config.schema import SimDatasetSchema
+from fusebench.config.schema import SimDatasetConfig
+from fusebench.config.specs import SimParams
 from fusebench.data.manifest import load_manifest
 from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders import embed
@@ -53,14 +54,16 @@ def test_vectors_missing_files_and_keys(tmp_path, corpus):
 
 
 def test_unknown_kind_lists_valid_kinds(corpus):
-    with pytest.raises(FusebenchError, match="valid kinds: hf, open_clip, sim, vectors"):
+    with pytest.raises(FusebenchError, match="models.a.kind='clip' is not a known model kind; valid kinds: sim, vectors, open_clip, hf"):
         embed("a", {"kind": "clip"}, corpus)
 
 
 def test_sim_model_needs_sim_corpus_and_is_seeded(corpus):
     with pytest.raises(FusebenchError, match="model kind 'sim' needs dataset=sim"):
+        embed("s", {"kind": "sim", "dim": 96, "seed": 1, "image_noise": 0.5, "text_noise": 0.5}, corpus)
+    with pytest.raises(FusebenchError, match="models.s.dim is missing"):
         embed("s", {"kind": "sim"}, corpus)
-    sim = make_sim_corpus(SimDatasetSchema(n_images=30, n_captions=150))
+    sim = make_sim_corpus(SimDatasetConfig(n_images=30, n_captions=150))
     a = embed("s", {"kind": "sim", "dim": 96, "seed": 1, "image_noise": 0.5, "text_noise": 0.5}, sim)
     b = embed("s", {"kind": "sim", "dim": 96, "seed": 1, "image_noise": 0.5, "text_noise": 0.5}, sim)
     c = embed("s", {"kind": "sim", "dim": 96, "seed": 2, "image_noise": 0.5, "text_noise": 0.5}, sim)
@@ -72,27 +75,28 @@ def test_sim_rows_are_kept_for_the_next_job_read_only_and_keyed_on_every_setting
     from fusebench.data.simulated import make_sim_corpus
     from fusebench.encoders.simulated import sim_arrays
 
-    corpus = make_sim_corpus(SimDatasetSchema(n_images=30, n_captions=70, seed=3))
+    corpus = make_sim_corpus(SimDatasetConfig(n_images=30, n_captions=70, seed=3))
     spec = {"dim": 8, "image_noise": 0.4, "text_noise": 0.6, "seed": 1}
-    image, text = sim_arrays(spec, corpus)
-    again = sim_arrays(dict(spec), corpus)
+    image, text = sim_arrays(SimParams(**spec), corpus)
+    again = sim_arrays(SimParams(**spec), corpus)
     assert again[0] is image and again[1] is text  # the same rows, not recomputed
     assert not image.flags.writeable and not text.flags.writeable
     for change in ({"seed": 2}, {"text_noise": 0.7}):
-        other = sim_arrays({**spec, **change}, corpus)
+        other = sim_arrays(SimParams(**{**spec, **change}), corpus)
         assert other[0] is not image and not np.array_equal(other[1], text)
-    assert sim_arrays({**spec, "dim": 9}, corpus)[0].shape == (30, 9)
-    other_corpus = make_sim_corpus(SimDatasetSchema(n_images=30, n_captions=70, seed=4))
-    assert not np.array_equal(sim_arrays(spec, other_corpus)[0], image)
+    assert sim_arrays(SimParams(**{**spec, "dim": 9}), corpus)[0].shape == (30, 9)
+    other_corpus = make_sim_corpus(SimDatasetConfig(n_images=30, n_captions=70, seed=4))
+    assert not np.array_equal(sim_arrays(SimParams(**spec), other_corpus)[0], image)
 
 
 def test_sim_rows_of_large_corpora_are_not_kept(monkeypatch):
+    from fusebench.app import state
     from fusebench.data.simulated import make_sim_corpus
     from fusebench.encoders import simulated
 
-    monkeypatch.setattr(simulated, "MEMO_ENTRY_BYTES", 1000)
-    corpus = make_sim_corpus(SimDatasetSchema(n_images=30, n_captions=70, seed=5))
-    spec = {"dim": 8, "seed": 7, "image_noise": 0.5, "text_noise": 0.5}
+    monkeypatch.setattr(state.current().shared, "entry_budget", 1000)  # the process state keeps the rows
+    corpus = make_sim_corpus(SimDatasetConfig(n_images=30, n_captions=70, seed=5))
+    spec = SimParams(dim=8, seed=7, image_noise=0.5, text_noise=0.5)
     first = simulated.sim_arrays(spec, corpus)
     assert simulated.sim_arrays(spec, corpus)[0] is not first[0]  # 3,200 bytes > 1,000: recomputed
 

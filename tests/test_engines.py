@@ -19,7 +19,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from fusebench.config import CONFIG_DIR
-from fusebench.fusion.combine import FusionConfig, fuse
+from fusebench.fusion.combine import fuse
+from fusebench.fusion.config import FusionConfig
 
 qdrant = pytest.importorskip("qdrant_client", reason="qdrant-client is a dev dependency (pip install -e '.[dev]')")
 from qdrant_client import models  # noqa: E402

@@ -157,14 +157,11 @@ def test_rows_and_dtype_are_checked_against_the_manifest_from_the_headers(vector
     img, txt = vectors_case["files"]["A"]
     counts = (vectors_case["n_images"], len(vectors_case["caption_image"]))
     huge = _npy_header_only(tmp_path / "huge.npy", (counts[0], 5_000_000))
-    spec = {"image_embeddings": str(huge), "text_embeddings": str(_npy_header_only(tmp_path / "t.npy", (99, 5_000_000)))}
     with pytest.raises(FusebenchError, match=r"t\.npy: text embeddings has 99 rows but the corpus has \d+ captions"):
-        vector_arrays("a", spec, counts)
-    spec = {"image_embeddings": str(img), "text_embeddings": str(_npy_header_only(tmp_path / "c.npy", (counts[1], 24),
-                                                                                   np.complex64))}
+        vector_arrays("a", str(huge), str(_npy_header_only(tmp_path / "t.npy", (99, 5_000_000))), counts)
     with pytest.raises(FusebenchError, match=r"c\.npy: text embeddings must be numeric, got dtype complex64"):
-        vector_arrays("a", spec, counts)
-    image, text, _, _ = vector_arrays("a", {"image_embeddings": str(img), "text_embeddings": str(txt)}, counts)
+        vector_arrays("a", str(img), str(_npy_header_only(tmp_path / "c.npy", (counts[1], 24), np.complex64)), counts)
+    image, text, _, _ = vector_arrays("a", str(img), str(txt), counts)
     assert isinstance(image, np.memmap) and image.shape == (counts[0], 24)  # nothing read yet
 
 
@@ -184,7 +181,7 @@ def test_directory_given_as_a_file_names_the_key(vectors_case, tmp_path):
     (tmp_path / "vectors.npy").mkdir()
     with pytest.raises(FusebenchError, match=r"models\.m\.text_embeddings=.*vectors\.npy is a directory; it must name "
                                              r"a file \(a \.npy file"):
-        vector_arrays("m", {"image_embeddings": str(img), "text_embeddings": str(tmp_path / "vectors.npy")})
+        vector_arrays("m", str(img), str(tmp_path / "vectors.npy"))
 
 
 # ---------------------------------------------------------------- byte-order marks

@@ -7,19 +7,19 @@ import weakref
 
 import pytest
 
-from fusebench.app import interrupts
+from fusebench.app import interrupts, state
 
 
 @pytest.fixture
 def watched():
     previous, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    interrupts.forget()
+    state.start()
     interrupts.watch()
     yield
     signal.signal(signal.SIGINT, previous)
     sys.unraisablehook = hook
-    interrupts.forget()
+    state.start()
 
 
 class Thing:

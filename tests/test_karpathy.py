@@ -4,6 +4,7 @@ import pytest
 from helpers.corpora import jpeg, mini_coco, mini_flickr
 
 from fusebench import FusebenchError
+from fusebench.config.run import dataset_config
 from fusebench.data import load_corpus
 from fusebench.data.karpathy import load_karpathy, read_annotations
 
@@ -65,10 +66,10 @@ def test_config_and_paths_group(compose_cfg, tmp_path, monkeypatch):
     mini_coco(tmp_path / "coco")
     cfg = compose_cfg(["dataset=coco5k", "dataset.expected.images=3", "dataset.expected.captions=16"])
     assert cfg.dataset.annotations == f"{tmp_path}/coco/dataset_coco.json"
-    corpus = load_corpus(dict(cfg.dataset))
+    corpus = load_corpus(dataset_config(cfg.dataset))
     assert corpus.n_images == 3 and corpus.name == "coco5k"
     with pytest.raises(FusebenchError, match="the standard coco5k has 5000 and 25010"):
-        load_corpus(dict(compose_cfg(["dataset=coco5k"]).dataset))
+        load_corpus(dataset_config(compose_cfg(["dataset=coco5k"]).dataset))
     assert compose_cfg(["dataset=flickr1k"]).dataset.expected.captions == 5000
 
 

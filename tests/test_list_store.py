@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 from helpers.lists import assert_same_lists, run_lists
 from helpers.reference import integer_embeddings
+from helpers.tiers import fast_first
 
+from fusebench.app import state
 from fusebench.app.cache_cli import main as cache_main
 from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.encoders.base import ModelEmbeddings
-from fusebench.fusion.combine import FUSE_ON, FusionConfig
-from fusebench.search.exact import MATMULS
+from fusebench.fusion.config import FUSE_ON, FusionConfig
+from fusebench.search import row_kernels
 from fusebench.stores import scores
-from fusebench.stores.files import forget_checksums
 from fusebench.stores.lists import FORMAT, ListStore
 from fusebench.stores.scores import ScoreStore
 
@@ -34,7 +35,7 @@ def case():
     return models, caption_image
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", fast_first(METHODS, 2))
 @pytest.mark.parametrize("fuse_on", FUSE_ON)
 def test_stored_lists_reproduce_cold_results_and_warm_jobs_do_no_matmul(case, tmp_path, method, fuse_on):
     models, caption_image = case
@@ -171,11 +172,11 @@ def test_fusebench_cache_lists_and_removes_list_entries(case, tmp_path, capsys):
 
 def _dense(models, caption_image, store, method="zscore", fuse_on="source_object", max_scores_mb=2048):
     source = ListSource()
-    before = MATMULS["blocks"]
+    before = state.current().similarity_blocks
     out = retrieve(models, caption_image, FusionConfig(method=method, fuse_on=fuse_on, top_k=None), keep_k=10,
                    settings=SearchSettings(chunk_size=16, item_chunk_size=16, store_dir=store,
                                            max_scores_mb=max_scores_mb), source=source)
-    return out, source.records, MATMULS["blocks"] - before
+    return out, source.records, state.current().similarity_blocks - before
 
 
 @pytest.mark.slow
@@ -238,7 +239,7 @@ def test_score_matrices_over_the_size_cap_are_recomputed_not_stored(case, tmp_pa
     assert ScoreStore(tmp_path).entries() == []
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "meta_list", "older_format"])
+@pytest.mark.parametrize("damage", fast_first(["truncate", "flip", "meta_list", "older_format"], 2))
 def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
     models, caption_image = case
     first, _, _ = _dense(models, caption_image, str(tmp_path))
@@ -255,7 +256,7 @@ def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
     else:
         meta = json.loads((entry / "meta.json").read_text())
         (entry / "meta.json").write_text(json.dumps({**meta, "format": 0}))
-    forget_checksums()  # as a new process would: checksums are verified once per process
+    state.start()  # as a new process would: checksums are verified once per process
     again, records, blocks = _dense(models, caption_image, str(tmp_path))
     assert blocks > 0 and "score store entry" in caplog.text
     assert_same_lists(first, again)
@@ -263,8 +264,8 @@ def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
 
 def _count_sorts(monkeypatch) -> list[int]:
     calls = []
-    sort = scores.row_kernels.row_order
-    monkeypatch.setattr(scores.row_kernels, "row_order", lambda block, *how: calls.append(len(block)) or sort(block, *how))
+    sort = row_kernels.row_order
+    monkeypatch.setattr(row_kernels, "row_order", lambda block, *how: calls.append(len(block)) or sort(block, *how))
     return calls
 
 
@@ -282,7 +283,7 @@ def test_rrf_by_source_object_sorts_each_stored_matrix_once(case, tmp_path, monk
     assert np.load(entry / "t2i_order.npy").dtype == np.uint16
     assert np.array_equal(np.load(entry / "t2i_order.npy"), np.argsort(-np.load(entry / "t2i.npy"), axis=1, kind="stable"))
     sorts.clear()
-    forget_checksums()  # a new process: the stored orders' checksums are verified, not trusted
+    state.start()  # a new process: the stored orders' checksums are verified, not trusted
     warm, _, blocks = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert sorts == [] and blocks == 0
     assert_same_lists(cold, first)
@@ -300,7 +301,7 @@ def test_damaged_stored_order_is_sorted_again(case, tmp_path, monkeypatch, caplo
         np.save(path, np.load(path).astype(np.float32))
     else:
         path.write_bytes(bytes(data[:-2]) if damage == "truncate" else bytes(data[:-1]) + bytes([data[-1] ^ 1]))
-    forget_checksums()
+    state.start()
     sorts = _count_sorts(monkeypatch)
     again, _, _ = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert "i2t_order.npy is damaged" in caplog.text and sum(sorts) == len(np.unique(caption_image))
@@ -325,9 +326,9 @@ def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, c
     config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None, ddof=ddof)
     cold, _, _ = run_lists(models, caption_image, config, store=None, keep_k=12)
     calls = []
-    moments = scores.row_kernels.row_mean_std
+    moments = row_kernels.row_mean_std
     counted = lambda block, d: calls.append(len(block)) or moments(block, d)  # noqa: E731
-    monkeypatch.setattr(scores.row_kernels, "row_mean_std", counted)  # the store's computation
+    monkeypatch.setattr(row_kernels, "row_mean_std", counted)  # the store's computation
     monkeypatch.setattr("fusebench.fusion.normalisers.row_mean_std", counted)  # the one a job makes without stored moments
     first, records, _ = run_lists(models, caption_image, config, store=str(tmp_path), keep_k=12)
     assert sum(calls) == 2 * (len(caption_image) + len(np.unique(caption_image)))
@@ -336,7 +337,7 @@ def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, c
     stored = np.load(entry / f"t2i_moments_ddof{ddof}.npy")
     assert np.array_equal(stored, np.stack(moments(np.load(entry / "t2i.npy"), ddof), axis=1))
     calls.clear()
-    forget_checksums()
+    state.start()
     damaged = entry / f"i2t_moments_ddof{ddof}.npy"  # one file damaged: reported and recomputed
     data = damaged.read_bytes()
     if damage == "wrong_type":  # a valid .npy of the right shape, but float64

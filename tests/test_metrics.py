@@ -4,6 +4,7 @@ import torch
 
 from fusebench.evaluation.comparisons import retriever_result
 from fusebench.evaluation.metrics import hits_at_k, i2t_list_ranks, median_rank, recall_at_k, t2i_list_ranks
+from fusebench.evaluation.record import ModelRecord
 
 
 def test_recall_and_median_exact_numbers():
@@ -32,9 +33,9 @@ def test_list_ranks_both_directions():
 
 
 def test_retriever_result_and_mean_of_directions():
-    result = retriever_result("m", {"t2i": np.array([1, 2, 3, 4]), "i2t": np.array([1, 1, 9, 0])}, [1, 5], {"kind": "sim"})
+    result = retriever_result("m", {"t2i": np.array([1, 2, 3, 4]), "i2t": np.array([1, 1, 9, 0])}, [1, 5], ModelRecord({"kind": "sim"}))
     assert result.to_json()["t2i"] == {"R@1": 25.0, "R@5": 100.0, "median_rank": 2.5, "n_queries": 4}
     assert result.to_json()["mean"] == {"R@1": 37.5, "R@5": 75.0} and not result.is_fusion
     # the published DFN5B COCO "63.1" is this mean: (53.96 + 72.26) / 2 (5000 and 25000 queries here)
     t2i, i2t = np.r_[np.ones(2698), np.zeros(2302)], np.r_[np.ones(18065), np.zeros(6935)]
-    assert retriever_result("d", {"t2i": t2i, "i2t": i2t}, [1], {}).recall("mean", 1) == pytest.approx(63.11)
+    assert retriever_result("d", {"t2i": t2i, "i2t": i2t}, [1], ModelRecord({})).recall("mean", 1) == pytest.approx(63.11)

@@ -5,12 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from fusebench.report.notebook import won_and_lost
-from fusebench.report.sweep import load_runs
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("pandas")
+from nbclient import NotebookClient  # noqa: E402
 
 pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
 
@@ -30,20 +29,9 @@ def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "2 runs, 2 with fusion" in outputs and "best single model:" in outputs
+    assert "the dataset 'sim' has no image files (simulated)" in outputs  # said, not shown
+    images = sum("image/png" in o.get("data", {}) for c in notebook.cells for o in c.get("outputs", []))
+    assert images >= 3  # recall, gains, ranks: plotted from the frames
     errors = [o for c in notebook.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     assert {name: (sweep / name).read_bytes() for name in reports} == reports  # the sweep's report is only read
-
-
-def test_won_and_lost_agree_with_the_ranks(tmp_path):
-    fusebench = str(Path(sys.executable).with_name("fusebench"))
-    subprocess.run([fusebench, "dataset.n_images=200", "dataset.n_captions=1000", "eval.bootstrap.draws=100",
-                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, check=True, capture_output=True,
-                   env={**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out")})
-    run = load_runs(tmp_path)[0][0]
-    examples = won_and_lost(run, k=1)
-    comparison = run.record.comparison("fused", examples["best_single"], "t2i", 1)
-    assert len(examples["won"]) == comparison.wins and len(examples["lost"]) == comparison.losses
-    row = examples["won"][0]
-    assert row["rank fused"] == 1 and row[f"rank {examples['best_single']}"] > 1
-    assert row["text"].startswith("simulated caption")

@@ -12,12 +12,13 @@ from PIL import Image
 
 from fusebench import FusebenchError
 from fusebench.app.pipeline import run
+from fusebench.config.schema import EmbedConfig
+from fusebench.config.specs import model_spec
 from fusebench.data.tiny import load_tiny
 from fusebench.encoders import embed, load_raw
 from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.openclip import OpenClipEncoder
-from fusebench.encoders.query_text import preprocess_text, text_settings
-from fusebench.encoders.real import Runtime
+from fusebench.encoders.query_text import preprocess_text
 
 pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier
 
@@ -39,7 +40,7 @@ def specs(checkpoints):
 
 
 def runtime(tmp_path, **kw):
-    return Runtime.with_defaults(str(tmp_path / "cache"), num_workers=kw.pop("num_workers", 0), batch_size=4,
+    return EmbedConfig.with_defaults(str(tmp_path / "cache"), num_workers=kw.pop("num_workers", 0), batch_size=4,
                                  cache_dtype=kw.pop("cache_dtype", "fp32"), chunk_rows=kw.pop("chunk_rows", 1024), **kw)
 
 
@@ -57,7 +58,7 @@ def test_each_backend_matches_a_direct_forward_pass(checkpoints, tmp_path, name)
     x = encoder.image_transform(image)
     direct = encoder.encode_images({k: v[None] for k, v in x.items()} if isinstance(x, dict) else x[None])[0].numpy()
     assert np.allclose(got.image[2], direct / np.linalg.norm(direct), atol=1e-5)
-    text = preprocess_text(corpus.captions[7], text_settings(name, spec)["case"], None)
+    text = preprocess_text(corpus.captions[7], model_spec(name, spec, []).text.case, None)
     direct = encoder.encode_texts(encoder.tokenize([text]))[0].numpy()
     assert np.allclose(got.text[7], direct / np.linalg.norm(direct), atol=1e-4)
 
@@ -169,7 +170,7 @@ def test_unloadable_checkpoint_gives_one_clear_message(tmp_path, monkeypatch):
                                            ({"template": "no placeholder"}, "exactly one")])
 def test_bad_text_settings(text, fragment):
     with pytest.raises(FusebenchError, match=fragment):
-        text_settings("m", {"text": text})
+        model_spec("m", {"kind": "hf", "checkpoint": "x/y", "text": text}, [])
 
 
 def test_text_preprocessing():
@@ -233,11 +234,11 @@ def test_tuning_on_karpathy_val_then_test(checkpoints, compose_cfg, tmp_path, ca
             "eval.ks=[1]", "fusion.top_k=5", "logger=none", "plots=false"]
     record = run(compose_cfg(base + ["tune=weights", "tune.weights=[0.25,4]"]), str(tmp_path / "tuned"))
     tune = record.tune
-    assert tune["split"] == "val" and (tune["n_images"], tune["n_captions"]) == (2, 10)
-    assert record.dataset["n_images"] == 3 and len(tune["curve"]) == 2
-    for point in tune["curve"]:
-        plain = run(compose_cfg(base + ["dataset.split=val", f"+models.siglip.weight={point['weights']['siglip']}"]),
+    assert tune.split == "val" and (tune.n_images, tune.n_captions) == (2, 10)
+    assert record.dataset.n_images == 3 and len(tune.curve) == 2
+    for point in tune.curve:
+        plain = run(compose_cfg(base + ["dataset.split=val", f"+models.siglip.weight={point.weights['siglip']}"]),
                     str(tmp_path / "plain"))
-        assert plain.retrievers["fused"].recall("t2i", 1) == pytest.approx(point["value"], abs=1e-9)
-    assert record.retrievers["siglip"].spec["weight"] == tune["chosen"]["weights"]["siglip"]
+        assert plain.retrievers["fused"].recall("t2i", 1) == pytest.approx(point.value, abs=1e-9)
+    assert record.retrievers["siglip"].spec.weight == tune.chosen.weights["siglip"]
     assert "tuned on the val split (2 images, 10 captions)" in capsys.readouterr().out

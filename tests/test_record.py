@@ -1,6 +1,7 @@
 """The typed run record: what metrics.json serialises, read back by every consumer."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -33,10 +34,33 @@ def _record_json(**changes) -> dict:
     return data
 
 
+FIXTURE = Path(__file__).parent / "fixtures" / "metrics_v2_tuned.json"  # written by fusebench before the typed record
+
+
+def test_a_file_written_before_the_typed_record_reads_and_writes_back_byte_for_byte():
+    """Every sub-record (dataset, eval, run, fusion, tune, each retriever's spec) serialises as metrics.json held it:
+    the same keys, values and order; without its version and files (record version 1) it still reads."""
+    text = FIXTURE.read_text()
+    record = RunRecord.from_json(json.loads(text))
+    assert json.dumps(record.to_json(), indent=2) + "\n" == text
+    assert record.version == 2 and record.dataset.simulated and record.dataset.n_images == 4000
+    assert record.eval.bootstrap.draws == 2000 and record.eval.lists.depth == 100 and record.fusion.method == "dbsf"
+    assert record.tune.chosen.weights == {"sim_siglip2_like": 1.0, "sim_dfn5b_like": 0.75}
+    assert record.tune.curve[record.tune.chosen_index].weights == record.tune.chosen.weights
+    assert record.retrievers["sim_dfn5b_like"].spec.weight == 0.75 and record.retrievers["fused"].spec.fusion.ddof == 0
+    assert record.run.device == "cpu" and record.run.lists["sim_siglip2_like"]["depth"] == 100
+    old = json.loads(text)
+    del old["version"], old["files"]
+    older = RunRecord.from_json(old)
+    assert older.version == 1 and older.tune == record.tune and older.retrievers == record.retrievers
+
+
 def test_round_trip_is_exact_and_fusions_are_a_field():
     data = _record_json()
     record = RunRecord.from_json(json.loads(json.dumps(data)))
-    assert record.to_json() == data
+    again = RunRecord.from_json(record.to_json())
+    assert again == record and again.to_json() == record.to_json()
+    assert record.fusion.method == "dbsf" and record.fusion.rrf_k == 60.0  # a setting it lacks: the default
     assert record.fusions == ["fused"] and record.singles == ["a", "fused_x"]  # never decided by the name
     assert record.retrievers["fused"].members == ["a", "fused_x"] and record.level == 0.9 and record.ks == [1, 5]
     assert record.comparison("fused", "a", "t2i", 1).wins == 3 and record.comparison("fused", "a", "i2t", 1) is None
@@ -70,6 +94,8 @@ def test_a_version_1_file_reads_and_a_newer_one_says_its_version():
     ({"comparisons": [{"baseline": "a"}]}, "a comparison lacks"),
     ({"comparisons": {}}, "'comparisons' is not a list"),
     ({"files": ["x"]}, "'files' is not a mapping"),
+    ({"fusion": {"method": "nosuch"}}, "the fusion settings cannot be read"),
+    ({"tune": {"split": "val"}}, "'tune' lacks 'criterion'"),
 ])
 def test_a_damaged_record_says_what_is_wrong(change, fragment):
     with pytest.raises(RecordError, match=fragment):

@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ def test_multirun_writes_the_report_files(method_sweep):
 
 def test_pairs_differ_in_one_factor_and_stats_come_from_saved_ranks(method_sweep):
     report = build_report(method_sweep, draws=300)
-    gains = report["gains"]
+    gains = report.gains
     factors = {(g["factor"], g["candidate"].split(" [")[0], g["baseline"].split(" [")[0]) for g in gains if g["k"] == 1}
     assert ("method", "fused dbsf by document top_k=100", "fused rrf by document top_k=100") in factors
     assert ("fuse_on", "fused rrf by source_object top_k=100", "fused rrf by document top_k=100") in factors
@@ -56,7 +57,7 @@ def test_pairs_differ_in_one_factor_and_stats_come_from_saved_ranks(method_sweep
     rrf_doc = [g for g in gains if g["factor"] == "fused vs best single" and "rrf by document" in g["candidate"]
                and g["k"] == 1 and g["baseline"] == "sim_siglip2_like"]
     assert rrf_doc and all(g["wins"] == g["losses"] == 0 for g in rrf_doc if g["direction"] == "t2i")
-    runs = {r.record.fusion["method"] + "/" + r.record.fusion["fuse_on"]: r for r in report["runs"]}
+    runs = {r.record.fusion.method + "/" + r.record.fusion.fuse_on: r for r in report.runs}
     row = next(g for g in gains if g["factor"] == "method" and "by document" in g["candidate"] and g["k"] == 5
                and g["direction"] == "t2i")
     cand = hits_at_k(runs["dbsf/document"].ranks("fused", "t2i"), 5)
@@ -69,9 +70,9 @@ def test_pairs_differ_in_one_factor_and_stats_come_from_saved_ranks(method_sweep
 
 def test_singles_counted_once_and_cost_table(method_sweep):
     report = build_report(method_sweep, draws=50)
-    names = [r["retriever"] for r in report["article"]]
+    names = [r["retriever"] for r in report.article]
     assert names.count("sim_siglip2_like") == 1 and len(names) == 2 + 4
-    fused = next(c for c in report["cost"] if c["retriever"].startswith("fused"))
+    fused = next(c for c in report.cost if c["retriever"].startswith("fused"))
     assert fused["dims"] == 1152 + 1024 and fused["bytes_per_image_fp32"] == 4 * 2176
     assert fused["index_10M_fp32_GB"] == pytest.approx(4 * 2176 * 1e7 / 1e9, abs=0.1)
     assert fused["query_ms_run"] > 0
@@ -101,8 +102,7 @@ def test_report_command_on_plain_run_dirs(method_sweep, tmp_path, capsys):
 
 
 def test_a_sweep_without_a_logger_has_every_jobs_plots_when_it_ends(tmp_path):
-    """Jobs of a logger=none sweep hand their plots to a second thread (report.background); all are drawn
-    before the report is written and the command returns."""
+    """Every job of a logger=none sweep has its plots, whole, when the command returns (each job draws its own)."""
     folder, _ = sweep(tmp_path, "fusion=rrf,dbsf,sum", "logger=none", name="bg")
     for job in ("0", "1", "2"):
         assert sorted(p.name for p in (folder / job / "plots").glob("*.png")) == [
@@ -116,7 +116,7 @@ def test_launchers(tmp_path, launcher):
     folder, _ = sweep(tmp_path, "fusion=rrf,dbsf", f"hydra/launcher={launcher}", name=launcher)
     runs, failed = load_runs(folder)
     assert len(runs) == 2 and not failed
-    assert {r.record.fusion["method"] for r in runs} == {"rrf", "dbsf"}
+    assert {r.record.fusion.method for r in runs} == {"rrf", "dbsf"}
     assert json.loads((folder / "0" / "metrics.json").read_text())["retrievers"]
 
 
@@ -135,18 +135,18 @@ def test_article_experiment_runs_on_sim_stand_ins(tmp_path):
         assert run.record.simulated is True
         for entry in run.record.retrievers.values():
             if not entry.is_fusion:  # the record says what ran, and what it stood in for
-                assert entry.embedding["stand_in"]["kind"] == "sim" and entry.spec["kind"] == "sim"
-                assert entry.spec["stands_in_for"]["kind"] in ("hf", "open_clip")
+                assert entry.embedding["stand_in"]["kind"] == "sim" and entry.spec.kind == "sim"
+                assert entry.spec.values["stands_in_for"]["kind"] in ("hf", "open_clip")
     summary = (tmp_path / "article" / "summary.md").read_text()  # the article's numbers beside the simulated ones
     assert "## Beside the article" in summary and "coco5k (simulated run)" in summary and "58.10" in summary
     assert "1438/864" in summary and "[+1.93, +2.69]" in summary
     assert "the article (coco5k, SigLIP 2 (lowercased) + DFN5B, DBSF by source image) [this run is SIMULATED" in result.stdout
     report = build_report(tmp_path / "article", draws=100)
-    gains = report["gains"]
+    gains = report.gains
     text = [g for g in gains if g["factor"] == "text" and g["direction"] == "t2i" and g["k"] == 1]
     assert text and text[0]["candidate"].endswith("(lowercase)") and text[0]["gain"] > 0
     # the article's lowercasing gain (+3.71) is between two of its jobs: measured here by pairing the two jobs
-    beside = {row["job"]: row for row in report["beside_article"]}
+    beside = {row["job"]: row for row in report.beside_article}
     lowercased = beside["SigLIP 2 So400m/14-384, lowercased queries"]
     assert lowercased["article gain"] == 3.71 and lowercased["this gain"] == pytest.approx(text[0]["gain"])
     assert "gain over the siglip2_as_typed job" in result.stdout
@@ -174,12 +174,13 @@ def test_every_fusion_setting_makes_a_distinct_retriever(tmp_path):
     """Two fusions that differ only in a setting outside method / key (here the floor) are two retrievers, and
     a pair one factor apart; an older record without the newer settings reads them as the defaults."""
     from fusebench.evaluation.record import RunRecord
-    from fusebench.fusion.combine import FusionConfig
+    from fusebench.fusion.config import FusionConfig
     from fusebench.report.runs import Run
     from fusebench.report.sweep import retriever_factors
 
-    def run(**fusion):
-        spec = {"kind": "fusion", "members": ["a"], **FusionConfig(**fusion).__dict__}
+    def run(drop=(), **fusion):
+        spec = {k: v for k, v in {"kind": "fusion", "members": ["a"], **asdict(FusionConfig(**fusion))}.items()
+                if k not in drop}
         record = RunRecord.from_json({
             "eval": {"ks": [1]}, "dataset": {"name": "d", "n_images": 1, "n_captions": 1}, "comparisons": [],
             "retrievers": {"a": {"t2i": {"R@1": 1.0}, "i2t": {"R@1": 1.0}, "mean": {"R@1": 1.0}, "spec": {"kind": "sim"}},
@@ -188,9 +189,7 @@ def test_every_fusion_setting_makes_a_distinct_retriever(tmp_path):
 
     plain, floored = retriever_factors(run(method="minmax"), "fused"), retriever_factors(run(method="minmax", floor=0.001), "fused")
     assert [key for key in plain if plain[key] != floored[key]] == ["top_k"]
-    old = run(method="minmax")
-    for key in ("score_map", "flat_score", "floor", "rrf_ranks"):
-        del old.record.retrievers["fused"].spec[key]
+    old = run(method="minmax", drop=("score_map", "flat_score", "floor", "rrf_ranks"))
     assert retriever_factors(old, "fused") == plain
 
 

@@ -6,7 +6,7 @@ from helpers.tiers import fast_first
 
 from fusebench.app.retrieval import SearchSettings, retrieve
 from fusebench.encoders.base import ModelEmbeddings
-from fusebench.fusion.combine import FUSE_ON, FusionConfig
+from fusebench.fusion.config import FUSE_ON, FusionConfig
 from fusebench.fusion.whole_rankings import _read_ahead
 from fusebench.search import model_lists
 
@@ -111,7 +111,7 @@ def _check_fused_against_reference(models, caption_image, method, fuse_on, top_k
         check(out["fused"]["i2t"], row, expected, lambda item, image=image: caption_image[item] == image)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", fast_first(METHODS, 2))
 @pytest.mark.parametrize("fuse_on", FUSE_ON)
 def test_fused_lists_match_per_query_reference_both_directions(case, method, fuse_on):
     models, caption_image = case
@@ -120,7 +120,7 @@ def test_fused_lists_match_per_query_reference_both_directions(case, method, fus
     _check_fused_against_reference(models, caption_image, method, fuse_on, 5, 7, out)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", fast_first(METHODS, 2))
 @pytest.mark.parametrize("fuse_on", FUSE_ON)
 @pytest.mark.parametrize("final_top_k", fast_first([None, 9]))
 def test_dense_path_matches_reference_on_whole_rankings(case, method, fuse_on, final_top_k):
@@ -135,7 +135,7 @@ def test_dense_path_matches_reference_on_whole_rankings(case, method, fuse_on, f
 
 @pytest.mark.parametrize("combine", ["max", "mnz"])
 @pytest.mark.parametrize("method", fast_first(["sum", "rrf", "minmax", "isr"], 2))
-@pytest.mark.parametrize("top_k", [5, None])
+@pytest.mark.parametrize("top_k", fast_first([5, None]))
 def test_combmax_and_combmnz_match_the_reference(case, combine, method, top_k):
     """CombMAX / CombMNZ over per-model lists (top_k 5) and over whole rankings (dense path)."""
     models, caption_image = case
@@ -160,7 +160,7 @@ ENGINE_SETTINGS = {  # the engine presets' mechanics (conf/fusion/*.yaml), each 
 }
 
 
-@pytest.mark.parametrize("name", ENGINE_SETTINGS)
+@pytest.mark.parametrize("name", fast_first(list(ENGINE_SETTINGS), 2))
 @pytest.mark.parametrize("top_k", [5, None])
 def test_engine_mechanics_match_the_reference_on_both_paths(case, name, top_k):
     """Score maps, flat values, floors, OpenSearch's means, LanceDB's running ranks and Borda: per-model lists
@@ -235,7 +235,8 @@ def test_read_ahead_loads_each_block_once_in_order_and_at_most_one_ahead(ahead):
         list(_read_ahead(broken, [(0, 2), (2, 4)], ahead))
 
 
-@pytest.mark.parametrize("method,fuse_on", [("dbsf", "document"), ("rrf", "source_object"), ("zscore", "source_object")])
+@pytest.mark.parametrize("method,fuse_on", fast_first([("dbsf", "document"), ("rrf", "source_object"), ("zscore", "source_object")],
+                                                       unpack=True))
 def test_dense_blocks_read_into_reused_buffers_give_the_same_result(case, tmp_path, monkeypatch, method, fuse_on):
     """Block i is read into block i - 2's buffers (scores, stored orders and moments, fresh or stored rows):
     the same lists and ranks as fresh arrays for every block."""

@@ -134,7 +134,7 @@ def test_a_finished_rerun_replaces_the_earlier_outputs(tmp_path):
     assert (tmp_path / "X" / "notes.txt").read_text() == "mine"
     assert not list((tmp_path / "X").glob(".staging-*"))
     scan = scan_runs(tmp_path / "X")
-    assert not scan.failed and scan.runs[0].record.fusion["method"] == "rrf"
+    assert not scan.failed and scan.runs[0].record.fusion.method == "rrf"
     assert "fusion=rrf" in scan.runs[0].overrides
 
 
@@ -428,7 +428,7 @@ def test_a_job_dir_an_earlier_job_of_the_sweep_wrote_stops_the_sweep_with_hydras
     one_line_error(result, "hydra.sweep.subdir", "which job 0 of this sweep already wrote")
     [job_dir] = [p.parent for p in (tmp_path / "S").rglob("metrics.json")]
     assert "- fusion=rrf" in (job_dir / ".hydra" / "overrides.yaml").read_text()
-    assert [r.record.fusion["method"] for r in scan_runs(tmp_path / "S").runs] == ["rrf"]
+    assert [r.record.fusion.method for r in scan_runs(tmp_path / "S").runs] == ["rrf"]
 
 
 def test_check_subdir_needs_a_per_job_relative_path():
@@ -470,7 +470,7 @@ def test_a_failed_job_of_a_sweep_rerun_is_reported_as_failed_not_with_its_earlie
     assert now == earlier  # the earlier results are never lost ...
     scan = scan_runs(tmp_path / "S")  # ... nor reported as this sweep's
     assert list(scan.failed) == ["0"] and "earlier run's results, not reported" in scan.failed["0"]
-    assert [(r.record.fusion["method"], r.record.fusion["score_map"]) for r in scan.runs] == [("sum", "atan")]
+    assert [(r.record.fusion.method, r.record.fusion.score_map) for r in scan.runs] == [("sum", "atan")]
     summary = (tmp_path / "S" / "summary.md").read_text()
     assert "1 finished runs, 1 failed: 0." in summary and "- 0: the job failed (see error.txt)" in summary
 

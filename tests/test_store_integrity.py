@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 from helpers.lists import assert_same_lists, run_lists
 from helpers.reference import integer_embeddings
+from helpers.tiers import fast_first
 
+from fusebench.app import state
 from fusebench.app.cache_cli import main as cache_main
 from fusebench.encoders.base import ModelEmbeddings
-from fusebench.fusion.combine import FusionConfig
-from fusebench.stores.embeddings import EmbeddingCache, cache_key
-from fusebench.stores.files import forget_checksums
+from fusebench.fusion.config import FusionConfig
+from fusebench.stores.embeddings import EmbeddingCache
+from fusebench.stores.entries import cache_key
 from fusebench.stores.lists import ListStore
 from fusebench.stores.scores import ScoreStore
 
@@ -55,7 +57,7 @@ def test_embedding_entry_copied_under_another_key_is_rebuilt(tmp_path, caplog):
     a = cache.get_or_compute(A, 10, rows_of)
     b = cache.get_or_compute(B, 10, lambda r: rows_of(r, offset=100))
     copy_over(cache.entry_dir(a.key), cache.entry_dir(b.key))
-    forget_checksums()
+    state.start()
     calls = []
     with caplog.at_level("WARNING"):
         again = cache.get_or_compute(B, 10, lambda r: rows_of(r, offset=100, calls=calls))
@@ -179,7 +181,7 @@ def test_list_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path, 
     run_lists(models, caption_image, LISTS, str(tmp_path))
     entries = _entries(ListStore(tmp_path))
     copy_over(entries["a"], entries["b"])
-    forget_checksums()
+    state.start()
     with caplog.at_level("WARNING"):
         again, records, _ = run_lists(models, caption_image, LISTS, str(tmp_path))
     assert records["a"]["hit"] and not records["b"]["hit"] and "copied from another entry" in caplog.text
@@ -196,7 +198,7 @@ def test_score_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path,
     run_lists(models, caption_image, DENSE, str(tmp_path), keep_k=10)
     entries = _entries(ScoreStore(tmp_path))
     copy_over(entries[source], entries[target])
-    forget_checksums()
+    state.start()
     with caplog.at_level("WARNING"):
         again, records, _ = run_lists(models, caption_image, DENSE, str(tmp_path), keep_k=10)
     assert records[source]["scores"]["hit"] and not records[target]["scores"]["hit"]
@@ -236,14 +238,14 @@ def test_score_file_made_a_directory_is_reported_and_rebuilt(twins, tmp_path, ca
     entry = _entries(ScoreStore(tmp_path))["a"]
     assert (entry / name).is_file()
     make_dir(entry / name)
-    forget_checksums()
+    state.start()
     with caplog.at_level("WARNING"):
         again, _, _ = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
     assert f"{name} is a directory" in caplog.text
     assert_same_lists(first, again)
     assert (entry / name).is_file()
     caplog.clear()
-    forget_checksums()
+    state.start()
     third, records, blocks = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
     assert records["a"]["scores"]["hit"] and blocks == 0 and "WARNING" not in caplog.text  # whole again
     assert_same_lists(first, third)
@@ -380,7 +382,7 @@ def test_embedding_shard_folder_made_a_file_is_reported_and_cleared(tmp_path, ca
 
 
 @pytest.mark.parametrize("store,config,label", [(ListStore, LISTS, "list store"), (ScoreStore, DENSE, "score store")])
-@pytest.mark.parametrize("level", ["shard", "store"])
+@pytest.mark.parametrize("level", fast_first(["shard", "store"]))
 def test_store_folder_made_a_file_is_reported_and_cleared(twins, tmp_path, caplog, store, config, label, level):
     """CACHE/lists/ab (or CACHE/scores/ab), or CACHE/lists itself, a file: reported, removed, rebuilt."""
     models, caption_image = twins

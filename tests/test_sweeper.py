@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydra_plugins.fusebench_sweeper import sweeper as plugin
 from hydra_plugins.fusebench_sweeper.sweeper import ComposedConfigs
 
 SMALL = ["dataset.n_images=200", "dataset.n_captions=800", "eval.bootstrap.draws=100", "plots=false", "logger=none"]
@@ -54,25 +53,6 @@ def test_composed_configs_are_handed_out_once_each_in_order():
     assert composed.load_sweep_config("master", ["a=1"]) == {"overrides": ["a=1"], "n": 4}  # used up: composed again
     assert composed.load_sweep_config("master", ["b=1"])["overrides"] == ["b=1"]
     assert composed.get_sources() == ["sources"]  # the rest of Hydra's loader is Hydra's
-
-
-def test_the_process_is_prepared_before_the_configs_are_kept(monkeypatch):
-    """The modules are imported and frozen out of the collector (cli.prepare_process) before the sweeper keeps
-    the batch's configs; frozen with them, every job's config would stay in memory to the end of the sweep."""
-    from fusebench.app import cli
-
-    events = []
-    monkeypatch.setattr(cli, "prepare_process", lambda: events.append("prepare"))
-    # looked up now: Hydra's plugin scan re-executes the plugin modules (and the BasicSweeper it extends)
-    sweeper = plugin.ComposeOnceSweeper(max_batch_size=None, params=None)
-    sweeper.config = "master"
-    loader = FakeLoader()
-    sweeper.composed = ComposedConfigs(loader)
-    original = loader.load_sweep_config
-    loader.load_sweep_config = lambda master, overrides: events.append(tuple(overrides)) or original(master, overrides)
-    sweeper.validate_batch_is_legal([["a=1"], ["a=2"]])
-    assert events == ["prepare", ("a=1",), ("a=2",)]
-    assert sweeper.composed.load_sweep_config("master", ["a=2"])["n"] == 2
 
 
 def _sweep(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, int]:

@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fusebench.app import state
 from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
-from fusebench.search.exact import MATMULS
 
 
 def run_lists(models, caption_image, config, store, depth=30, keep_k=None):
     """Every retriever's lists, the list store's records, and the similarity blocks this search computed."""
     source = ListSource()
-    before = MATMULS["blocks"]
+    before = state.current().similarity_blocks
     out = retrieve(models, caption_image, config, keep_k=keep_k,
                    settings=SearchSettings(chunk_size=16, item_chunk_size=16, depth=depth, store_dir=store), source=source)
-    return out, source.records, MATMULS["blocks"] - before
+    return out, source.records, state.current().similarity_blocks - before
 
 
 def assert_same_lists(a, b):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fusebench.fusion.combine import FusionConfig, weighted_evidence
+from fusebench.fusion.combine import weighted_evidence
+from fusebench.fusion.config import FusionConfig
 
 
 def stable_order(row_scores) -> list[int]:

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from fusebench import FusebenchError
-from fusebench.stores.embeddings import EmbeddingCache, matching, remove_entry
+from fusebench.stores.embeddings import EmbeddingCache
+from fusebench.stores.entries import matching, remove_entry
 from fusebench.stores.lists import ListStore
 from fusebench.stores.scores import ScoreStore
 
@@ -71,8 +72,9 @@ def default_cache_dir() -> str:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from fusebench.config import CONFIG_DIR
+    from fusebench.config import CONFIG_DIR, schema
 
+    schema.register()  # the groups' schemas, which the YAML options start from (as the fusebench command has them)
     if GlobalHydra.instance().is_initialized():
         cfg = compose(config_name="config")
     else:

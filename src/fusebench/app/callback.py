@@ -194,23 +194,20 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         folder = Path(config.hydra.sweep.dir)
-        from fusebench.report import background
-
-        background.finish()  # the last jobs' plots, drawn while the sweep went on
         try:
             from fusebench.report.sweep import write_report
 
             report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level)
-            SweepReport.failed = sorted({*report["failed"], *SweepReport.jobs_failed})
-            log.info("sweep report: %s (%d runs, %d failed)", folder / "summary.md", len(report["runs"]),
-                     len(report["failed"]))
-            if report["failed"]:
-                log.error("failed jobs (see error.txt in each): %s", ", ".join(report["failed"]))
-            from omegaconf import OmegaConf
-
+            SweepReport.failed = sorted({*report.failed, *SweepReport.jobs_failed})
+            log.info("sweep report: %s (%d runs, %d failed)", folder / "summary.md", len(report.runs),
+                     len(report.failed))
+            if report.failed:
+                log.error("failed jobs (see error.txt in each): %s", ", ".join(report.failed))
             from fusebench.app.tracking import log_sweep
+            from fusebench.config.run import logger_config
 
-            log_sweep(OmegaConf.to_container(config.logger, resolve=True) if "logger" in config else None, folder, report)
+            log_sweep(logger_config(OmegaConf.to_container(config.logger, resolve=True)) if "logger" in config else None,
+                      folder, report)
         except Exception as err:  # noqa: BLE001 - a report failure must never fail the sweep
             from fusebench.report.runs import scan_runs
 

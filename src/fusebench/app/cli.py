@@ -10,9 +10,7 @@ for real bugs, and shown for everything with ``HYDRA_FULL_ERROR=1``.
 
 from __future__ import annotations
 
-import atexit
 import errno
-import gc
 import os
 import re
 import sys
@@ -30,8 +28,21 @@ from fusebench import FusebenchError
 from fusebench.app import interrupts
 from fusebench.config import CONFIG_DIR, schema, specs
 
+
+def share_config_store() -> None:
+    """Make a deep copy of Hydra's ``ConfigStore`` (a process-wide singleton) the store itself. Hydra deep-copies
+    its config repository, and with it the whole store, once per composition and once per config group it lists:
+    ``fusebench --help`` lists about 100, and copying took 1.4 s of its 2 s on a 2-core CPU. The store's nodes are
+    only read through ``ConfigStore.load``, which copies the node it returns, so sharing the store changes no
+    config and no output (tests/test_startup.py checks --help)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.__deepcopy__ = lambda store, memo: store
+
+
 schema.register()  # the groups' schemas (types and defaults) that the YAML options start from
-BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"  # a sweep's jobs in this process, in turn
+share_config_store()
+CLUSTER_LAUNCHERS = ("joblib", "submitit_local", "submitit_slurm")  # Hydra plugins of the cluster extra
 # an OSError with one of these is the machine's state (permissions, a full disk), not a bug
 ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.ENOTDIR,
                       errno.EISDIR}
@@ -133,8 +144,10 @@ def hydra_error_message(err: CompactHydraException) -> str:
         return override_syntax_message(err)
     if isinstance(err, MissingConfigException) and err.options and "/" in missing:
         group, name = missing.rsplit("/", 1)
+        extra = (" The cluster launchers are the cluster extra: pip install 'fusebench[cluster]'."
+                 if group == "hydra/launcher" and name in CLUSTER_LAUNCHERS else "")
         return (f"Could not find '{missing}': {group}={name} is not an option of {group}; valid: "
-                f"{', '.join(sorted(err.options))}.")
+                f"{', '.join(sorted(err.options))}.{extra}")
     text = str(err).split("\nConfig search path:")[0].strip()
     if err.__cause__ is not None:
         text += f"\n{str(err.__cause__).strip()}"
@@ -142,27 +155,6 @@ def hydra_error_message(err: CompactHydraException) -> str:
     lines = [line for line in text.splitlines()
              if not line.strip().startswith(internal)]
     return "; ".join(line.strip() for line in lines if line.strip())
-
-
-def freeze_long_lived() -> None:
-    """Move every object alive now (the imported torch, numba, Hydra: about a million) out of the garbage
-    collector's reach, once per process (the first job), and everything again at exit. Otherwise every full
-    collection of a run re-walks them, and the interpreter's last collections at exit took 0.7-0.9 s of a
-    10 s run. Objects created later are collected as usual; the frozen ones are the process's modules and
-    the first job's config, which live to its end."""
-    if not getattr(freeze_long_lived, "done", False):
-        gc.freeze()
-        atexit.register(gc.freeze)
-        freeze_long_lived.done = True
-
-
-def prepare_process() -> None:
-    """Import the pipeline (torch, numba, ...) and freeze what is alive then, once per process: before the first
-    job, or before a sweep composes its jobs' configs (fusebench's sweeper calls this first: configs kept for
-    later jobs must stay collectable once their job ends, not be frozen with the modules)."""
-    import fusebench.app.pipeline  # noqa: F401 - what every job needs, imported once
-
-    freeze_long_lived()
 
 
 def _place(err: OSError) -> tuple[str, str] | None:
@@ -276,9 +268,6 @@ def main() -> None:
         app()
         interrupts.check()  # a Ctrl-C whose exception Python dropped (see fusebench.app.interrupts)
     except KeyboardInterrupt:
-        from fusebench.report import background
-
-        background.cancel()  # a sweep's queued plots: not drawn after Ctrl-C
         print("\nfusebench: interrupted; no outputs were written for the unfinished run", file=sys.stderr)
         raise SystemExit(130) from None
     except RunDirRefused as err:  # raised in Hydra's callback (or sweeper), before Hydra creates the dirs
@@ -313,10 +302,9 @@ def app(cfg: DictConfig) -> None:
     """One job: check its run dir, run it; on a failure, the earlier run in the dir is left as it was (its
     outputs stay until a run writes its own; its Hydra files, which Hydra has just rewritten, are put back)."""
     interrupts.check()  # Ctrl-C during the previous job: no further job starts
-    prepare_process()  # imported here, not at the top, so --help and --cfg stay fast
     from fusebench.app import rundir
     from fusebench.app.callback import SweepReport, job_ended, job_started
-    from fusebench.app.pipeline import run
+    from fusebench.config.run import run_config
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
@@ -325,8 +313,11 @@ def app(cfg: DictConfig) -> None:
     if multirun:  # a dir another job of this sweep wrote, or outside the sweep dir: the sweep stops (exit 2)
         job_started(out_dir, hydra_cfg.sweep.dir, hydra_cfg.job.num, hydra_cfg.output_subdir)
     try:
+        config = run_config(cfg)  # the typed config: a mistake in it is one line before anything heavy is imported
+        from fusebench.app.pipeline import run  # here, not at the top: --help, --cfg and a config mistake stay fast
+
         rundir.start_fresh(out_dir, key)
-        run(cfg, out_dir, next_job_follows=multirun and hydra_cfg.launcher.get("_target_") == BASIC_LAUNCHER)
+        run(config, out_dir)
         rundir.forget(out_dir)
     except BaseException as err:
         rundir.restore_earlier_config(out_dir)

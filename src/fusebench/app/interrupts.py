@@ -1,11 +1,12 @@
 """Ctrl-C that always stops fusebench, even when Python drops the KeyboardInterrupt it raised.
 
 Python raises KeyboardInterrupt wherever the main thread happens to be when the signal arrives. If that is
-inside a weakref callback, a ``__del__`` or a garbage-collector callback (torch, numpy and the stores'
-memos all run some), the exception is "ignored": printed with a traceback and dropped, and the run goes on
-(a sweep then finished and exited 0). So the handler also remembers the press: ``check()`` raises it again
+inside a weakref callback, a ``__del__`` or a garbage-collector callback (torch and numpy run some), the
+exception is "ignored": printed with a traceback and dropped, and the run goes on (a sweep then finished and
+exited 0). So the handler also remembers the press: ``check()`` raises it again
 at the points where a run may stop (each sweep job's start, before a run writes its outputs, and at exit),
-and a KeyboardInterrupt that Python would drop is dropped silently (the remembered press stands for it).
+and a KeyboardInterrupt that Python would drop is dropped silently (the remembered press stands for it). The
+press is remembered in the process state (``app.state``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from __future__ import annotations
 import signal
 import sys
 
-_PRESSED = {"ctrl_c": False}
+from fusebench.app import state
 
 
 def _on_ctrl_c(signum, frame) -> None:
-    _PRESSED["ctrl_c"] = True
+    state.current().ctrl_c = True
     raise KeyboardInterrupt
 
 
@@ -29,7 +30,7 @@ def watch() -> None:
     previous = sys.unraisablehook
 
     def quiet_dropped_interrupt(unraisable) -> None:
-        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _PRESSED["ctrl_c"]:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and state.current().ctrl_c:
             return  # remembered: check() raises it where the run can stop
         previous(unraisable)
 
@@ -39,10 +40,5 @@ def watch() -> None:
 
 def check() -> None:
     """Raise KeyboardInterrupt if Ctrl-C was pressed (and its exception may have been dropped)."""
-    if _PRESSED["ctrl_c"]:
+    if state.current().ctrl_c:
         raise KeyboardInterrupt
-
-
-def forget() -> None:
-    """Start over (tests)."""
-    _PRESSED["ctrl_c"] = False

@@ -21,7 +21,8 @@ import torch
 from fusebench import DIRECTIONS, FUSED
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
-from fusebench.fusion.combine import RANK_METHODS, FusionConfig, fuse_in_blocks
+from fusebench.fusion.combine import fuse_in_blocks
+from fusebench.fusion.config import RANK_METHODS, FusionConfig
 from fusebench.fusion.normalisers import MOMENT_METHODS
 from fusebench.fusion.whole_rankings import DenseSide, RowBlocks, correct_items, dense_fuse
 from fusebench.search.exact import float_rows

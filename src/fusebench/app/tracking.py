@@ -14,11 +14,16 @@ import logging
 import os
 import struct
 import subprocess
-from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fusebench.config import checks
+from fusebench.config.schema import LoggerConfig, WandbConfig
 from fusebench.evaluation.record import RunRecord
+from fusebench.evaluation.subrecords import eval_to_json
+
+if TYPE_CHECKING:
+    from fusebench.report.sweep import SweepSummary
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,7 @@ def summary_metrics(record: RunRecord) -> dict:
     ks = record.ks
     fusions, headline = record.fusions, record.headline
     out: dict = {"headline": headline, "simulated": record.simulated,
-                 "nonstandard": bool(record.dataset.get("nonstandard"))}
+                 "nonstandard": record.dataset.nonstandard}
     for name, result in record.retrievers.items():
         for direction in ("t2i", "i2t", "mean"):
             for k in ks:
@@ -75,9 +80,10 @@ def summary_metrics(record: RunRecord) -> dict:
                         if name == headline:
                             out[f"{positive_set}/{direction}/{metric}"] = value
     if record.tune:  # tune mode: what the tuning split chose, and its value there
-        out["tune/value"] = record.tune["chosen"]["value"]
-        out.update({f"tune/weight/{n}": w for n, w in record.tune["chosen"]["weights"].items()})
-        out.update({f"tune/{k}": v for k, v in record.tune["chosen"]["fusion"].items()})
+        chosen = record.tune.chosen
+        out["tune/value"] = chosen.value
+        out.update({f"tune/weight/{n}": w for n, w in chosen.weights.items()})
+        out.update({f"tune/{k}": v for k, v in chosen.fusion.items()})
     for c in record.positive_comparisons:
         if c.candidate == headline and c.baseline == record.best_single(c.direction, 1):
             positive_set, metric = c.metric.split(" ", 1)
@@ -95,11 +101,11 @@ def _tables(wandb, record: RunRecord) -> dict:
     tables = {"retrievers": wandb.Table(columns=columns, data=rows),
               "comparisons": wandb.Table(columns=comp_cols, data=comps)}
     if record.tune:  # the tuning split's curve: one row per setting tried
-        models = list(record.tune["chosen"]["weights"])
-        params = sorted({k for row in record.tune["curve"] for k in row["fusion"]})
-        tables["tune_curve"] = wandb.Table(columns=[f"weight {m}" for m in models] + params + [record.tune["criterion"]],
-                                     data=[[row["weights"][m] for m in models] + [row["fusion"].get(p) for p in params]
-                                           + [row["value"]] for row in record.tune["curve"]])
+        models = list(record.tune.chosen.weights)
+        params = sorted({k for point in record.tune.curve for k in point.fusion})
+        tables["tune_curve"] = wandb.Table(columns=[f"weight {m}" for m in models] + params + [record.tune.criterion],
+                                           data=[[point.weights[m] for m in models] + [point.fusion.get(p) for p in params]
+                                                 + [point.value] for point in record.tune.curve])
     if record.positive_comparisons:
         tables["positive_comparisons"] = wandb.Table(
             columns=["metric", *comp_cols], data=[[c.metric, *(getattr(c, col) for col in comp_cols)]
@@ -107,38 +113,18 @@ def _tables(wandb, record: RunRecord) -> dict:
     return tables
 
 
-LOGGER_KEYS = ("kind", "project", "entity", "mode", "tags", "init_timeout")
-MODES = ("offline", "online", "disabled")
-
-
-def check_logger(cfg: Mapping) -> None:
-    """The ``logger`` group's values, checked before any work (keys and defaults: fusebench.config.schema.WandbSchema)."""
-    kind = checks.choice(checks.required(cfg, "kind", "logger"), "logger.kind", ("none", "wandb"))
-    if kind == "none":  # logger=none reads nothing else: a key added to it (+logger.project=x) is an error
-        checks.known_keys(cfg, "logger (logger=none)", ("kind",))
-        return
-    checks.known_keys(cfg, "logger", LOGGER_KEYS)
-    for key in LOGGER_KEYS:
-        checks.required(cfg, key, "logger")
-    checks.choice(cfg["mode"], "logger.mode", MODES, allow_none=True)
-    checks.text(cfg["project"], "logger.project")
-    checks.text(cfg["entity"], "logger.entity", allow_none=True)
-    checks.string_list(cfg["tags"], "logger.tags")
-    checks.number(cfg["init_timeout"], "logger.init_timeout", 0, open_low=True, hint="seconds to wait for W&B to start")
-
-
-def _init(cfg: Mapping, out_dir: Path, config: dict, group: str | None, name: str | None, job_type: str):
+def _init(cfg: WandbConfig, out_dir: Path, config: dict, group: str | None, name: str | None, job_type: str):
     """Start a W&B run; an online start that fails (no network: W&B would wait 90 s) gives up after
     ``logger.init_timeout`` seconds and logs offline instead, so the record can be uploaded later."""
     import wandb
 
-    mode = cfg["mode"] or os.environ.get("WANDB_MODE") or "offline"
+    mode = cfg.mode or os.environ.get("WANDB_MODE") or "offline"
 
     def start(mode: str):
         # only an online start gets the short timeout; an offline one keeps W&B's own (a busy machine is slow)
-        timeout = {"init_timeout": float(cfg["init_timeout"])} if mode == "online" else {}
-        return wandb.init(project=cfg["project"], entity=cfg["entity"], mode=mode, dir=str(out_dir), config=config,
-                          group=group, name=name, job_type=job_type, tags=list(cfg["tags"] or []),
+        timeout = {"init_timeout": cfg.init_timeout} if mode == "online" else {}
+        return wandb.init(project=cfg.project, entity=cfg.entity, mode=mode, dir=str(out_dir), config=config,
+                          group=group, name=name, job_type=job_type, tags=list(cfg.tags),
                           reinit="finish_previous", settings=wandb.Settings(silent=True, console="off",
                                                                             x_disable_stats=True, **timeout))
 
@@ -154,23 +140,25 @@ def _init(cfg: Mapping, out_dir: Path, config: dict, group: str | None, name: st
         return wandb, start("offline")
 
 
-def log_run(cfg: Mapping | None, record: RunRecord, out_dir: str | Path, plots: list[Path],
+def log_run(cfg: LoggerConfig | None, record: RunRecord, out_dir: str | Path, plots: list[Path],
             resolved: dict | None = None) -> None:
-    """Log one finished run; any W&B failure is a warning, the run dir stays the record."""
-    if not cfg or cfg["kind"] != "wandb":  # checked before the run (check_logger): none, or wandb
+    """Log one finished run (``cfg``: the logger group, typed; ``resolved``: the composed config, logged as the
+    W&B run's config); any W&B failure is a warning, the run dir stays the record."""
+    if not isinstance(cfg, WandbConfig):  # logger=none
         return
     out_dir = Path(out_dir)
     try:
         group, name = _job_identity()
-        config = {**(resolved or {}), "fusebench": {"git_commit": git_commit(), "versions": record.run.get("versions")},
-                  "dataset_summary": record.dataset, "fusion": record.fusion, "eval": record.eval}
+        config = {**(resolved or {}), "fusebench": {"git_commit": git_commit(), "versions": record.run.versions},
+                  "dataset_summary": record.dataset.to_json(), "fusion": asdict(record.fusion),
+                  "eval": eval_to_json(record.eval)}
         wandb, run = _init(cfg, out_dir, config, group, name, "evaluate")
         try:
             run.summary.update(summary_metrics(record))
             payload = _tables(wandb, record)
             payload.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in plots})
             run.log(payload)
-            artifact = wandb.Artifact(f"run-{run.id}", type="fusebench-run", metadata={"dataset": record.dataset})
+            artifact = wandb.Artifact(f"run-{run.id}", type="fusebench-run", metadata={"dataset": record.dataset.to_json()})
             artifact.add_file(str(out_dir / "metrics.json"))
             artifact.add_dir(str(out_dir / "ranks"), name="ranks")
             run.log_artifact(artifact)
@@ -180,24 +168,24 @@ def log_run(cfg: Mapping | None, record: RunRecord, out_dir: str | Path, plots: 
         log.warning("W&B logging failed (%s); the run dir %s holds every result", err, out_dir)
 
 
-def log_sweep(cfg: Mapping | None, folder: str | Path, report: dict) -> None:
+def log_sweep(cfg: LoggerConfig | None, folder: str | Path, report: SweepSummary) -> None:
     """The sweep summary run: the sweep's tables and plots, grouped with its jobs."""
-    if not cfg or cfg["kind"] != "wandb":
+    if not isinstance(cfg, WandbConfig):
         return
     folder = Path(folder)
     try:
-        wandb, run = _init(cfg, folder, {"sweep_dir": str(folder), "runs": len(report["runs"]),
-                                         "failed": report["failed"]}, folder.name, "sweep-summary", "summary")
+        wandb, run = _init(cfg, folder, {"sweep_dir": str(folder), "runs": len(report.runs),
+                                         "failed": report.failed}, folder.name, "sweep-summary", "summary")
         try:
             payload = {}
             for key in ("article", "gains", "cost"):
-                rows = report[key]
+                rows = getattr(report, key)
                 if rows:
                     columns = list(rows[0])
                     payload[key] = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
-            payload.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in report.get("plots", [])})
+            payload.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in report.plots})
             run.log(payload)
-            run.summary.update({"runs": len(report["runs"]), "failed_runs": len(report["failed"])})
+            run.summary.update({"runs": len(report.runs), "failed_runs": len(report.failed)})
         finally:
             run.finish()
     except Exception as err:  # noqa: BLE001

@@ -1,14 +1,18 @@
 """Typed reads of config values: each returns the value as the type the code needs, or raises a
 :class:`FusebenchError` that names the key, shows what was given and says what is valid.
 
-Hydra passes what a user typed through as-is (``eval.bootstrap.draws=abc`` is the string ``'abc'``,
-``eval.ks=5`` the integer 5), so every value a user can set goes through one of these before it is used.
+The config dataclasses' checks (``__post_init__`` in :mod:`fusebench.config.schema`, :mod:`~fusebench.config.specs`,
+:mod:`fusebench.fusion.config`) call these, once per value, when :func:`typed` turns a group into its dataclass:
+a model spec is free-form YAML and a config built by hand is not checked by Hydra (``eval.ks=5`` is the integer
+5 there, ``draws: abc`` a string), so every value a user can set goes through one of these before it is used.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 
 from fusebench import FusebenchError
 
@@ -50,6 +54,21 @@ def number(value, key: str, minimum: float | None = None, maximum: float | None 
         bounds = " and ".join(b for b in (low, high) if b)
         raise _bad(key, value, "a finite number" + (f" {bounds}" if bounds else "") + (f" ({hint})" if hint else ""))
     return float(value)
+
+
+WEIGHT_RANGE = (1e-6, 1e6)  # a non-zero weight: fusion multiplies float32 evidence by it (1e39 is inf there)
+
+
+def weight(value, key: str) -> float:
+    """A weight in the fused score: 0, or a finite number within WEIGHT_RANGE (far outside it the float32
+    products of fusion overflow or underflow, and only the weights' ratios matter to a weighted sum)."""
+    low, high = WEIGHT_RANGE
+    checked = number(value, key, 0, hint=f"0 or between {low:g} and {high:g}: the weight in the fused score")
+    if checked != 0 and not low <= checked <= high:
+        raise FusebenchError(f"{key}={value!r} is not valid; valid: 0 or a number between {low:g} and {high:g} (the "
+                             "weight multiplies float32 scores, which overflow or underflow far outside that range; "
+                             "scale all weights together: only their ratios matter to a weighted sum).")
+    return checked
 
 
 def boolean(value, key: str) -> bool:
@@ -111,8 +130,46 @@ def required(cfg: Mapping, key: str, where: str):
     return cfg[key]
 
 
-def known_keys(cfg: Mapping, key: str, valid: Sequence[str]) -> None:
-    """Every key of ``cfg`` is in ``valid``."""
+def known_keys(cfg: Mapping, key: str, valid: Sequence[str], note: str = "") -> None:
+    """Every key of ``cfg`` is in ``valid`` (``note``: said after the unknown keys, e.g. "(nothing reads them)")."""
     unknown = sorted(str(k) for k in set(cfg) - set(valid))
     if unknown:
-        raise FusebenchError(f"{key}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}.")
+        raise FusebenchError(f"{key}: unknown key(s) {', '.join(unknown)}{' ' + note if note else ''}; valid keys: "
+                             f"{', '.join(sorted(valid))}.")
+
+
+VALID_DEVICES = "auto, cpu, cuda, cuda:N, mps"
+_DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def device_name(name, key: str = "device") -> str:
+    """``name`` if it is a device name fusebench takes (auto, cpu, cuda, cuda:N, mps), else a FusebenchError
+    naming the config ``key``. Only the spelling: whether the device exists is
+    :func:`fusebench.encoders.devices.resolve_device`'s check (it needs torch)."""
+    if not isinstance(name, str) or not _DEVICE_NAME.fullmatch(name):
+        raise FusebenchError(f"{key}={name!r} is not a torch device fusebench can use; valid: {VALID_DEVICES}.")
+    return name
+
+
+INTERNAL = {"config_key": False}  # metadata of a dataclass field the conversion sets, never a config key
+
+
+def config_keys(cls) -> list[str]:
+    """The keys a config dataclass reads: its fields, less those marked :data:`INTERNAL`."""
+    return [f.name for f in fields(cls) if f.metadata.get("config_key", True)]
+
+
+def typed(cls, value, key: str, *, every_key: bool = True, note: str = "", nested: Mapping | None = None, **internal):
+    """``value`` (a mapping) as the config dataclass ``cls``, whose ``__post_init__`` checks the values: a key that
+    is not one of its fields is an error naming it (``note`` after it), and with ``every_key`` so is a missing one
+    (a composed group sets every key; a model spec only what differs from the defaults). ``nested``: field name ->
+    a function (value, key) that converts that field's value first; ``internal``: the INTERNAL fields' values."""
+    given = mapping(value, key)
+    names = config_keys(cls)
+    known_keys(given, key, names, note)
+    values = {name: required(given, name, key) if every_key else given[name] for name in names
+              if every_key or name in given}
+    for name, convert in (nested or {}).items():
+        if name in values:
+            values[name] = convert(values[name], f"{key}.{name}")
+    return cls(**values, **internal)

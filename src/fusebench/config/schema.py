@@ -1,64 +1,130 @@
-"""The config groups' schemas: every key a user can set, its type and its default, in one place.
+"""The config groups as types: every key a user can set, its type, its default and its checks, in one place.
 
-Registered with Hydra's ConfigStore as ``schema_GROUP`` (``schema_fusion`` is :class:`FusionConfig`), and
-each YAML option of those groups starts from it (``defaults: [/schema_fusion@_here_, _self_]``), so the YAML files only
-say what differs and Hydra checks every value's type while composing (``eval.bootstrap.draws=abc`` is an
-error naming the key before any work). Code reads composed configs and has no fallbacks of its own; a
-missing key is an error, not a silent default. Model specs (``conf/models/*.yaml``) are free-form per
-model kind and checked by their encoders.
+Each class is one group (``EvalConfig`` is ``eval``; a dataset kind is one class of ``DATASETS``; the fusion group
+is :class:`fusebench.fusion.config.FusionConfig`; model specs, free-form per kind, are
+:mod:`fusebench.config.specs`). Its ``__post_init__`` checks every value, through the typed reads of
+:mod:`fusebench.config.checks`, and the conversion of a whole composed config into these types happens once,
+in :func:`fusebench.config.run.run_config`; past the CLI, code reads these objects, never the config's dicts.
+
+Registered with Hydra's ConfigStore as ``schema_GROUP`` (``schema_fusion`` is ``FusionConfig``), and each YAML
+option of those groups starts from it (``defaults: [/schema_fusion@_here_, _self_]``), so the YAML files only say
+what differs and Hydra checks every value's type while composing (``eval.bootstrap.draws=abc`` is an error naming
+the key before any work). Code has no fallbacks of its own: a key missing from a composed group is an error.
+Importing this module imports nothing heavy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+from fusebench import FusebenchError
+from fusebench.config import checks
+
+POSITIVE_SETS = ("eccv", "cxc")  # extra positives (COCO 5k): fusebench.evaluation.positives
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+VERIFY_IMAGES = ("none", "header", "full")
+TUNE_DIRECTIONS = ("t2i", "i2t", "mean")  # a tuning criterion's direction: one of the two or their mean
 
 
 @dataclass
-class BootstrapSchema:
+class BootstrapConfig:
     draws: int = 2000  # paired bootstrap resamples per comparison
     seed: int = 0
     level: float = 0.95  # central percentile interval
 
+    def __post_init__(self):
+        self.draws = checks.integer(self.draws, "eval.bootstrap.draws", 1, "resamples per comparison, e.g. 2000")
+        self.level = checks.number(self.level, "eval.bootstrap.level", 0, 1, open_low=True, open_high=True,
+                                   hint="the interval's coverage, e.g. 0.95")
+        self.seed = checks.integer(self.seed, "eval.bootstrap.seed", 0)
+
 
 @dataclass
-class ListsSchema:
+class ListsConfig:
     store: bool = True  # keep each model's ranked lists in the list store (embed.cache.dir/lists), reuse them
     depth: int = 100  # list length stored per query and model; a job asking for more stores deeper lists
     max_scores_mb: int = 2048  # fusion.top_k=null: store whole score matrices up to this size (MB), 0 = never
 
+    def __post_init__(self):
+        self.depth = checks.integer(self.depth, "eval.lists.depth", 1, "list length stored per query")
+        self.max_scores_mb = checks.integer(self.max_scores_mb, "eval.lists.max_scores_mb", 0,
+                                            "0: never store score matrices")
+        self.store = checks.boolean(self.store, "eval.lists.store")
+
 
 @dataclass
-class EvalSchema:
+class EvalConfig:
     ks: list[int] = field(default_factory=lambda: [1, 5, 10])  # recall@k, both directions
-    bootstrap: BootstrapSchema = field(default_factory=BootstrapSchema)
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:1 | mps
     chunk_size: int = 4096  # query rows per similarity block
     item_chunk_size: int = 16384  # item columns per similarity block (memory: chunk_size x item_chunk_size)
     save_topk: int | None = 25  # positions saved per list in topk/*.npz; null = whole list
-    lists: ListsSchema = field(default_factory=ListsSchema)
+    lists: ListsConfig = field(default_factory=ListsConfig)
     positives: list[str] = field(default_factory=list)  # extra positives (COCO 5k): eccv, cxc (fusebench.evaluation.positives)
+
+    def __post_init__(self):
+        self.ks = sorted(set(checks.integer_list(self.ks, "eval.ks")))
+        self.save_topk = checks.optional_integer(self.save_topk, "eval.save_topk", 1, "null = whole lists")
+        self.chunk_size = checks.integer(self.chunk_size, "eval.chunk_size", 1)
+        self.item_chunk_size = checks.integer(self.item_chunk_size, "eval.item_chunk_size", 1)
+        self.device = checks.device_name(self.device, "eval.device")
+        positives = self.positives or []
+        if not isinstance(positives, list):
+            raise FusebenchError(f"eval.positives={positives!r} is not valid: give a list, e.g. eval.positives=[eccv,cxc] "
+                                 f"(valid sets: {', '.join(POSITIVE_SETS)}).")
+        self.positives = list(dict.fromkeys(checks.choice(name, "eval.positives", POSITIVE_SETS) for name in positives))
 
 
 @dataclass
-class CacheSchema:
+class CacheConfig:
     dir: str = "${paths.output_dir}/cache"
     dtype: str = "fp16"  # storage: fp16 | fp32
     chunk_rows: int = 1024  # rows per resumable chunk
 
+    def __post_init__(self):
+        self.dir = checks.text(self.dir, "embed.cache.dir", hint="a folder")
+        checks.choice(self.dtype, "embed.cache.dtype", ("fp16", "fp32"))
+        self.chunk_rows = checks.integer(self.chunk_rows, "embed.cache.chunk_rows", 1)
+
 
 @dataclass
-class EmbedSchema:
+class EmbedConfig:
+    """How real models (kind open_clip, hf) run and where embeddings are cached (the encoders' ``runtime``)."""
+
     device: str = "auto"  # auto (cuda, mps, cpu) | cpu | cuda | cuda:1 | mps
     precision: str = "auto"  # auto: bf16 autocast on cuda, fp32 elsewhere | fp32 | bf16 | fp16
     batch_size: int = 32  # images per forward pass
     text_batch_size: int = 256  # captions per forward pass
     num_workers: int = 4  # DataLoader processes decoding and preprocessing images
     on_bad_image: str = "fail"  # fail: stop, naming the file | skip: leave the image and its captions out
-    cache: CacheSchema = field(default_factory=CacheSchema)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+    def __post_init__(self):
+        self.device = checks.device_name(self.device, "embed.device")  # spelling now, even if no real model runs
+        checks.choice(self.precision, "embed.precision", PRECISIONS)
+        self.batch_size = checks.integer(self.batch_size, "embed.batch_size", 1)
+        self.text_batch_size = checks.integer(self.text_batch_size, "embed.text_batch_size", 1)
+        self.num_workers = checks.integer(self.num_workers, "embed.num_workers", 0)
+        checks.choice(self.on_bad_image, "embed.on_bad_image", ("fail", "skip"))
+
+    @classmethod
+    def with_defaults(cls, cache_dir: str, **changes) -> EmbedConfig:
+        """For code outside Hydra (tests, benchmarks): the group's defaults, a cache folder, and ``changes`` by
+        key (``batch_size=4``; the cache's keys as ``cache_dtype="fp32"``, ``chunk_rows=8``)."""
+        cache = {"dir": cache_dir, **{key.removeprefix("cache_"): changes.pop(key)
+                                      for key in ("cache_dtype", "chunk_rows") if key in changes}}
+        return cls(**{**asdict(cls()), **changes, "cache": CacheConfig(**{**asdict(CacheConfig()), **cache})})
+
+    def resolved_precision(self, device) -> str:
+        """The precision on ``device`` (a torch.device): ``auto`` is bf16 on cuda, fp32 elsewhere."""
+        if self.precision != "auto":
+            return self.precision
+        return "bf16" if device.type == "cuda" else "fp32"
 
 
 @dataclass
-class SimDatasetSchema:
+class SimDatasetConfig:
     name: str = "sim"
     kind: str = "sim"
     n_images: int = 5000
@@ -68,9 +134,86 @@ class SimDatasetSchema:
     shared_caption_noise: float = 1.36  # what all captions of an image miss alike
     seed: int = 0
 
+    def __post_init__(self):
+        self.name = checks.text(self.name, "dataset.name")
+        for key in ("n_images", "n_captions", "latent_dim"):
+            setattr(self, key, checks.integer(getattr(self, key), f"dataset.{key}", 1))
+        for key in ("caption_noise", "shared_caption_noise"):
+            setattr(self, key, checks.number(getattr(self, key), f"dataset.{key}", 0))
+        self.seed = checks.integer(self.seed, "dataset.seed", 0)
+
 
 @dataclass
-class TuneSchema:
+class TinyDatasetConfig:
+    name: str = "tiny"
+    kind: str = "tiny"
+    limit: int | None = None  # use only the first N images
+
+    def __post_init__(self):
+        self.name = checks.text(self.name, "dataset.name")
+        self.limit = checks.optional_integer(self.limit, "dataset.limit", 1, "null = all images")
+
+
+@dataclass
+class ManifestDatasetConfig:
+    name: str = "manifest"
+    kind: str = "manifest"
+    manifest: str | None = None  # the JSONL file, one line per image
+    image_root: str | None = None  # folder that relative paths are relative to (default: the manifest's folder)
+
+    def __post_init__(self):
+        self.name = checks.text(self.name, "dataset.name")
+        if not self.manifest:
+            raise FusebenchError("dataset.manifest is not set: pass dataset.manifest=/path/to/manifest.jsonl.")
+        self.manifest = checks.text(self.manifest, "dataset.manifest")
+        self.image_root = checks.text(self.image_root, "dataset.image_root", allow_none=True)
+
+
+@dataclass
+class KarpathyDatasetConfig:
+    name: str = "karpathy"
+    kind: str = "karpathy"
+    annotations: str | None = None  # Karpathy's dataset_*.json, or CLIP_benchmark's files
+    image_root: str | None = None
+    split: str = "test"  # test | val | restval | train
+    expected: dict = field(default_factory=dict)  # {images, captions}: the protocol guard; {} = none
+    allow_nonstandard: bool = False  # true: run a differing corpus, marked non-standard
+    verify_images: str = "header"  # none | header | full (decode every image)
+
+    def __post_init__(self):
+        self.name = checks.text(self.name, "dataset.name")
+        for key in ("annotations", "image_root"):
+            if not getattr(self, key):
+                raise FusebenchError(f"dataset.{key} is not set (see conf/dataset/{self.name}.yaml and paths.data_root).")
+        checks.choice(self.verify_images, "dataset.verify_images", VERIFY_IMAGES)
+        self.expected = checks.mapping(self.expected, "dataset.expected")
+        checks.known_keys(self.expected, "dataset.expected", ("images", "captions"))
+        for key, value in self.expected.items():
+            checks.integer(value, f"dataset.expected.{key}", 1)
+        if len(self.expected) == 1:
+            raise FusebenchError(f"dataset.expected={self.expected} is not valid: give both images and captions "
+                                 "(the standard split's counts), or {} for no check.")
+        self.annotations = checks.text(self.annotations, "dataset.annotations")
+        self.image_root = checks.text(self.image_root, "dataset.image_root")
+        self.split = checks.text(self.split, "dataset.split")
+        self.allow_nonstandard = checks.boolean(self.allow_nonstandard, "dataset.allow_nonstandard")
+
+
+DatasetConfig = SimDatasetConfig | TinyDatasetConfig | ManifestDatasetConfig | KarpathyDatasetConfig
+DATASETS: dict[str, type] = {"karpathy": KarpathyDatasetConfig, "manifest": ManifestDatasetConfig,
+                             "sim": SimDatasetConfig, "tiny": TinyDatasetConfig}  # dataset.kind -> its keys
+
+
+def criterion_parts(criterion: str) -> tuple[str, int] | None:
+    """('t2i', 1) for 't2i R@1'; None when it is not a direction and a recall@k."""
+    parts = criterion.replace("R@", " ").split()
+    if len(parts) != 2 or parts[0] not in TUNE_DIRECTIONS or not parts[1].isdigit() or int(parts[1]) < 1:
+        return None
+    return parts[0], int(parts[1])
+
+
+@dataclass
+class TuneConfig:
     enabled: bool = False  # tune=weights turns it on (fusebench.evaluation.tuning)
     split: str = "auto"  # auto: val for Karpathy datasets, seeded otherwise | a Karpathy split | seeded
     fraction: float = 0.2  # seeded: share of the images with captions held out for tuning
@@ -81,15 +224,83 @@ class TuneSchema:
     ddof: list[int] = field(default_factory=list)  # [] = fusion.ddof
     max_points: int = 500  # refuse a larger grid
 
+    def __post_init__(self):
+        self.enabled = checks.boolean(self.enabled, "tune.enabled")
+        if not self.enabled:  # tune=none reads nothing else
+            return
+        self.split = checks.text(self.split, "tune.split", hint="auto, val (Karpathy) or seeded")
+        parts = criterion_parts(checks.text(self.criterion, "tune.criterion", hint="e.g. 't2i R@1'"))
+        if parts is None:
+            raise FusebenchError(f"tune.criterion={self.criterion!r} is not valid: give a direction "
+                                 f"({', '.join(TUNE_DIRECTIONS)}) and a recall, e.g. 't2i R@1' or 'mean R@5'.")
+        self.criterion = f"{parts[0]} R@{parts[1]}"
+        self.weights = self._values("weights", checks.weight)
+        if not self.weights:
+            raise FusebenchError("tune.weights=[] is not valid: give the weights to try for models 2..M, "
+                                 "e.g. tune.weights=[0.5,1,2] (the first model stays at 1).")
+        self.fraction = checks.number(self.fraction, "tune.fraction", 0, 1, open_low=True, open_high=True,
+                                      hint="e.g. 0.2")
+        self.seed = checks.integer(self.seed, "tune.seed", 0)
+        self.rrf_k = self._values("rrf_k", lambda v, key: checks.number(v, key, 0, hint="rrf_k >= 0"))
+        self.ddof = self._values("ddof", lambda v, key: checks.choice(v, key, (0, 1)))
+        self.max_points = checks.integer(self.max_points, "tune.max_points", 1)
+
+    def _values(self, key: str, read) -> list:
+        raw = getattr(self, key)
+        if not isinstance(raw, (list, tuple)):
+            raise FusebenchError(f"tune.{key}={raw!r} is not valid: give a list (an empty list keeps the fusion's own).")
+        return [read(v, f"tune.{key}") for v in raw]
+
+    @property
+    def direction(self) -> str:
+        return criterion_parts(self.criterion)[0]
+
+    @property
+    def k(self) -> int:
+        return criterion_parts(self.criterion)[1]
+
 
 @dataclass
-class WandbSchema:
+class NoLoggerConfig:
+    kind: str = "none"  # logger=none: the run dir is the record
+
+
+@dataclass
+class WandbConfig:
     kind: str = "wandb"
     project: str = "fusebench"
     entity: str | None = None
     mode: str | None = None  # null: $WANDB_MODE, else offline | offline | online | disabled
     tags: list[str] = field(default_factory=list)
     init_timeout: float = 15.0  # seconds an online start may take before logging offline instead
+
+    def __post_init__(self):
+        checks.choice(self.mode, "logger.mode", ("offline", "online", "disabled"), allow_none=True)
+        self.project = checks.text(self.project, "logger.project")
+        self.entity = checks.text(self.entity, "logger.entity", allow_none=True)
+        self.tags = checks.string_list(self.tags, "logger.tags")
+        self.init_timeout = checks.number(self.init_timeout, "logger.init_timeout", 0, open_low=True,
+                                          hint="seconds to wait for W&B to start")
+
+
+LoggerConfig = NoLoggerConfig | WandbConfig
+LOGGERS: dict[str, type] = {"none": NoLoggerConfig, "wandb": WandbConfig}  # logger.kind -> its keys
+
+
+@dataclass
+class PathsConfig:
+    output_dir: str  # runs and the embedding cache go under it (FUSEBENCH_OUTPUT)
+    data_root: str  # datasets are read from under it (FUSEBENCH_DATA)
+
+
+@dataclass
+class ReferenceConfig:
+    dataset: str  # the article's dataset (coco5k, flickr1k)
+    study: str  # its row (a conf/study/ job)
+
+    def __post_init__(self):
+        self.dataset = checks.text(self.dataset, "reference.dataset")
+        self.study = checks.text(self.study, "reference.study")
 
 
 def register() -> None:
@@ -99,10 +310,10 @@ def register() -> None:
     it and ``fusion=glob(*)`` does not match it."""
     from hydra.core.config_store import ConfigStore
 
-    from fusebench.fusion.combine import FusionConfig
+    from fusebench.fusion.config import FusionConfig
 
     store = ConfigStore.instance()
-    for name, node in (("schema_fusion", FusionConfig), ("schema_eval", EvalSchema), ("schema_embed", EmbedSchema),
-                       ("schema_dataset_sim", SimDatasetSchema), ("schema_logger", WandbSchema),
-                       ("schema_tune", TuneSchema)):
+    for name, node in (("schema_fusion", FusionConfig), ("schema_eval", EvalConfig), ("schema_embed", EmbedConfig),
+                       ("schema_dataset_sim", SimDatasetConfig), ("schema_logger", WandbConfig),
+                       ("schema_tune", TuneConfig)):
         store.store(name=name, node=node)

@@ -1,51 +1,251 @@
-"""The keys a model spec may hold, per model kind: a key nothing reads is an error, never silently ignored.
+"""Model specs as types, one class per model kind: a key nothing reads is an error, never silently ignored.
 
 A model spec is free-form YAML (``conf/models/NAME.yaml`` or ``+models.NAME.KEY=...`` overrides), so Hydra
-cannot type-check it. ``+models.sim_dfn5b_like.wieght=0`` would otherwise run with the weight unchanged;
-:func:`check_spec` refuses it, naming the key and listing the kind's keys. Every kind may carry ``weight``,
-``text`` (query preprocessing; for ``vectors`` and ``sim`` a description the reports read), ``label`` and
-``published`` (the model's published numbers, free-form).
+cannot type-check it: :func:`model_specs` turns the ``models`` group into one typed spec per model (``SimModel``,
+``VectorsModel``, ``OpenClipModel``, ``HFModel``; ``MODEL_KINDS``), whose fields are the kind's keys and whose
+``__post_init__`` checks their values. ``+models.sim_dfn5b_like.wieght=0`` would otherwise run with the weight
+unchanged; it is refused, naming the key and listing the kind's keys. Every kind may carry ``weight``, ``text``
+(query preprocessing; for ``vectors`` and ``sim`` a description the reports read), ``label`` and ``published``
+(the model's published numbers, free-form). A spec keeps the mapping it was given (``given``, in its order):
+the run record stores what was configured, as configured.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fusebench import FusebenchError
+from fusebench import FUSED, FusebenchError
+from fusebench.config import checks
+from fusebench.config.checks import INTERNAL
 
-COMMON_KEYS = ("kind", "weight", "text", "label", "published")
-SIM_KEYS = ("dim", "image_noise", "text_noise", "seed", "score_scale", "score_shift")
-KIND_KEYS = {
-    "sim": SIM_KEYS,
-    "vectors": ("image_embeddings", "text_embeddings"),
-    "open_clip": ("model", "pretrained", "context_length", "sim"),
-    "hf": ("checkpoint", "revision", "sim"),
-}
-TEXT_KEYS = {"hf": ("case", "template", "padding", "max_length")}  # the hf tokenizer's padding and length
-DEFAULT_TEXT_KEYS = ("case", "template")
+DEFAULT_WEIGHT = 1.0  # a model's weight in the fused score when its spec sets none
+TEXT_CASES = ("as_typed", "lowercase", "canonicalize")
+NOTE = "(nothing reads them)"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def _unknown(given: Mapping, valid: tuple[str, ...], where: str) -> None:
-    unknown = sorted(str(k) for k in given if k not in valid)
-    if unknown:
-        raise FusebenchError(f"{where}: unknown key(s) {', '.join(unknown)} (nothing reads them); valid keys: "
-                             f"{', '.join(sorted(valid))}.")
+@dataclass
+class TextConfig:
+    """Query preprocessing: ``case`` (as_typed, lowercase, canonicalize: open_clip's clean) and an optional
+    ``template`` with one ``{}`` for the caption."""
+
+    case: str = "as_typed"
+    template: str | None = None
+    where: str = field(default="text", metadata=INTERNAL)
+
+    def __post_init__(self):
+        if self.case not in TEXT_CASES:
+            raise FusebenchError(f"{self.where}.case={self.case!r} is not valid; valid: {', '.join(TEXT_CASES)}.")
+        if self.template is not None and (not isinstance(self.template, str) or self.template.count("{}") != 1):
+            raise FusebenchError(f"{self.where}.template={self.template!r} must be a string with exactly one '{{}}'.")
 
 
-def check_spec(name: str, spec: Mapping, registry: list[str]) -> None:
-    """Refuse a spec without a known kind, and any key its kind does not read (in ``text`` and ``sim`` too)."""
-    kind = spec.get("kind")
+@dataclass
+class HFTextConfig(TextConfig):
+    """An hf model's text settings: also its tokenizer's ``padding`` and ``max_length`` (null: the model's)."""
+
+    padding: str | bool = "max_length"
+    max_length: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.max_length = checks.optional_integer(self.max_length, f"{self.where}.max_length", 1,
+                                                  "null = the model's trained length")
+
+
+@dataclass
+class SimParams:
+    """A simulated model's parameters (``dim``, ``image_noise``, ``text_noise``, ``seed``: all set, as
+    conf/models/sim_*.yaml do; ``score_scale`` and ``score_shift``: where its cosines sit, both or neither). In a
+    real model's ``sim:`` block (its stand-in on dataset=sim) ``text_noise`` may map each ``text.case`` to a noise."""
+
+    dim: int | None = None
+    image_noise: float | None = None
+    text_noise: float | dict | None = None
+    seed: int | None = None
+    score_scale: float | None = None
+    score_shift: float | None = None
+    where: str = field(default="sim", metadata=INTERNAL)
+    per_case: bool = field(default=False, metadata=INTERNAL)  # text_noise may be a mapping (a sim: block)
+
+    def __post_init__(self):
+        for key in ("dim", "image_noise", "text_noise", "seed"):
+            checks.required({k: v for k, v in vars(self).items() if v is not None}, key, self.where)
+        self.dim = checks.integer(self.dim, f"{self.where}.dim", 1)
+        self.image_noise = checks.number(self.image_noise, f"{self.where}.image_noise", 0)
+        if not (self.per_case and isinstance(self.text_noise, Mapping)):
+            self.text_noise = checks.number(self.text_noise, f"{self.where}.text_noise", 0)
+        self.seed = checks.integer(self.seed, f"{self.where}.seed", 0)
+        if self.score_scale is not None or self.score_shift is not None:
+            given = {k: getattr(self, k) for k in ("score_scale", "score_shift") if getattr(self, k) is not None}
+            self.score_scale = checks.number(checks.required(given, "score_scale", self.where),
+                                             f"{self.where}.score_scale", 0, 1, open_low=True)
+            self.score_shift = checks.number(checks.required(given, "score_shift", self.where),
+                                             f"{self.where}.score_shift", -1, 1)
+
+    @property
+    def score(self) -> tuple[float, float] | None:
+        return None if self.score_scale is None else (self.score_scale, self.score_shift)
+
+    def for_case(self, case: str) -> SimParams:
+        """These parameters with the text noise of ``case`` (a per-case mapping resolved)."""
+        if not isinstance(self.text_noise, Mapping):
+            return self
+        if case not in self.text_noise:
+            raise FusebenchError(f"{self.where}.text_noise has no value for text.case={case!r}; it has "
+                                 f"{', '.join(map(str, self.text_noise))}: add {case}: NOISE.")
+        return replace(self, text_noise=self.text_noise[case], per_case=False)
+
+
+@dataclass
+class ModelSpec:
+    """What every kind carries; the subclasses add the kind's own keys."""
+
+    kind: str
+    weight: float = DEFAULT_WEIGHT
+    text: TextConfig = field(default_factory=TextConfig)
+    label: str | None = None
+    published: dict | None = None  # free-form: {dataset: {t2i_r1, i2t_r1, protocol, source}}
+    name: str = field(default="", metadata=INTERNAL)
+    given: dict = field(default_factory=dict, metadata=INTERNAL)  # the spec as configured, keys in order
+
+    def __post_init__(self):
+        self.weight = checks.weight(self.weight, f"models.{self.name}.weight")
+        self.published = checks.mapping(self.published, f"models.{self.name}.published")
+
+    def text_record(self) -> dict:
+        """The text settings as configured, with case and template filled in (the cache key's and record's)."""
+        return {**dict(self.given.get("text") or {}), "case": self.text.case, "template": self.text.template}
+
+
+@dataclass
+class SimModel(ModelSpec):
+    """Kind ``sim``: a simulated model over the sim dataset (fusebench.data.simulated)."""
+
+    dim: int | None = None
+    image_noise: float | None = None
+    text_noise: float | None = None
+    seed: int | None = None
+    score_scale: float | None = None
+    score_shift: float | None = None
+    params: SimParams | None = field(default=None, metadata=INTERNAL)
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.params = SimParams(self.dim, self.image_noise, self.text_noise, self.seed, self.score_scale,
+                                self.score_shift, where=f"models.{self.name}")
+
+
+@dataclass
+class VectorsModel(ModelSpec):
+    """Kind ``vectors``: embeddings the user already has, as .npy files in corpus order."""
+
+    image_embeddings: str | None = None
+    text_embeddings: str | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        for key in ("image_embeddings", "text_embeddings"):
+            if not getattr(self, key):
+                raise FusebenchError(f"models.{self.name}.{key} is not set; kind 'vectors' needs image_embeddings "
+                                     "and text_embeddings (.npy files).")
+            setattr(self, key, str(getattr(self, key)))
+
+
+@dataclass
+class RealModel(ModelSpec):
+    """A real model (open_clip, hf): its ``sim:`` block is its stand-in on dataset=sim (``stand_in``: resolved for
+    its text case; None without a block)."""
+
+    sim: SimParams | None = None
+    stand_in: SimParams | None = field(default=None, metadata=INTERNAL)
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.stand_in = None if self.sim is None else self.sim.for_case(self.text.case)
+
+
+@dataclass
+class OpenClipModel(RealModel):
+    """Kind ``open_clip``: ``model`` (a built-in name, ``hf-hub:org/repo`` or ``local-dir:/path``), ``pretrained``
+    (a tag or a local weights file), ``context_length`` (the tokenizer's, null: the model's)."""
+
+    model: str | None = None
+    pretrained: str | None = None
+    context_length: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.model:
+            raise FusebenchError(f"models.{self.name}.model is not set; kind 'open_clip' needs an open_clip model name "
+                                 "(e.g. ViT-B-32), 'hf-hub:org/repo' or 'local-dir:/path/to/checkpoint'.")
+        self.context_length = checks.optional_integer(self.context_length, f"models.{self.name}.context_length", 1)
+
+
+@dataclass
+class HFModel(RealModel):
+    """Kind ``hf``: ``checkpoint`` (a hub id or a folder saved with save_pretrained) at ``revision`` (hub only)."""
+
+    checkpoint: str | None = None
+    revision: str | None = None
+    text: HFTextConfig = field(default_factory=HFTextConfig)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.checkpoint:
+            raise FusebenchError(f"models.{self.name}.checkpoint is not set; kind 'hf' needs a Hugging Face model id "
+                                 "(e.g. google/siglip2-so400m-patch14-384) or a local folder saved with save_pretrained.")
+
+
+MODEL_KINDS: dict[str, type[ModelSpec]] = {"sim": SimModel, "vectors": VectorsModel, "open_clip": OpenClipModel,
+                                           "hf": HFModel}  # kind -> its spec (the loaders: fusebench.encoders.KINDS)
+
+
+def model_spec(name: str, value, registry: list[str]) -> ModelSpec:
+    """One model's spec, typed: a known kind, no key its kind does not read (in ``text`` and ``sim`` too)."""
+    given = checks.mapping(value, f"models.{name}")
+    kind = given.get("kind")
     if kind is None:
-        raise FusebenchError(_no_kind(name, spec, registry))
-    if not isinstance(kind, str) or kind not in KIND_KEYS:
+        raise FusebenchError(_no_kind(name, given, registry))
+    if not isinstance(kind, str) or kind not in MODEL_KINDS:
         raise FusebenchError(f"models.{name}.kind={kind!r} is not a known model kind; valid kinds: "
-                             f"{', '.join(KIND_KEYS)}.")
-    _unknown(spec, COMMON_KEYS + KIND_KEYS[kind], f"models.{name} (kind {kind})")
-    if isinstance(spec.get("text"), Mapping):
-        _unknown(spec["text"], TEXT_KEYS.get(kind, DEFAULT_TEXT_KEYS), f"models.{name}.text")
-    if kind in ("open_clip", "hf") and isinstance(spec.get("sim"), Mapping):
-        _unknown(spec["sim"], SIM_KEYS, f"models.{name}.sim")
+                             f"{', '.join(MODEL_KINDS)}.")
+    cls = MODEL_KINDS[kind]
+    text_cls = HFTextConfig if cls is HFModel else TextConfig
+
+    def text(block, _key):
+        where = f"models.{name}.text"
+        return checks.typed(text_cls, block, where, every_key=False, note=NOTE, where=where)
+
+    def sim(block, _key):
+        if not isinstance(block, Mapping):
+            raise FusebenchError(f"models.{name}.sim={block!r} is not valid; valid: a block of dim, image_noise, "
+                                 "text_noise, seed.")
+        where = f"models.{name}.sim"
+        return checks.typed(SimParams, block, where, every_key=False, note=NOTE, where=where, per_case=True)
+
+    nested = {"text": text, **({"sim": sim} if issubclass(cls, RealModel) else {})}
+    values = {k: v for k, v in given.items() if not (k in nested and v is None)}  # text: null = the defaults
+    return checks.typed(cls, values, f"models.{name} (kind {kind})", every_key=False, note=NOTE, nested=nested,
+                        name=name, given=dict(given))
+
+
+def model_specs(models, registry: list[str]) -> dict[str, ModelSpec]:
+    """The ``models`` group, typed: at least one model, each name usable in file names and not the fused one's."""
+    specs = checks.mapping(models, "models")
+    if not specs:
+        raise FusebenchError("no models selected: pick some with models=[a,b] or +models.NAME.kind=... overrides.")
+    out = {}
+    for name, spec in specs.items():
+        name = str(name)
+        if name == FUSED or not _NAME.match(name):
+            raise FusebenchError(f"model name {name!r} is not allowed: use letters, digits, '_', '.', '-' "
+                                 f"(and not {FUSED!r}, the fused retriever's name).")
+        out[name] = model_spec(name, spec, registry)
+    return out
 
 
 def _no_kind(name: str, spec: Mapping, registry: list[str]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.config.schema import SimDatasetSchema
+from fusebench.config.schema import SimDatasetConfig
 from fusebench.data.corpus import Corpus, validate_corpus
 
 
@@ -26,8 +26,8 @@ def caption_counts(n_images: int, n_captions: int) -> np.ndarray:
     return counts
 
 
-def make_sim_corpus(settings: SimDatasetSchema) -> Corpus:
-    """The simulated corpus ``settings`` describe (``SimDatasetSchema()``: COCO 5k-sized, the default job's)."""
+def make_sim_corpus(settings: SimDatasetConfig) -> Corpus:
+    """The simulated corpus ``settings`` describe (``SimDatasetConfig()``: COCO 5k-sized, the default job's)."""
     name, n_images, n_captions, seed = settings.name, settings.n_images, settings.n_captions, settings.seed
     latent_dim, caption_noise, shared_caption_noise = (settings.latent_dim, settings.caption_noise,
                                                        settings.shared_caption_noise)

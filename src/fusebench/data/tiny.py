@@ -1,7 +1,8 @@
 """The ``tiny`` dataset: photographs shipped inside installed packages, with hand-written captions.
 
 Nothing is downloaded; the images are resolved from the installed scikit-image, scikit-learn and
-matplotlib packages, so an end-to-end run with real encoders works offline.
+matplotlib packages (the first two are the ``tiny`` extra: ``pip install 'fusebench[tiny]'``), so an end-to-end run
+with real encoders works offline.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ CAPTIONS_FILE = Path(__file__).with_name("tiny_captions.json")
 def _package_root(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
-        raise FusebenchError(f"dataset=tiny needs the package {package!r} (pip install -e . installs it).")
+        raise FusebenchError(f"dataset=tiny needs the package {package!r}, which ships its photographs: "
+                             "pip install 'fusebench[tiny]' (in a checkout: pip install -e '.[tiny]').")
     return Path(spec.origin).parent
 
 

@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.app import memo
-from fusebench.config import checks
+from fusebench.app import state
+from fusebench.config.specs import DEFAULT_WEIGHT
 from fusebench.encoders.fingerprint import first_line
 from fusebench.encoders.rownorm import l2_normalise_rows
-from fusebench.evaluation.record import DEFAULT_WEIGHT
 
 if TYPE_CHECKING:
     import torch
@@ -150,8 +149,9 @@ class RawEmbeddings:
     text: np.ndarray
     image_source: str
     text_source: str
-    spec: dict
+    spec: dict  # what the run record keeps of the model (its spec as configured)
     info: dict = field(default_factory=dict)
+    declared_dim: int | None = None  # a sim model's declared width (its rows carry two more dims)
 
     @property
     def unreadable_images(self) -> np.ndarray | None:
@@ -172,6 +172,7 @@ class ModelEmbeddings:
     weight: float = DEFAULT_WEIGHT
     spec: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # real models: cache keys and hits, preprocessing, versions, stats
+    declared_dim: int | None = None  # a sim model's (or sim stand-in's) declared width
 
     @property
     def dim(self) -> int:
@@ -181,29 +182,7 @@ class ModelEmbeddings:
     def index_dim(self) -> int:
         """The width an index of this model stores (what cost tables count): the embedding width, except for a
         sim model, whose declared ``dim`` it is (its two score-location dims are a device of the simulation)."""
-        if self.spec.get("kind") == "sim" and "dim" in self.spec:
-            return int(self.spec["dim"])
-        return self.dim
-
-
-WEIGHT_RANGE = (1e-6, 1e6)  # a non-zero weight: fusion multiplies float32 evidence by it (1e39 is inf there)
-
-
-def fusion_weight(value, key: str) -> float:
-    """A weight in the fused score: 0, or a finite number within WEIGHT_RANGE (far outside it the float32
-    products of fusion overflow or underflow, and only the weights' ratios matter to a weighted sum)."""
-    low, high = WEIGHT_RANGE
-    weight = checks.number(value, key, 0, hint=f"0 or between {low:g} and {high:g}: the weight in the fused score")
-    if weight != 0 and not low <= weight <= high:
-        raise FusebenchError(f"{key}={value!r} is not valid; valid: 0 or a number between {low:g} and {high:g} (the "
-                             "weight multiplies float32 scores, which overflow or underflow far outside that range; "
-                             "scale all weights together: only their ratios matter to a weighted sum).")
-    return weight
-
-
-def model_weight(name: str, spec: dict) -> float:
-    """A model's weight in the fused score (``weight`` in its spec; DEFAULT_WEIGHT when it sets none)."""
-    return fusion_weight(spec.get("weight", DEFAULT_WEIGHT), f"models.{name}.weight")
+        return self.dim if self.declared_dim is None else self.declared_dim
 
 
 def _first_bad_row(array: np.ndarray, mask: np.ndarray) -> int:
@@ -212,7 +191,8 @@ def _first_bad_row(array: np.ndarray, mask: np.ndarray) -> int:
 
 def _normalise_shared(array: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     normalised, norms, finite = l2_normalise_rows(array)
-    return memo.read_only(normalised), norms, finite
+    normalised.setflags(write=False)  # shared by the jobs of the process: nothing may change it in place
+    return normalised, norms, finite
 
 
 def _check_shape(array: np.ndarray, rows: int, what: str, source: str, rows_meaning: str) -> None:
@@ -232,11 +212,11 @@ def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_mean
     """Validate one embedding matrix and return it L2-normalised as float32 (rows are 0-based in messages).
     Any finite row that is not all zeros is accepted at any scale (1e-30 or 3e38: see fusebench.encoders.rownorm)."""
     _check_shape(array, rows, what, source, rows_meaning)
-    # one pass, the same bits as numpy's norm and divide for rows of ordinary scale; once per process for a
-    # read-only array (a sim model's rows, the same object every job of a sweep), whose normalised rows are then
-    # shared and read-only too
+    # one pass, the same bits as numpy's norm and divide for rows of ordinary scale; once per process for the rows
+    # the process keeps (a sim model's, the same read-only object every job of a sweep: app.state.SharedArrays),
+    # whose normalised rows are then shared and read-only too
     normalised, norms, finite = (l2_normalise_rows(array) if array.flags.writeable
-                                 else memo.derived(array, "l2_normalise_rows", _normalise_shared))
+                                 else state.current().shared.derived(array, "l2_normalise_rows", _normalise_shared))
     if not finite.all():
         row = _first_bad_row(array, ~finite)
         raise FusebenchError(

@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from fusebench import FusebenchError
-
-VALID_DEVICES = "auto, cpu, cuda, cuda:N, mps"
-_DEVICE_NAME = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-
-
-def check_device_name(name, key: str = "device") -> str:
-    """``name`` if it is a device name fusebench takes (auto, cpu, cuda, cuda:N, mps), else a FusebenchError
-    naming the config ``key``. Only the spelling: whether the device exists is :func:`resolve_device`'s check."""
-    if not isinstance(name, str) or not _DEVICE_NAME.fullmatch(name):
-        raise FusebenchError(f"{key}={name!r} is not a torch device fusebench can use; valid: {VALID_DEVICES}.")
-    return name
+from fusebench.config.checks import device_name
 
 
 def resolve_device(name: str | None, key: str = "device") -> torch.device:
@@ -29,7 +17,7 @@ def resolve_device(name: str | None, key: str = "device") -> torch.device:
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    device = torch.device(check_device_name(name, key))
+    device = torch.device(device_name(name, key))
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from fusebench import FusebenchError
+from fusebench.config.specs import HFModel, model_spec
 from fusebench.encoders.base import cached_files_only, embedding_width, hub_unavailable, load_error
 from fusebench.encoders.fingerprint import hf_hub_revision, path_fingerprint
 
@@ -44,16 +44,13 @@ class HFImageTransform:
 class HFEncoder:
     backend = "hf"
 
-    def __init__(self, name: str, spec: Mapping):
+    def __init__(self, name: str, spec: HFModel | Mapping):
+        """``spec``: the model's typed spec (a mapping of its keys is converted and checked)."""
+        if not isinstance(spec, HFModel):
+            spec = model_spec(name, {"kind": self.backend, **spec}, [])
         self.name = name
-        self.checkpoint = spec.get("checkpoint")
-        if not self.checkpoint:
-            raise FusebenchError(f"models.{name}.checkpoint is not set; kind 'hf' needs a Hugging Face model id "
-                                 "(e.g. google/siglip2-so400m-patch14-384) or a local folder saved with save_pretrained.")
-        self.revision = spec.get("revision")
-        text = dict(spec.get("text") or {})
-        self.padding = text.get("padding", "max_length")
-        self.max_length = text.get("max_length")
+        self.checkpoint, self.revision = spec.checkpoint, spec.revision
+        self.padding, self.max_length = spec.text.padding, spec.text.max_length
         self.model = self.tokenizer = self.processor = None
         self.dim = 0  # known once loaded
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from fusebench import FusebenchError
+from fusebench.config.specs import OpenClipModel, model_spec
 from fusebench.encoders.base import cached_files_only, embedding_width, hub_unavailable, load_error
 from fusebench.encoders.fingerprint import path_fingerprint
 
@@ -21,14 +21,12 @@ from fusebench.encoders.fingerprint import path_fingerprint
 class OpenClipEncoder:
     backend = "open_clip"
 
-    def __init__(self, name: str, spec: Mapping):
+    def __init__(self, name: str, spec: OpenClipModel | Mapping):
+        """``spec``: the model's typed spec (a mapping of its keys is converted and checked)."""
+        if not isinstance(spec, OpenClipModel):
+            spec = model_spec(name, {"kind": self.backend, **spec}, [])
         self.name = name
-        self.model_id = spec.get("model")
-        if not self.model_id:
-            raise FusebenchError(f"models.{name}.model is not set; kind 'open_clip' needs an open_clip model name "
-                                 "(e.g. ViT-B-32), 'hf-hub:org/repo' or 'local-dir:/path/to/checkpoint'.")
-        self.pretrained = spec.get("pretrained")
-        self.context_length = spec.get("context_length")
+        self.model_id, self.pretrained, self.context_length = spec.model, spec.pretrained, spec.context_length
         self.model = self.preprocess = self.tokenizer = None
         self.dim = 0  # known once loaded
 

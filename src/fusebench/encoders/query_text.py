@@ -2,29 +2,14 @@
 
 ``case``: ``as_typed`` (unchanged), ``lowercase``, or ``canonicalize`` (open_clip's clean: lowercase, strip
 punctuation, collapse whitespace). ``template``: an optional prompt with one ``{}`` for the caption.
-The tokenizer's padding and length are the backend's business (see hf.py / openclip.py).
+The settings are a spec's ``text`` (:class:`fusebench.config.specs.TextConfig`, checked there); the tokenizer's
+padding and length are the backend's business (see hf.py / openclip.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from fusebench import FusebenchError
-
-TEXT_CASES = ("as_typed", "lowercase", "canonicalize")
-
-
-def text_settings(name: str, spec: Mapping) -> dict:
-    """The model's text preprocessing choices, validated, with defaults filled in."""
-    text = dict(spec.get("text") or {})
-    case = text.get("case", "as_typed")
-    if case not in TEXT_CASES:
-        raise FusebenchError(f"models.{name}.text.case={case!r} is not valid; valid: {', '.join(TEXT_CASES)}.")
-    template = text.get("template")
-    if template is not None and (not isinstance(template, str) or template.count("{}") != 1):
-        raise FusebenchError(f"models.{name}.text.template={template!r} must be a string with exactly one '{{}}'.")
-    text["case"], text["template"] = case, template
-    return text
+from fusebench.config.specs import TEXT_CASES
 
 
 def preprocess_text(text: str, case: str, template: str | None) -> str:

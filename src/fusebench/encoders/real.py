@@ -10,83 +10,25 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
 from fusebench.app.progress import bar as progress_bar
-from fusebench.config import checks
-from fusebench.config.schema import EmbedSchema
+from fusebench.config.schema import EmbedConfig
+from fusebench.config.specs import RealModel
 from fusebench.data.corpus import Corpus
 from fusebench.encoders.base import Encoder, RawEmbeddings, to_device
-from fusebench.encoders.devices import check_device_name, resolve_device
+from fusebench.encoders.devices import resolve_device
 from fusebench.encoders.fingerprint import images_fingerprint, texts_fingerprint
 from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.images import bad_image_error, image_batches, open_rgb
 from fusebench.encoders.openclip import OpenClipEncoder
-from fusebench.encoders.query_text import preprocess_texts, text_settings
+from fusebench.encoders.query_text import preprocess_texts
 from fusebench.stores.embeddings import EmbeddingCache
 
 log = logging.getLogger(__name__)
 ENCODERS: dict[str, type[Encoder]] = {"open_clip": OpenClipEncoder, "hf": HFEncoder}  # real kind -> backend
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-
-
-@dataclass
-class Runtime:
-    """How to run models and where to cache: the ``embed`` config group, checked (keys and defaults:
-    :class:`fusebench.config.schema.EmbedSchema`)."""
-
-    device: str
-    precision: str
-    batch_size: int
-    text_batch_size: int
-    num_workers: int
-    on_bad_image: str
-    cache_dir: str
-    cache_dtype: str
-    chunk_rows: int
-
-    @classmethod
-    def from_config(cls, cfg: Mapping) -> Runtime:
-        cfg = checks.mapping(cfg, "embed")
-        cache = checks.mapping(checks.required(cfg, "cache", "embed"), "embed.cache")
-        checks.known_keys(cfg, "embed", ("device", "precision", "batch_size", "text_batch_size", "num_workers",
-                                         "on_bad_image", "cache"))
-        checks.known_keys(cache, "embed.cache", ("dir", "dtype", "chunk_rows"))
-
-        def need(mapping, key, where="embed"):
-            return checks.required(mapping, key, where)
-
-        return cls(
-            device=check_device_name(need(cfg, "device"), "embed.device"),  # spelling now, even if no real model runs
-            precision=checks.choice(need(cfg, "precision"), "embed.precision", PRECISIONS),
-            batch_size=checks.integer(need(cfg, "batch_size"), "embed.batch_size", 1),
-            text_batch_size=checks.integer(need(cfg, "text_batch_size"), "embed.text_batch_size", 1),
-            num_workers=checks.integer(need(cfg, "num_workers"), "embed.num_workers", 0),
-            on_bad_image=checks.choice(need(cfg, "on_bad_image"), "embed.on_bad_image", ("fail", "skip")),
-            cache_dir=checks.text(need(cache, "dir", "embed.cache"), "embed.cache.dir", hint="a folder"),
-            cache_dtype=checks.choice(need(cache, "dtype", "embed.cache"), "embed.cache.dtype", ("fp16", "fp32")),
-            chunk_rows=checks.integer(need(cache, "chunk_rows", "embed.cache"), "embed.cache.chunk_rows", 1))
-
-    @classmethod
-    def with_defaults(cls, cache_dir: str, **changes) -> Runtime:
-        """For code outside Hydra (tests, benchmarks): the embed group's defaults, a cache folder, and
-        ``changes`` by field name (``batch_size=4``, ``cache_dtype="fp32"``)."""
-        cfg = asdict(EmbedSchema())
-        cfg["cache"]["dir"] = cache_dir
-        for key, value in changes.items():
-            if key in ("cache_dtype", "chunk_rows"):
-                cfg["cache"][key.removeprefix("cache_")] = value
-            else:
-                cfg[key] = value
-        return cls.from_config(cfg)
-
-    def resolved_precision(self, device: torch.device) -> str:
-        if self.precision != "auto":
-            return self.precision
-        return "bf16" if device.type == "cuda" else "fp32"
 
 
 def autocast(device: torch.device, precision: str):
@@ -139,16 +81,16 @@ def settle_skipped(rows: np.ndarray, stats: Mapping, corpus: Corpus, on_bad_imag
     return rows, int(np.isnan(rows).all(axis=1).sum())
 
 
-def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> RawEmbeddings:
+def embed_real(spec: RealModel, corpus: Corpus, runtime: EmbedConfig) -> RawEmbeddings:
     """A real model's rows through the embedding cache (the model is loaded only on a cache miss); precision
     is applied here, by autocast around each batch."""
-    kind = spec.get("kind")
+    name, kind = spec.name, spec.kind
     encoder = ENCODERS[kind](name, spec)
-    text = text_settings(name, spec)
+    text = spec.text_record()
     device = resolve_device(runtime.device, "embed.device")
     precision = runtime.resolved_precision(device)
     lazy = LazyModel(encoder, device)
-    cache = EmbeddingCache(runtime.cache_dir, runtime.cache_dtype, runtime.chunk_rows)
+    cache = EmbeddingCache(runtime.cache.dir, runtime.cache.dtype, runtime.cache.chunk_rows)
     common = {"model": encoder.fingerprint(), "versions": encoder.versions(), "precision": precision}
     info = {"model": name}
 
@@ -168,7 +110,7 @@ def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> Ra
                 bar.update(len(all_rows))
                 yield block, {"skipped_images": len(all_rows) - len(good_rows)}
 
-    texts = preprocess_texts(corpus.captions, text["case"], text["template"])
+    texts = preprocess_texts(corpus.captions, spec.text.case, spec.text.template)
 
     def compute_texts(rows: np.ndarray):
         model = lazy.get()
@@ -191,7 +133,7 @@ def embed_real(name: str, spec: Mapping, corpus: Corpus, runtime: Runtime) -> Ra
     if not lazy.loaded:
         log.info("%s: image and text embeddings read from the cache (model not loaded)", name)
     source = f"model {name!r} ({kind})"
-    return RawEmbeddings(name, image_rows, captions.embeddings, source, source, dict(spec), {
+    return RawEmbeddings(name, image_rows, captions.embeddings, source, source, dict(spec.given), {
         "cache": {"image_key": images.key, "image_hit": images.hit, "text_key": captions.key, "text_hit": captions.hit,
                   "dir": str(cache.root)},
         "model_loaded": lazy.loaded, "precision": precision, "text": text, **common,

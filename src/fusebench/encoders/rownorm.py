@@ -19,14 +19,16 @@ numpy's bits; ordinary embeddings never reach that path.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from fusebench.search.jit import kernel
 
 PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE: the longest run summed by eight accumulators without splitting
 SUBNORMAL_SAFE = 2.0 ** -125  # per entry: a float32 sum of squares below width * this may have lost more than
 # one rounding to squares and partial sums in the subnormal range (each off by up to 2**-150)
 
 
-@njit(inline="always")
+@kernel(inline="always")
 def _block_sum_squares(row, start, n):
     """numpy's pairwise-sum leaf (n <= PAIRWISE_BLOCK): eight accumulators, combined in pairs, then the rest."""
     if n < 8:
@@ -57,7 +59,7 @@ def _block_sum_squares(row, start, n):
     return total
 
 
-@njit(inline="always")
+@kernel(inline="always")
 def _sum_squares(row):
     """Sum of ``row ** 2`` in float32, in the order of numpy's pairwise sum: a run longer than PAIRWISE_BLOCK
     is split at half its length (rounded down to a multiple of 8) and its halves' sums added, left first.
@@ -92,7 +94,7 @@ def _sum_squares(row):
             return total
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True, cache=True)
 def _normalise(array, out, norms, trusted):
     rows, width = array.shape
     smallest = np.float32(width) * np.float32(SUBNORMAL_SAFE)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -10,15 +9,13 @@ import numpy as np
 from fusebench import FusebenchError
 from fusebench.data.input_files import not_a_directory
 from fusebench.encoders.base import _check_shape
-from fusebench.stores.embeddings import UNREADABLE
+from fusebench.stores.entries import UNREADABLE
 
 NPY_MAGIC = b"\x93NUMPY"
 
 
-def _load_npy(path_value, key: str, name: str) -> tuple[np.ndarray, str]:
-    if not path_value:
-        raise FusebenchError(f"models.{name}.{key} is not set; kind 'vectors' needs image_embeddings and text_embeddings (.npy files).")
-    path = Path(str(path_value)).expanduser()
+def _load_npy(path_value: str, key: str, name: str) -> tuple[np.ndarray, str]:
+    path = Path(path_value).expanduser()
     not_a_directory(path, f"models.{name}.{key}", "a .npy file written by numpy.save")
     if not path.is_file():
         raise FusebenchError(f"models.{name}.{key}: file not found: {path}")
@@ -45,14 +42,14 @@ def npy_problem(path: Path) -> str | None:
     return None
 
 
-def vector_arrays(name: str, spec: Mapping, counts: tuple[int, int] | None = None
+def vector_arrays(name: str, image_embeddings: str, text_embeddings: str, counts: tuple[int, int] | None = None
                   ) -> tuple[np.ndarray, np.ndarray, str, str]:
-    """(image rows, text rows, image file, text file), memory-mapped: nothing but the files' headers is read
-    here. The headers are checked against each other (the same width) and, given the corpus's ``counts``
-    (images, captions), against it (rows, 2-D, numeric), so a wrong file fails before its rows are read; the
-    rows themselves are checked by the caller (``check_embeddings``)."""
-    image, image_src = _load_npy(spec.get("image_embeddings"), "image_embeddings", name)
-    text, text_src = _load_npy(spec.get("text_embeddings"), "text_embeddings", name)
+    """Model ``name``'s (image rows, text rows, image file, text file) from its two .npy files, memory-mapped:
+    nothing but the files' headers is read here. The headers are checked against each other (the same width)
+    and, given the corpus's ``counts`` (images, captions), against it (rows, 2-D, numeric), so a wrong file
+    fails before its rows are read; the rows themselves are checked by the caller (``check_embeddings``)."""
+    image, image_src = _load_npy(image_embeddings, "image_embeddings", name)
+    text, text_src = _load_npy(text_embeddings, "text_embeddings", name)
     if counts is not None:
         _check_shape(image, counts[0], "image embeddings", image_src, "images")
         _check_shape(text, counts[1], "text embeddings", text_src, "captions")

@@ -24,12 +24,12 @@ import numpy as np
 import torch
 
 from fusebench import FusebenchError
-from fusebench.data import DATASET_KEYS
+from fusebench.config.checks import config_keys
+from fusebench.config.schema import DATASETS, POSITIVE_SETS
 from fusebench.data.corpus import Corpus
 from fusebench.evaluation.comparisons import compare_values
-from fusebench.evaluation.record import POSITIVE_BLOCKS
+from fusebench.evaluation.subrecords import PositiveCounts
 
-POSITIVE_SETS = POSITIVE_BLOCKS
 WHY_IDS = ("needs COCO ids: Karpathy's dataset_coco.json gives them (cocoid per image, sentids per caption; "
            "CLIP_benchmark's coco_test_karpathy.json has no caption ids), or a manifest with integer image ids and "
            "'caption_ids' on every line")
@@ -39,7 +39,8 @@ def data_dir() -> Path:
     """The ``eccv_caption/data`` folder of the installed package."""
     spec = importlib.util.find_spec("eccv_caption")
     if spec is None or not spec.submodule_search_locations:
-        raise FusebenchError("eval.positives needs the eccv-caption package (pip install eccv-caption).")
+        raise FusebenchError("eval.positives needs the eccv-caption package, which ships the ECCV Caption and CxC "
+                             "positives: pip install 'fusebench[positives]' (in a checkout: pip install -e '.[positives]').")
     return Path(list(spec.submodule_search_locations)[0]) / "data"
 
 
@@ -57,10 +58,10 @@ class Positives:
     skipped: int  # queries of the data file absent from a corpus marked non-standard
     unreachable: int = 0  # positives outside the gallery: counted in R (as eccv_caption does), never retrieved
 
-    def summary(self) -> dict:
-        return {"t2i_queries": int(len(self.t2i_queries)), "i2t_queries": int(len(self.i2t_queries)),
-                "captions_left_out": self.left_out, "queries_not_in_corpus": self.skipped,
-                "positives_outside_gallery": self.unreachable}
+    def summary(self) -> PositiveCounts:
+        return PositiveCounts(t2i_queries=int(len(self.t2i_queries)), i2t_queries=int(len(self.i2t_queries)),
+                              captions_left_out=self.left_out, queries_not_in_corpus=self.skipped,
+                              positives_outside_gallery=self.unreachable)
 
     def depth(self, direction: str, ks: list[int]) -> int:
         """List length the metrics read: the largest R (ECCV) or k (CxC), plus, for i2t, the captions that
@@ -81,7 +82,7 @@ def _read(path: Path) -> dict[int, list[int]]:
 def _subset_advice(corpus: Corpus) -> str:
     """What to do about ids the data files have and the corpus lacks, for the dataset kind that loaded it: only
     a kind that takes dataset.allow_nonstandard is told to set it."""
-    if "allow_nonstandard" in DATASET_KEYS.get(corpus.kind, ()):
+    if corpus.kind in DATASETS and "allow_nonstandard" in config_keys(DATASETS[corpus.kind]):
         return ("Karpathy's dataset_coco.json test split has every id; a deliberate subset must be marked "
                 "non-standard (dataset.allow_nonstandard=true).")
     return ("The corpus must be that whole split (its 5,000 images and their captions) under COCO's ids: the integer "

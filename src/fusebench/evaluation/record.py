@@ -1,7 +1,9 @@
 """The run record: what one run measured, as types. metrics.json is its serialised form, and every consumer
-(the printed table, plots, W&B, sweep reports, notebook helpers) reads these types, not dict keys.
+(the printed table, plots, W&B, sweep reports, notebook helpers) reads these types, not dict keys; its parts
+(dataset, run, each retriever's spec, tuning, extra positives' counts, eval and fusion settings) are
+:mod:`fusebench.evaluation.subrecords`.
 
-Layout of metrics.json (unchanged from version 1, which lacked ``version`` and ``files``)::
+Layout of metrics.json (record version 2; version 1 lacked ``version`` and ``files``, and both are read)::
 
     {"version": 2, "dataset": {...}, "retrievers": {NAME: {"t2i": {"R@1": .., "median_rank": .., "n_queries": ..},
      "i2t": {...}, "mean": {"R@1": ..}, "spec": {...}, "embedding": {...}?}}, "comparisons": [{...}],
@@ -12,21 +14,30 @@ A fusion is a retriever whose ``spec.kind`` is ``"fusion"``; its ``spec.members`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
+
+from fusebench.config.schema import POSITIVE_SETS, EvalConfig
+from fusebench.config.specs import DEFAULT_WEIGHT
+from fusebench.evaluation.subrecords import (
+    DatasetSummary,
+    FusionRecord,
+    ModelRecord,
+    PositiveCounts,
+    RecordError,
+    RunInfo,
+    TuneRecord,
+    eval_from_json,
+    eval_to_json,
+    fusion_from_json,
+    need,
+    spec_from_json,
+)
+from fusebench.fusion.config import FusionConfig
 
 RECORD_VERSION = 2
-POSITIVE_BLOCKS = ("eccv", "cxc")  # extra-positive metric blocks a retriever may carry (fusebench.evaluation.positives)
-DEFAULT_WEIGHT = 1.0  # a model's weight in the fused score when its spec sets none
-
-
-class RecordError(ValueError):
-    """A metrics.json that cannot be read as a run record; the message says what is wrong."""
-
-
-def _need(mapping, key: str, where: str):
-    if not isinstance(mapping, dict) or key not in mapping:
-        raise RecordError(f"{where} lacks '{key}'")
-    return mapping[key]
+POSITIVE_BLOCKS = POSITIVE_SETS  # extra-positive metric blocks a retriever may carry (fusebench.evaluation.positives)
+__all__ = ["DEFAULT_WEIGHT", "Comparison", "DatasetSummary", "DirectionMetrics", "FusionRecord", "ModelRecord", "PositiveCounts",
+           "RecordError", "RetrieverResult", "RunInfo", "RunRecord", "TuneRecord"]
 
 
 @dataclass(frozen=True)
@@ -59,17 +70,17 @@ class RetrieverResult:
     t2i: DirectionMetrics
     i2t: DirectionMetrics
     mean: dict[int, float]
-    spec: dict
+    spec: ModelRecord | FusionRecord
     embedding: dict | None = None
     positives: dict[str, dict] = field(default_factory=dict)  # {"eccv": {"t2i": {"mAP@R": ...}, "i2t": {...}}}
 
     @property
     def is_fusion(self) -> bool:
-        return self.spec.get("kind") == "fusion"
+        return isinstance(self.spec, FusionRecord)
 
     @property
     def members(self) -> list[str]:
-        return list(self.spec.get("members", [])) if self.is_fusion else []
+        return list(self.spec.members) if self.is_fusion else []
 
     def direction(self, direction: str) -> DirectionMetrics:
         return self.t2i if direction == "t2i" else self.i2t
@@ -80,7 +91,7 @@ class RetrieverResult:
 
     def to_json(self) -> dict:
         out = {"t2i": self.t2i.to_json(), "i2t": self.i2t.to_json(), "mean": {f"R@{k}": v for k, v in self.mean.items()},
-               "spec": self.spec}
+               "spec": self.spec.to_json()}
         if self.embedding:
             out["embedding"] = self.embedding
         out.update(self.positives)  # retrievers.NAME.eccv / .cxc beside t2i and i2t
@@ -89,15 +100,13 @@ class RetrieverResult:
     @classmethod
     def from_json(cls, name: str, data: dict) -> RetrieverResult:
         where = f"retriever {name!r}"
-        spec = _need(data, "spec", where)
-        if not isinstance(spec, dict):
-            raise RecordError(f"{where}: 'spec' is not an object")
-        mean = _need(data, "mean", where)
+        spec = spec_from_json(need(data, "spec", where), where)
+        mean = need(data, "mean", where)
         if not isinstance(mean, dict):
             raise RecordError(f"{where}: 'mean' is not an object")
         positives = {key: data[key] for key in POSITIVE_BLOCKS if isinstance(data.get(key), dict)}
-        return cls(name, DirectionMetrics.from_json(_need(data, "t2i", where), f"{where} t2i"),
-                   DirectionMetrics.from_json(_need(data, "i2t", where), f"{where} i2t"),
+        return cls(name, DirectionMetrics.from_json(need(data, "t2i", where), f"{where} t2i"),
+                   DirectionMetrics.from_json(need(data, "i2t", where), f"{where} i2t"),
                    {int(k[2:]): v for k, v in mean.items() if k.startswith("R@")}, spec, data.get("embedding"),
                    positives)
 
@@ -147,27 +156,27 @@ class Comparison:
 
 @dataclass
 class RunRecord:
-    dataset: dict
+    dataset: DatasetSummary
     retrievers: dict[str, RetrieverResult]
     comparisons: list[Comparison]
-    fusion: dict
-    eval: dict
-    run: dict
+    fusion: FusionConfig
+    eval: EvalConfig
+    run: RunInfo
     oracle: dict | None = None
     files: dict[str, str] = field(default_factory=dict)
     reference: dict | None = None  # the article's row for this job (fusebench.report.article), when it has one
-    positives: dict | None = None  # per extra-positive set: its query counts (fusebench.evaluation.positives)
+    positives: dict[str, PositiveCounts] | None = None  # per extra-positive set: its query counts
     positive_comparisons: list[Comparison] = field(default_factory=list)  # the same pairs on those metrics
-    tune: dict | None = None  # tune mode: the tuning split, criterion, every setting's value, the chosen one
+    tune: TuneRecord | None = None  # tune mode: the tuning split, criterion, every setting's value, the chosen one
     version: int = RECORD_VERSION
 
     @property
     def ks(self) -> list[int]:
-        return list(self.eval.get("ks", []))
+        return list(self.eval.ks)
 
     @property
     def level(self) -> float:
-        return float(self.eval.get("level", 0.95))
+        return self.eval.bootstrap.level
 
     @property
     def fusions(self) -> list[str]:
@@ -184,7 +193,7 @@ class RunRecord:
 
     @property
     def simulated(self) -> bool:
-        return bool(self.dataset.get("simulated"))
+        return self.dataset.simulated
 
     def best_single(self, direction: str = "t2i", k: int = 1, among: list[str] | None = None) -> str | None:
         """The best single model: the non-fusion retriever (of ``among``, default all) with the highest recall
@@ -199,16 +208,17 @@ class RunRecord:
                      == (candidate, baseline, direction, k)), None)
 
     def to_json(self) -> dict:
-        out = {"version": self.version, "dataset": self.dataset,
+        out = {"version": self.version, "dataset": self.dataset.to_json(),
                "retrievers": {n: r.to_json() for n, r in self.retrievers.items()},
-               "comparisons": [c.to_json() for c in self.comparisons], "oracle": self.oracle, "fusion": self.fusion,
-               "eval": self.eval, "run": self.run, "files": self.files}
+               "comparisons": [c.to_json() for c in self.comparisons], "oracle": self.oracle,
+               "fusion": asdict(self.fusion), "eval": eval_to_json(self.eval), "run": self.run.to_json(),
+               "files": self.files}
         if self.reference is not None:
             out["reference"] = self.reference
         if self.tune is not None:
-            out["tune"] = self.tune
+            out["tune"] = self.tune.to_json()
         if self.positives:
-            out["positives"] = self.positives
+            out["positives"] = {name: counts.to_json() for name, counts in self.positives.items()}
             out["positive_comparisons"] = [c.to_json() for c in self.positive_comparisons]
         return out
 
@@ -221,10 +231,8 @@ class RunRecord:
         if not isinstance(version, int) or not 1 <= version <= RECORD_VERSION:
             raise RecordError(f"metrics.json is record version {version!r}; this fusebench reads versions 1 to "
                               f"{RECORD_VERSION} (upgrade fusebench to read it)")
-        dataset = _need(data, "dataset", "metrics.json")
-        if not isinstance(dataset, dict) or not {"name", "n_images", "n_captions"} <= set(dataset):
-            raise RecordError("metrics.json: 'dataset' lacks name, n_images or n_captions")
-        retrievers = _need(data, "retrievers", "metrics.json")
+        dataset = DatasetSummary.from_json(need(data, "dataset", "metrics.json"))
+        retrievers = need(data, "retrievers", "metrics.json")
         if not isinstance(retrievers, dict) or not retrievers:
             raise RecordError("metrics.json: 'retrievers' is missing or empty")
         comparisons = data.get("comparisons", [])
@@ -233,14 +241,15 @@ class RunRecord:
         files = data.get("files") or {}
         if not isinstance(files, dict):
             raise RecordError("metrics.json: 'files' is not a mapping of file -> sha256")
-        eval_ = data.get("eval") or {}
-        if not isinstance(eval_, dict):
-            raise RecordError("metrics.json: 'eval' is not an object")
+        positives = data.get("positives") if isinstance(data.get("positives"), dict) else None
         return cls(dataset=dataset, retrievers={str(n): RetrieverResult.from_json(str(n), r) for n, r in retrievers.items()},
-                   comparisons=[Comparison.from_json(c) for c in comparisons], fusion=data.get("fusion") or {},
-                   eval=eval_, run=data.get("run") or {}, oracle=data.get("oracle"), files=files,
+                   comparisons=[Comparison.from_json(c) for c in comparisons],
+                   fusion=fusion_from_json(data.get("fusion") or {}, "metrics.json: 'fusion'"),
+                   eval=eval_from_json(data.get("eval")), run=RunInfo.from_json(data.get("run")),
+                   oracle=data.get("oracle"), files=files,
                    reference=data.get("reference") if isinstance(data.get("reference"), dict) else None,
-                   positives=data.get("positives") if isinstance(data.get("positives"), dict) else None,
+                   positives=None if positives is None else {str(n): PositiveCounts.from_json(c)
+                                                             for n, c in positives.items()},
                    positive_comparisons=[Comparison.from_json(c) for c in data.get("positive_comparisons") or []],
-                   tune=data.get("tune") if isinstance(data.get("tune"), dict) else None,
+                   tune=TuneRecord.from_json(data["tune"]) if isinstance(data.get("tune"), dict) else None,
                    version=version)

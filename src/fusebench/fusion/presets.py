@@ -3,7 +3,7 @@
 An engine preset is ``conf/fusion/NAME.yaml`` with ``preset: NAME`` (``fusion=qdrant_dbsf``). Its definition
 is every formula setting of the fusion group (everything but ``fuse_on``, ``top_k``, ``final_top_k``, which
 every preset takes as run settings and every report shows beside the label) as that file composes them over
-:class:`~fusebench.fusion.combine.FusionConfig`'s defaults. ``fusion=qdrant_dbsf fusion.method=rrf`` runs RRF, so the
+:class:`~fusebench.fusion.config.FusionConfig`'s defaults. ``fusion=qdrant_dbsf fusion.method=rrf`` runs RRF, so the
 run may not be called ``qdrant_dbsf``: :func:`true_label` drops the preset (the run is then labelled by its
 method and settings, like any fusion) and says what differs. A ``fusion.preset`` naming no preset file is a
 config error.
@@ -19,7 +19,7 @@ import yaml
 
 from fusebench import FusebenchError
 from fusebench.config import CONFIG_DIR
-from fusebench.fusion.combine import FusionConfig
+from fusebench.fusion.config import FusionConfig
 
 log = logging.getLogger(__name__)
 RUN_SETTINGS = ("fuse_on", "top_k", "final_top_k", "preset")  # chosen per run, not part of a preset

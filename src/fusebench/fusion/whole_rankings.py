@@ -22,16 +22,14 @@ import numpy as np
 import torch
 
 from fusebench.fusion.combine import (
-    HOLDER_MEANS,
-    RANK_METHODS,
     FusedLists,
-    FusionConfig,
     mean_parts,
     mean_total,
     method_rows,
     plain_evidence,
     weighted_evidence,
 )
+from fusebench.fusion.config import HOLDER_MEANS, RANK_METHODS, FusionConfig
 from fusebench.fusion.normalisers import MOMENT_METHODS, RowAffine
 from fusebench.search import row_kernels, topk_kernels
 from fusebench.search.exact import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable

@@ -9,12 +9,11 @@ models on real data).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
 from fusebench import FusebenchError
-from fusebench.config import checks
+from fusebench.config.schema import ReferenceConfig
 from fusebench.evaluation.record import RunRecord
 
 REFERENCE_FILE = Path(__file__).resolve().parents[1] / "data" / "article_reference.json"
@@ -25,14 +24,11 @@ def article() -> dict:
     return json.loads(REFERENCE_FILE.read_text(encoding="utf-8"))
 
 
-def reference_row(cfg: Mapping | None) -> dict | None:
+def reference_row(reference: ReferenceConfig | None) -> dict | None:
     """The article's row for ``reference: {dataset, study}`` (None when unset, or when the article has none)."""
-    if not cfg:
+    if reference is None:
         return None
-    cfg = checks.mapping(cfg, "reference")
-    checks.known_keys(cfg, "reference", ("dataset", "study"))
-    dataset = checks.text(checks.required(cfg, "dataset", "reference"), "reference.dataset")
-    study = checks.text(checks.required(cfg, "study", "reference"), "reference.study")
+    dataset, study = reference.dataset, reference.study
     rows = article().get(dataset)
     if not isinstance(rows, dict):
         raise FusebenchError(f"reference.dataset={dataset!r} is not valid; valid: "

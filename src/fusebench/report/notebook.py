@@ -1,4 +1,8 @@
-"""Helpers for notebooks: find a sweep, reload a run's corpus, and list the queries fusion won and lost."""
+"""Helpers for notebooks: find a sweep, reload a run's corpus, list the misses that are right answers.
+
+The DataFrames a notebook explores (runs, retrievers, comparisons, one run's queries won and lost) are in
+:mod:`fusebench.report.frames`.
+"""
 
 from __future__ import annotations
 
@@ -25,35 +29,9 @@ def latest_sweep(outputs: str | Path | None = None) -> Path | None:
 def run_corpus(run: Run):
     """The run's corpus, rebuilt from its saved config (sim corpora are regenerated from their seed)."""
     cfg = OmegaConf.load(run.path / ".hydra" / "config.yaml")
-    return load_corpus(OmegaConf.to_container(cfg.dataset, resolve=True))
+    from fusebench.config.run import dataset_config
 
-
-def won_and_lost(run: Run, k: int = 1, direction: str = "t2i", candidate: str = FUSED) -> dict[str, list[dict]]:
-    """Queries where ``candidate`` is right within k and the best single model is not (won), and the reverse."""
-    singles = [n for n in run.record.singles if n != candidate]
-    best = run.record.best_single(direction, k, among=singles)
-    ranks = {n: run.ranks(n, direction) for n in [candidate, *singles]}
-
-    def hit(r):
-        return (r >= 1) & (r <= k)
-
-    corpus = run_corpus(run)
-    queries = np.arange(len(ranks[candidate])) if direction == "t2i" else corpus.i2t_query_images
-
-    def rows(mask):
-        out = []
-        for q in np.flatnonzero(mask):
-            item = int(queries[q])
-            row = {"query": int(q), "text" if direction == "t2i" else "image": corpus.captions[item]
-                   if direction == "t2i" else corpus.image_ids[item],
-                   "image_path": (corpus.image_paths or [None] * corpus.n_images)[int(corpus.caption_image[item])]
-                   if direction == "t2i" else (corpus.image_paths or [None] * corpus.n_images)[item]}
-            row.update({f"rank {n}": int(r[q]) for n, r in ranks.items()})
-            out.append(row)
-        return out
-
-    return {"best_single": best, "won": rows(hit(ranks[candidate]) & ~hit(ranks[best])),
-            "lost": rows(~hit(ranks[candidate]) & hit(ranks[best]))}
+    return load_corpus(dataset_config(OmegaConf.to_container(cfg.dataset, resolve=True)))
 
 
 def positive_misses(run: Run, positive_set: str = "eccv", retriever: str = FUSED, direction: str = "t2i",
@@ -91,4 +69,4 @@ def positive_misses(run: Run, positive_set: str = "eccv", retriever: str = FUSED
     return out
 
 
-__all__ = ["latest_sweep", "load_runs", "positive_misses", "run_corpus", "won_and_lost"]
+__all__ = ["latest_sweep", "load_runs", "positive_misses", "run_corpus"]

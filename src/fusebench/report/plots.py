@@ -5,20 +5,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from fusebench import FUSED
+from fusebench.app import state
 from fusebench.evaluation.comparisons import level_label
 from fusebench.evaluation.record import RunRecord
 from fusebench.stores.files import array_digest, atomic_save, file_identity
 
 log = logging.getLogger(__name__)
-_DRAWN: dict[str, tuple[Path, tuple]] = {}  # digest of a plot's inputs -> (a PNG this process drew, its identity)
-_DRAWN_LOCK = threading.Lock()
 DPI = 100
 # Axes titles sit at the top of their axes (1.0, as matplotlib's automatic placement leaves them when nothing is
 # drawn above the axes: true of every plot here). Set explicitly, matplotlib skips the automatic placement,
@@ -47,10 +45,10 @@ def subplots(nrows: int = 1, ncols: int = 1, figsize: tuple[float, float] | None
 def drawn_once(inputs: list, path: Path, draw: Callable[[], Path]) -> Path:
     """``draw()``, which writes ``path``; or, when this process already drew a plot from the same ``inputs``
     (everything the figure shows, digested) and that PNG is still as it was written, a copy of it: the same
-    bytes without matplotlib (~0.2 s a plot, on the thread that draws a sweep's plots)."""
-    key = hashlib.sha256(repr(inputs).encode()).hexdigest()
-    with _DRAWN_LOCK:
-        earlier = _DRAWN.get(key)
+    bytes without matplotlib (~0.2 s a plot, on the thread that draws a sweep's plots). What was drawn is the
+    process state's (``app.state``)."""
+    drawn, key = state.current().drawn, hashlib.sha256(repr(inputs).encode()).hexdigest()
+    earlier = drawn.get(key)
     if earlier is not None:
         source, identity = earlier
         try:
@@ -60,8 +58,7 @@ def drawn_once(inputs: list, path: Path, draw: Callable[[], Path]) -> Path:
         except OSError:  # gone or changed since: draw it
             pass
     draw()
-    with _DRAWN_LOCK:
-        _DRAWN[key] = (path, file_identity(path))
+    drawn[key] = (path, file_identity(path))
     return path
 
 
@@ -185,7 +182,7 @@ def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | 
     files = [run_dir / "topk" / f"{n}.t2i.npz" for n in singles]
     if not singles or not all(f.is_file() for f in files):
         return None
-    ddof = record.fusion.get("ddof", 0)
+    ddof = record.fusion.ddof
     scores = {}
     for name, file in zip(singles, files):
         with np.load(file) as data:
@@ -259,7 +256,7 @@ def corrected_metrics(record: RunRecord, path: Path) -> Path | None:
             for xi, v in zip(x, values):
                 ax.text(xi, v + 1, f"{v:.1f}", ha="center", fontsize=7)
         ax.set_xticks(np.arange(len(metrics)) + width * (len(names) - 1) / 2, metrics)
-        n = record.positives[positive_set][f"{direction}_queries"]
+        n = getattr(record.positives[positive_set], f"{direction}_queries")
         ax.set_title(f"{positive_set} {direction} ({n} queries)", y=TITLE_Y)
         ax.set_ylim(0, 108)
     axes[0][0].set_ylabel("percent (false negatives corrected)")
@@ -272,22 +269,19 @@ def tune_curve(record: RunRecord, path: Path) -> Path | None:
     """Tune mode: each grid setting's criterion on the tuning split, the single models' as lines, the chosen one
     marked (what the test evaluation then used)."""
     t = record.tune
-    if not t or not t.get("curve"):
+    if not t or not t.curve:
         return None
-    from fusebench.evaluation.tuning import describe_point
-
-    curve = t["curve"]
+    curve = t.curve
     fig, ax = subplots(figsize=(max(7, 0.45 * len(curve) + 3), 4.4))
     x = np.arange(len(curve))
-    ax.plot(x, [row["value"] for row in curve], marker="o", label=FUSED)
-    chosen = next(i for i, row in enumerate(curve) if {k: row[k] for k in ("weights", "fusion")}
-                  == {k: t["chosen"][k] for k in ("weights", "fusion")})
-    ax.scatter([chosen], [curve[chosen]["value"]], s=120, facecolors="none", edgecolors="red", label="chosen", zorder=3)
-    for i, (name, value) in enumerate((t.get("singles") or {}).items(), start=1):
+    ax.plot(x, [point.value for point in curve], marker="o", label=FUSED)
+    chosen = t.chosen_index
+    ax.scatter([chosen], [curve[chosen].value], s=120, facecolors="none", edgecolors="red", label="chosen", zorder=3)
+    for i, (name, value) in enumerate(t.singles.items(), start=1):
         ax.axhline(value, linestyle="--", linewidth=1, color=f"C{i}", label=name)
-    ax.set_xticks(x, [describe_point(row) or "as configured" for row in curve], rotation=45, ha="right", fontsize=7)
-    ax.set_ylabel(f"{t['criterion']} on the tuning split (%)")
-    ax.set_title(f"tuning split: {t['split']}, {t['n_images']} images (the chosen setting then runs once on test)",
+    ax.set_xticks(x, [point.describe() or "as configured" for point in curve], rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(f"{t.criterion} on the tuning split (%)")
+    ax.set_title(f"tuning split: {t.split}, {t.n_images} images (the chosen setting then runs once on test)",
                  fontsize=9, y=TITLE_Y)
     ax.legend(fontsize=8)
     fig.suptitle(_title(record))
@@ -307,19 +301,20 @@ def run_plots(run_dir: str | Path, record: RunRecord) -> list[Path]:
     return [p for p in made if p is not None]
 
 
-def sweep_plots(folder: str | Path, report: dict) -> list[Path]:
+def sweep_plots(folder: str | Path, report) -> list[Path]:
+    """The sweep's plots from its report (a :class:`fusebench.report.sweep.SweepSummary`)."""
     out = Path(folder) / "plots"
     out.mkdir(exist_ok=True)
-    made = [forest(report["gains"], out / "paired_gains.png", "paired gains across the sweep"),
-            wins_losses(report["gains"], out / "wins_losses.png", "wins and losses across the sweep"),
-            cost_vs_gain(report["cost"], report["article"], out / "cost_vs_gain.png")]
+    made = [forest(report.gains, out / "paired_gains.png", "paired gains across the sweep"),
+            wins_losses(report.gains, out / "wins_losses.png", "wins and losses across the sweep"),
+            cost_vs_gain(report.cost, report.article, out / "cost_vs_gain.png")]
     return [p for p in made if p is not None]
 
 
 def _title(record: RunRecord) -> str:
     d = record.dataset
-    flag = " [SIMULATED]" if d.get("simulated") else (" [NON-STANDARD]" if d.get("nonstandard") else "")
-    return f"{d['name']}: {d['n_images']} images, {d['n_captions']} captions{flag}"
+    flag = " [SIMULATED]" if d.simulated else (" [NON-STANDARD]" if d.nonstandard else "")
+    return f"{d.name}: {d.n_images} images, {d.n_captions} captions{flag}"
 
 
 def _pair_margins(fig, labels: list[str]) -> dict:

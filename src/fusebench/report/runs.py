@@ -33,8 +33,7 @@ class Run:
 
     @property
     def dataset_key(self) -> tuple:
-        d = self.record.dataset
-        return d["name"], d["n_images"], d["n_captions"]
+        return self.record.dataset.key
 
     def ranks(self, retriever: str, direction: str) -> np.ndarray:
         key = ("ranks", retriever, direction)

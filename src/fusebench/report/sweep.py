@@ -8,20 +8,19 @@ ranks (``ranks/*.npy``), so retrievers from different jobs are compared query by
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
-from fusebench.evaluation.comparisons import compare, format_p, level_label
-from fusebench.evaluation.record import DEFAULT_WEIGHT
+from fusebench.evaluation.comparisons import compare
 from fusebench.evaluation.stats import holm_adjust
-from fusebench.fusion.combine import FusionConfig
+from fusebench.evaluation.subrecords import DatasetSummary
+from fusebench.fusion.config import FusionConfig
 from fusebench.report.article import beside_article
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
+from fusebench.report.sweep_markdown import csv_text, markdown
 from fusebench.stores.files import atomic_write_text
 
 FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines
@@ -29,18 +28,10 @@ FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselin
     "fuse_on": ["document", "source_object"],
     "text": ["as_typed", "canonicalize", "lowercase"],
 }
-IGNORED_SPEC_KEYS = ("weight", "published", "label")
 # every other fusion setting, in FusionConfig's order (top_k first): the "top_k" factor, so that two fusions
-# differing in any of them (rrf_k, a floor, a score map, ...) are two retrievers; older records get the defaults
-FUSION_SETTINGS = [(f.name, f.default) for f in fields(FusionConfig) if f.name not in ("method", "fuse_on", "preset")]
-__all__ = ["Run", "Scan", "build_report", "load_runs", "scan_runs", "write_report"]
-
-
-def _model_identity(spec: dict) -> dict:
-    """What makes a model that model: its spec without weight, labels, text settings and dim. A sim stand-in
-    is the model it stands in for (its text noise follows the text settings, which are the 'text' factor)."""
-    spec = spec.get("stands_in_for") or spec
-    return {k: v for k, v in spec.items() if k not in IGNORED_SPEC_KEYS and k != "text" and k != "dim"}
+# differing in any of them (rrf_k, a floor, a score map, ...) are two retrievers (older records: the defaults)
+FUSION_SETTINGS = [f.name for f in fields(FusionConfig) if f.name not in ("method", "fuse_on", "preset")]
+__all__ = ["Run", "Scan", "SweepSummary", "build_report", "load_runs", "scan_runs", "write_report"]
 
 
 def retriever_factors(run: Run, name: str) -> dict:
@@ -49,27 +40,27 @@ def retriever_factors(run: Run, name: str) -> dict:
     spec = result.spec
     if result.is_fusion:
         members = [run.record.retrievers[m].spec for m in result.members]
-        return {"kind": "fusion", "model": json.dumps([_model_identity(m) for m in members], sort_keys=True),
-                "text": json.dumps([(m.get("text") or {}) for m in members], sort_keys=True),
-                "weights": json.dumps([m.get("weight", DEFAULT_WEIGHT) for m in members]),
-                "method": spec.get("preset") or spec["method"], "fuse_on": spec["fuse_on"],
-                "top_k": json.dumps([spec.get(key, default) for key, default in FUSION_SETTINGS])}
-    return {"kind": "single", "model": json.dumps(_model_identity(spec), sort_keys=True),
-            "text": json.dumps(spec.get("text") or {}, sort_keys=True)}
+        fusion = spec.fusion
+        return {"kind": "fusion", "model": json.dumps([m.identity() for m in members], sort_keys=True),
+                "text": json.dumps([m.text for m in members], sort_keys=True),
+                "weights": json.dumps([m.weight for m in members]),
+                "method": fusion.preset or fusion.method, "fuse_on": fusion.fuse_on,
+                "top_k": json.dumps([getattr(fusion, key) for key in FUSION_SETTINGS])}
+    return {"kind": "single", "model": json.dumps(spec.identity(), sort_keys=True),
+            "text": json.dumps(spec.text, sort_keys=True)}
 
 
 def describe(run: Run, name: str) -> str:
     result = run.record.retrievers[name]
-    spec = result.spec
     if result.is_fusion:
         parts = [_short(run, m) for m in result.members]
-        method = spec.get("preset") or spec["method"]
-        return f"fused {method} by {spec['fuse_on']} top_k={spec['top_k']} [{' + '.join(parts)}]"
+        fusion = result.spec.fusion
+        return f"fused {fusion.preset or fusion.method} by {fusion.fuse_on} top_k={fusion.top_k} [{' + '.join(parts)}]"
     return _short(run, name)
 
 
 def _short(run: Run, name: str) -> str:
-    text = run.record.retrievers[name].spec.get("text") or {}
+    text = run.record.retrievers[name].spec.text
     extra = [text["case"]] if text.get("case", "as_typed") != "as_typed" else []
     if text.get("template"):
         extra.append(f"template={text['template']!r}")
@@ -88,9 +79,9 @@ def unique_retrievers(runs: list[Run]) -> list[tuple[Run, str]]:
     return out
 
 
-def _dataset_label(dataset: dict) -> str:
-    return dataset["name"] + (" (simulated)" if dataset.get("simulated") else "") + (
-        " (non-standard)" if dataset.get("nonstandard") else "")
+def _dataset_label(dataset: DatasetSummary) -> str:
+    return dataset.name + (" (simulated)" if dataset.simulated else "") + (
+        " (non-standard)" if dataset.nonstandard else "")
 
 
 def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
@@ -167,7 +158,7 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
                         clusters, options.pop("ks", ks), draws, level, seed, **options)
         for row in found:
             values = {k: v for k, v in row.to_json().items() if k not in ("baseline_recall", "candidate_recall")}
-            rows.append({"dataset": run_c.record.dataset["name"], "factor": factor, "candidate": row.candidate,
+            rows.append({"dataset": run_c.record.dataset.name, "factor": factor, "candidate": row.candidate,
                          "baseline": row.baseline, **values})
 
     for factor, (run_c, cand), (run_b, base) in comparable_pairs(runs):
@@ -190,7 +181,7 @@ def cost_rows(runs: list[Run]) -> list[dict]:
     for run, name in unique_retrievers(runs):
         result = run.record.retrievers[name]
         members = result.members or [name]
-        dims = sum(int(run.record.retrievers[m].spec.get("dim", 0)) for m in members)
+        dims = sum(run.record.retrievers[m].spec.dim for m in members)
         seconds_per_image = 0.0
         measured = True
         for m in members:
@@ -199,44 +190,16 @@ def cost_rows(runs: list[Run]) -> list[dict]:
             if not info or info.get("cache", {}).get("image_hit", True):
                 measured = False
                 continue
-            seconds_per_image += (took["images"] - took.get("model_load", 0.0)) / max(run.record.dataset["n_images"], 1)
+            seconds_per_image += (took["images"] - took.get("model_load", 0.0)) / max(run.record.dataset.n_images, 1)
         fp32, fp16 = 4 * dims, 2 * dims
-        rows.append({"dataset": run.record.dataset["name"], "retriever": describe(run, name),
+        rows.append({"dataset": run.record.dataset.name, "retriever": describe(run, name),
                      "fusion": result.is_fusion, "dims": dims,
                      "bytes_per_image_fp32": fp32, "bytes_per_image_fp16": fp16,
                      "index_1M_fp32_GB": round(fp32 * 1e6 / 1e9, 2), "index_10M_fp32_GB": round(fp32 * 1e7 / 1e9, 1),
                      "index_10M_fp16_GB": round(fp16 * 1e7 / 1e9, 1),
                      "embed_img_per_s": round(1 / seconds_per_image, 1) if measured and seconds_per_image > 0 else None,
-                     "query_ms_run": run.record.run.get("query_ms")})
+                     "query_ms_run": run.record.run.query_ms})
     return rows
-
-
-P_COLUMNS = ("p_value", "p_holm")
-
-
-def _table(rows: list[dict], columns: list[str]) -> str:
-    def cell(v, column: str):
-        if v is None:
-            return "-"
-        if column in P_COLUMNS:
-            return format_p(v)
-        if isinstance(v, float):
-            return f"{v:.4g}" if abs(v) < 1e-3 and v != 0 else f"{v:.2f}"
-        return str(v).replace("|", "/")
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(cell(r.get(c), c) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def _csv(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
 
 
 def ranked_fusions(gains: list[dict], k: int) -> list[dict]:
@@ -259,7 +222,7 @@ def _baseline_job_gain(runs: list[Run], run: Run, b: dict, draws: int, level: fl
     for other in runs:
         ref = other.record.reference
         if ref and ref["study"] == study and ref["dataset"] == b["dataset"] \
-                and other.record.dataset.get("n_captions") == run.record.dataset.get("n_captions"):
+                and other.record.dataset.n_captions == run.record.dataset.n_captions:
             head, base = run.record.headline, other.record.headline
             clusters = {d: run.clusters(d) for d in ("t2i", "i2t")}
             return compare(describe(run, head), describe(other, base), _run_ranks(run, head), _run_ranks(other, base),
@@ -314,79 +277,79 @@ def positive_gain_rows(runs: list[Run]) -> list[dict]:
 
 def tuned_rows(runs: list[Run]) -> list[dict]:
     """Runs in tune mode: what the tuning split chose, its value there, and the test value of that one setting."""
-    from fusebench.evaluation.tuning import describe_point
-
     rows = []
     for run in runs:
         t = run.record.tune
         if t:
-            direction, k = t["criterion"].split(" R@")
+            direction, k = t.criterion.split(" R@")
             rows.append({"dataset": _dataset_label(run.record.dataset), "run": run.name,
-                         "tuning split": f"{t['split']} ({t['n_images']} images)", "criterion": t["criterion"],
-                         "settings tried": len(t["curve"]), "chosen": describe_point(t["chosen"]) or "as configured",
-                         "on the tuning split": t["chosen"]["value"],
+                         "tuning split": f"{t.split} ({t.n_images} images)", "criterion": t.criterion,
+                         "settings tried": len(t.curve), "chosen": t.chosen.describe() or "as configured",
+                         "on the tuning split": t.chosen.value,
                          "on test": run.record.retrievers[run.record.headline].recall(direction, int(k))})
     return rows
 
 
+@dataclass
+class SweepSummary:
+    """A sweep's report: its runs (and those that failed, with why), and each table of summary.md as rows
+    (one dict per row, its keys the columns: what summary.csv, gains.csv and cost.csv hold)."""
+
+    folder: Path
+    runs: list[Run]
+    reasons: dict[str, str]  # run dir -> why it is not reported
+    ks: list[int]
+    level: float
+    draws: int
+    article: list[dict]  # recall per retriever (summary.csv)
+    gains: list[dict]  # paired gains across runs (gains.csv)
+    cost: list[dict]  # index size and speed per retriever (cost.csv)
+    beside_article: list[dict]
+    positives: list[dict]
+    positive_gains: list[dict]
+    tuned: list[dict]
+    plots: list[Path] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[str]:
+        return list(self.reasons)
+
+    @property
+    def headline_gains(self) -> list[dict]:
+        """The paired gains at the first k (the table summary.md shows; every k is in gains.csv)."""
+        return [r for r in self.gains if r["k"] == self.ks[0]]
+
+
+
 def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
-                 scan: Scan | None = None) -> dict:
+                 scan: Scan | None = None) -> SweepSummary:
     """The sweep's report from its runs (``scan``: the folder's scan when the caller already made it)."""
     scan = scan if scan is not None else scan_runs(folder)
-    runs, failed = scan.runs, list(scan.failed)
+    runs = scan.runs
     ks = sorted({k for r in runs for k in r.record.ks}) or [1, 5, 10]
-    return {"runs": runs, "failed": failed, "reasons": scan.failed, "ks": ks, "article": article_rows(runs, ks),
-            "gains": paired_gain_rows(runs, ks, draws=draws, level=level, seed=seed), "cost": cost_rows(runs),
-            "level": level, "beside_article": beside_article_rows(runs, draws=draws, level=level, seed=seed),
-            "positives": positive_rows(runs), "positive_gains": positive_gain_rows(runs), "tuned": tuned_rows(runs)}
+    return SweepSummary(folder=Path(folder), runs=runs, reasons=dict(scan.failed), ks=ks, level=level, draws=draws,
+                        article=article_rows(runs, ks),
+                        gains=paired_gain_rows(runs, ks, draws=draws, level=level, seed=seed), cost=cost_rows(runs),
+                        beside_article=beside_article_rows(runs, draws=draws, level=level, seed=seed),
+                        positives=positive_rows(runs), positive_gains=positive_gain_rows(runs), tuned=tuned_rows(runs))
 
 
 def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
-                 scan: Scan | None = None) -> dict:
+                 scan: Scan | None = None) -> SweepSummary:
     """Write summary.md, summary.csv, gains.csv and cost.csv into ``folder``; return the report."""
     folder = Path(folder)
     report = build_report(folder, draws=draws, seed=seed, level=level, scan=scan)
-    ks = report["ks"]
-    metric_cols = [c for c in (report["article"][0] if report["article"] else {}) if c != "retriever"]
-    gain_cols = ["dataset", "factor", "candidate", "baseline", "direction", "k", "gain", "ci_low", "ci_high",
-                 "cluster_ci_low", "cluster_ci_high", "wins", "losses", "p_value", "p_holm"]
-    headline = [r for r in report["gains"] if r["k"] == ks[0]]
-    ranked = ranked_fusions(report["gains"], ks[0])
-    lines = [f"# Sweep summary: {folder}", "",
-             f"{len(report['runs'])} finished runs" + (f", {len(report['failed'])} failed: {', '.join(report['failed'])}"
-                                                      if report["failed"] else "") + ".", "",
-             *([f"- {name}: {why}" for name, why in report["reasons"].items()] + [""] if report["failed"] else []),
-             "## Recall (percent)", "", _table(report["article"], ["retriever", *metric_cols]), "",
-             f"## Paired gains at R@{ks[0]} (points; {level_label(level)} bootstrap intervals over queries and over "
-             f"images, {draws} draws; McNemar p, Holm-adjusted over the whole sweep)", "",
-             _table(headline, gain_cols) if headline else "No pairs of runs differ in exactly one factor.", "",
-             "All k in gains.csv.", "",
-             *([f"## Fusions ranked (t2i R@{ks[0]} gain over each one's best single model, "
-                f"{level_label(level)} intervals)", "", _table(ranked, list(ranked[0])), ""] if ranked else []),
-             *(["## Beside the article (its reported numbers: fusebench/data/article_reference.json)", "",
-                _table(report["beside_article"], list(report["beside_article"][0])), ""]
-               if report["beside_article"] else []),
-             *(["## Tuned runs (settings chosen on a tuning split, then evaluated once on test)", "",
-                _table(report["tuned"], list(report["tuned"][0])), ""] if report["tuned"] else []),
-             *(["## Extra positives (ECCV Caption, CxC: false negatives of the split corrected; percent)", "",
-                _table(report["positives"], list(report["positives"][0])), "",
-                "Gains on them (each run's fused vs single comparisons, its own draws and intervals):", "",
-                _table(report["positive_gains"], list(report["positive_gains"][0])) if report["positive_gains"]
-                else "No fusions.", ""] if report["positives"] else []),
-             "## Cost", "",
-             _table(report["cost"], list(report["cost"][0]) if report["cost"] else ["retriever"]), ""]
-    atomic_write_text(folder / "summary.md", "\n".join(lines))
-    atomic_write_text(folder / "summary.csv", _csv(report["article"]))
-    atomic_write_text(folder / "gains.csv", _csv(report["gains"]))
-    atomic_write_text(folder / "cost.csv", _csv(report["cost"]))
-    if report["positives"]:
-        atomic_write_text(folder / "positives.csv", _csv(report["positives"]))
+    atomic_write_text(folder / "summary.md", markdown(report))
+    atomic_write_text(folder / "summary.csv", csv_text(report.article))
+    atomic_write_text(folder / "gains.csv", csv_text(report.gains))
+    atomic_write_text(folder / "cost.csv", csv_text(report.cost))
+    if report.positives:
+        atomic_write_text(folder / "positives.csv", csv_text(report.positives))
     try:
         from fusebench.report.plots import sweep_plots
 
-        report["plots"] = sweep_plots(folder, report)
+        report.plots = sweep_plots(folder, report)
     except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
-        report["plots"] = []
         import logging
 
         logging.getLogger(__name__).warning("could not draw sweep plots: %s", err)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fusebench.evaluation.comparisons import format_p, level_label
 from fusebench.evaluation.record import RunRecord
-from fusebench.evaluation.tuning import describe_point
 from fusebench.report.article import reference_lines
 
 
@@ -23,12 +22,12 @@ def tune_lines(record: RunRecord) -> list[str]:
     t = record.tune
     if not t:
         return []
-    where = (f"a seeded {100 * t['fraction']:g}% of the images (seed {t['seed']}), held out of the test corpus"
-             if t["split"] == "seeded" else f"the {t['split']} split")
-    singles = ", ".join(f"{n} {v:.2f}" for n, v in (t.get("singles") or {}).items())
-    return ["", f"tuned on {where} ({t['n_images']} images, {t['n_captions']} captions) by {t['criterion']}: "
-                f"{len(t['curve'])} settings, chosen {describe_point(t['chosen']) or 'the configured one'} "
-                f"({t['chosen']['value']:.2f} there; single models {singles}); the table above evaluates that one "
+    where = (f"a seeded {100 * t.fraction:g}% of the images (seed {t.seed}), held out of the test corpus"
+             if t.seeded else f"the {t.split} split")
+    singles = ", ".join(f"{n} {v:.2f}" for n, v in t.singles.items())
+    return ["", f"tuned on {where} ({t.n_images} images, {t.n_captions} captions) by {t.criterion}: "
+                f"{len(t.curve)} settings, chosen {t.chosen.describe() or 'the configured one'} "
+                f"({t.chosen.value:.2f} there; single models {singles}); the table above evaluates that one "
                 "setting on test"]
 
 
@@ -42,8 +41,8 @@ def positive_lines(record: RunRecord) -> list[str]:
                    if m != "n_queries"]
         columns = [f"{d} {m}" for d in ("t2i", "i2t") for m in metrics]
         width = max(22, *(len(n) + 2 for n in record.retrievers))
-        lines += ["", f"{name} positives (false negatives corrected; {counts['t2i_queries']} t2i / "
-                      f"{counts['i2t_queries']} i2t queries, {counts['captions_left_out']} captions outside its gallery):",
+        lines += ["", f"{name} positives (false negatives corrected; {counts.t2i_queries} t2i / "
+                      f"{counts.i2t_queries} i2t queries, {counts.captions_left_out} captions outside its gallery):",
                   f"{'retriever':<{width}}" + "".join(f"{c:>12}" for c in columns)]
         for retriever, result in record.retrievers.items():
             block = result.positives.get(name, {})
@@ -58,10 +57,10 @@ def positive_lines(record: RunRecord) -> list[str]:
 def format_table(record: RunRecord) -> str:
     ks = record.ks
     dataset = record.dataset
-    title = f"{dataset['name']}: {dataset['n_images']} images, {dataset['n_captions']} captions"
-    if dataset.get("nonstandard"):
+    title = f"{dataset.name}: {dataset.n_images} images, {dataset.n_captions} captions"
+    if dataset.nonstandard:
         title += "  [NON-STANDARD corpus: counts differ from the benchmark's; not comparable to published numbers]"
-    if dataset.get("simulated"):
+    if dataset.simulated:
         title += "  [SIMULATED DATA: synthetic embeddings, not real model results]"
     name_width = max(22, *(len(n) + 2 for n in record.retrievers))
     columns = [(d, k, f"{d} R@{k}") for d in ("t2i", "i2t") for k in ks]
@@ -75,8 +74,8 @@ def format_table(record: RunRecord) -> str:
         lines.append(row)
     published = []
     for name, result in record.retrievers.items():
-        block = result.spec.get("published") or {}
-        theirs = block.get(dataset["name"]) or {}
+        block = {} if result.is_fusion else result.spec.published
+        theirs = block.get(dataset.name) or {}
         for direction in ("t2i", "i2t"):
             value = theirs.get(f"{direction}_r1")
             if value is not None and 1 in ks:

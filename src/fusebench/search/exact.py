@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import torch
 
-MATMULS = {"blocks": 0}  # similarity blocks computed in this process (tests assert that warm jobs compute none)
+from fusebench.app import state
 
 
 def float_rows(array, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -26,8 +26,8 @@ def float_rows(array, device: torch.device | str = "cpu") -> torch.Tensor:
 
 def similarity(queries: torch.Tensor, items: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``queries @ items.T`` in full fp32 (no TF32: ranks are of fp32 scores); every similarity block of
-    the evaluator goes through here."""
-    MATMULS["blocks"] += 1
+    the evaluator goes through here, counted in the process state (a job records how many it computed)."""
+    state.current().similarity_blocks += 1
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:

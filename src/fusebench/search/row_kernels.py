@@ -13,12 +13,13 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from fusebench.search.jit import kernel
 from fusebench.search.topk_kernels import FAST, _floor_of_kth, _offer
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True, cache=True)
 def row_mean_std(block, ddof):
     """Per row: mean and standard deviation (``ddof`` 0 or 1; 0 when undefined) of every entry, accumulated in
     float64 and rounded once to float32, as ``evidence._row_mean_std`` does for lists."""
@@ -40,7 +41,7 @@ def row_mean_std(block, ddof):
     return mean, std
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True, cache=True)
 def count_ahead(values, tiebreak, use_tiebreak, best, best_tb, index):
     """Per row r: entries that come before (best[r], best_tb[r], index[r]) under the order (value desc,
     tiebreak desc when ``use_tiebreak``, column index asc). One pass over each row."""
@@ -63,7 +64,7 @@ def count_ahead(values, tiebreak, use_tiebreak, best, best_tb, index):
     return out
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _descending_keys(block, r0, r1, keys):
     """keys[i] for rows r0..r1 of ``block``: int64 keys whose ascending order is (score desc, index asc),
     order-preserving bits of -score above the column index (as ``topk.descending_keys``). Serial and
@@ -80,7 +81,7 @@ def _descending_keys(block, r0, r1, keys):
             keys[i, j] = (np.int64(ordered) << 32) | j
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _column_indices(keys, out, r0):
     """out[r0 + i, p] = the column index in sorted key keys[i, p] (its low 32 bits), in ``out``'s dtype."""
     rows, width = keys.shape
@@ -89,7 +90,7 @@ def _column_indices(keys, out, r0):
             out[r0 + i, p] = keys[i, p] & 0xFFFFFFFF
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True, cache=True)
 def scatter_by_order(order, by_rank, out, accumulate):
     """out[r, order[r, p]] (+)= by_rank[p]: each column gets the value of its position in row r's order
     (column indices best first; any integer dtype, so a stored uint16 order is read as it is)."""
@@ -103,7 +104,7 @@ def scatter_by_order(order, by_rank, out, accumulate):
                 out[r, j] = by_rank[p]
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True, cache=True)
 def gather_rows(values, order):
     """values[r, order[r, p]] for every row r and position p (``order`` of any integer dtype)."""
     rows, width = order.shape
@@ -114,7 +115,7 @@ def gather_rows(values, order):
     return out
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True, cache=True)
 def gather_transposed(rows, columns, out, start):
     """out[q, start + i] = rows[i, columns[q]]: the transpose of some columns of a row slab, copied in 64 x 64
     tiles so that both sides stay in cache (a plain strided transpose costs ~9 ns an entry here)."""
@@ -177,7 +178,7 @@ def stable_ranks(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ranks, order
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True, cache=True)
 def affine_evidence(block, low, scale, flat, flat_value, weight, out, accumulate):
     """out (+)= weight * ((s - low[r]) / scale[r]), or weight * flat_value on flat rows: the float32 operations
     of ``fusion.affine_evidence`` followed by the weight, in one pass (``accumulate``: add to ``out``)."""
@@ -194,13 +195,13 @@ def affine_evidence(block, low, scale, flat, flat_value, weight, out, accumulate
                 out[r, j] = e
 
 
-@njit(cache=True, fastmath=FAST)
+@kernel(cache=True, fastmath=FAST)
 def _row_floor(row, k):
     """``_floor_of_kth`` compiled on its own with fast reductions (its caller must not take fastmath)."""
     return _floor_of_kth(row, k)
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True, cache=True)
 def affine_count_top(block, low, scale, flat, flat_value, weight, best, best_tb, index, vals, ids, counts):
     """For document fusion over whole rankings, in one pass over each row of a model's scores: the entries
     whose evidence (``affine_evidence``'s float32 operations, never stored) comes before (best[r],

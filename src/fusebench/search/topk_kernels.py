@@ -14,19 +14,21 @@ kept entries best first. Rows run in parallel; columns run in parallel over colu
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from fusebench.search.jit import kernel
 
 # max/min reductions may reorder (scores are finite; -inf sentinels stay valid: no "ninf" flag)
 FAST = {"nnan", "nsz", "reassoc"}
 COLUMN_STRIP = 64  # columns one thread owns while it walks down the block's rows
 
 
-@njit(inline="always")
+@kernel(inline="always")
 def _worse(v1, i1, v2, i2) -> bool:
     return v1 < v2 or (v1 == v2 and i1 > i2)
 
 
-@njit(inline="always")
+@kernel(inline="always")
 def _sift_down(vals, ids, start, size):
     pos = start
     while True:
@@ -43,7 +45,7 @@ def _sift_down(vals, ids, start, size):
             break
 
 
-@njit(inline="always")
+@kernel(inline="always")
 def _offer(vals, ids, count, value, index) -> int:
     """Offer (value, index) to one heap holding ``count`` entries; return the new count."""
     k = vals.shape[0]
@@ -65,7 +67,7 @@ def _offer(vals, ids, count, value, index) -> int:
     return count
 
 
-@njit(inline="always", fastmath=FAST)
+@kernel(inline="always", fastmath=FAST)
 def _count_at_least(values, floor) -> int:
     count = 0
     for j in range(values.shape[0]):
@@ -73,7 +75,7 @@ def _count_at_least(values, floor) -> int:
     return count
 
 
-@njit(inline="always")
+@kernel(inline="always")
 def _largest_of_strided(values, step, above):
     """The ``above``-th largest of ``values[::step]`` (ties counted): a descending buffer of ``above`` entries
     that most of the sample passes with one comparison (a copy and ``np.partition`` cost 3x more per row)."""
@@ -90,7 +92,7 @@ def _largest_of_strided(values, step, above):
     return buffer[last]
 
 
-@njit(inline="always", fastmath=FAST)
+@kernel(inline="always", fastmath=FAST)
 def _floor_of_kth(values, k):
     """A value with at least ``k`` entries of ``values`` at or above it, close to the k-th largest.
 
@@ -117,7 +119,7 @@ def _floor_of_kth(values, k):
     return floor
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
+@kernel(parallel=True, cache=True, fastmath=FAST)
 def offer_rows(block, first_item, vals, ids, counts):
     """Row heaps: every entry of row r of ``block`` (items ``first_item + j``) is offered to heap r.
 
@@ -137,7 +139,7 @@ def offer_rows(block, first_item, vals, ids, counts):
         counts[r] = n
 
 
-@njit(inline="always", fastmath=FAST)
+@kernel(inline="always", fastmath=FAST)
 def _column_floors(block, j0, j1, k, floor):
     """Per column of the strip ``j0:j1``, the k-th largest of the maxima of ``c >= k`` disjoint row chunks
     (about 4 k chunks; single rows below 4 k rows): the k chunks with the largest maxima each hold a distinct
@@ -156,7 +158,7 @@ def _column_floors(block, j0, j1, k, floor):
         floor[j] = np.partition(maxima[:, j].copy(), n_chunks - k)[n_chunks - k]
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
+@kernel(parallel=True, cache=True, fastmath=FAST)
 def offer_columns(block, first_row, slot, vals, ids, counts, worst):
     """Column heaps: entry (r, j) is offered to heap ``slot[j]`` (skipped when -1) as item ``first_row + r``.
 
@@ -196,7 +198,7 @@ def offer_columns(block, first_row, slot, vals, ids, counts, worst):
                         beat[j] = worst[q]
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True, cache=True)
 def finish(vals, ids, counts):
     """Heap-sort each heap in place, best first (score descending, ties by ascending index)."""
     for r in prange(vals.shape[0]):
@@ -235,7 +237,7 @@ class Heaps:
 COMBINE_SUM, COMBINE_MAX, COMBINE_MNZ = 0, 1, 2
 
 
-@njit(parallel=True, cache=True)
+@kernel(parallel=True, cache=True)
 def fuse_by_id(ids, evidence, column_bits, n_items, final_k, combine, out_ids, out_scores, out_bits):
     """Per row, one entry per distinct id (-1: padding): its evidence combined in entry order (sum in float32,
     max, or the sum times the number of lists holding it), the bits of its lists (``column_bits``: each

@@ -1,4 +1,4 @@
-"""What is computed once and reused by every later run: content-addressed entries (key over every input that
-changes the result, meta.json naming the inputs, a lock, checksums, atomic writes, rebuilt when corrupt), for
-embeddings (``embeddings``: the ``EmbeddingCache`` and the entry mechanism every store shares), each model's ranked
+"""What is computed once and reused by every later run. One entry mechanism (``entries``: content key over every
+input that changes the result, meta.json naming the inputs, a lock, checksums, discard when corrupt, scan for
+``fusebench-cache``) under every store: embeddings (``embeddings``: the ``EmbeddingCache``), each model's ranked
 lists (``lists``) and whole score matrices (``scores``). ``files`` holds atomic writes, digests and checksums."""

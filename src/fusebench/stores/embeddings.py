@@ -8,205 +8,42 @@ checkpoint fingerprint, preprocessing, corpus fingerprint, storage dtype, librar
     ROOT/ab/abcdef.../chunk-000003.npz while computing: finished chunks, so a killed run resumes
     ROOT/ab/abcdef....lock             held while an entry is computed (two sweep jobs never both write)
 
-Every file is written to a temp name and renamed; meta.json is written last, so an entry with meta.json is
-complete. A complete entry is read only when it is provably the one asked for (``entry_meta``: meta.json
-records this entry's key, and key material equal to what was asked for: an entry copied over another's is
-not) and its .npy matches its recorded size and checksum; else it is reported, removed and recomputed,
-never read as data. A chunk records its entry's key too. What sits where a store keeps a file but is none
-(a directory, a link to nowhere: a lock, a chunk, meta.json) is reported and removed (``clear_non_file``); so
-is what sits where a store keeps a folder but is none (a file where a shard folder ``ab/``, ``lists/`` or
-``scores/`` belongs: ``store_folders``), below the cache root: the root itself, the user's folder, is never
-removed (a file there is an error).
-
-The helpers here (``entry_meta``, ``entry_lock``, ``clear_non_file``, ``store_folders``, ``discard_entry``,
-``scan_entries``) are shared by the list store and the score store; ``matching`` and ``remove_entry`` serve
-fusebench-cache.
+A complete entry is read only when the entry mechanism (``stores.entries``) proves it the one asked for (its
+meta.json records this entry's key and inputs) and its .npy matches its recorded size and checksum; else it is
+reported, removed and recomputed, never read as data. A chunk records its entry's key too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import re
 import time
-import zipfile
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from filelock import FileLock
 
 from fusebench import FusebenchError
-from fusebench.app import memo
-from fusebench.stores.files import (
-    CHECKSUMS,
-    atomic_save,
-    atomic_write_text,
-    clear_path,
-    file_sha256,
-    not_a_file,
-    not_a_folder,
-    remembered_checksum,
+from fusebench.stores.entries import (
+    UNREADABLE,
+    cache_key,
+    clear_non_file,
+    data_file_problem,
+    discard_entry,
+    distinct_keys,
+    entry_lock,
+    entry_meta,
+    scan_entries,
+    store_folders,
+    unreadable,
 )
+from fusebench.stores.files import atomic_save, atomic_write_text, file_sha256
 
 log = logging.getLogger(__name__)
-ROWS = memo.FileReads(768 << 20)  # entries' rows kept for the next job of the process (as encoders.sim keeps rows)
 STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
-# what reading a damaged .npy/.npz/.json raises (cut short, bytes flipped, another type of file)
-UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError, zipfile.BadZipFile,
-              zlib.error)
 Compute = Callable[[np.ndarray], Iterable[tuple[np.ndarray, dict]]]
-KEY = re.compile(r"[0-9a-f]{64}")  # an entry's key (cache_key): the name of its folder
-
-
-def cache_key(material: dict) -> str:
-    """SHA-256 of the canonical JSON of ``material`` (sorted keys, no whitespace)."""
-    text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def read_meta(path: Path) -> dict:
-    """An entry's meta.json as a dict; ValueError when it is not a JSON object (or not JSON at all)."""
-    meta = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path.name} holds a JSON {type(meta).__name__}, not an object")
-    return meta
-
-
-def unreadable(err: BaseException) -> str:
-    """The problem text for an entry whose files could not be read."""
-    return f"unreadable entry ({type(err).__name__}: {err})"
-
-
-def discard_entry(folder: Path, store: str, problem: str) -> None:
-    """Report a corrupt or outdated store entry and remove it, so that it is recomputed (never trusted)."""
-    log.warning("%s entry %s is corrupt or outdated: %s; removing it and recomputing", store, folder, problem)
-    clear_path(folder)
-
-
-def clear_non_file(path: Path, store: str | None) -> None:
-    """Remove what sits at ``path`` where a store keeps a regular file but is none (a directory, a link to
-    nowhere, ...), so that the file can be written there again; reported as ``store``'s damage (None: already
-    reported). A regular file, or nothing, is left as it is."""
-    kind = not_a_file(path)
-    if kind not in (None, "missing"):
-        if store is not None:
-            log.warning("%s: %s is %s, not a file; removing it", store, path, kind)
-        clear_path(path)
-
-
-def clear_non_folder(path: Path, store: str) -> None:
-    """Report and remove what sits at ``path`` where a store keeps a folder but is none (a file, a link to
-    nowhere, ...), so that the folder can be made there. Only a non-folder is removed: a folder another process
-    has just made there is left as it is."""
-    kind = not_a_folder(path)
-    if kind in (None, "missing"):
-        return
-    log.warning("%s: %s is %s, not a folder; removing it", store, path, kind)
-    try:
-        path.unlink()
-    except OSError:
-        if os.path.lexists(path) and not path.is_dir():
-            raise
-
-
-def store_folders(base: Path, folder: Path, store: str) -> None:
-    """Make ``folder`` (a store's shard folder) and every folder between the cache root ``base`` (exclusive) and
-    it, after reporting and removing a non-folder found where one of them belongs (``clear_non_folder``): that
-    layout is fusebench's own, and a file there would fail every job. ``base`` itself, the user's
-    embed.cache.dir, is never removed: a file there fails the mkdir (a one-line error naming it)."""
-    path = Path(base)
-    for part in Path(folder).relative_to(base).parts:
-        path = path / part
-        clear_non_folder(path, store)
-    Path(folder).mkdir(parents=True, exist_ok=True)
-
-
-def entry_lock(folder: Path, store: str) -> FileLock:
-    """The lock of a store entry (``folder.lock``), after removing (and reporting) a directory or other non-file
-    found at its path: no process can hold such a lock, and every job would fail on it."""
-    lock = Path(str(folder) + ".lock")
-    clear_non_file(lock, store)
-    return FileLock(str(lock))
-
-
-def recorded_material(material: dict) -> dict:
-    """``material`` as meta.json records it (a JSON round trip: tuples become lists, keys strings)."""
-    return json.loads(json.dumps(material, default=str))
-
-
-def distinct_keys(one: str, other: str, least: int = 16) -> tuple[str, str]:
-    """Prefixes of two different keys long enough to tell them apart (``least`` characters at least; a key
-    longer than its prefix ends in "...")."""
-    same = len(os.path.commonprefix([one, other]))
-    length = max(least, same + 1)
-    return tuple(key if len(key) <= length else key[:length] + "..." for key in (one, other))
-
-
-def key_problem(meta: dict, key: str, material: dict | None) -> str | None:
-    """Why ``meta`` is not the meta.json of the entry keyed ``key`` for ``material`` (None: not checked): it
-    records another key, or other inputs (an entry copied or moved from elsewhere); None when it is."""
-    if meta.get("key") != key:
-        recorded, this = distinct_keys(str(meta.get("key")), key)
-        return f"meta.json records key {recorded}, not this entry's {this} (copied from another entry?)"
-    if material is not None and meta.get("material") != recorded_material(material):
-        return "meta.json records inputs other than this entry's"
-    return None
-
-
-def entry_meta(folder: Path, key: str, material: dict | None) -> tuple[dict | None, str | None]:
-    """A store entry's meta.json, proven to be this entry's: ``(meta, None)``; ``(None, None)`` when the entry
-    is absent or has no meta.json (never finished); ``(None, problem)`` when the entry or its meta.json is not
-    what fusebench writes there (a file for the folder, a directory for meta.json, not a JSON object) or it
-    records another key or other inputs (``key_problem``)."""
-    meta_path = folder / "meta.json"
-    if os.path.lexists(folder) and not folder.is_dir():
-        return None, f"the entry is {not_a_folder(folder)}, not a folder"
-    if not os.path.lexists(meta_path):
-        return None, None
-    kind = not_a_file(meta_path)
-    if kind is not None:
-        return None, f"meta.json is {kind}, not a file"
-    try:
-        meta = read_meta(meta_path)
-    except UNREADABLE as err:
-        return None, unreadable(err)
-    problem = key_problem(meta, key, material)
-    return (None, problem) if problem else (meta, None)
-
-
-def data_file_size_problem(path: Path, size: int) -> str | None:
-    """Why a data file fails the cheap checks (present, a regular file, its recorded size), or None."""
-    kind = not_a_file(path)
-    if kind is not None:
-        return f"{path.name} is {kind}"
-    found = path.stat().st_size
-    return None if found == size else f"{path.name} has {found} bytes, expected {size} (truncated?)"
-
-
-def data_file_problem(path: Path, meta: dict, once_per_process: bool = False) -> str | None:
-    """Why the data file of a complete entry cannot be trusted (missing, not a regular file, wrong size, wrong
-    checksum: ``crc32`` or ``sha256``, whichever ``meta`` records), or None. ``once_per_process``: a checksum
-    this process computed or wrote for the unchanged file is not read again (``files.remembered_checksum``)."""
-    problem = data_file_size_problem(path, meta["bytes"])
-    if problem is not None:
-        return problem
-    kind = "crc32" if "crc32" in meta else "sha256"
-    checksum = remembered_checksum(path, kind) if once_per_process else CHECKSUMS[kind](path)
-    if checksum != meta[kind]:
-        return f"{path.name} does not match its recorded checksum"
-    return None
-
-
-def shared_rows(path: Path) -> np.ndarray:
-    """An entry's rows as float32, read once per process for the unchanged file and returned read-only: the jobs
-    of a sweep on the basic launcher share them, and so share what is derived from them (normalised rows,
-    store keys: ``fusebench.app.memo``)."""
-    return ROWS.get(path, lambda p: memo.read_only(np.load(p, allow_pickle=False).astype(np.float32)))
 
 
 def _add_stats(total: dict, more: dict) -> None:
@@ -267,7 +104,7 @@ class EmbeddingCache:
         try:
             problem = problem or data_file_problem(data_path, meta, once_per_process=True)
             if problem is None:
-                data = shared_rows(data_path)
+                data = np.load(data_path, allow_pickle=False).astype(np.float32)
                 if data.shape[0] != n_rows:
                     problem = f"embeddings.npy has {data.shape[0]} rows, expected {n_rows}"
         except UNREADABLE as err:
@@ -361,52 +198,6 @@ class EmbeddingCache:
             if not info["complete"] and not info.get("problem"):
                 info["chunks"] = len(list(Path(info["path"]).glob("chunk-*.npz")))
         return entries
-
-
-def scan_entries(root: Path, describe: Callable[[dict], dict], data_files: Callable[[dict], dict[str, int]],
-                 kind: str | None = None) -> list[dict]:
-    """Every entry folder of a store (``root/ab/KEY``): key, path, size on disk, complete, and what
-    ``describe(meta)`` adds; ``kind`` labels entries whose meta does not say it. Complete: meta.json is this
-    entry's (``entry_meta``) and each data file ``data_files(meta)`` names (name -> recorded bytes) is a regular
-    file of that size (cheap checks: no checksum is read); else ``problem`` says why, when it is damage
-    rather than an unfinished write. A file (or a link to nowhere) at an entry's path (a key's name) is listed
-    too, as damaged, so that it can be removed."""
-    out = []
-    folders = sorted(p for p in root.glob("??/*") if not p.name.endswith(".lock") and (
-        p.is_dir() or (KEY.fullmatch(p.name) and p.name.startswith(p.parent.name)))) if root.is_dir() else []
-    for folder in folders:
-        size = (sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) if folder.is_dir()
-                else folder.lstat().st_size)
-        info = {"key": folder.name, "path": str(folder), "complete": False, "bytes": size}
-        if kind is not None:
-            info["kind"] = kind
-        meta, problem = entry_meta(folder, folder.name, None)
-        try:
-            if meta is not None:
-                info.update(describe(meta))
-                problem = next(filter(None, (data_file_size_problem(folder / name, size)
-                                             for name, size in data_files(meta).items())), None)
-        except UNREADABLE as err:
-            problem = unreadable(err)
-        info["complete"], info["problem"] = meta is not None and problem is None, problem
-        out.append(info)
-    return out
-
-
-def matching(entries: list[dict], key_prefix: str) -> list[dict]:
-    """The listed entries whose key starts with ``key_prefix`` (at least 4 characters; hex digits in either
-    case: keys are written in lower case)."""
-    if len(key_prefix) < 4:
-        raise FusebenchError("give at least 4 characters of a cache key (see fusebench-cache list).")
-    return [entry for entry in entries if entry["key"].lower().startswith(key_prefix.lower())]
-
-
-def remove_entry(entry: dict) -> None:
-    """Remove a listed entry (under its lock), and its lock."""
-    folder = Path(entry["path"])
-    with entry_lock(folder, "fusebench-cache"):
-        clear_path(folder)
-    clear_path(Path(str(folder) + ".lock"))
 
 
 def _save_npy(path: Path, data: np.ndarray) -> None:

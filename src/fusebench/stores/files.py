@@ -12,8 +12,12 @@ import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+from fusebench.app import state
+
+if TYPE_CHECKING:  # numpy is imported where an array is digested: run-dir checks start without it
+    import numpy as np
 
 
 def atomic_save(path: Path, writer: Callable[[Path], None]) -> None:
@@ -72,6 +76,8 @@ def clear_path(path: Path) -> None:
 
 def array_digest(array: np.ndarray) -> str:
     """SHA-256 of an array's dtype, shape and bytes."""
+    import numpy as np
+
     array = np.ascontiguousarray(array)
     digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
     digest.update(memoryview(array).cast("B"))
@@ -113,7 +119,6 @@ class Crc32Writer:
 
 
 CHECKSUMS: dict[str, Callable[[Path], str]] = {"sha256": file_sha256, "crc32": file_crc32}
-_REMEMBERED: dict[tuple[str, int, int, int, int], str] = {}  # (kind, device, inode, size, mtime_ns) -> checksum
 
 
 def file_identity(path: Path) -> tuple[int, int, int, int]:
@@ -128,22 +133,17 @@ def _identity(path: Path, kind: str) -> tuple[str, int, int, int, int]:
 
 def remembered_checksum(path: Path, kind: str = "sha256") -> str:
     """The file's ``kind`` checksum (``CHECKSUMS``), read once per process for a file unchanged since (same
-    inode, size and mtime to the nanosecond): the run files a job hashes when it writes them are not read
-    again by the same process's sweep report (half of its scan: ~400 files for 30 jobs), nor a score matrix
-    (~1 GB per model) by every dense job of a sweep. A file changed since (a later mtime: the filesystem's
-    clock) is read again."""
-    key = _identity(path, kind)
-    if key not in _REMEMBERED:
-        _REMEMBERED[key] = CHECKSUMS[kind](path)
-    return _REMEMBERED[key]
+    inode, size and mtime to the nanosecond; kept in the process state, ``app.state``): a score matrix (~0.5 GB
+    per model) is not read again by every dense job of a sweep, nor the run files a job hashed when it wrote
+    them by the same process's sweep report. A file changed since (a later mtime: the filesystem's clock) is
+    read again."""
+    known, key = state.current().checksums, _identity(path, kind)
+    if key not in known:
+        known[key] = CHECKSUMS[kind](path)
+    return known[key]
 
 
 def remember_checksum(path: Path, kind: str, value: str) -> None:
     """Record the checksum of a file this process has just written (computed from the bytes on their way out),
     so that it is not read back to be verified."""
-    _REMEMBERED[_identity(path, kind)] = value
-
-
-def forget_checksums() -> None:
-    """Verify every file again from its bytes, as a new process would."""
-    _REMEMBERED.clear()
+    state.current().checksums[_identity(path, kind)] = value

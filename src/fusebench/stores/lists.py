@@ -12,10 +12,10 @@ needs deeper lists recomputes the entry at its depth. Layout, beside the embeddi
 
 Guarantees as for embeddings: atomic writes (meta.json last, so an entry with meta.json is complete), a
 lock per entry, a checksum verified when a process first reads the file; an entry that is not provably the
-one asked for (its meta.json records another key or other inputs: ``cache.entry_meta``), truncated, corrupt,
+one asked for (its meta.json records another key or other inputs: ``entries.entry_meta``), truncated, corrupt,
 of another format or holding a directory where a file belongs is reported, removed and recomputed, never
 used; a file where a folder belongs (the entry's, ``lists/ab/`` or ``lists/`` itself) is reported and removed
-(``cache.store_folders``).
+(``entries.store_folders``).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fusebench import DIRECTIONS
-from fusebench.app import memo
-from fusebench.search.model_lists import ModelLists
-from fusebench.stores.embeddings import (
+from fusebench.app import state
+from fusebench.stores.entries import (
     UNREADABLE,
     cache_key,
     data_file_problem,
@@ -47,9 +47,11 @@ from fusebench.stores.embeddings import (
 )
 from fusebench.stores.files import array_digest, atomic_save, atomic_write_text, clear_path, file_sha256
 
+if TYPE_CHECKING:  # torch is imported where a list is built, so that fusebench-cache starts fast
+    from fusebench.search.model_lists import ModelLists
+
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the stored arrays change meaning; older entries are then recomputed
-LISTS = memo.FileReads(256 << 20)  # entries' arrays kept for the next job of the process
 FIELDS = tuple(f"{d}_{f}" for d in DIRECTIONS for f in ("ids", "scores", "ranks"))
 
 
@@ -70,13 +72,14 @@ def array_digests(arrays: Sequence[np.ndarray]) -> list[str]:
 
 
 def shared_digests(arrays: Sequence[np.ndarray]) -> list[str]:
-    """``array_digests``, each read-only array's hashed once per process (``fusebench.app.memo``): a sweep's jobs
-    share their sim models' normalised rows, and each job's keys would hash them again (~0.2 s a job)."""
-    digests = [memo.known(a, "sha256") for a in arrays]
+    """``array_digests``, the arrays the process keeps hashed once per process (``app.state.SharedArrays``): a
+    sweep's jobs share their sim models' normalised rows, and each job's keys would hash them again (~0.2 s a job)."""
+    shared = state.current().shared
+    digests = [shared.known(a, "sha256") for a in arrays]
     todo = [i for i, digest in enumerate(digests) if digest is None]
     for i, digest in zip(todo, array_digests([arrays[i] for i in todo])):
         digests[i] = digest
-        memo.remember(arrays[i], "sha256", digest)
+        shared.remember(arrays[i], "sha256", digest)
     return digests
 
 
@@ -140,13 +143,15 @@ class ListStore:
                 problem = f"format {meta.get('format')!r}, this version reads format {FORMAT}"
             problem = problem or data_file_problem(data_path, meta, once_per_process=True)
             if problem is None:
-                arrays = shared_arrays(data_path)
+                arrays = _read_arrays(data_path)
                 problem = _shape_problem(arrays, n_images, n_captions)
         except UNREADABLE as err:
             problem = unreadable(err)
         if problem:
             discard_entry(folder, "list store", problem)
             return None
+        from fusebench.search.model_lists import ModelLists
+
         return ModelLists(int(meta["depth"]), arrays)
 
     def _write(self, folder: Path, key: str, material: dict, lists: ModelLists, info: dict) -> None:
@@ -168,15 +173,9 @@ class ListStore:
             lambda meta: {"lists.npz": meta["bytes"]}, kind="lists")
 
 
-def shared_arrays(path: Path) -> dict[str, np.ndarray]:
-    """An entry's arrays, read once per process for the unchanged file and returned read-only: the jobs of a
-    sweep on the basic launcher read the same lists (~25 MB a COCO model, ~40 ms to read, CRCs checked)."""
-    return LISTS.get(path, _read_arrays)
-
-
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as npz:
-        return {name: memo.read_only(npz[name]) for name in FIELDS}
+        return {name: npz[name] for name in FIELDS}
 
 
 def _shape_problem(arrays: dict[str, np.ndarray], n_images: int, n_captions: int) -> str | None:

@@ -8,10 +8,10 @@ time, so a caption-image pair has one score in both directions, as in the list p
 is done). Every later dense job reads them back block by block into a bounded buffer (plain reads: the file
 is never mapped, so memory stays at one block). Same key, guarantees and layout as the list store
 (``CACHE/scores/ab/KEY/{t2i,i2t}.npy`` + ``meta.json``): atomic, locked, checksummed (verified once per
-process), rebuilt when corrupt, of another format or not provably the entry asked for (``cache.entry_meta``),
+process), rebuilt when corrupt, of another format or not provably the entry asked for (``entries.entry_meta``),
 listed and removed by ``fusebench-cache``. A matrix stored beside them (row orders, moments) that is damaged
 (a directory where it belongs included) is reported and computed again; a file where a folder belongs (the
-entry's, ``scores/ab/`` or ``scores/`` itself) is reported and removed (``cache.store_folders``).
+entry's, ``scores/ab/`` or ``scores/`` itself) is reported and removed (``entries.store_folders``).
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from fusebench import DIRECTIONS
-from fusebench.search import row_kernels
-from fusebench.search.model_lists import tiles
-from fusebench.stores.embeddings import (
+from fusebench.stores.entries import (
     UNREADABLE,
     cache_key,
     clear_non_file,
@@ -42,6 +40,9 @@ from fusebench.stores.embeddings import (
     unreadable,
 )
 from fusebench.stores.files import Crc32Writer, atomic_save, atomic_write_text, clear_path, remember_checksum
+
+if TYPE_CHECKING:  # torch and the numba kernels are imported where a matrix is read, so that fusebench-cache starts fast
+    import torch
 
 log = logging.getLogger(__name__)
 FORMAT = 3  # 3: i2t is the transpose of t2i (2 computed it by a second matmul); 2: CRC-32 (1 had SHA-256);
@@ -67,6 +68,8 @@ class StoredRows:
 
     def __call__(self, r0: int, r1: int, into: np.ndarray | None = None) -> torch.Tensor:
         """Rows r0..r1, in a fresh array or in the first rows of ``into`` (a reused buffer)."""
+        import torch
+
         out = np.empty((r1 - r0, self.shape[1]), dtype=self.dtype) if into is None else into[: r1 - r0]
         with self.path.open("rb") as fh:
             fh.seek(self.offset + r0 * self.shape[1] * self.dtype.itemsize)
@@ -79,6 +82,9 @@ def transposed_rows(reader: StoredRows, columns: np.ndarray, tile_bytes: int) ->
     """The rows of the stored matrix's transpose for ``columns`` (in their order), in blocks of about
     ``tile_bytes``, each assembled from the stored rows read a quarter tile at a time into one reused buffer
     (memory: a block and a slab; the stored file is read once per block)."""
+    from fusebench.search import row_kernels
+    from fusebench.search.model_lists import tiles
+
     n_rows, n_cols = reader.shape
     step = max(1, tile_bytes // (4 * n_rows))
     slab = np.empty((max(1, min(n_rows, tile_bytes // (16 * n_cols))), n_cols), dtype=reader.dtype)
@@ -102,7 +108,7 @@ def _write_blocks(path: Path, shape: tuple[int, int], blocks: Iterator[torch.Ten
         np.lib.format.write_array_header_1_0(fh, {"descr": dtype.str, "fortran_order": False, "shape": shape})
         written = 0
         for block in blocks:
-            block = block.cpu().numpy() if isinstance(block, torch.Tensor) else block
+            block = block if isinstance(block, np.ndarray) else block.cpu().numpy()  # a torch tensor
             fh.write(memoryview(np.ascontiguousarray(block, dtype=dtype)).cast("B"))  # no copy when already so
             written += block.shape[0]
         if written != shape[0]:
@@ -151,6 +157,8 @@ class ScoreStore:
         """The order of every row of a stored score matrix (column indices best first, ties by index), sorted
         once when a job first needs it (RRF by source object over whole rankings) and stored in the same
         entry as ``{direction}_order.npy``."""
+        from fusebench.search import row_kernels
+
         dtype = order_dtype(reader.shape[1])
         return self._derived(reader, "order", lambda block: row_kernels.row_order(block, dtype), reader.shape, dtype,
                              4 + dtype.itemsize, tile_bytes)
@@ -159,6 +167,8 @@ class ScoreStore:
         """Every row's mean and standard deviation (``ddof``) as DBSF and z-score use them (float64 sums rounded
         once to float32: the very values ``row_kernels.row_mean_std`` gives), computed once when a job first needs
         them and stored as ``{direction}_moments_ddof{ddof}.npy`` (rows x 2)."""
+        from fusebench.search import row_kernels
+
         return self._derived(reader, f"moments_ddof{ddof}",
                              lambda block: np.stack(row_kernels.row_mean_std(block, ddof), axis=1),
                              (reader.shape[0], 2), SCORE_DTYPE, 4, tile_bytes)
@@ -168,6 +178,8 @@ class ScoreStore:
         """A matrix derived row by row from a stored score matrix, computed once and stored in the same entry
         (``{direction}_{what}.npy``, with its size and CRC-32 in meta.json): verified once per process,
         computed again when damaged. ``tile_bytes`` bounds the memory of the computation (rows at a time)."""
+        from fusebench.search.model_lists import tiles
+
         folder, name = reader.path.parent, f"{reader.path.stem}_{what}"
         path = folder / f"{name}.npy"
         with entry_lock(folder, "score store"):

@@ -1,0 +1,165 @@
+"""A composed config (Hydra's DictConfig), converted once into one typed :class:`RunConfig`.
+
+:func:`run_config` resolves every group, turns each into its dataclass (:mod:`fusebench.config.schema`, the model
+specs of :mod:`fusebench.config.specs`, :class:`fusebench.fusion.config.FusionConfig`), whose checks run as they
+are built, then checks what spans groups: recall@k against the list lengths, the tuning split against the dataset,
+fusion against the models selected, an engine preset's label. Every mistake is a FusebenchError of one line naming
+the key and what is valid; a key nothing reads is one, at any level (the dataclasses' fields are the valid keys).
+The CLI calls it before importing anything heavy; nothing here imports torch, numba, matplotlib or wandb.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+
+from fusebench import FusebenchError
+from fusebench.config import checks
+from fusebench.config.schema import (
+    DATASETS,
+    LOGGERS,
+    BootstrapConfig,
+    CacheConfig,
+    DatasetConfig,
+    EmbedConfig,
+    EvalConfig,
+    ListsConfig,
+    LoggerConfig,
+    PathsConfig,
+    ReferenceConfig,
+    TuneConfig,
+)
+from fusebench.config.specs import ModelSpec, model_specs, registry
+from fusebench.fusion.config import FusionConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunConfig:
+    """One job's whole config, typed and checked (the top-level keys are its fields, ``resolved`` aside)."""
+
+    paths: PathsConfig
+    dataset: DatasetConfig
+    models: dict[str, ModelSpec]
+    fusion: FusionConfig
+    eval: EvalConfig
+    embed: EmbedConfig
+    logger: LoggerConfig
+    tune: TuneConfig | None  # None: no tuning (tune.enabled=false); else its split resolved for the dataset
+    plots: bool
+    reference: dict | None  # the article's row for reference: {dataset, study} (fusebench.report.article)
+    resolved: dict = field(default_factory=dict, repr=False, metadata=checks.INTERNAL)  # as composed, for trackers
+
+    @property
+    def weights(self) -> list[float]:
+        return [spec.weight for spec in self.models.values()]
+
+
+def _plain(cfg):
+    """A composed config node as plain Python (dicts, lists, values), interpolations resolved."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return dict(cfg) if isinstance(cfg, Mapping) else cfg
+
+
+def _nested(cls, **fields_):
+    """A converter (value, key) -> ``cls`` for a group whose fields ``fields_`` are groups of their own."""
+    def convert(value, key):
+        return checks.typed(cls, value, key, nested=fields_)
+    return convert
+
+
+eval_config = _nested(EvalConfig, bootstrap=_nested(BootstrapConfig), lists=_nested(ListsConfig))
+embed_config = _nested(EmbedConfig, cache=_nested(CacheConfig))
+
+
+def dataset_config(value) -> DatasetConfig:
+    """The ``dataset`` group as its kind's dataclass (every key set, as the group's YAML files do)."""
+    given = checks.mapping(_plain(value), "dataset")
+    kind = checks.choice(checks.required(given, "kind", "dataset"), "dataset.kind", tuple(DATASETS))
+    return checks.typed(DATASETS[kind], given, "dataset")
+
+
+def logger_config(value) -> LoggerConfig:
+    """The ``logger`` group: ``kind: none`` reads nothing else (``+logger.project=x`` with it is an error)."""
+    given = checks.mapping(value, "logger")
+    kind = checks.choice(checks.required(given, "kind", "logger"), "logger.kind", tuple(LOGGERS))
+    return checks.typed(LOGGERS[kind], given, "logger (logger=none)" if kind == "none" else "logger")
+
+
+def tune_config(value, dataset: DatasetConfig) -> TuneConfig | None:
+    """The ``tune`` group, None when off; ``split: auto`` is val for a Karpathy dataset, seeded otherwise, and the
+    test split itself is refused."""
+    if not value:
+        return None
+    tune = checks.typed(TuneConfig, value, "tune")
+    if not tune.enabled:
+        return None
+    karpathy = dataset.kind == "karpathy"
+    split = ("val" if karpathy else "seeded") if tune.split == "auto" else tune.split
+    if karpathy and split == "seeded":
+        raise FusebenchError("tune.split=seeded holds out part of the test corpus; a Karpathy dataset has its own "
+                             "tuning split: use tune.split=val.")
+    if not karpathy and split != "seeded":
+        raise FusebenchError(f"tune.split={split!r}: a {dataset.kind} corpus has no named splits; use "
+                             "tune.split=seeded (a seeded share of its images, tune.fraction).")
+    if karpathy and split == dataset.split:
+        raise FusebenchError(f"tune.split={split!r} is the split the run reports on (dataset.split={dataset.split}): "
+                             "tuning on the test split inflates the gain. Tune on val (tune.split=val).")
+    return replace(tune, split=split)
+
+
+def check_fusion_models(fusion: FusionConfig, models: dict[str, ModelSpec], tuning: TuneConfig | None) -> None:
+    """Refuse fusions that cannot mean anything with these models; say when a fusion is skipped."""
+    if tuning is not None and (len(models) < 2 or fusion.method == "none"):
+        raise FusebenchError("tune tunes a fusion's weights: select at least two models and a fusion method "
+                             "(e.g. fusion=dbsf), or set tune=none.")
+    if len(models) < 2:
+        if fusion.method != "none":
+            log.warning("fusion.method=%s is skipped: one model is selected (%s), and fusion needs two or more",
+                        fusion.method, next(iter(models)))
+        return
+    if fusion.method != "none" and tuning is None and not any(spec.weight for spec in models.values()):
+        raise FusebenchError(f"every model weight is 0 ({', '.join(f'models.{n}.weight' for n in models)}): "
+                             "every fused score would be 0. Give at least one model a weight > 0.")
+
+
+def check_top_keys(cfg: Mapping, valid: list[str]) -> None:
+    """A key added at the top (``+bogus=1``) is read by nothing: an error naming it."""
+    unknown = sorted(str(k) for k in cfg if k not in valid and k != "hydra")
+    if unknown:
+        raise FusebenchError(f"unknown top-level key(s) {', '.join(unknown)} (nothing reads them); valid: "
+                             f"{', '.join(valid)} (each a config group: fusebench --help lists them).")
+
+
+def run_config(cfg) -> RunConfig:
+    """The composed config ``cfg`` (a DictConfig or a mapping of its groups) as one checked :class:`RunConfig`."""
+    from fusebench.fusion.presets import config_folders, true_label
+    from fusebench.report.article import reference_row
+
+    keys = [f.name for f in fields(RunConfig) if f.metadata.get("config_key", True)]
+    check_top_keys(cfg, keys)
+    group = {key: _plain(checks.required(cfg, key, "config")) for key in keys}
+    evaluation = eval_config(group["eval"], "eval")
+    fusion = checks.typed(FusionConfig, group["fusion"], "fusion")
+    fusion.check_ks(evaluation.ks)
+    models = model_specs(group["models"], registry(config_folders()))
+    plots = checks.boolean(group["plots"], "plots")
+    logger = logger_config(group["logger"])
+    reference = reference_row(None if not group["reference"] else
+                              checks.typed(ReferenceConfig, group["reference"], "reference"))
+    embed = embed_config(group["embed"], "embed")
+    dataset = dataset_config(group["dataset"])
+    tuning = tune_config(group["tune"], dataset)
+    check_fusion_models(fusion, models, tuning)
+    fusion = true_label(fusion, weights=[spec.weight for spec in models.values()])
+    if tuning is not None:
+        fusion.check_ks([tuning.k], "tune.criterion")
+    resolved = {str(key): group[key] for key in cfg if key != "hydra"}  # the composed order
+    return RunConfig(paths=checks.typed(PathsConfig, group["paths"], "paths"), dataset=dataset, models=models,
+                     fusion=fusion, eval=evaluation, embed=embed, logger=logger, tune=tuning, plots=plots,
+                     reference=reference, resolved=resolved)
