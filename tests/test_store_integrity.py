@@ -480,3 +480,37 @@ def test_damaged_entry_message_tells_keys_that_differ_at_the_end_apart(tmp_path,
     meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "key": key[:20] + differ * 44}))
     state = _listing(tmp_path, capsys)[key[:12]]
     assert f"records key {key[:20]}{differ}..., not this entry's {key[:21]}..." in state
+
+
+@pytest.mark.slow  # a race, tried 20,000 times
+def test_a_lock_file_created_meanwhile_is_never_taken_for_damage(tmp_path):
+    """What is at a store's lock path is judged from one stat: while another thread creates and removes the file,
+    it is a file or missing, never "neither a file nor a directory" (which the stores remove: a lock another thread
+    held was once deleted that way, and two threads computed one cache entry at once)."""
+    import os
+    import threading
+
+    from fusebench.stores.files import path_kind
+
+    lock = tmp_path / "entry.lock"
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            lock.touch()
+            lock.unlink(missing_ok=True)
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        seen = {path_kind(lock) for _ in range(20000)}
+    finally:
+        stop.set()
+        worker.join()
+    assert seen <= {"a file", "missing"}
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    assert path_kind(tmp_path / "a") == "a link to nowhere"  # a loop of links
+    (tmp_path / "f").write_text("x")
+    assert path_kind(tmp_path / "f" / "below") == "missing"
+    assert path_kind(tmp_path / "dangling") == "missing"
