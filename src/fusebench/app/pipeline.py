@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from fusebench import FUSED, FusebenchError, __version__
+from fusebench import DIRECTIONS, FUSED, FusebenchError, __version__
 from fusebench.app import interrupts, state
 from fusebench.app.progress import bar as progress_bar
 from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
@@ -144,7 +144,7 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
     source, matmuls_before = ListSource(), state.current().similarity_blocks
     lists = retrieve(embeddings, corpus.caption_image, fusion, keep_k=keep_k, settings=search, source=source)
     search_seconds = time.perf_counter() - search_started
-    ranks = {name: {d: lists[name][d].ranks for d in ("t2i", "i2t")} for name in lists}
+    ranks = {name: {d: lists[name][d].ranks for d in DIRECTIONS} for name in lists}
     singles = [e.name for e in embeddings]
     by_name = {e.name: e for e in embeddings}
     clusters = {"t2i": corpus.caption_image, "i2t": corpus.i2t_query_images}

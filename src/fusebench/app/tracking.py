@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fusebench import DIRECTIONS
 from fusebench.config.schema import LoggerConfig, WandbConfig
 from fusebench.evaluation.record import RunRecord
 from fusebench.evaluation.subrecords import eval_to_json
@@ -64,7 +65,7 @@ def summary_metrics(record: RunRecord) -> dict:
                 if name == headline:
                     out[f"{direction}/R@{k}"] = value
     if fusions:
-        for direction in ("t2i", "i2t"):
+        for direction in DIRECTIONS:
             for k in ks:
                 row = record.comparison(headline, record.best_single(direction, k), direction, k)
                 if row:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fusebench import DIRECTIONS
 from fusebench.evaluation.metrics import hits_at_k, median_rank, recall_at_k
 from fusebench.evaluation.record import Comparison, DirectionMetrics, RetrieverResult
 from fusebench.evaluation.stats import (
@@ -30,7 +31,7 @@ def retriever_result(name: str, ranks: dict[str, np.ndarray], ks: list[int], spe
 def oracle_metrics(ranks_by_model: dict[str, dict[str, np.ndarray]], ks: list[int]) -> dict:
     """Recall of 'either single model right' per direction and k: the ceiling of choosing between them."""
     out = {}
-    for direction in ("t2i", "i2t"):
+    for direction in DIRECTIONS:
         out[direction] = {
             f"R@{k}": float(100.0 * oracle_hits([hits_at_k(r[direction], k) for r in ranks_by_model.values()]).mean())
             for k in ks
@@ -40,7 +41,7 @@ def oracle_metrics(ranks_by_model: dict[str, dict[str, np.ndarray]], ks: list[in
 
 def compare(candidate: str, baseline: str, candidate_ranks: dict[str, np.ndarray], baseline_ranks: dict[str, np.ndarray],
             clusters: dict[str, np.ndarray], ks: list[int], draws: int, level: float, seed: int,
-            directions: tuple[str, ...] = ("t2i", "i2t")) -> list[Comparison]:
+            directions: tuple[str, ...] = DIRECTIONS) -> list[Comparison]:
     """One candidate's per-query ranks against one baseline's (``{"t2i": ranks, "i2t": ranks}``), per direction
     and k: gain, interval over queries and over ``clusters`` (the query's image), wins/losses, exact McNemar p.
     A direction whose query counts differ (different corpora) is left out. The one comparison path: the run

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fusebench import FusebenchError
+from fusebench import DIRECTIONS, FusebenchError
 from fusebench.config.checks import config_keys
 from fusebench.config.schema import DATASETS, POSITIVE_SETS
 from fusebench.data.corpus import Corpus
@@ -205,7 +205,7 @@ def summarise(values: dict[str, np.ndarray]) -> dict:
 
 def needed_depth(sets: list[Positives], ks: list[int]) -> int:
     """The list length every retriever must keep for these sets' metrics."""
-    return max((p.depth(d, ks) for p in sets for d in ("t2i", "i2t")), default=0)
+    return max((p.depth(d, ks) for p in sets for d in DIRECTIONS), default=0)
 
 
 def evaluate(sets: list[Positives], lists: dict, i2t_query_images: np.ndarray, caption_image: np.ndarray,
@@ -215,7 +215,7 @@ def evaluate(sets: list[Positives], lists: dict, i2t_query_images: np.ndarray, c
     blocks: dict[str, dict] = {name: {} for name in lists}
     comparisons = []
     for positives in sets:
-        for direction in ("t2i", "i2t"):
+        for direction in DIRECTIONS:
             if direction == "t2i":
                 rows, clusters = positives.t2i_queries, caption_image[positives.t2i_queries]
             else:

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from fusebench import FUSED, FusebenchError
+from fusebench import DIRECTIONS, FUSED, FusebenchError
 from fusebench.config.schema import TuneConfig
 from fusebench.data.corpus import Corpus
 from fusebench.encoders.base import ModelEmbeddings
@@ -85,7 +85,7 @@ def run_grid(points: list[TunePoint], models: list[ModelEmbeddings], caption_ima
     for point in points:
         tuned_models, tuned_fusion = apply(point, models, fusion)
         lists = retrieve(tuned_models, caption_image, tuned_fusion, keep_k=1, settings=search, source=source)
-        values = {name: criterion_value({d: lists[name][d].ranks for d in ("t2i", "i2t")}, settings) for name in lists}
+        values = {name: criterion_value({d: lists[name][d].ranks for d in DIRECTIONS}, settings) for name in lists}
         curve.append(replace(point, value=values.pop(FUSED), singles=None if curve else values))
         if progress is not None:
             progress(1)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench import FUSED
+from fusebench import DIRECTIONS, FUSED
 from fusebench.app import state
 from fusebench.evaluation.comparisons import level_label
 from fusebench.evaluation.record import RunRecord
@@ -80,7 +80,7 @@ def recall_bars(record: RunRecord, path: Path) -> Path:
     names = list(record.retrievers)
     fig, axes = subplots(1, 2, figsize=(5 + 1.6 * len(names), 4.2), sharey=True)
     width = 0.8 / len(names)
-    for ax, direction in zip(axes, ("t2i", "i2t")):
+    for ax, direction in zip(axes, DIRECTIONS):
         for i, name in enumerate(names):
             entry = record.retrievers[name].direction(direction)
             values = [entry.at(k) for k in ks]
@@ -101,7 +101,7 @@ def recall_bars(record: RunRecord, path: Path) -> Path:
 def recall_curves(run_dir: Path, record: RunRecord, path: Path, max_k: int = 50) -> Path:
     fig, axes = subplots(1, 2, figsize=(10, 4), sharey=True)
     ks = np.arange(1, max_k + 1)
-    for ax, direction in zip(axes, ("t2i", "i2t")):
+    for ax, direction in zip(axes, DIRECTIONS):
         for name in record.retrievers:
             ranks = np.load(run_dir / "ranks" / f"{name}.{direction}.npy")
             found = np.where(ranks >= 1, ranks, np.inf)
@@ -242,7 +242,7 @@ def corrected_metrics(record: RunRecord, path: Path) -> Path | None:
     if not record.positives:
         return None
     names = list(record.retrievers)
-    panels = [(s, d) for s in record.positives for d in ("t2i", "i2t")]
+    panels = [(s, d) for s in record.positives for d in DIRECTIONS]
     fig, axes = subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
     width = 0.8 / len(names)
     for ax, (positive_set, direction) in zip(axes[0], panels):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fusebench import DIRECTIONS
 from fusebench.app.rundir import is_error_file
 from fusebench.evaluation.record import RecordError, RunRecord
 from fusebench.stores.files import remembered_checksum
@@ -69,7 +70,7 @@ def _run_problem(path: Path, record: RunRecord) -> str | None:
         if remembered_checksum(file) != digest:
             return f"{relative} does not match the checksum metrics.json recorded (damaged or replaced after the run)"
     counts = {}
-    for direction in ("t2i", "i2t"):
+    for direction in DIRECTIONS:
         lengths = set()
         for name in record.retrievers:
             file = path / "ranks" / f"{name}.{direction}.npy"
@@ -87,7 +88,7 @@ def _run_problem(path: Path, record: RunRecord) -> str | None:
     if queries.exists():
         try:
             with np.load(queries, allow_pickle=False) as data:
-                sizes = {d: len(data[f"{d}_image"]) for d in ("t2i", "i2t")}
+                sizes = {d: len(data[f"{d}_image"]) for d in DIRECTIONS}
         except Exception as err:  # noqa: BLE001
             return f"ranks/queries.npz is unreadable ({type(err).__name__}: {err})"
         for direction, size in sizes.items():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fusebench import DIRECTIONS
 from fusebench.evaluation.comparisons import compare
 from fusebench.evaluation.stats import holm_adjust
 from fusebench.evaluation.subrecords import DatasetSummary
@@ -98,7 +99,7 @@ def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
         label = describe(run, name)
         row = rows.setdefault(label, {"retriever": label})
         dataset = labels[run.dataset_key]
-        for direction in ("t2i", "i2t"):
+        for direction in DIRECTIONS:
             for k in ks:
                 row[f"{dataset} {direction} R@{k}"] = result.recall(direction, k)
     columns = sorted({c for r in rows.values() for c in r if c != "retriever"},
@@ -142,7 +143,7 @@ def comparable_pairs(runs: list[Run]) -> list[tuple[str, tuple[Run, str], tuple[
 
 
 def _run_ranks(run: Run, name: str) -> dict[str, np.ndarray]:
-    return {d: run.ranks(name, d) for d in ("t2i", "i2t")}
+    return {d: run.ranks(name, d) for d in DIRECTIONS}
 
 
 def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: float = 0.95,
@@ -153,7 +154,7 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
     rows = []
 
     def add(factor: str, run_c: Run, cand: str, run_b: Run, base: str, **options) -> None:
-        clusters = {d: run_c.clusters(d) for d in ("t2i", "i2t")}
+        clusters = {d: run_c.clusters(d) for d in DIRECTIONS}
         found = compare(describe(run_c, cand), describe(run_b, base), _run_ranks(run_c, cand), _run_ranks(run_b, base),
                         clusters, options.pop("ks", ks), draws, level, seed, **options)
         for row in found:
@@ -166,7 +167,7 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
     for run in runs:
         for name in run.record.fusions:
             members = run.record.retrievers[name].members
-            for direction in ("t2i", "i2t"):
+            for direction in DIRECTIONS:
                 for k in ks:
                     best = run.record.best_single(direction, k, among=members)
                     add("fused vs best single", run, name, run, best, ks=[k], directions=(direction,))
@@ -224,7 +225,7 @@ def _baseline_job_gain(runs: list[Run], run: Run, b: dict, draws: int, level: fl
         if ref and ref["study"] == study and ref["dataset"] == b["dataset"] \
                 and other.record.dataset.n_captions == run.record.dataset.n_captions:
             head, base = run.record.headline, other.record.headline
-            clusters = {d: run.clusters(d) for d in ("t2i", "i2t")}
+            clusters = {d: run.clusters(d) for d in DIRECTIONS}
             return compare(describe(run, head), describe(other, base), _run_ranks(run, head), _run_ranks(other, base),
                            clusters, [1], draws, level, seed, directions=("t2i",))[0]
     return None

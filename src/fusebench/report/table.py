@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fusebench import DIRECTIONS
 from fusebench.evaluation.comparisons import format_p, level_label
 from fusebench.evaluation.record import RunRecord
 from fusebench.report.article import reference_lines
@@ -39,7 +40,7 @@ def positive_lines(record: RunRecord) -> list[str]:
     for name, counts in record.positives.items():
         metrics = [m for m in next(iter(record.retrievers.values())).positives.get(name, {}).get("t2i", {})
                    if m != "n_queries"]
-        columns = [f"{d} {m}" for d in ("t2i", "i2t") for m in metrics]
+        columns = [f"{d} {m}" for d in DIRECTIONS for m in metrics]
         width = max(22, *(len(n) + 2 for n in record.retrievers))
         lines += ["", f"{name} positives (false negatives corrected; {counts.t2i_queries} t2i / "
                       f"{counts.i2t_queries} i2t queries, {counts.captions_left_out} captions outside its gallery):",
@@ -47,7 +48,7 @@ def positive_lines(record: RunRecord) -> list[str]:
         for retriever, result in record.retrievers.items():
             block = result.positives.get(name, {})
             lines.append(f"{retriever:<{width}}" + "".join(
-                f"{_fmt(block.get(d, {}).get(m)):>12}" for d in ("t2i", "i2t") for m in metrics))
+                f"{_fmt(block.get(d, {}).get(m)):>12}" for d in DIRECTIONS for m in metrics))
         for c in record.positive_comparisons:  # against the best single model (all pairs: metrics.json)
             if c.metric.startswith(f"{name} ") and c.baseline == record.best_single(c.direction, 1):
                 lines.append(_gain_line(f"{c.candidate} vs {c.baseline}", f"{c.direction} {c.metric.split(' ', 1)[1]}", c))
@@ -63,7 +64,7 @@ def format_table(record: RunRecord) -> str:
     if dataset.simulated:
         title += "  [SIMULATED DATA: synthetic embeddings, not real model results]"
     name_width = max(22, *(len(n) + 2 for n in record.retrievers))
-    columns = [(d, k, f"{d} R@{k}") for d in ("t2i", "i2t") for k in ks]
+    columns = [(d, k, f"{d} R@{k}") for d in DIRECTIONS for k in ks]
     width = {label: max(11, len(label) + 2) for _, _, label in columns}  # a space before every header, any k
     header = f"{'retriever':<{name_width}}" + "".join(f"{label:>{width[label]}}" for _, _, label in columns)
     header += f"{'mean R@1':>10}" if 1 in ks else ""
@@ -76,7 +77,7 @@ def format_table(record: RunRecord) -> str:
     for name, result in record.retrievers.items():
         block = {} if result.is_fusion else result.spec.published
         theirs = block.get(dataset.name) or {}
-        for direction in ("t2i", "i2t"):
+        for direction in DIRECTIONS:
             value = theirs.get(f"{direction}_r1")
             if value is not None and 1 in ks:
                 where = ", ".join(x for x in (f"{theirs['protocol']} protocol" if theirs.get("protocol") else "",
