@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from fusebench import FusebenchError
 from fusebench.config import checks
@@ -141,7 +141,7 @@ def run_config(cfg) -> RunConfig:
     from fusebench.fusion.presets import config_folders, true_label
     from fusebench.report.article import reference_row
 
-    keys = [f.name for f in fields(RunConfig) if f.metadata.get("config_key", True)]
+    keys = checks.config_keys(RunConfig)
     check_top_keys(cfg, keys)
     group = {key: _plain(checks.required(cfg, key, "config")) for key in keys}
     evaluation = eval_config(group["eval"], "eval")
