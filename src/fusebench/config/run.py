@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from fusebench import FusebenchError
 from fusebench.config import checks
+from fusebench.config.gallery import GalleryConfig, SimDistractorConfig
 from fusebench.config.schema import (
     DATASETS,
     LOGGERS,
@@ -42,6 +43,7 @@ class RunConfig:
 
     paths: PathsConfig
     dataset: DatasetConfig
+    gallery: GalleryConfig  # distractors added to the dataset's gallery (kind none: the test split alone)
     models: dict[str, ModelSpec]
     fusion: FusionConfig
     eval: EvalConfig
@@ -128,6 +130,32 @@ def check_fusion_models(fusion: FusionConfig, models: dict[str, ModelSpec], tuni
                              "every fused score would be 0. Give at least one model a weight > 0.")
 
 
+def check_gallery(gallery: GalleryConfig, dataset: DatasetConfig, models: dict[str, ModelSpec],
+                  fusion: FusionConfig, tuning: TuneConfig | None) -> None:
+    """Refuse galleries that cannot run with this dataset, these models or this fusion, before any work."""
+    if not gallery.active:
+        return
+    if gallery.kind == "sim" and dataset.kind != "sim":
+        raise FusebenchError(f"gallery=sim simulates distractors of a simulated corpus; dataset={dataset.name} is "
+                             "real data: use gallery=folder | webdataset | paths | vectors.")
+    if gallery.kind != "sim" and dataset.kind == "sim":
+        raise FusebenchError(f"gallery={gallery.kind} holds real images, but dataset=sim is simulated: use "
+                             "gallery=sim with it.")
+    if gallery.kind == "vectors":
+        missing = [name for name in models if name not in gallery.vectors]
+        extra = [name for name in gallery.vectors if name not in models]
+        if missing or extra:
+            raise FusebenchError(f"gallery.vectors must name one dump per model of the run ({', '.join(models)}); "
+                                 + (f"missing: {', '.join(missing)}" if missing else f"not a model: {', '.join(extra)}")
+                                 + ".")
+    if tuning is not None:
+        raise FusebenchError("tune=weights with distractors is not supported: tune on the test split's own "
+                             "gallery (gallery=none), then run the chosen weights with the distractors.")
+    if fusion.method != "none" and len(models) > 1 and fusion.top_k is None:
+        raise FusebenchError(f"fusion.top_k=null fuses whole rankings, {gallery.size:,} distractors long per query: "
+                             "with a gallery set fusion.top_k (e.g. 100, the default).")
+
+
 def check_top_keys(cfg: Mapping, valid: list[str]) -> None:
     """A key added at the top (``+bogus=1``) is read by nothing: an error naming it."""
     unknown = sorted(str(k) for k in cfg if k not in valid and k != "hydra")
@@ -156,10 +184,12 @@ def run_config(cfg) -> RunConfig:
     dataset = dataset_config(group["dataset"])
     tuning = tune_config(group["tune"], dataset)
     check_fusion_models(fusion, models, tuning)
+    gallery = checks.typed(GalleryConfig, group["gallery"], "gallery", nested={"sim": _nested(SimDistractorConfig)})
+    check_gallery(gallery, dataset, models, fusion, tuning)
     fusion = true_label(fusion, weights=[spec.weight for spec in models.values()])
     if tuning is not None:
         fusion.check_ks([tuning.k], "tune.criterion")
     resolved = {str(key): group[key] for key in cfg if key != "hydra"}  # the composed order
-    return RunConfig(paths=checks.typed(PathsConfig, group["paths"], "paths"), dataset=dataset, models=models,
+    return RunConfig(paths=checks.typed(PathsConfig, group["paths"], "paths"), dataset=dataset, gallery=gallery, models=models,
                      fusion=fusion, eval=evaluation, embed=embed, logger=logger, tune=tuning, plots=plots,
                      reference=reference, resolved=resolved)

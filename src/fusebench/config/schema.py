@@ -310,10 +310,11 @@ def register() -> None:
     it and ``fusion=glob(*)`` does not match it."""
     from hydra.core.config_store import ConfigStore
 
+    from fusebench.config.gallery import GalleryConfig
     from fusebench.fusion.config import FusionConfig
 
     store = ConfigStore.instance()
     for name, node in (("schema_fusion", FusionConfig), ("schema_eval", EvalConfig), ("schema_embed", EmbedConfig),
                        ("schema_dataset_sim", SimDatasetConfig), ("schema_logger", WandbConfig),
-                       ("schema_tune", TuneConfig)):
+                       ("schema_tune", TuneConfig), ("schema_gallery", GalleryConfig)):
         store.store(name=name, node=node)

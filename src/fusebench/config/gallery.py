@@ -1,0 +1,85 @@
+"""The ``gallery`` config group: distractor images added to a dataset's gallery, keeping its test protocol.
+
+The queries stay exactly the test split's (COCO 5k keeps its 25,010 captions and its guard); ``size`` distractor
+images, taken in a seeded order from a source, are appended after the test images. They carry no captions, so
+they ask no i2t query; t2i queries search them. The first ``size`` items of one ``(source, seed)`` are the same
+for every size, so galleries nest (the first 10k distractors are in the first 100k) and runs at different sizes
+compare query by query. Distractors that are near-duplicates of a test image (cosine above ``near_duplicate``
+under any model of the run) are dropped and counted in the record.
+
+Sources (``kind``): ``none`` (the test split alone, the default), ``sim`` (simulated per model, dataset=sim),
+``folder`` (an image folder, recursively), ``webdataset`` (tar shards as img2dataset writes them), ``paths`` (a
+.parquet, .jsonl or .txt list of image paths), ``vectors`` (per-model embedding dumps in clip-retrieval's layout:
+``img_emb/img_emb_*.npy`` with row-aligned ``metadata/metadata_*.parquet``).
+Light on purpose: no numpy, torch or PIL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fusebench import FusebenchError
+from fusebench.config import checks
+
+GALLERY_KINDS = ("none", "sim", "folder", "webdataset", "paths", "vectors")
+FILE_KINDS = ("folder", "webdataset", "paths")  # image files a real model embeds (in shards, fusebench-embed)
+NEAR_DUPLICATE = 0.95  # default cosine threshold: docs/galleries.md says why
+
+
+@dataclass
+class SimDistractorConfig:
+    """How ``gallery=sim`` draws distractors (docs/galleries.md): each distractor's latent is a fresh draw, pulled
+    towards a random test image's latent by ``closeness`` for a ``hard_fraction`` of them (web collections hold
+    many photos of the same kinds of scene), then every model sees it through its own noise and projection."""
+
+    hard_fraction: float = 0.5  # share of distractors that resemble some test image
+    closeness: float = 0.6  # how far a hard distractor's latent is pulled towards its test image's (0..1)
+
+    def __post_init__(self):
+        self.hard_fraction = checks.number(self.hard_fraction, "gallery.sim.hard_fraction", 0, 1)
+        self.closeness = checks.number(self.closeness, "gallery.sim.closeness", 0, 1, open_high=True)
+
+
+@dataclass
+class GalleryConfig:
+    kind: str = "none"  # none | sim | folder | webdataset | paths | vectors
+    size: int = 0  # distractors added: the first `size` of the source in seeded order; 0 = the test split alone
+    seed: int = 0  # the source's order (a seeded permutation): one seed, nested galleries
+    source: str | None = None  # folder | webdataset: a folder of .tar shards or a glob | paths: a .parquet/.jsonl/.txt
+    vectors: dict[str, str] = field(default_factory=dict)  # kind vectors: model name -> clip-retrieval dump folder
+    near_duplicate: float | None = NEAR_DUPLICATE  # drop distractors this close (cosine) to a test image; null = keep
+    shard_size: int = 10000  # images per embedding shard (one cache entry, one fusebench-embed job)
+    shard: int | None = None  # fusebench-embed: the one shard this job embeds; null = every shard `size` needs
+    sim: SimDistractorConfig = field(default_factory=SimDistractorConfig)
+
+    def __post_init__(self):
+        checks.choice(self.kind, "gallery.kind", GALLERY_KINDS)
+        self.size = checks.integer(self.size, "gallery.size", 0, "distractor images to add; 0 = none")
+        self.seed = checks.integer(self.seed, "gallery.seed", 0)
+        self.source = checks.text(self.source, "gallery.source", allow_none=True)
+        self.vectors = {str(k): checks.text(v, f"gallery.vectors.{k}") for k, v in
+                        checks.mapping(self.vectors or {}, "gallery.vectors").items()}
+        if self.near_duplicate is not None:
+            self.near_duplicate = checks.number(self.near_duplicate, "gallery.near_duplicate", -1, 1,
+                                                hint="a cosine; null keeps every distractor")
+        self.shard_size = checks.integer(self.shard_size, "gallery.shard_size", 1)
+        self.shard = checks.optional_integer(self.shard, "gallery.shard", 0, "null = every shard")
+        if isinstance(self.sim, dict):
+            self.sim = checks.typed(SimDistractorConfig, self.sim, "gallery.sim", every_key=False)
+        if self.kind == "none" and self.size:
+            raise FusebenchError(f"gallery.size={self.size} needs a source: pick one with gallery=sim | folder | "
+                                 "webdataset | paths | vectors (gallery=none is the test split alone).")
+        if self.kind in FILE_KINDS and not self.source:
+            raise FusebenchError(f"gallery={self.kind} needs gallery.source=... (the {self.kind} to read).")
+        if self.kind == "vectors" and not self.vectors:
+            raise FusebenchError("gallery=vectors needs gallery.vectors.MODEL=/path/to/dump for every model "
+                                 "(a clip-retrieval dump folder: img_emb/*.npy and metadata/*.parquet).")
+
+    @property
+    def active(self) -> bool:
+        """True when the run adds distractors."""
+        return self.kind != "none" and self.size > 0
+
+    def n_shards(self) -> int:
+        """Embedding shards the first ``size`` distractors span."""
+        return -(-self.size // self.shard_size)
