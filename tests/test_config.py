@@ -144,7 +144,7 @@ def test_the_composed_config_converts_once_into_its_types(compose_cfg):
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda c: c.update(bogus=1), "unknown top-level key(s) bogus (nothing reads them); valid: paths, dataset, models,"),
+    (lambda c: c.update(bogus=1), "unknown top-level key(s) bogus (nothing reads them); valid: paths, dataset, gallery, models,"),
     (lambda c: c["eval"]["bootstrap"].update(drawz=5), "eval.bootstrap: unknown key(s) drawz; valid keys: draws, level, seed."),
     (lambda c: c["eval"]["lists"].pop("depth"), "eval.lists.depth is missing"),
     (lambda c: c["eval"].update(ks=5), "eval.ks=5 is not valid"),

@@ -21,6 +21,7 @@ from fusebench.config.specs import DEFAULT_WEIGHT
 from fusebench.evaluation.subrecords import (
     DatasetSummary,
     FusionRecord,
+    GalleryRecord,
     ModelRecord,
     PositiveCounts,
     RecordError,
@@ -37,7 +38,7 @@ from fusebench.fusion.config import FusionConfig
 RECORD_VERSION = 2
 POSITIVE_BLOCKS = POSITIVE_SETS  # extra-positive metric blocks a retriever may carry (fusebench.evaluation.positives)
 __all__ = ["DEFAULT_WEIGHT", "Comparison", "DatasetSummary", "DirectionMetrics", "FusionRecord", "ModelRecord", "PositiveCounts",
-           "RecordError", "RetrieverResult", "RunInfo", "RunRecord", "TuneRecord"]
+           "GalleryRecord", "RecordError", "RetrieverResult", "RunInfo", "RunRecord", "TuneRecord"]
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ class RunRecord:
     positives: dict[str, PositiveCounts] | None = None  # per extra-positive set: its query counts
     positive_comparisons: list[Comparison] = field(default_factory=list)  # the same pairs on those metrics
     tune: TuneRecord | None = None  # tune mode: the tuning split, criterion, every setting's value, the chosen one
+    gallery: GalleryRecord | None = None  # distractors added to the dataset's gallery (gallery group); None: none
     version: int = RECORD_VERSION
 
     @property
@@ -217,6 +219,8 @@ class RunRecord:
             out["reference"] = self.reference
         if self.tune is not None:
             out["tune"] = self.tune.to_json()
+        if self.gallery is not None:
+            out["gallery"] = self.gallery.to_json()
         if self.positives:
             out["positives"] = {name: counts.to_json() for name, counts in self.positives.items()}
             out["positive_comparisons"] = [c.to_json() for c in self.positive_comparisons]
@@ -252,4 +256,5 @@ class RunRecord:
                                                              for n, c in positives.items()},
                    positive_comparisons=[Comparison.from_json(c) for c in data.get("positive_comparisons") or []],
                    tune=TuneRecord.from_json(data["tune"]) if isinstance(data.get("tune"), dict) else None,
+                   gallery=GalleryRecord.from_json(data["gallery"]) if isinstance(data.get("gallery"), dict) else None,
                    version=version)

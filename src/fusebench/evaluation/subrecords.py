@@ -254,3 +254,54 @@ class PositiveCounts:
     def from_json(cls, data) -> PositiveCounts:
         data = _object(data, "metrics.json: 'positives'")
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass
+class GalleryModelCost:
+    """What one model's distractor gallery costs: its bytes as fp32 and as stored, and, when this run embedded
+    some of it, the embedding throughput on its device."""
+
+    dim: int
+    bytes_fp32: int  # every gallery row (test images and distractors) as fp32
+    bytes_stored: int  # as the store holds them (the cache's dtype; a vectors dump's own)
+    stored_dtype: str
+    embed_device: str | None = None
+    images_per_second: float | None = None  # embedding throughput, when this run embedded shards
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data) -> GalleryModelCost:
+        data = _object(data, "metrics.json: 'gallery.models'")
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass
+class GalleryRecord:
+    """The distractors a run added to its dataset's gallery (``gallery`` group): how many were asked, kept and
+    dropped as near-duplicates of a test image, from which source in which order, and what each model's gallery
+    costs. The gallery's total size is ``dataset.n_images``."""
+
+    kind: str
+    size: int  # distractors asked for (the first `size` of the source in seeded order)
+    distractors: int  # distractors in the gallery (size less near-duplicates)
+    near_duplicates: int  # dropped: cosine to a test image above the threshold under some model
+    near_duplicate: float | None  # the threshold (null: none dropped)
+    seed: int
+    source: dict = field(default_factory=dict)
+    models: dict[str, GalleryModelCost] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "models"},
+                "models": {name: cost.to_json() for name, cost in self.models.items()}}
+
+    @classmethod
+    def from_json(cls, data) -> GalleryRecord:
+        data = _object(data, "metrics.json: 'gallery'")
+        missing = [name for name in ("kind", "size", "distractors", "near_duplicates", "seed") if name not in data]
+        if missing:
+            raise RecordError(f"metrics.json: 'gallery' lacks {', '.join(missing)}")
+        models = {str(name): GalleryModelCost.from_json(cost) for name, cost in (data.get("models") or {}).items()}
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data and f.name != "models"},
+                   models=models)
