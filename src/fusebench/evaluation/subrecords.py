@@ -267,6 +267,7 @@ class GalleryModelCost:
     stored_dtype: str
     embed_device: str | None = None
     images_per_second: float | None = None  # embedding throughput, when this run embedded shards
+    search_ms_per_query: float | None = None  # this model's exact search over the whole gallery, per t2i query
 
     def to_json(self) -> dict:
         return asdict(self)
