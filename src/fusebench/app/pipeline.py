@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError, __version__
 from fusebench.app import interrupts, state
+from fusebench.app.gallery_stage import attach_gallery
 from fusebench.app.progress import bar as progress_bar
 from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.app.rundir import check_writable
@@ -131,9 +132,11 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
     if extra and corpus.meta.get("dropped_images"):  # unreadable images left out: map the positives again
         extra = [load_positives(name, corpus) for name in settings.positives]
         keep_k = _list_length(settings, fusion, extra, corpus, len(config.models))
+    store_dir = config.embed.cache.dir if settings.lists.store else None
+    embeddings, corpus, gallery = attach_gallery(config, corpus, embeddings, device, settings.item_chunk_size, store_dir)
     search = SearchSettings(device=device, chunk_size=settings.chunk_size, item_chunk_size=settings.item_chunk_size,
                             depth=settings.lists.depth, max_scores_mb=settings.lists.max_scores_mb,
-                            store_dir=config.embed.cache.dir if settings.lists.store else None,
+                            store_dir=store_dir,
                             progress=_progress_bar)
     tuned, tuning = None, config.tune
     if tuning is not None:  # choose the weights on the tuning split, then evaluate that one setting below
@@ -173,7 +176,11 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
                     versions={"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}),
         reference=config.reference,
         tune=tuned,
+        gallery=gallery,
     )
+    if gallery is not None:  # each model's search time over the whole gallery, when it was computed in this run
+        for name, seconds in source.search_seconds.items():
+            gallery.models[name].search_ms_per_query = round(1000 * seconds / corpus.n_captions, 4)
     if extra:
         blocks, record.positive_comparisons = evaluate_positives(
             extra, lists, clusters["i2t"], corpus.caption_image, settings.ks, [FUSED] if FUSED in lists else [],

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fusebench import DIRECTIONS, FUSED
+from fusebench import DIRECTIONS, FUSED, FusebenchError
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.fusion.combine import fuse_in_blocks
@@ -67,6 +67,7 @@ class ListSource:
 
     records: dict[str, dict] = field(default_factory=dict)
     materials: dict[str, dict] = field(default_factory=dict)
+    search_seconds: dict[str, float] = field(default_factory=dict)  # per model, when its lists were computed here
 
     def prepare(self, models: Sequence[ModelEmbeddings], caption_image: np.ndarray, device_type: str) -> None:
         """Hash every model's key material at once, on all cores (the keys of a job's models in one go)."""
@@ -74,7 +75,8 @@ class ListSource:
         if not todo:
             return
         found = list_materials([(np.asarray(m.image), np.asarray(m.text)) for m in todo], caption_image, device_type)
-        self.materials.update({m.name: material for m, material in zip(todo, found)})
+        self.materials.update({m.name: material if m.distractors is None else {**material, "distractors": m.distractors.key}
+                               for m, material in zip(todo, found)})
 
     def material(self, model: ModelEmbeddings, caption_image: np.ndarray, device_type: str) -> dict:
         self.prepare([model], caption_image, device_type)
@@ -92,10 +94,20 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
     progress = settings.progress or _no_progress
 
     def compute(d: int) -> ModelLists:
-        return compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
-                                   settings.item_chunk_size, progress(f"lists {model.name}", len(caption_image)))
+        started = time.perf_counter()
+        update = progress(f"lists {model.name}", len(caption_image))
+        if model.distractors is None:
+            lists = compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
+                                        settings.item_chunk_size, update)
+        else:
+            from fusebench.search.gallery_search import gallery_lists
 
-    n_images, n_captions = len(model.image), len(model.text)
+            lists = gallery_lists(model.text, model.image, caption_image, model.distractors, d, device,
+                                  settings.chunk_size, settings.item_chunk_size, update)
+        source.search_seconds[model.name] = time.perf_counter() - started
+        return lists
+
+    n_images, n_captions = model.n_items, len(model.text)
     if settings.store_dir is None:
         lists = compute(depth)
         source.records[model.name] = {"hit": False, "stored": False}
@@ -173,7 +185,7 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
     settings = settings or SearchSettings()
     source = source if source is not None else ListSource()
     caption_image = np.asarray(caption_image, dtype=np.int64)
-    n_captions, n_images = len(caption_image), len(models[0].image)
+    n_captions, n_images = len(caption_image), models[0].n_items
     fusing = fusion.method != "none" and len(models) >= 2
     depth = max(settings.depth, fusion.top_k or 0, keep_k or 0)
     if settings.store_dir is not None:
@@ -200,6 +212,9 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
             cut = slice(None) if keep_k is None else slice(0, keep_k)
             results[FUSED][d] = RankedLists(ranks, fused.ids[:, cut], fused.scores[:, cut], fused.contributors[:, cut])
         return results
+    if any(m.distractors is not None for m in models):
+        raise FusebenchError("fusion.top_k=null fuses whole rankings, which a gallery with distractors does not hold "
+                             "in memory: set fusion.top_k (e.g. 100).")
     i2t_correct = correct_items(caption_image, query_images.numpy())
     sorts = fusion.method in RANK_METHODS and fusion.fuse_on == "source_object"  # the whole-row order of each model
     ddof = fusion.ddof if fusion.method in MOMENT_METHODS else None  # each row's mean and sd

@@ -146,8 +146,8 @@ def check_gallery(gallery: GalleryConfig, dataset: DatasetConfig, models: dict[s
         extra = [name for name in gallery.vectors if name not in models]
         if missing or extra:
             raise FusebenchError(f"gallery.vectors must name one dump per model of the run ({', '.join(models)}); "
-                                 + (f"missing: {', '.join(missing)}" if missing else f"not a model: {', '.join(extra)}")
-                                 + ".")
+                                 + "; ".join(([f"missing: {', '.join(missing)}"] if missing else [])
+                                             + ([f"not a model: {', '.join(extra)}"] if extra else [])) + ".")
     if tuning is not None:
         raise FusebenchError("tune=weights with distractors is not supported: tune on the test split's own "
                              "gallery (gallery=none), then run the chosen weights with the distractors.")

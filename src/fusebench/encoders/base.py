@@ -173,10 +173,16 @@ class ModelEmbeddings:
     spec: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # real models: cache keys and hits, preprocessing, versions, stats
     declared_dim: int | None = None  # a sim model's (or sim stand-in's) declared width
+    distractors: object | None = None  # the gallery's distractor rows (encoders.distractors.DistractorRows), if any
 
     @property
     def dim(self) -> int:
         return int(self.image.shape[1])
+
+    @property
+    def n_items(self) -> int:
+        """Gallery images this model searches: the test split's and the distractors after them."""
+        return len(self.image) + (0 if self.distractors is None else int(self.distractors.n))
 
     @property
     def index_dim(self) -> int:

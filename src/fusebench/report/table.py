@@ -63,6 +63,11 @@ def format_table(record: RunRecord) -> str:
         title += "  [NON-STANDARD corpus: counts differ from the benchmark's; not comparable to published numbers]"
     if dataset.simulated:
         title += "  [SIMULATED DATA: synthetic embeddings, not real model results]"
+    gallery = record.gallery
+    if gallery is not None:
+        dropped = f", {gallery.near_duplicates:,} near-duplicates of test images dropped" if gallery.near_duplicates else ""
+        title += (f"\ngallery: {dataset.n_images - gallery.distractors:,} test images + {gallery.distractors:,} "
+                  f"distractors ({gallery.kind}, seed {gallery.seed}{dropped}); queries: the test split's")
     name_width = max(22, *(len(n) + 2 for n in record.retrievers))
     columns = [(d, k, f"{d} R@{k}") for d in DIRECTIONS for k in ks]
     width = {label: max(11, len(label) + 2) for _, _, label in columns}  # a space before every header, any k

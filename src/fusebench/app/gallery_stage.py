@@ -1,0 +1,116 @@
+"""The gallery stage of a run: each model's distractor rows attached, near-duplicates of test images dropped, the
+corpus extended with the distractors' ids, and what the gallery is and costs for the record.
+
+Between embedding (the test split's rows, every model) and search. With ``gallery=none`` nothing changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import numpy as np
+
+from fusebench import FusebenchError
+from fusebench.config.gallery import FILE_KINDS, GalleryConfig
+from fusebench.config.run import RunConfig
+from fusebench.config.specs import RealModel
+from fusebench.data.corpus import Corpus
+from fusebench.data.gallery import with_distractors
+from fusebench.encoders.base import ModelEmbeddings
+from fusebench.encoders.distractors import DistractorRows, KeptRows
+from fusebench.evaluation.subrecords import GalleryModelCost, GalleryRecord
+
+log = logging.getLogger(__name__)
+
+
+def _sim_rows(config: RunConfig, name: str, corpus: Corpus) -> DistractorRows:
+    from fusebench.encoders import sim_stand_in
+    from fusebench.encoders.simulated import sim_distractor_rows
+
+    spec = config.models[name]
+    params = sim_stand_in(spec) if isinstance(spec, RealModel) else spec.params
+    return sim_distractor_rows(params, corpus, config.gallery)
+
+
+def distractor_sources(config: RunConfig, corpus: Corpus) -> tuple[dict[str, DistractorRows], list[str], dict, dict]:
+    """Per model, its rows of the first ``gallery.size`` distractors; their ids; the source's description; and
+    per model what storing them costs (dtype name, bytes per value, embedding throughput when embedded here)."""
+    gallery = config.gallery
+    names = list(config.models)
+    if gallery.kind == "sim":
+        rows = {name: _sim_rows(config, name, corpus) for name in names}
+        ids = [f"simd{i:07d}" for i in range(gallery.size)]
+        source = {"kind": "sim", "seed": gallery.seed, "hard_fraction": gallery.sim.hard_fraction,
+                  "closeness": gallery.sim.closeness}
+        return rows, ids, source, {name: {"stored_dtype": "none (generated)", "value_bytes": 0} for name in names}
+    if gallery.kind == "vectors":
+        from fusebench.encoders.vector_dumps import dump_rows
+
+        return dump_rows(gallery, names, corpus.image_ids)
+    if gallery.kind in FILE_KINDS:
+        from fusebench.data.distractor_sources import distractor_items
+        from fusebench.encoders.shards import shard_rows
+
+        not_real = [n for n, spec in config.models.items() if not isinstance(spec, RealModel)]
+        if not_real:
+            raise FusebenchError(f"gallery={gallery.kind} holds image files, which only a real model (kind open_clip "
+                                 f"or hf) can embed; models {', '.join(not_real)} cannot: use gallery=vectors with "
+                                 "their embedding dumps.")
+        items = distractor_items(gallery, corpus.image_ids)
+        rows, costs = {}, {}
+        for name in names:
+            rows[name], costs[name] = shard_rows(config.models[name], items, gallery, config.embed)
+        return rows, list(items.ids), items.source, costs
+    raise FusebenchError(f"gallery.kind={gallery.kind!r} has no distractor source")  # GalleryConfig checks kinds
+
+
+def near_duplicate_drops(gallery: GalleryConfig, embeddings: list[ModelEmbeddings], rows: dict[str, DistractorRows],
+                         device, item_chunk: int, store_dir: str | None) -> np.ndarray:
+    """Distractors whose cosine to some test image exceeds ``gallery.near_duplicate`` under any model."""
+    n = next(iter(rows.values())).n
+    if gallery.near_duplicate is None or n == 0:
+        return np.zeros(n, dtype=bool)
+    from fusebench.search.near_duplicates import near_duplicate_drops as drops
+    from fusebench.search.near_duplicates import stored_max_cosine
+
+    maxima = [stored_max_cosine(m.image, rows[m.name], m.name, item_chunk, device, store_dir) for m in embeddings]
+    return drops(maxima, gallery.near_duplicate)
+
+
+def attach_gallery(config: RunConfig, corpus: Corpus, embeddings: list[ModelEmbeddings], device, item_chunk: int,
+                   store_dir: str | None) -> tuple[list[ModelEmbeddings], Corpus, GalleryRecord | None]:
+    """``embeddings`` with their distractor rows, the corpus with the distractors' ids after its images, and the
+    gallery's record; unchanged (and no record) when the run adds no distractors."""
+    gallery = config.gallery
+    if not gallery.active:
+        return embeddings, corpus, None
+    rows, ids, source, costs = distractor_sources(config, corpus)
+    for model in embeddings:
+        if rows[model.name].dim != model.dim:
+            raise FusebenchError(f"model {model.name!r}: its distractor rows have dimension {rows[model.name].dim} "
+                                 f"but its test embeddings {model.dim}: the gallery's vectors must come from the "
+                                 "same model.")
+    dropped = near_duplicate_drops(gallery, embeddings, rows, device, item_chunk, store_dir)
+    if dropped.any():
+        keep = np.flatnonzero(~dropped)
+        rows = {name: KeptRows(r, keep) for name, r in rows.items()}
+        ids = [ids[i] for i in keep]
+        log.info("gallery: %d of %d distractors dropped as near-duplicates of test images (cosine > %s)",
+                 int(dropped.sum()), gallery.size, gallery.near_duplicate)
+    n_test = corpus.n_images
+    record = GalleryRecord(kind=gallery.kind, size=gallery.size, distractors=len(ids),
+                           near_duplicates=int(dropped.sum()), near_duplicate=gallery.near_duplicate,
+                           seed=gallery.seed, source=source)
+    for model in embeddings:
+        cost = costs[model.name]
+        n_rows, dim = n_test + len(ids), model.index_dim
+        record.models[model.name] = GalleryModelCost(
+            dim=dim, bytes_fp32=4 * n_rows * dim, bytes_stored=int(cost["value_bytes"]) * len(ids) * dim,
+            stored_dtype=cost["stored_dtype"], embed_device=cost.get("embed_device"),
+            images_per_second=cost.get("images_per_second"))
+    summary = {"gallery_kind": gallery.kind, "gallery_size": gallery.size, "gallery_distractors": len(ids),
+               "gallery_seed": gallery.seed, "test_images": n_test}
+    embeddings = [replace(m, distractors=rows[m.name]) for m in embeddings]
+    log.info("gallery: %d test images + %d distractors (%s)", n_test, len(ids), gallery.kind)
+    return embeddings, with_distractors(corpus, ids, summary), record
