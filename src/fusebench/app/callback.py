@@ -1,7 +1,8 @@
 """Hydra callback of every fusebench run: before Hydra creates the run or sweep dir, check it (``rundir``), the
 folders it lies under (``paths.*``), and for a sweep its job dir pattern (``hydra.sweep.subdir``) and that it has
 jobs at all; read an earlier run's ``.hydra`` files, which Hydra is about to rewrite; at the end of a multirun,
-write the sweep report (and log it to W&B when enabled).
+write the sweep report (and log it to W&B when enabled), or for ``fusebench-embed`` (``SweepReport.kind``) the
+shard summary (``fusebench.app.embed_cli.sweep_summary``).
 
 ``SweepReport.failed`` holds the job dirs that did not finish (or whose outputs are damaged), and the jobs
 that failed in this process (``jobs_failed``: a failed job may keep an earlier run's outputs), so that the
@@ -167,6 +168,8 @@ class SweepReport(Callback):
     failed: list[str] | None = None  # set at the end of each multirun in this process
     jobs_failed: list[str] = []  # job dirs (relative to the sweep dir) whose job raised, this multirun
     job_dirs: dict[str, tuple[int, dict | None]] = {}  # job dir -> (its job, its .hydra files), this multirun
+    kind: str = "run"  # what the command's jobs are: "run" (fusebench: metrics) | "embed" (fusebench-embed: shards)
+    sweep_dir: Path | None = None  # the sweep dir of the multirun this process started last
 
     def __init__(self, draws: int = 2000, seed: int = 0, level: float = 0.95):
         self.draws, self.seed, self.level = draws, seed, level
@@ -187,13 +190,18 @@ class SweepReport(Callback):
         _check_roots(config)
         _check_subdir(config)
         _check_jobs(config)
-        folder = _check_dir(config, "hydra.sweep.dir")
+        folder = SweepReport.sweep_dir = _check_dir(config, "hydra.sweep.dir")
         if folder is not None:
             for metrics in folder.rglob("metrics.json"):  # the job dirs of an earlier sweep into this dir
                 rundir.keep_earlier_config(metrics.parent, config.hydra.output_subdir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         folder = Path(config.hydra.sweep.dir)
+        if SweepReport.kind == "embed":  # shards in the cache, not metrics: the jobs' shard.json files
+            from fusebench.app.embed_cli import sweep_summary
+
+            SweepReport.failed = sorted({*sweep_summary(folder), *SweepReport.jobs_failed})
+            return
         try:
             from fusebench.report.sweep import write_report
 

@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -253,6 +254,15 @@ def _fail(message: str, code: int = 2) -> None:
 
 def main() -> None:
     """Console entry: check model names against the registry, run the Hydra app, turn mistakes into exit 2."""
+    run_command(app)
+
+
+def run_command(hydra_app: Callable[[], None], kind: str = "run",
+                interrupted: str = "no outputs were written for the unfinished run",
+                failed_note: str = "each has error.txt; the sweep report lists them") -> None:
+    """What every fusebench command over the config tree does around its Hydra app (``app``; fusebench-embed's
+    ``embed_app``, whose jobs are of ``kind`` embed: ``SweepReport.kind``): model names checked against the
+    registry, Ctrl-C watched, and how it ends (module doc)."""
     SHOW_TRACEBACKS["on"] = os.environ.get("HYDRA_FULL_ERROR") == "1"
     extra = user_config_dirs(sys.argv[1:])
     missing = unknown_models(sys.argv[1:], extra)
@@ -261,14 +271,14 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # exceptions reach the handlers below instead of Hydra's printer
     from fusebench.app.callback import RunDirRefused, SweepReport
 
-    SweepReport.failed = None
+    SweepReport.failed, SweepReport.kind, SweepReport.sweep_dir = None, kind, None
     PLACES.clear()
     interrupts.watch()
     try:
-        app()
+        hydra_app()
         interrupts.check()  # a Ctrl-C whose exception Python dropped (see fusebench.app.interrupts)
     except KeyboardInterrupt:
-        print("\nfusebench: interrupted; no outputs were written for the unfinished run", file=sys.stderr)
+        print(f"\nfusebench: interrupted; {interrupted}", file=sys.stderr)
         raise SystemExit(130) from None
     except RunDirRefused as err:  # raised in Hydra's callback (or sweeper), before Hydra creates the dirs
         _fail(str(err))
@@ -279,7 +289,7 @@ def main() -> None:
         _fail(message)
     if SweepReport.failed:
         print(f"fusebench: {len(SweepReport.failed)} job(s) of the sweep failed: {', '.join(SweepReport.failed)} "
-              "(each has error.txt; the sweep report lists them)", file=sys.stderr)
+              f"({failed_note})", file=sys.stderr)
         raise SystemExit(1)
 
 
@@ -297,10 +307,25 @@ def _places(cfg: DictConfig, key: str, folder: str) -> None:
         PLACES["embed.cache.dir"] = cache
 
 
+def evaluate(config, out_dir: str, key: str) -> None:
+    """The ``fusebench`` job: evaluate, writing the run's outputs into ``out_dir`` (the dir of ``key``)."""
+    from fusebench.app import rundir
+    from fusebench.app.pipeline import run  # here, not at the top: --help, --cfg and a config mistake stay fast
+
+    rundir.start_fresh(out_dir, key)
+    run(config, out_dir)
+    rundir.forget(out_dir)
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
 def app(cfg: DictConfig) -> None:
-    """One job: check its run dir, run it; on a failure, the earlier run in the dir is left as it was (its
-    outputs stay until a run writes its own; its Hydra files, which Hydra has just rewritten, are put back)."""
+    run_job(cfg, evaluate)
+
+
+def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
+    """One job: check its run dir, run ``work(config, out_dir, key)`` on the typed config; on a failure, the
+    earlier run in the dir is left as it was (its outputs stay until a run writes its own; its Hydra files, which
+    Hydra has just rewritten, are put back)."""
     interrupts.check()  # Ctrl-C during the previous job: no further job starts
     from fusebench.app import rundir
     from fusebench.app.callback import SweepReport, job_ended, job_started
@@ -314,11 +339,7 @@ def app(cfg: DictConfig) -> None:
         job_started(out_dir, hydra_cfg.sweep.dir, hydra_cfg.job.num, hydra_cfg.output_subdir)
     try:
         config = run_config(cfg)  # the typed config: a mistake in it is one line before anything heavy is imported
-        from fusebench.app.pipeline import run  # here, not at the top: --help, --cfg and a config mistake stay fast
-
-        rundir.start_fresh(out_dir, key)
-        run(config, out_dir)
-        rundir.forget(out_dir)
+        work(config, out_dir, key)
     except BaseException as err:
         rundir.restore_earlier_config(out_dir)
         message = user_error_message(err)  # None: a bug (or HYDRA_FULL_ERROR=1), shown with its traceback

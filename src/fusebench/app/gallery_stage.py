@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from fusebench import FusebenchError
+from fusebench.app.progress import bar as progress_bar
 from fusebench.config.gallery import FILE_KINDS, GalleryConfig
 from fusebench.config.run import RunConfig
 from fusebench.config.specs import RealModel
@@ -50,7 +51,8 @@ def distractor_sources(config: RunConfig, corpus: Corpus) -> tuple[dict[str, Dis
         return dump_rows(gallery, names, corpus.image_ids)
     if gallery.kind in FILE_KINDS:
         from fusebench.data.distractor_sources import distractor_items
-        from fusebench.encoders.shards import shard_rows
+        from fusebench.encoders.real import real_run
+        from fusebench.encoders.shards import ShardPlan, embedding_cost, shard_rows, without_failed
 
         not_real = [n for n, spec in config.models.items() if not isinstance(spec, RealModel)]
         if not_real:
@@ -58,10 +60,14 @@ def distractor_sources(config: RunConfig, corpus: Corpus) -> tuple[dict[str, Dis
                                  f"or hf) can embed; models {', '.join(not_real)} cannot: use gallery=vectors with "
                                  "their embedding dumps.")
         items = distractor_items(gallery, corpus.image_ids)
-        rows, costs = {}, {}
-        for name in names:
-            rows[name], costs[name] = shard_rows(config.models[name], items, gallery, config.embed)
-        return rows, list(items.ids), items.source, costs
+        plan = ShardPlan(items, gallery.shard_size)
+        rows = {name: shard_rows(real_run(config.models[name], config.embed), plan) for name in names}
+        costs = {name: embedding_cost(r, config.embed.cache.dtype) for name, r in rows.items()}
+        rows, items, failed = without_failed(rows, items)
+        if failed:
+            log.warning("gallery: %d distractor image(s) could not be decoded and are left out (first: %s)",
+                        len(failed), failed[0])
+        return rows, list(items.ids), {**items.source, "undecodable": len(failed)}, costs
     raise FusebenchError(f"gallery.kind={gallery.kind!r} has no distractor source")  # GalleryConfig checks kinds
 
 
@@ -74,7 +80,10 @@ def near_duplicate_drops(gallery: GalleryConfig, embeddings: list[ModelEmbedding
     from fusebench.search.near_duplicates import near_duplicate_drops as drops
     from fusebench.search.near_duplicates import stored_max_cosine
 
-    maxima = [stored_max_cosine(m.image, rows[m.name], m.name, item_chunk, device, store_dir) for m in embeddings]
+    maxima = []
+    for m in embeddings:
+        with progress_bar(total=n, desc=f"near-duplicates {m.name}", unit="img", leave=False) as bar:
+            maxima.append(stored_max_cosine(m.image, rows[m.name], m.name, item_chunk, device, store_dir, bar.update))
     return drops(maxima, gallery.near_duplicate)
 
 

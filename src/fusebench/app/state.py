@@ -95,6 +95,8 @@ class ProcessState:
     # file checksums computed or written: (kind, device, inode, size, mtime_ns) -> checksum (stores.files)
     checksums: dict[tuple[str, int, int, int, int], str] = field(default_factory=dict)
     shared: SharedArrays = field(default_factory=SharedArrays)
+    # webdataset shards read from: tar path -> its image members' offsets and, if still open, its file (data.tar_shards)
+    tars: dict[str, Any] = field(default_factory=dict)
 
 
 _STATE = [ProcessState()]  # the one state of this process: read with current(), replaced by start()

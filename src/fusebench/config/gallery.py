@@ -23,21 +23,26 @@ from fusebench.config import checks
 
 GALLERY_KINDS = ("none", "sim", "folder", "webdataset", "paths", "vectors")
 FILE_KINDS = ("folder", "webdataset", "paths")  # image files a real model embeds (in shards, fusebench-embed)
-NEAR_DUPLICATE = 0.95  # default cosine threshold: docs/galleries.md says why
+NEAR_DUPLICATE = 0.94  # default image-image cosine threshold: clip-retrieval's dedup (docs/galleries.md)
 
 
 @dataclass
 class SimDistractorConfig:
     """How ``gallery=sim`` draws distractors (docs/galleries.md): each distractor's latent is a fresh draw, pulled
     towards a random test image's latent by ``closeness`` for a ``hard_fraction`` of them (web collections hold
-    many photos of the same kinds of scene), then every model sees it through its own noise and projection."""
+    some photos of the same kinds of scene); the others keep only ``relevance`` of their embedding on what captions
+    describe (most web images are about something else), the rest in directions no caption has. Every model sees
+    each distractor through its own noise and projection. The defaults make the sim pair lose t2i R@1 with gallery
+    size at a rate chosen to resemble real web distractors (docs/galleries.md has the calibration)."""
 
-    hard_fraction: float = 0.5  # share of distractors that resemble some test image
-    closeness: float = 0.6  # how far a hard distractor's latent is pulled towards its test image's (0..1)
+    hard_fraction: float = 0.01  # share of distractors that resemble some test image
+    closeness: float = 0.8  # how far a hard distractor's latent is pulled towards its test image's (0..1)
+    relevance: float = 0.8  # the others: share of their embedding on what captions describe (0..1]; 1 = in-domain
 
     def __post_init__(self):
         self.hard_fraction = checks.number(self.hard_fraction, "gallery.sim.hard_fraction", 0, 1)
         self.closeness = checks.number(self.closeness, "gallery.sim.closeness", 0, 1, open_high=True)
+        self.relevance = checks.number(self.relevance, "gallery.sim.relevance", 0, 1, open_low=True)
 
 
 @dataclass

@@ -40,7 +40,8 @@ def array_digest(array: np.ndarray) -> str:
     """SHA-256 of an array's shape, dtype and bytes."""
     array = np.ascontiguousarray(array)
     digest = hashlib.sha256(f"{array.shape}{array.dtype.str}".encode())
-    digest.update(memoryview(array).cast("B"))
+    if array.size:  # memoryview cannot cast an empty array
+        digest.update(memoryview(array).cast("B"))
     return digest.hexdigest()
 
 

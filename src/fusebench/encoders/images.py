@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -10,6 +11,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from fusebench import FusebenchError
+from fusebench.data.tar_shards import read_member, split_ref
 
 BAD_IMAGE_POLICIES = ("fail", "skip")
 
@@ -19,10 +21,12 @@ class BadImageError(FusebenchError):
 
 
 def open_rgb(path: str | None) -> Image.Image:
-    """The image file decoded to RGB; raises (anything) when it cannot be read."""
+    """The image file (or ``TAR::MEMBER``, a member of a webdataset shard) decoded to RGB; raises (anything) when
+    it cannot be read."""
     if path is None:
         raise FileNotFoundError("the dataset gives no file path for this image")
-    with Image.open(path) as image:
+    source = io.BytesIO(read_member(path)) if split_ref(path) else path
+    with Image.open(source) as image:
         image.load()
         return image.convert("RGB")
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -81,34 +82,69 @@ def settle_skipped(rows: np.ndarray, stats: Mapping, corpus: Corpus, on_bad_imag
     return rows, int(np.isnan(rows).all(axis=1).sum())
 
 
-def embed_real(spec: RealModel, corpus: Corpus, runtime: EmbedConfig) -> RawEmbeddings:
-    """A real model's rows through the embedding cache (the model is loaded only on a cache miss); precision
-    is applied here, by autocast around each batch."""
-    name, kind = spec.name, spec.kind
-    encoder = ENCODERS[kind](name, spec)
-    text = spec.text_record()
+@dataclass
+class RealRun:
+    """One real model set up to embed on this machine: its backend (loaded on first use), device, precision,
+    the embedding cache, and ``common``, the key material every entry of its rows shares (weights fingerprint,
+    library versions, precision)."""
+
+    name: str
+    encoder: Encoder
+    device: torch.device
+    precision: str
+    lazy: LazyModel
+    cache: EmbeddingCache
+    runtime: EmbedConfig
+    common: dict
+
+    def image_material(self) -> dict:
+        """What keys image rows besides which images: ``common`` and the backend's image preprocessing."""
+        return {**self.common, "image": self.encoder.image_preprocessing()}
+
+
+def real_run(spec: RealModel, runtime: EmbedConfig) -> RealRun:
+    """``spec``'s backend set up with the embed group's device, precision and cache (nothing loaded yet)."""
+    encoder = ENCODERS[spec.kind](spec.name, spec)
     device = resolve_device(runtime.device, "embed.device")
     precision = runtime.resolved_precision(device)
-    lazy = LazyModel(encoder, device)
     cache = EmbeddingCache(runtime.cache.dir, runtime.cache.dtype, runtime.cache.chunk_rows)
     common = {"model": encoder.fingerprint(), "versions": encoder.versions(), "precision": precision}
+    return RealRun(spec.name, encoder, device, precision, LazyModel(encoder, device), cache, runtime, common)
+
+
+def embed_images(run: RealRun, paths: Sequence[str | None], rows: np.ndarray, desc: str):
+    """The image loop: ``(block, stats)`` for the images ``paths[rows]``, in order, a DataLoader batch at a time
+    (decoded in ``embed.num_workers`` processes, under ``embed.on_bad_image``), with a progress bar (images/s);
+    an image skipped as unreadable is an all-NaN row of its block, counted in ``skipped_images``. The model is
+    loaded on the first batch. Precision is applied here, by autocast around each batch."""
+    model, runtime, device = run.lazy.get(), run.runtime, run.device
+    pin = device.type == "cuda"
+    with progress_bar(total=len(rows), desc=desc, unit="img", leave=False) as bar:
+        for all_rows, good_rows, batch in image_batches(paths, rows, model.image_transform, runtime.batch_size,
+                                                        runtime.num_workers, pin, runtime.on_bad_image):
+            block = np.full((len(all_rows), model.dim), np.nan, dtype=np.float32)
+            if good_rows:
+                with autocast(device, run.precision):
+                    out = model.encode_images(to_device(batch, device, pin)).float().cpu().numpy()
+                where = {row: i for i, row in enumerate(all_rows)}
+                block[[where[r] for r in good_rows]] = out
+            bar.update(len(all_rows))
+            yield block, {"skipped_images": len(all_rows) - len(good_rows)}
+
+
+def embed_real(spec: RealModel, corpus: Corpus, runtime: EmbedConfig, run: RealRun | None = None) -> RawEmbeddings:
+    """A real model's rows through the embedding cache (the model is loaded only on a cache miss); precision
+    is applied here, by autocast around each batch. ``run``: the model already set up (and maybe loaded) for
+    ``runtime``, e.g. by a job that embedded gallery shards with it."""
+    name, kind = spec.name, spec.kind
+    run = run or real_run(spec, runtime)
+    encoder, device, precision, lazy, cache, common = run.encoder, run.device, run.precision, run.lazy, run.cache, run.common
+    text = spec.text_record()
     info = {"model": name}
+    paths = corpus.image_paths or [None] * corpus.n_images
 
     def compute_images(rows: np.ndarray):
-        model = lazy.get()
-        pin = device.type == "cuda"
-        with progress_bar(total=len(rows), desc=f"{name} images", unit="img", leave=False) as bar:
-            for all_rows, good_rows, batch in image_batches(corpus.image_paths or [None] * corpus.n_images, rows,
-                                                            model.image_transform, runtime.batch_size,
-                                                            runtime.num_workers, pin, runtime.on_bad_image):
-                block = np.full((len(all_rows), model.dim), np.nan, dtype=np.float32)
-                if good_rows:
-                    with autocast(device, precision):
-                        out = model.encode_images(to_device(batch, device, pin)).float().cpu().numpy()
-                    where = {row: i for i, row in enumerate(all_rows)}
-                    block[[where[r] for r in good_rows]] = out
-                bar.update(len(all_rows))
-                yield block, {"skipped_images": len(all_rows) - len(good_rows)}
+        return embed_images(run, paths, rows, f"{name} images")
 
     texts = preprocess_texts(corpus.captions, spec.text.case, spec.text.template)
 
@@ -123,8 +159,7 @@ def embed_real(spec: RealModel, corpus: Corpus, runtime: EmbedConfig) -> RawEmbe
                 bar.update(len(chunk))
                 yield out.float().cpu().numpy(), {"truncated_captions": truncated}
 
-    image_material = {"kind": "image", **common, "image": encoder.image_preprocessing(),
-                      "images": images_fingerprint(corpus)}
+    image_material = {"kind": "image", **run.image_material(), "images": images_fingerprint(corpus)}
     text_material = {"kind": "text", **common, "text": {**text, **encoder.text_preprocessing()},
                      "captions": texts_fingerprint(corpus.captions)}
     images = cache.get_or_compute(image_material, corpus.n_images, compute_images, f"{name} images", info)

@@ -10,7 +10,8 @@ checkpoint fingerprint, preprocessing, corpus fingerprint, storage dtype, librar
 
 A complete entry is read only when the entry mechanism (``stores.entries``) proves it the one asked for (its
 meta.json records this entry's key and inputs) and its .npy matches its recorded size and checksum; else it is
-reported, removed and recomputed, never read as data. A chunk records its entry's key too.
+reported, removed and recomputed, never read as data. A chunk records its entry's key too. ``complete_entry``
+verifies a complete entry the same way without loading it, for rows read in place (memory-mapped gallery shards).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ Compute = Callable[[np.ndarray], Iterable[tuple[np.ndarray, dict]]]
 
 
 def _add_stats(total: dict, more: dict) -> None:
+    """Sum per-chunk stats: numbers add up, lists (the files a shard could not read) are joined in chunk order."""
     for name, value in more.items():
-        total[name] = total.get(name, 0) + value
+        total[name] = total[name] + value if name in total else value
 
 
 @dataclass
@@ -58,6 +60,16 @@ class CacheResult:
     hit: bool  # True: read from the cache, no model work done
     stats: dict = field(default_factory=dict)  # summed per-chunk counters (skipped images, truncated texts, ...)
     seconds: float = 0.0  # compute time when it was computed
+
+
+@dataclass(frozen=True)
+class CompleteEntry:
+    """A complete entry, verified (its meta.json is this entry's; its .npy has the recorded size, checksum and
+    row count), to be read in place: ``np.load(path, mmap_mode="r")`` reads rows only as they are touched."""
+
+    path: Path  # embeddings.npy
+    key: str
+    meta: dict  # meta.json: material, shape, dtype, stats, seconds, info
 
 
 class EmbeddingCache:
@@ -81,13 +93,13 @@ class EmbeddingCache:
         """The rows described by ``material``: from the cache, else computed (resuming finished chunks).
 
         ``compute(rows)`` gets the row indices still missing, in order, and yields ``(embeddings, stats)``
-        batches covering exactly those rows in that order; ``stats`` are integer counters to record.
+        batches covering exactly those rows in that order; ``stats`` are counters to record (numbers, summed
+        over the chunks; or lists, joined in chunk order).
         ``info`` (model name, ...) is stored for listing but is not part of the key.
         """
         if self.dtype is None or self.chunk_rows is None:
             raise ValueError("this EmbeddingCache was opened to list entries; give dtype and chunk_rows to compute")
-        material = {**material, "store_dtype": self.dtype, "n_rows": int(n_rows)}
-        key = cache_key(material)
+        material, key = self.keyed(material, n_rows)
         folder = self.entry_dir(key)
         store_folders(self.root, folder.parent, "embedding cache")
         with entry_lock(folder, "cache"):
@@ -96,7 +108,29 @@ class EmbeddingCache:
                 return found
             return self._compute(folder, key, material, n_rows, compute, label, info or {})
 
-    def _read_complete(self, folder: Path, key: str, material: dict, n_rows: int) -> CacheResult | None:
+    def keyed(self, material: dict, n_rows: int) -> tuple[dict, str]:
+        """The entry's whole key material (``material`` with the storage dtype and row count) and its key."""
+        if self.dtype is None:
+            raise ValueError("this EmbeddingCache was opened to list entries; give dtype and chunk_rows to read")
+        material = {**material, "store_dtype": self.dtype, "n_rows": int(n_rows)}
+        return material, cache_key(material)
+
+    def complete_entry(self, material: dict, n_rows: int) -> CompleteEntry | None:
+        """The complete entry for ``material`` (as ``get_or_compute`` keys it), verified under its lock but not
+        loaded: its rows stay on disk for memory-mapped reading. None when it is not computed (or only partly:
+        ``get_or_compute`` resumes it); a damaged or foreign one is reported and removed, then None."""
+        material, key = self.keyed(material, n_rows)
+        folder = self.entry_dir(key)
+        if not folder.parent.is_dir():
+            return None  # no entry of this shard folder: nothing to lock or read
+        with entry_lock(folder, "cache"):
+            meta = self._verified(folder, key, material, n_rows)
+        return None if meta is None else CompleteEntry(folder / "embeddings.npy", key, meta)
+
+    def _verified(self, folder: Path, key: str, material: dict, n_rows: int) -> dict | None:
+        """The meta.json of the complete entry in ``folder``, once proven this entry's with its .npy intact (size,
+        checksum, row count: the header alone); None when it is not computed yet, or unfinished (its chunks are
+        resumed); a damaged one is reported and removed, then None."""
         data_path = folder / "embeddings.npy"
         meta, problem = entry_meta(folder, key, material)
         if meta is None and problem is None:
@@ -104,14 +138,21 @@ class EmbeddingCache:
         try:
             problem = problem or data_file_problem(data_path, meta, once_per_process=True)
             if problem is None:
-                data = np.load(data_path, allow_pickle=False).astype(np.float32)
-                if data.shape[0] != n_rows:
-                    problem = f"embeddings.npy has {data.shape[0]} rows, expected {n_rows}"
+                rows = np.load(data_path, mmap_mode="r", allow_pickle=False).shape[0]  # the header only
+                if rows != n_rows:
+                    problem = f"embeddings.npy has {rows} rows, expected {n_rows}"
         except UNREADABLE as err:
             problem = unreadable(err)
         if problem:
             discard_entry(folder, "cache", problem)
             return None
+        return meta
+
+    def _read_complete(self, folder: Path, key: str, material: dict, n_rows: int) -> CacheResult | None:
+        meta = self._verified(folder, key, material, n_rows)
+        if meta is None:
+            return None
+        data = np.load(folder / "embeddings.npy", allow_pickle=False).astype(np.float32)
         return CacheResult(data, key, hit=True, stats=meta.get("stats", {}),
                            seconds=float(meta.get("seconds", 0.0)))
 
