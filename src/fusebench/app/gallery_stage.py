@@ -7,7 +7,7 @@ Between embedding (the test split's rows, every model) and search. With ``galler
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -42,8 +42,7 @@ def distractor_sources(config: RunConfig, corpus: Corpus) -> tuple[dict[str, Dis
     if gallery.kind == "sim":
         rows = {name: _sim_rows(config, name, corpus) for name in names}
         ids = [f"simd{i:07d}" for i in range(gallery.size)]
-        source = {"kind": "sim", "seed": gallery.seed, "hard_fraction": gallery.sim.hard_fraction,
-                  "closeness": gallery.sim.closeness}
+        source = {"kind": "sim", "seed": gallery.seed, **asdict(gallery.sim)}
         return rows, ids, source, {name: {"stored_dtype": "none (generated)", "value_bytes": 0} for name in names}
     if gallery.kind == "vectors":
         from fusebench.encoders.vector_dumps import dump_rows

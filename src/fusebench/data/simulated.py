@@ -4,6 +4,11 @@ Every image has a latent vector; each caption is its image's latent plus caption
 leaves out or adds, shared by all models). A simulated model sees each image and caption through its own
 noise and its own random projection to its own dimension, so two models make partly independent errors
 and fusing them can help, as with real models. Nothing here is real data: outputs are labelled simulated.
+
+Simulated distractors (``gallery=sim``) follow the same path: each has a latent (:func:`distractor_latents`, drawn
+in seeded blocks so galleries nest), and every model sees it through its own noise and projection and places its
+scores as for its test images (:func:`seen_latents`, :func:`image_rows`); most of them lie partly outside what
+captions describe (:func:`off_caption_rows`).
 """
 
 from __future__ import annotations
@@ -70,6 +75,31 @@ def sim_latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     return images, captions
 
 
+def _check_score(scale: float, shift: float) -> None:
+    if not 0 < scale <= 1 or abs(shift) > 1 - scale + 1e-12:
+        raise FusebenchError(f"sim model: score_scale={scale} and score_shift={shift} are not valid; valid: 0 < "
+                             "score_scale <= 1 and |score_shift| <= 1 - score_scale.")
+
+
+def score_location_images(image: np.ndarray, scale: float, shift: float) -> np.ndarray:
+    """The image side of :func:`with_score_location`: v' = [sqrt(a) v / |v|, sqrt(1 - a), 0] (float32)."""
+    _check_score(scale, shift)
+    image = image / np.linalg.norm(image, axis=1, keepdims=True)
+    rest = np.sqrt(1.0 - scale)
+    image_extra = np.tile(np.array([rest, 0.0], dtype=np.float32), (len(image), 1))
+    return np.hstack([np.float32(np.sqrt(scale)) * image, image_extra]).astype(np.float32, copy=False)
+
+
+def score_location_texts(text: np.ndarray, scale: float, shift: float) -> np.ndarray:
+    """The text side of :func:`with_score_location`: u' = [sqrt(a) u / |u|, sqrt(1 - a) (cos f, sin f)]."""
+    _check_score(scale, shift)
+    text = text / np.linalg.norm(text, axis=1, keepdims=True)
+    rest = np.sqrt(1.0 - scale)
+    angle = 0.0 if rest == 0 else float(np.arccos(np.clip(shift / (1.0 - scale), -1.0, 1.0)))
+    text_extra = np.tile(np.array([rest * np.cos(angle), rest * np.sin(angle)], dtype=np.float32), (len(text), 1))
+    return np.hstack([np.float32(np.sqrt(scale)) * text, text_extra]).astype(np.float32, copy=False)
+
+
 def with_score_location(image: np.ndarray, text: np.ndarray, scale: float, shift: float) -> tuple[np.ndarray, np.ndarray]:
     """Rows whose cosines are ``scale * cosine + shift`` of the given rows' cosines, exactly (two more dims).
 
@@ -77,33 +107,97 @@ def with_score_location(image: np.ndarray, text: np.ndarray, scale: float, shift
     v' = [sqrt(a) v, sqrt(1 - a) (1, 0)], so u'.v' = a u.v + (1 - a) cos f: scale a in (0, 1], shift in
     [-(1 - a), 1 - a]. Every query's ranking is unchanged (a positive affine map); only where the scores sit,
     and how spread they are, changes: what raw-score fusion (sum) sees and normalising fusions undo."""
-    if not 0 < scale <= 1 or abs(shift) > 1 - scale + 1e-12:
-        raise FusebenchError(f"sim model: score_scale={scale} and score_shift={shift} are not valid; valid: 0 < "
-                             "score_scale <= 1 and |score_shift| <= 1 - score_scale.")
-    image = image / np.linalg.norm(image, axis=1, keepdims=True)
-    text = text / np.linalg.norm(text, axis=1, keepdims=True)
-    rest = np.sqrt(1.0 - scale)
-    angle = 0.0 if rest == 0 else float(np.arccos(np.clip(shift / (1.0 - scale), -1.0, 1.0)))
-    image_extra = np.tile(np.array([rest, 0.0], dtype=np.float32), (len(image), 1))
-    text_extra = np.tile(np.array([rest * np.cos(angle), rest * np.sin(angle)], dtype=np.float32), (len(text), 1))
-    root = np.float32(np.sqrt(scale))
-    return (np.hstack([root * image, image_extra]).astype(np.float32),
-            np.hstack([root * text, text_extra]).astype(np.float32))
+    return score_location_images(image, scale, shift), score_location_texts(text, scale, shift)
+
+
+def model_rng(corpus_seed: int, seed: int) -> np.random.Generator:
+    """The generator of a sim model's projection and of its noise on the test split (``seed``: the model's)."""
+    return np.random.default_rng([int(corpus_seed), 1, int(seed)])
+
+
+def model_projection(rng: np.random.Generator, dim: int, latent_dim: int) -> np.ndarray:
+    """A sim model's projection from the latent space to its ``dim`` (latent_dim x dim, float32): orthonormal
+    rows when dim >= latent_dim (inner products kept), else orthonormal columns (a random subspace)."""
+    if dim < 1:
+        raise FusebenchError(f"sim model: dim must be >= 1, got {dim}.")
+    gaussian = rng.standard_normal((max(dim, latent_dim), latent_dim))
+    return np.linalg.qr(gaussian)[0][:dim].T.astype(np.float32)
+
+
+def seen_latents(latents: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
+    """Latents with a sim model's own noise (drawn from ``rng``), still in the latent space."""
+    return latents + np.float32(noise) * rng.standard_normal(latents.shape, dtype=np.float32)
+
+
+def seen_rows(latents: np.ndarray, noise: float, rng: np.random.Generator, proj: np.ndarray) -> np.ndarray:
+    """Latents as a sim model sees them: its own noise (drawn from ``rng``), then its projection."""
+    return seen_latents(latents, noise, rng) @ proj
+
+
+def image_rows(seen: np.ndarray, score: tuple[float, float] | None) -> np.ndarray:
+    """A sim model's image rows from what it sees (:func:`seen_rows`): placed by ``score`` = (scale, shift) when
+    given (:func:`score_location_images`). The one transform of test images and simulated distractors alike."""
+    return seen if score is None else score_location_images(seen, *score)
 
 
 def sim_model_embeddings(corpus: Corpus, dim: int, image_noise: float, text_noise: float,
                          seed: int, score: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One simulated model's (image, text) embeddings: its own noise, then its own projection to ``dim``;
     ``score`` = (scale, shift) places its cosines like a real family's (:func:`with_score_location`)."""
-    if dim < 1:
-        raise FusebenchError(f"sim model: dim must be >= 1, got {dim}.")
     images, captions = sim_latents(corpus)
-    rng = np.random.default_rng([int(corpus.meta["sim_seed"]), 1, int(seed)])
-    latent_dim = images.shape[1]
-    gaussian = rng.standard_normal((max(dim, latent_dim), latent_dim))
-    proj = np.linalg.qr(gaussian)[0][:dim].T.astype(np.float32)  # orthonormal rows when dim >= latent_dim
-    seen_images = images + np.float32(image_noise) * rng.standard_normal(images.shape, dtype=np.float32)
-    seen_captions = captions + np.float32(text_noise) * rng.standard_normal(captions.shape, dtype=np.float32)
+    rng = model_rng(corpus.meta["sim_seed"], seed)
+    proj = model_projection(rng, dim, images.shape[1])
+    seen_images = seen_rows(images, image_noise, rng, proj)
+    seen_captions = seen_rows(captions, text_noise, rng, proj)
     if score is None:
-        return seen_images @ proj, seen_captions @ proj
-    return with_score_location(seen_images @ proj, seen_captions @ proj, *score)
+        return seen_images, seen_captions
+    return image_rows(seen_images, score), score_location_texts(seen_captions, *score)
+
+
+# --- simulated distractors (gallery=sim): latents shared by every model, then each model's own view ---
+
+DISTRACTOR_BLOCK = 4096  # distractors are drawn in blocks of this many rows, each from its own seeded generator
+
+
+def distractor_latents(corpus_seed: int, gallery_seed: int, block: int, test_latents: np.ndarray,
+                       hard_fraction: float, closeness: float) -> tuple[np.ndarray, np.ndarray]:
+    """Block ``block`` of the distractors' latents ((DISTRACTOR_BLOCK, L) float32) and which are hard: a fresh
+    latent each, and for a ``hard_fraction`` of them the fresh latent pulled towards a random test image's
+    (``closeness * anchor + sqrt(1 - closeness**2) * fresh``: a photo of the same kind of scene). A pure function
+    of (corpus seed, gallery seed, block) and the test latents, so any range of rows reads the same rows."""
+    rng = np.random.default_rng([int(corpus_seed), 2, int(gallery_seed), int(block)])
+    latent_dim = test_latents.shape[1]
+    fresh = rng.standard_normal((DISTRACTOR_BLOCK, latent_dim), dtype=np.float32)
+    hard = rng.random(DISTRACTOR_BLOCK) < hard_fraction
+    anchors = rng.integers(0, len(test_latents), DISTRACTOR_BLOCK)
+    pulled = np.float32(closeness) * test_latents[anchors[hard]] + np.float32(np.sqrt(1.0 - closeness ** 2)) * fresh[hard]
+    fresh[hard] = pulled
+    return fresh, hard
+
+
+def off_caption_basis(corpus_seed: int, seed: int, proj: np.ndarray) -> np.ndarray:
+    """Orthonormal rows (k x dim, float32) orthogonal to every row of a sim model's projection ``proj``: directions
+    of its embedding space that no caption (nor test image) has a component on; k = min(latent_dim, dim -
+    latent_dim), 0 when the model's dim leaves no room (dim <= latent_dim)."""
+    latent_dim, dim = proj.shape
+    k = min(latent_dim, dim - latent_dim)
+    if k <= 0:
+        return np.zeros((0, dim), dtype=np.float32)
+    rng = np.random.default_rng([int(corpus_seed), 4, int(seed)])
+    basis = np.hstack([proj.T.astype(np.float64), rng.standard_normal((dim, k))])
+    return np.ascontiguousarray(np.linalg.qr(basis)[0][:, latent_dim:].T, dtype=np.float32)
+
+
+def off_caption_rows(seen: np.ndarray, proj: np.ndarray, basis: np.ndarray, relevance: np.ndarray,
+                     rng: np.random.Generator) -> np.ndarray:
+    """Unit rows in the model's space that keep ``relevance`` (per row, in (0, 1]) of the direction of ``seen``
+    (latents as the model sees them, :func:`seen_latents`) and put the rest on a random unit direction of
+    ``basis`` (orthogonal to every caption): every caption's cosine with row i is ``relevance[i]`` times its cosine
+    with ``seen[i] @ proj``. What a web image about something no caption describes looks like to the captions.
+    ``proj`` and ``basis`` have jointly orthonormal rows, so the rows are mixed in those coordinates and projected
+    once."""
+    other = rng.standard_normal((len(seen), len(basis)), dtype=np.float32)
+    keep = np.asarray(relevance, dtype=np.float32)[:, None]
+    mixed = np.hstack([keep * seen / np.linalg.norm(seen, axis=1, keepdims=True),
+                       np.sqrt(1 - keep * keep) * other / np.linalg.norm(other, axis=1, keepdims=True)])
+    return mixed @ np.vstack([proj, basis])

@@ -288,6 +288,48 @@ def tune_curve(record: RunRecord, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def _against_size(rows: list[dict], key: str, value: str, low: str, high: str, ylabel: str, title: str,
+                  simulated: bool, path: Path) -> Path | None:
+    """One line per ``key`` (its rows' ``value`` with the interval ``low``..``high``) against gallery images, on
+    a log x axis ticked at the sizes measured (the distractor-scaling plots)."""
+    rows = [r for r in rows if r[value] is not None]
+    if not rows:
+        return None
+    fig, ax = subplots(figsize=(9, 5.2))
+    for label in dict.fromkeys(r[key] for r in rows):
+        mine = [r for r in rows if r[key] == label]
+        y = np.array([r[value] for r in mine])
+        err = [y - [r[low] for r in mine], np.array([r[high] for r in mine]) - y]
+        ax.errorbar([r["gallery images"] for r in mine], y, yerr=err, marker="o", capsize=3, label=_clip(label, 70))
+    sizes = sorted({r["gallery images"] for r in rows})
+    ax.set_xscale("log")
+    ax.set_xticks(sizes, [f"{n / 1e6:g}M" if n >= 1e6 else f"{n / 1e3:g}k" if n >= 1e3 else str(n) for n in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("gallery images (test split + distractors; log scale)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title + (" [SIMULATED]" if simulated else ""), y=TITLE_Y)
+    return _save(fig, path)
+
+
+def scaling_plots(scaling, out: Path) -> list[Path | None]:
+    """The distractor-scaling study (a :class:`fusebench.report.scaling.ScalingReport`): t2i R@k (its first k)
+    against gallery size per retriever with Wilson intervals, and each fusion's gain over its best single model
+    with its interval over queries."""
+    k, level = scaling.ks[0], level_label(scaling.level)
+    several = len({r["study"] for r in scaling.recall}) > 1
+    recall = [{**r, "line": f"{r['study']}: {r['retriever']}" if several else r["retriever"]} for r in scaling.recall]
+    gains = [{**g, "line": f"{g['study']}: {g['fusion']}" if several else g["fusion"]} for g in scaling.gains
+             if g["k"] == k]
+    return [_against_size(recall, "line", f"t2i R@{k}", f"R@{k} low", f"R@{k} high",
+                          f"t2i R@{k} (%), {level} Wilson interval", f"t2i R@{k} against gallery size",
+                          scaling.simulated, out / "scaling_recall.png"),
+            _against_size(gains, "line", "gain", "ci_low", "ci_high", f"t2i R@{k} minus the best single model's (points)",
+                          f"fusion gain against gallery size ({level} CI over queries)", scaling.simulated,
+                          out / "scaling_gain.png")]
+
+
 def run_plots(run_dir: str | Path, record: RunRecord) -> list[Path]:
     run_dir = Path(run_dir)
     out = run_dir / "plots"
@@ -308,6 +350,8 @@ def sweep_plots(folder: str | Path, report) -> list[Path]:
     made = [forest(report.gains, out / "paired_gains.png", "paired gains across the sweep"),
             wins_losses(report.gains, out / "wins_losses.png", "wins and losses across the sweep"),
             cost_vs_gain(report.cost, report.article, out / "cost_vs_gain.png")]
+    if getattr(report, "scaling", None) is not None:
+        made += scaling_plots(report.scaling, out)
     return [p for p in made if p is not None]
 
 

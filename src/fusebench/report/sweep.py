@@ -1,4 +1,5 @@
-"""Sweep reports: the article-style table, paired gains across runs, and a cost table, from run dirs on disk.
+"""Sweep reports: the article-style table, paired gains across runs, a cost table, and, when the runs differ by
+gallery size, the distractor-scaling study (:mod:`fusebench.report.scaling`), from run dirs on disk.
 
 Works on any folder holding run dirs (a Hydra multirun dir, or several run dirs): every intact run dir with a
 ``metrics.json`` is reported; one without, or with damaged files, is listed as failed with the reason
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +26,9 @@ from fusebench.report.runs import Run, Scan, load_runs, scan_runs
 from fusebench.report.sweep_markdown import csv_text, markdown
 from fusebench.stores.files import atomic_write_text
 
+if TYPE_CHECKING:
+    from fusebench.report.scaling import ScalingReport
+
 FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines
     "method": ["none", "sum", "minmax", "zscore", "isr", "rrf", "dbsf"],
     "fuse_on": ["document", "source_object"],
@@ -32,6 +37,7 @@ FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselin
 # every other fusion setting, in FusionConfig's order (top_k first): the "top_k" factor, so that two fusions
 # differing in any of them (rrf_k, a floor, a score map, ...) are two retrievers (older records: the defaults)
 FUSION_SETTINGS = [f.name for f in fields(FusionConfig) if f.name not in ("method", "fuse_on", "preset")]
+SCALING_TABLES = ("recall", "gains", "changes", "extrapolation")  # scaling_*.csv beside summary.md
 __all__ = ["Run", "Scan", "SweepSummary", "build_report", "load_runs", "scan_runs", "write_report"]
 
 
@@ -85,12 +91,18 @@ def _dataset_label(dataset: DatasetSummary) -> str:
         " (non-standard)" if dataset.nonstandard else "")
 
 
+def with_gallery(run: Run, label: str) -> str:
+    """``label`` with the run's distractors, when its gallery has any ('coco5k +100,000 distractors')."""
+    gallery = run.record.gallery
+    return label if gallery is None else f"{label} +{gallery.distractors:,} distractors"
+
+
 def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
     """The article's table: one row per retriever (models, preprocessing, fusion), columns dataset x direction x R@k."""
     rows: dict[str, dict] = {}
     labels: dict[tuple, str] = {}
     for run in runs:  # one column group per dataset; same-named datasets of other sizes get their counts added
-        label = _dataset_label(run.record.dataset)
+        label = with_gallery(run, _dataset_label(run.record.dataset))
         if run.dataset_key not in labels:
             clash = label in labels.values()
             labels[run.dataset_key] = f"{label} {run.dataset_key[1]}/{run.dataset_key[2]}" if clash else label
@@ -159,7 +171,8 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
                         clusters, options.pop("ks", ks), draws, level, seed, **options)
         for row in found:
             values = {k: v for k, v in row.to_json().items() if k not in ("baseline_recall", "candidate_recall")}
-            rows.append({"dataset": run_c.record.dataset.name, "factor": factor, "candidate": row.candidate,
+            rows.append({"dataset": with_gallery(run_c, run_c.record.dataset.name), "factor": factor,
+                         "candidate": row.candidate,
                          "baseline": row.baseline, **values})
 
     for factor, (run_c, cand), (run_b, base) in comparable_pairs(runs):
@@ -178,6 +191,8 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
 
 
 def cost_rows(runs: list[Run]) -> list[dict]:
+    from fusebench.report.scaling import gallery_cost
+
     rows = []
     for run, name in unique_retrievers(runs):
         result = run.record.retrievers[name]
@@ -199,7 +214,7 @@ def cost_rows(runs: list[Run]) -> list[dict]:
                      "index_1M_fp32_GB": round(fp32 * 1e6 / 1e9, 2), "index_10M_fp32_GB": round(fp32 * 1e7 / 1e9, 1),
                      "index_10M_fp16_GB": round(fp16 * 1e7 / 1e9, 1),
                      "embed_img_per_s": round(1 / seconds_per_image, 1) if measured and seconds_per_image > 0 else None,
-                     "query_ms_run": run.record.run.query_ms})
+                     "query_ms_run": run.record.run.query_ms, **gallery_cost(run, members)})
     return rows
 
 
@@ -310,6 +325,7 @@ class SweepSummary:
     positive_gains: list[dict]
     tuned: list[dict]
     plots: list[Path] = field(default_factory=list)
+    scaling: ScalingReport | None = None  # runs that differ by gallery size (fusebench.report.scaling)
 
     @property
     def failed(self) -> list[str]:
@@ -325,6 +341,8 @@ class SweepSummary:
 def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
                  scan: Scan | None = None) -> SweepSummary:
     """The sweep's report from its runs (``scan``: the folder's scan when the caller already made it)."""
+    from fusebench.report.scaling import scaling_report
+
     scan = scan if scan is not None else scan_runs(folder)
     runs = scan.runs
     ks = sorted({k for r in runs for k in r.record.ks}) or [1, 5, 10]
@@ -332,12 +350,14 @@ def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
                         article=article_rows(runs, ks),
                         gains=paired_gain_rows(runs, ks, draws=draws, level=level, seed=seed), cost=cost_rows(runs),
                         beside_article=beside_article_rows(runs, draws=draws, level=level, seed=seed),
-                        positives=positive_rows(runs), positive_gains=positive_gain_rows(runs), tuned=tuned_rows(runs))
+                        positives=positive_rows(runs), positive_gains=positive_gain_rows(runs), tuned=tuned_rows(runs),
+                        scaling=scaling_report(runs, ks, draws=draws, level=level, seed=seed))
 
 
 def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
                  scan: Scan | None = None) -> SweepSummary:
-    """Write summary.md, summary.csv, gains.csv and cost.csv into ``folder``; return the report."""
+    """Write summary.md, summary.csv, gains.csv and cost.csv (and scaling_*.csv for a scaling study) into
+    ``folder``; return the report."""
     folder = Path(folder)
     report = build_report(folder, draws=draws, seed=seed, level=level, scan=scan)
     atomic_write_text(folder / "summary.md", markdown(report))
@@ -346,6 +366,9 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
     atomic_write_text(folder / "cost.csv", csv_text(report.cost))
     if report.positives:
         atomic_write_text(folder / "positives.csv", csv_text(report.positives))
+    if report.scaling is not None:
+        for name in SCALING_TABLES:
+            atomic_write_text(folder / f"scaling_{name}.csv", csv_text(getattr(report.scaling, name)))
     try:
         from fusebench.report.plots import sweep_plots
 

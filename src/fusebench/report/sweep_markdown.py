@@ -18,7 +18,7 @@ def markdown(report: SweepSummary) -> str:
     from fusebench.report.sweep import ranked_fusions
 
     ranked = ranked_fusions(report.gains, report.ks[0])
-    return "\n".join(_head(report) + _recall(report) + _gains(report) + _section(
+    return "\n".join(_head(report) + _recall(report) + _scaling(report) + _gains(report) + _section(
         f"## Fusions ranked (t2i R@{report.ks[0]} gain over each one's best single model, "
         f"{level_label(report.level)} intervals)", ranked) + _section(
         "## Beside the article (its reported numbers: fusebench/data/article_reference.json)", report.beside_article)
@@ -96,3 +96,69 @@ def _positives(report: SweepSummary) -> list[str]:
 
 def _cost(report: SweepSummary) -> list[str]:
     return ["## Cost", "", _table(report.cost, list(report.cost[0]) if report.cost else ["retriever"]), ""]
+
+
+def _interval(row: dict, value: str, low: str, high: str, signed: bool = False) -> str:
+    """'56.30 [55.69, 56.91]' (or '-' without a value)."""
+    if row.get(value) is None:
+        return "-"
+    form = "{:+.2f}" if signed else "{:.2f}"
+    return f"{form.format(row[value])} [{form.format(row[low])}, {form.format(row[high])}]"
+
+
+def _scaling(report: SweepSummary) -> list[str]:
+    """The distractor-scaling study: recall per retriever at every gallery size, fusion gains, paired changes
+    from the smallest gallery, the extrapolation and its check (fusebench.report.scaling)."""
+    s = report.scaling
+    if s is None:
+        return []
+    level = level_label(s.level)
+    flag = " [SIMULATED: simulated models and distractors, not real results]" if s.simulated else ""
+    lines = [f"## Distractor scaling{flag}", "",
+             "t2i only: distractors carry no captions, so they ask no i2t query and i2t is unchanged. "
+             f"Intervals: {level} (recall: Wilson; gains and changes: bootstrap over queries, and over images). "
+             "Plots: plots/scaling_recall.png, plots/scaling_gain.png; every table in scaling_*.csv. Distractors: "
+             "those in the gallery, after near-duplicates of test images were dropped (of the number asked).", ""]
+    studies = list(dict.fromkeys(r["study"] for r in s.recall))
+    if len(studies) == 1:
+        lines += [f"Study: {studies[0]}.", ""]
+    for (study, retriever) in dict.fromkeys((r["study"], r["retriever"]) for r in s.recall):
+        rows = [r for r in s.recall if (r["study"], r["retriever"]) == (study, retriever)]
+        table = [{"distractors": f"{r['distractors']:,}" + (f" (of {r['asked']:,})" if r["asked"] != r["distractors"]
+                                                             else ""),
+                  "gallery images": f"{r['gallery images']:,}",
+                  **{f"t2i R@{k}": _interval(r, f"t2i R@{k}", f"R@{k} low", f"R@{k} high") for k in s.ks}}
+                 for r in rows]
+        lines += [f"### {retriever}" + (f" ({study})" if len(studies) > 1 else ""), "", _table(table, list(table[0])),
+                  ""]
+    k = s.ks[0]
+    gains = [{"study": g["study"], "fusion": g["fusion"], "distractors": f"{g['distractors']:,}", "over": g["over"],
+              f"gain t2i R@{k}": _interval(g, "gain", "ci_low", "ci_high", True),
+              "over images": _interval(g, "gain", "cluster_ci_low", "cluster_ci_high", True),
+              "won/lost": f"{g['wins']}/{g['losses']}", "p_value": g["p_value"]} for g in s.gains if g["k"] == k]
+    lines += _section(f"### Each fusion's gain over its best single model at every size (t2i R@{k}, points; "
+                      "each run's own comparison)", _one_study(gains))
+    changes = [{"study": c["study"], "retriever": c["retriever"], "from": f"{c['from']:,}", "to": f"{c['to']:,}",
+                f"change t2i R@{k}": _interval(c, "change", "ci_low", "ci_high", True),
+                "over images": _interval(c, "change", "cluster_ci_low", "cluster_ci_high", True),
+                "found/lost": f"{c['gained']}/{c['lost']}", "p_value": c["p_value"]}
+               for c in s.changes if c["k"] == k]
+    lines += _section(f"### Change from the smallest gallery (t2i R@{k}, points; paired query by query: the same "
+                      "queries at every size)", _one_study(changes))
+    extrapolated = [{"study": e["study"], "model": e["model"], "from": f"{e['from']:,}", "to": f"{e['to']:,}",
+                     "predicted R@1": e["predicted R@1"], "measured R@1": e["measured R@1"],
+                     "measured - predicted": e["measured - predicted"], "Jeffreys R@1": e["Jeffreys R@1"]}
+                    for e in s.extrapolation]
+    lines += _section("### Extrapolated t2i R@1 (from the run without distractors and one with N: each query's "
+                      "distractors above its target, a beta-binomial prior fitted over the queries; the Jeffreys "
+                      "per-query prior beside it, low at 10x; a measured size is the check)", _one_study(extrapolated))
+    if s.refused:
+        lines += ["Not compared:", "", *[f"- {why}" for why in s.refused], ""]
+    return lines
+
+
+def _one_study(rows: list[dict]) -> list[dict]:
+    """``rows`` without their study column when they all belong to one study (its name heads the section)."""
+    if len({r["study"] for r in rows}) > 1:
+        return rows
+    return [{k: v for k, v in r.items() if k != "study"} for r in rows]

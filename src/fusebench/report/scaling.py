@@ -1,0 +1,263 @@
+"""The distractor-scaling study in a sweep's report: when a sweep's runs differ by gallery size (``gallery.size``,
+``experiment=distractor_scaling``), each retriever's t2i recall at every size, each fusion's gain over its best
+single model at every size (each run's own comparison), each retriever's paired change from the smallest gallery
+(query by query, from the runs' rank files), and each single model's R@1 extrapolated to larger galleries
+(:mod:`fusebench.evaluation.scaling`), checked against the sizes measured.
+
+Only t2i changes: distractors carry no captions, so they ask no i2t query and are no i2t item. Runs compare when
+their test split is the same (dataset name, counts and settings) and their distractors come from one source and
+seed (so the galleries nest); the runs without distractors join every source's study.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fusebench.evaluation.comparisons import compare
+from fusebench.evaluation.metrics import recall_at_k
+from fusebench.evaluation.scaling import JEFFREYS, ScalingError, predicted_recall
+from fusebench.report.runs import Run
+from fusebench.report.sweep import describe, retriever_factors
+
+GALLERY_META = ("test_images",)  # dataset meta keys a gallery adds (with every gallery_* key)
+EXTRAPOLATE_FACTOR = 10  # predict R@1 at this many times the largest gallery measured
+
+
+def distractors(run: Run) -> int:
+    """Distractor images in the run's gallery (after near-duplicates were dropped); 0 without a gallery."""
+    return 0 if run.record.gallery is None else int(run.record.gallery.distractors)
+
+
+def asked(run: Run) -> int:
+    """The distractors the run asked for (``gallery.size``: before near-duplicates of test images were dropped)."""
+    return 0 if run.record.gallery is None else int(run.record.gallery.size)
+
+
+def gallery_images(run: Run) -> int:
+    """Every image the run's t2i queries searched: the test split's and the distractors."""
+    return int(run.record.dataset.n_images)
+
+
+def test_split(run: Run) -> tuple:
+    """What makes two runs' test splits (and so their queries) the same: name, test images, captions, and the
+    dataset's own facts (simulation parameters, split, source; not the gallery's)."""
+    d = run.record.dataset
+    meta = {k: v for k, v in d.meta.items() if not k.startswith("gallery_") and k not in GALLERY_META}
+    return d.name, d.n_images - distractors(run), d.n_captions, json.dumps(meta, sort_keys=True, default=str)
+
+
+def source(run: Run) -> str | None:
+    """Where the run's distractors come from (kind, seed, source, near-duplicate threshold); None without any."""
+    g = run.record.gallery
+    if g is None or g.distractors == 0:
+        return None
+    return json.dumps({"kind": g.kind, "seed": g.seed, "source": g.source, "near_duplicate": g.near_duplicate},
+                      sort_keys=True, default=str)
+
+
+def gallery_cost(run: Run, members: list[str]) -> dict:
+    """What the run's gallery costs for a retriever's models (summed over a fusion's models): its size, bytes as
+    fp32 and as stored, embedding throughput and device when this run embedded distractors, search time per t2i
+    query (``gallery.models`` of the record; a run without distractors: its test images, nothing stored)."""
+    gallery = run.record.gallery
+    costs = [gallery.models.get(m) for m in members] if gallery else []
+    known = [c for c in costs if c is not None]
+    out = {"gallery_distractors": gallery.distractors if gallery else 0, "gallery_images": run.record.dataset.n_images,
+           "gallery_bytes_fp32": sum(c.bytes_fp32 for c in known) if known else
+           4 * run.record.dataset.n_images * sum(run.record.retrievers[m].spec.dim for m in members),
+           "gallery_bytes_stored": sum(c.bytes_stored for c in known) if known else None,
+           "stored_dtype": "/".join(dict.fromkeys(c.stored_dtype for c in known)) or None,
+           "embed_device": "/".join(dict.fromkeys(c.embed_device for c in known if c.embed_device)) or None,
+           "gallery_embed_img_per_s": None, "search_ms_per_query": None}
+    if known and len(known) == len(members):
+        rates = [c.images_per_second for c in known]
+        if all(rates):  # both models embed each image: their times add up
+            out["gallery_embed_img_per_s"] = round(1 / sum(1 / r for r in rates), 1)
+        times = [c.search_ms_per_query for c in known]
+        if all(t is not None for t in times):
+            out["search_ms_per_query"] = sum(times)
+    return out
+
+
+@dataclass
+class Series:
+    """One retriever over gallery sizes: ``points`` maps distractors -> (run, retriever name)."""
+
+    study: str
+    label: str
+    fusion: bool
+    points: dict[int, tuple[Run, str]] = field(default_factory=dict)
+
+    def sizes(self) -> list[int]:
+        return sorted(self.points)
+
+
+def studies(runs: list[Run]) -> list[tuple[str, list[Run]]]:
+    """The sweep's scaling studies: (label, runs) per test split and distractor source, where the runs span at
+    least two gallery sizes. The label names the dataset and the source kind."""
+    by_split: dict[tuple, list[Run]] = {}
+    for run in runs:
+        by_split.setdefault(test_split(run), []).append(run)
+    found = []
+    for split, members in by_split.items():
+        bare = [r for r in members if source(r) is None]
+        sources = sorted({source(r) for r in members} - {None})
+        for src in sources or [None]:
+            group = bare + [r for r in members if src is not None and source(r) == src]
+            if len({distractors(r) for r in group}) < 2:
+                continue
+            kind = json.loads(src)["kind"] if src else "none"
+            simulated = " (simulated)" if group[0].record.simulated else ""
+            found.append((f"{split[0]}{simulated}, {split[1]} test images, gallery={kind}", group))
+    return found
+
+
+def series_of(study: str, runs: list[Run]) -> list[Series]:
+    """Each distinct retriever of a study over its sizes (a single model evaluated in several jobs of one size
+    counts once)."""
+    out: dict[str, Series] = {}
+    for run in sorted(runs, key=distractors):
+        for name in run.record.retrievers:
+            key = json.dumps(retriever_factors(run, name), sort_keys=True)
+            series = out.setdefault(key, Series(study, describe(run, name), run.record.retrievers[name].is_fusion))
+            series.points.setdefault(distractors(run), (run, name))
+    return list(out.values())
+
+
+def query_problem(a: Run, b: Run) -> str | None:
+    """Why two runs' t2i queries cannot be paired query by query (None when they are the same queries)."""
+    if test_split(a) != test_split(b):
+        return "their test splits differ (dataset, counts or settings)"
+    files = [r.path / "ranks" / "queries.npz" for r in (a, b)]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        return f"the queries cannot be checked: {missing[0]} is missing"
+    if not np.array_equal(a.clusters("t2i"), b.clusters("t2i")):
+        return "ranks/queries.npz differ: not the same captions of the same images"
+    return None
+
+
+def recall_rows(series: list[Series], ks: list[int], level: float) -> list[dict]:
+    """Per retriever and size: t2i recall@k with its Wilson interval (percent)."""
+    from fusebench.report.plots import wilson
+
+    rows = []
+    for s in series:
+        for size in s.sizes():
+            run, name = s.points[size]
+            metrics = run.record.retrievers[name].t2i
+            row = {"study": s.study, "retriever": s.label, "distractors": size, "asked": asked(run),
+                   "gallery images": gallery_images(run)}
+            for k in ks:
+                value = metrics.at(k)
+                low, high = (None, None) if value is None else wilson(value, metrics.n_queries, level)
+                row.update({f"t2i R@{k}": value, f"R@{k} low": low, f"R@{k} high": high})
+            rows.append(row)
+    return rows
+
+
+def gain_rows(series: list[Series], ks: list[int]) -> list[dict]:
+    """Per fusion and size: its t2i gain over its best single model at each k, as the run compared them."""
+    rows = []
+    for s in (s for s in series if s.fusion):
+        for size in s.sizes():
+            run, name = s.points[size]
+            record = run.record
+            for k in ks:
+                best = record.best_single("t2i", k, among=record.retrievers[name].members)
+                c = record.comparison(name, best, "t2i", k) if best else None
+                if c is not None:
+                    rows.append({"study": s.study, "fusion": s.label, "distractors": size,
+                                 "gallery images": gallery_images(run), "k": k, "over": best, "gain": c.gain,
+                                 "ci_low": c.ci_low, "ci_high": c.ci_high, "cluster_ci_low": c.cluster_ci_low,
+                                 "cluster_ci_high": c.cluster_ci_high, "wins": c.wins, "losses": c.losses,
+                                 "p_value": c.p_value})
+    return rows
+
+
+def change_rows(series: list[Series], ks: list[int], draws: int, level: float, seed: int,
+                refused: list[str]) -> list[dict]:
+    """Per retriever and size: the paired change of its t2i recall@k from its smallest gallery, query by query
+    (``refused`` gets why a pair of runs was not compared)."""
+    rows = []
+    for s in series:
+        sizes = s.sizes()
+        base_run, base = s.points[sizes[0]]
+        for size in sizes[1:]:
+            run, name = s.points[size]
+            problem = query_problem(base_run, run)
+            if problem:
+                refused.append(f"{s.study}: {s.label} at {size:,} not paired with {sizes[0]:,} distractors: {problem}")
+                continue
+            found = compare(describe(run, name), describe(base_run, base), {"t2i": run.ranks(name, "t2i")},
+                            {"t2i": base_run.ranks(base, "t2i")}, {"t2i": run.clusters("t2i")}, ks, draws, level,
+                            seed, directions=("t2i",))
+            for c in found:
+                rows.append({"study": s.study, "retriever": s.label, "from": sizes[0], "to": size, "k": c.k,
+                             "change": c.gain, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                             "cluster_ci_low": c.cluster_ci_low, "cluster_ci_high": c.cluster_ci_high,
+                             "gained": c.wins, "lost": c.losses, "p_value": c.p_value})
+    return rows
+
+
+def extrapolation_rows(series: list[Series], refused: list[str], factor: int = EXTRAPOLATE_FACTOR) -> list[dict]:
+    """Per single model with a run without distractors: its t2i R@1 predicted at each measured size from the next
+    smaller one (the check: measured beside it), and at ``factor`` times the largest."""
+    rows = []
+    for s in (s for s in series if not s.fusion and 0 in s.points):
+        sizes = [n for n in s.sizes() if n > 0]
+        run_0, name_0 = s.points[0]
+        targets = [(sizes[i - 1], sizes[i]) for i in range(1, len(sizes))] + [(sizes[-1], factor * sizes[-1])]
+        for source_size, target in targets:
+            run_n, name_n = s.points[source_size]
+            problem = query_problem(run_0, run_n)
+            measured = s.points.get(target)
+            if measured and not problem:
+                problem = query_problem(run_0, measured[0])
+            if problem:
+                refused.append(f"{s.study}: {s.label}: no extrapolation from {source_size:,} distractors: {problem}")
+                continue
+            rank_0, rank_n = run_0.ranks(name_0, "t2i"), run_n.ranks(name_n, "t2i")
+            try:
+                fitted = predicted_recall(rank_0, rank_n, source_size, target, 1, "fitted")
+                jeffreys = predicted_recall(rank_0, rank_n, source_size, target, 1, JEFFREYS)
+            except ScalingError as err:
+                refused.append(f"{s.study}: {s.label}: no extrapolation from {source_size:,} distractors: {err}")
+                continue
+            value = None if measured is None else recall_at_k(measured[0].ranks(measured[1], "t2i"), 1)
+            rows.append({"study": s.study, "model": s.label, "from": source_size, "to": target,
+                         "predicted R@1": fitted, "Jeffreys R@1": jeffreys, "measured R@1": value,
+                         "measured - predicted": None if value is None else value - fitted})
+    return rows
+
+
+@dataclass
+class ScalingReport:
+    """The study's tables (one dict per row, as summary.md and the scaling_*.csv files show them)."""
+
+    simulated: bool
+    ks: list[int]
+    level: float
+    series: list[Series]
+    recall: list[dict]
+    gains: list[dict]
+    changes: list[dict]
+    extrapolation: list[dict]
+    refused: list[str]
+
+
+def scaling_report(runs: list[Run], ks: list[int], draws: int, level: float, seed: int) -> ScalingReport | None:
+    """The study over the sweep's runs, or None when no runs of one test split differ by gallery size."""
+    found = studies(runs)
+    if not found:
+        return None
+    series = [s for label, members in found for s in series_of(label, members)]
+    refused: list[str] = []
+    changes = change_rows(series, ks, draws, level, seed, refused)
+    extrapolation = extrapolation_rows(series, refused)
+    simulated = any(r.record.simulated for _, members in found for r in members)
+    return ScalingReport(simulated, ks, level, series, recall_rows(series, ks, level), gain_rows(series, ks),
+                         changes, extrapolation, refused)
