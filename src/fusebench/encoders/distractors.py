@@ -11,12 +11,12 @@ never read for another).
 
 from __future__ import annotations
 
-import hashlib
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from fusebench.encoders.rownorm import l2_normalise_rows
+from fusebench.stores.files import array_digest
 
 
 @runtime_checkable
@@ -34,15 +34,6 @@ def normalised(rows: np.ndarray) -> np.ndarray:
     """Raw rows as the evaluator takes them: float32, L2-normalised (the test images' rule), C-contiguous."""
     out = l2_normalise_rows(np.asarray(rows, dtype=np.float32))[0]
     return np.ascontiguousarray(out, dtype=np.float32)
-
-
-def array_digest(array: np.ndarray) -> str:
-    """SHA-256 of an array's shape, dtype and bytes."""
-    array = np.ascontiguousarray(array)
-    digest = hashlib.sha256(f"{array.shape}{array.dtype.str}".encode())
-    if array.size:  # memoryview cannot cast an empty array
-        digest.update(memoryview(array).cast("B"))
-    return digest.hexdigest()
 
 
 class ArrayRows:

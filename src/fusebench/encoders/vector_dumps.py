@@ -39,8 +39,8 @@ from fusebench import FusebenchError
 from fusebench.config.gallery import GalleryConfig
 from fusebench.data.distractor_sources import check_unique_ids, listing_digest, parquet_module
 from fusebench.data.gallery import check_no_overlap, check_size, seeded_order
-from fusebench.encoders.distractors import DistractorRows, array_digest, normalised
-from fusebench.stores.files import remembered_checksum
+from fusebench.encoders.distractors import DistractorRows, normalised
+from fusebench.stores.files import array_digest, remembered_checksum
 
 ID_COLUMNS = ("key", "image_path", "url")  # a dump's id column: the first of these its metadata has
 PARTIAL_BYTES = 1 << 20  # the .npy bytes hashed at each end for the key

@@ -3,8 +3,9 @@
 The similarity matrix (captions x images, fp32) is computed in tiles of ``chunk_size`` caption rows by
 ``item_chunk_size`` image columns, so memory is bounded by the tile, never by the corpus. Each tile
 feeds two sets of running top-``depth`` lists: per caption (t2i, merged across image tiles) and per image
-that has captions (i2t, merged across caption tiles). On the CPU the numba heaps of
-:mod:`fusebench.search.topk_kernels` read the tile in place; on other devices ``torch.topk`` candidates are merged.
+that has captions (i2t, merged across caption tiles; a tile or column strip of captionless images is skipped).
+On the CPU the numba heaps of :mod:`fusebench.search.topk_kernels` read the tile in place; on other devices
+``torch.topk`` candidates are merged.
 Ranks are exact: a query whose first correct item is in its list gets its list position, the rest are
 counted against a recomputed full row (t2i) or column (i2t), in pieces of at most one tile.
 """
@@ -144,12 +145,15 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
     columns = _running_lists(query_images_np.size, k_i2t, device)
     t2i_ids = np.empty((n_captions, k_t2i), dtype=np.int32)
     t2i_scores = np.empty((n_captions, k_t2i), dtype=np.float32)
+    item_tiles = tiles(n_images, item_chunk)
+    asks = [bool((slot[c0:c1] >= 0).any()) for c0, c1 in item_tiles]  # a tile of captionless images asks no i2t query
     for r0, r1 in tiles(n_captions, chunk):
         rows = _running_lists(r1 - r0, k_t2i, device)
-        for c0, c1 in tiles(n_images, item_chunk):
+        for (c0, c1), tile_asks in zip(item_tiles, asks):
             block = similarity(text[r0:r1], image[c0:c1], out=buffer[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0))
             rows.offer_rows(block, c0)
-            columns.offer_columns(block, r0, slot[c0:c1])
+            if tile_asks:
+                columns.offer_columns(block, r0, slot[c0:c1])
         t2i_scores[r0:r1], t2i_ids[r0:r1] = rows.lists()
         if progress is not None:
             progress(r1 - r0)

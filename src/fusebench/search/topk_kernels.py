@@ -9,6 +9,8 @@ descending, ties by ascending index), with no transposed copy and no sort of the
 
 Each heap is a min-heap on "worse": the root is the entry that ranks last. ``finish`` heap-sorts the
 kept entries best first. Rows run in parallel; columns run in parallel over column strips.
+``offer_rows_count`` also counts, per row, the entries ranked before the row's target (a gallery's exact
+ranks, streamed: :mod:`fusebench.search.gallery_search`).
 """
 
 from __future__ import annotations
@@ -164,7 +166,8 @@ def offer_columns(block, first_row, slot, vals, ids, counts, worst):
 
     ``worst[q]`` mirrors the root of a full heap q (-inf until full): an entry must beat it. While some heap
     of a strip is still filling, each column also gets a floor (``_column_floors``); once they are all full,
-    the worst entries are the sharper test and the floor's pass is skipped.
+    the worst entries are the sharper test and the floor's pass is skipped. A strip with no query column is
+    not read at all.
     """
     rows, width = block.shape
     n_strips = (width + COLUMN_STRIP - 1) // COLUMN_STRIP
@@ -172,6 +175,11 @@ def offer_columns(block, first_row, slot, vals, ids, counts, worst):
     for strip in prange(n_strips):
         j0 = strip * COLUMN_STRIP
         j1 = min(width, j0 + COLUMN_STRIP)
+        asks = False  # a strip whose columns ask no query (captionless images) offers nothing: skip its rows
+        for j in range(j0, j1):
+            asks |= slot[j] >= 0
+        if not asks:
+            continue
         floor = np.full(j1 - j0, -np.inf, dtype=np.float32)
         filling = False
         for j in range(j0, j1):
@@ -196,6 +204,53 @@ def offer_columns(block, first_row, slot, vals, ids, counts, worst):
                     if counts[q] == k:
                         worst[q] = vals[q, 0]
                         beat[j] = worst[q]
+
+
+@kernel(inline="always", fastmath=FAST)
+def _count_above(values, floor, inclusive) -> int:
+    """Entries of ``values`` above ``floor`` (or at it, when ``inclusive``). A loop from 0 over a slice: LLVM
+    vectorises it, which it does not for a loop over ``range(start, stop)`` of the whole row (5x slower)."""
+    count = np.int32(0)
+    if inclusive:
+        for j in range(values.shape[0]):
+            count += np.int32(values[j] >= floor)
+    else:
+        for j in range(values.shape[0]):
+            count += np.int32(values[j] > floor)
+    return count
+
+
+OFFER_CHUNK = 128  # entries a full heap tests at once (vectorised) before it walks them one by one
+
+
+@kernel(parallel=True, cache=True, fastmath=FAST)
+def offer_rows_count(block, first_item, vals, ids, counts, target_score, target_item, ahead):
+    """``offer_rows`` and, per row, the entries ranked before the row's target: row r's target is item
+    ``target_item[r]`` scored ``target_score[r]``; an entry of item i scoring s is ahead when s > score, or
+    s == score and i < item (ties by ascending index). The count is added to ``ahead[r]``.
+
+    The count is one vectorised pass over the row (items past the target, every distractor, take the strict
+    test alone); the row then stays in cache for the offers. A full heap tests ``OFFER_CHUNK`` entries at a time
+    against its worst and walks only the chunks holding an entry that beats it (late in a stream, few do); a
+    heap still filling walks the entries above the row's floor (see ``_floor_of_kth``)."""
+    rows, width = block.shape
+    k = vals.shape[1]
+    for r in prange(rows):
+        n = counts[r]
+        v, h = vals[r], ids[r]
+        row = block[r]
+        before = min(max(target_item[r] - first_item, 0), width)  # columns left of the target: ties count
+        ahead[r] += _count_above(row[:before], target_score[r], True) + _count_above(row[before:], target_score[r], False)
+        floor = _floor_of_kth(row, k) if n < k else np.float32(-np.inf)
+        for j0 in range(0, width, OFFER_CHUNK):
+            j1 = min(j0 + OFFER_CHUNK, width)
+            if n == k and _count_above(row[j0:j1], v[0], False) == 0:
+                continue
+            for j in range(j0, j1):
+                s = row[j]
+                if s >= floor and (n < k or s > v[0]):
+                    n = _offer(v, h, n, s, first_item + j)
+        counts[r] = n
 
 
 @kernel(parallel=True, cache=True)

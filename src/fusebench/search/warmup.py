@@ -26,6 +26,7 @@ F2, F1, I2, I1, B1 = "f4:2", "f4:1", "i8:2", "i8:1", "b1:1"
 SIGNATURES: dict[str, list[tuple[str, ...]]] = {
     "fusebench.search.topk_kernels.offer_rows": [(F2, "i8", F2, I2, I1)],
     "fusebench.search.topk_kernels.offer_columns": [(F2, "i8", I1, F2, I2, I1, F1)],
+    "fusebench.search.topk_kernels.offer_rows_count": [(F2, "i8", F2, I2, I1, F1, I1, I1)],
     "fusebench.search.topk_kernels.finish": [(F2, I2, I1)],
     "fusebench.search.topk_kernels.fuse_by_id": [(I2, F2, I1, "i8", "i8", "i8", I2, F2, I2)],
     "fusebench.search.row_kernels.row_mean_std": [(F2, "i8")],

@@ -88,7 +88,8 @@ def array_digest(array: np.ndarray) -> str:
 
     array = np.ascontiguousarray(array)
     digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
-    digest.update(memoryview(array).cast("B"))
+    if array.size:  # memoryview cannot cast an empty array
+        digest.update(memoryview(array).cast("B"))
     return digest.hexdigest()
 
 
