@@ -137,6 +137,7 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
     search = SearchSettings(device=device, chunk_size=settings.chunk_size, item_chunk_size=settings.item_chunk_size,
                             depth=settings.lists.depth, max_scores_mb=settings.lists.max_scores_mb,
                             store_dir=store_dir,
+                            precision=None if settings.search_precision == "auto" else settings.search_precision,
                             progress=_progress_bar)
     tuned, tuning = None, config.tune
     if tuning is not None:  # choose the weights on the tuning split, then evaluate that one setting below

@@ -53,6 +53,7 @@ class SearchSettings:
     depth: int = 100  # list depth stored per model (at least top_k and the saved length)
     store_dir: str | None = None  # list store root (the embedding cache folder); None = no store
     max_scores_mb: int = 2048  # top_k null: store a model's whole score matrices up to this size (MB)
+    precision: str | None = None  # a gallery's distractor tiles: None (bf16 on cuda, fp32 elsewhere) | fp32 | bf16 | tf32
     progress: Progress | None = None
 
     @property
@@ -103,7 +104,7 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
             from fusebench.search.gallery_search import gallery_lists
 
             lists = gallery_lists(model.text, model.image, caption_image, model.distractors, d, device,
-                                  settings.chunk_size, settings.item_chunk_size, update)
+                                  settings.chunk_size, settings.item_chunk_size, update, settings.precision)
         source.search_seconds[model.name] = time.perf_counter() - started
         return lists
 

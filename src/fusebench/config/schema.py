@@ -22,6 +22,7 @@ from fusebench.config import checks
 
 POSITIVE_SETS = ("eccv", "cxc")  # extra positives (COCO 5k): fusebench.evaluation.positives
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+SEARCH_PRECISIONS = ("auto", "fp32", "bf16", "tf32")  # a gallery's distractor tiles (fusebench.search.margin)
 VERIFY_IMAGES = ("none", "header", "full")
 TUNE_DIRECTIONS = ("t2i", "i2t", "mean")  # a tuning criterion's direction: one of the two or their mean
 
@@ -62,6 +63,7 @@ class EvalConfig:
     save_topk: int | None = 25  # positions saved per list in topk/*.npz; null = whole list
     lists: ListsConfig = field(default_factory=ListsConfig)
     positives: list[str] = field(default_factory=list)  # extra positives (COCO 5k): eccv, cxc (fusebench.evaluation.positives)
+    search_precision: str = "auto"  # distractor tiles: auto (bf16 on cuda, fp32 elsewhere) | fp32 | bf16 | tf32 (exact either way)
 
     def __post_init__(self):
         self.ks = sorted(set(checks.integer_list(self.ks, "eval.ks")))
@@ -69,6 +71,7 @@ class EvalConfig:
         self.chunk_size = checks.integer(self.chunk_size, "eval.chunk_size", 1)
         self.item_chunk_size = checks.integer(self.item_chunk_size, "eval.item_chunk_size", 1)
         self.device = checks.device_name(self.device, "eval.device")
+        checks.choice(self.search_precision, "eval.search_precision", SEARCH_PRECISIONS)
         positives = self.positives or []
         if not isinstance(positives, list):
             raise FusebenchError(f"eval.positives={positives!r} is not valid: give a list, e.g. eval.positives=[eccv,cxc] "

@@ -146,10 +146,13 @@ def fusion_from_json(data: dict, where: str) -> FusionConfig:
 def eval_to_json(settings: EvalConfig) -> dict:
     """The eval settings as metrics.json holds them (the bootstrap's keys at the top)."""
     boot = settings.bootstrap
-    return {"ks": settings.ks, "draws": boot.draws, "level": boot.level, "seed": boot.seed,
-            "save_topk": settings.save_topk, "chunk_size": settings.chunk_size,
-            "item_chunk_size": settings.item_chunk_size, "lists": asdict(settings.lists), "device": settings.device,
-            "positives": settings.positives}
+    out = {"ks": settings.ks, "draws": boot.draws, "level": boot.level, "seed": boot.seed,
+           "save_topk": settings.save_topk, "chunk_size": settings.chunk_size,
+           "item_chunk_size": settings.item_chunk_size, "lists": asdict(settings.lists), "device": settings.device,
+           "positives": settings.positives}
+    if settings.search_precision != "auto":  # absent: auto (so records written before the key read back the same)
+        out["search_precision"] = settings.search_precision
+    return out
 
 
 def eval_from_json(data) -> EvalConfig:
@@ -159,7 +162,7 @@ def eval_from_json(data) -> EvalConfig:
     boot = {k: data.get(k, getattr(default.bootstrap, k)) for k in ("draws", "seed", "level")}
     try:
         return EvalConfig(**{k: data[k] for k in ("ks", "device", "chunk_size", "item_chunk_size", "save_topk",
-                                                      "positives") if k in data},
+                                                      "positives", "search_precision") if k in data},
                           bootstrap=BootstrapConfig(**boot), lists=ListsConfig(**{**asdict(default.lists),
                                                                                   **(data.get("lists") or {})}))
     except (FusebenchError, TypeError) as err:
