@@ -65,3 +65,24 @@ def test_distractors_join_after_the_test_images_and_ask_no_query():
     assert (extended.caption_image == corpus.caption_image).all()
     assert list(extended.i2t_query_images) == [0, 1, 2, 3]
     assert extended.summary()["n_images_without_captions"] == 3 and extended.meta["gallery_size"] == 3
+
+
+def test_kept_rows_read_the_kept_positions_in_bounded_windows():
+    import numpy as np
+
+    from fusebench.encoders.distractors import ArrayRows, KeptRows
+
+    class Counting(ArrayRows):
+        widest = 0
+
+        def read(self, start, stop):
+            Counting.widest = max(Counting.widest, stop - start)
+            return super().read(start, stop)
+
+    rows = np.random.default_rng(0).standard_normal((50_000, 4)).astype(np.float32)
+    base = Counting(rows)
+    keep = np.array([0, 1, 7, 30_000, 30_001, 49_999])
+    kept = KeptRows(base, keep)
+    assert (kept.read(0, 6) == base.rows[keep]).all() and (kept.read(2, 5) == base.rows[keep[2:5]]).all()
+    assert Counting.widest <= 1024  # never the whole span between the first and last kept rows
+    assert kept.read(6, 6).shape == (0, 4)

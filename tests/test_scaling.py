@@ -230,10 +230,11 @@ CAPTION_IMAGE = np.repeat(np.arange(N_IMAGES), 5)
 
 
 def _write_run(folder: Path, size: int, ranks: dict[str, dict[str, np.ndarray]], fusion: str,
-               caption_image: np.ndarray = CAPTION_IMAGE) -> None:
-    """A run dir as the app writes one: ranks, queries, metrics.json with its comparisons and gallery."""
+               caption_image: np.ndarray = CAPTION_IMAGE, seed: int = 0, dim_a: int = 16) -> None:
+    """A run dir as the app writes one: ranks, queries, metrics.json with its comparisons and gallery (whose source
+    records, as real sources do, a digest of the ids taken: it changes with the size)."""
     (folder / "ranks").mkdir(parents=True)
-    specs = {"a": ModelRecord({"kind": "sim", "dim": 16, "seed": 1}), "b": ModelRecord({"kind": "sim", "dim": 8,
+    specs = {"a": ModelRecord({"kind": "sim", "dim": dim_a, "seed": 1}), "b": ModelRecord({"kind": "sim", "dim": 8,
                                                                                        "seed": 2})}
     retrievers = {name: retriever_result(name, ranks[name], KS, specs[name]) for name in ("a", "b")}
     setting = FusionConfig(method=fusion, fuse_on="source_object")
@@ -243,8 +244,8 @@ def _write_run(folder: Path, size: int, ranks: dict[str, dict[str, np.ndarray]],
     clusters = {"t2i": caption_image, "i2t": np.arange(N_IMAGES)}
     comparisons = paired_comparisons(ranks, ["fused"], ["a", "b"], clusters, KS, 200, 0.95, 0)
     gallery_record = None if size == 0 else GalleryRecord(
-        kind="sim", size=size, distractors=size, near_duplicates=0, near_duplicate=0.95, seed=0,
-        source={"kind": "sim", "seed": 0},
+        kind="sim", size=size, distractors=size, near_duplicates=0, near_duplicate=0.95, seed=seed,
+        source={"kind": "sim", "seed": seed, "listing": f"ids of the first {size}", "undecodable": size % 3},
         models={"a": GalleryModelCost(16, 4 * (N_IMAGES + size) * 16, 0, "none (generated)", search_ms_per_query=0.5),
                 "b": GalleryModelCost(8, 4 * (N_IMAGES + size) * 8, 0, "none (generated)", search_ms_per_query=0.25)})
     meta = {"simulated": True, "sim_seed": 0, **({"gallery_size": size, "test_images": N_IMAGES} if size else {})}
@@ -326,6 +327,18 @@ def test_runs_whose_queries_differ_are_not_paired(tmp_path):
     assert any("not paired with 0 distractors: ranks/queries.npz differ" in why for why in s.refused)
     assert not s.extrapolation  # 1,000 -> 10,000 and 10,000 -> 100,000 both need the 10,000 runs' queries
     assert any("a: no extrapolation from 1,000 distractors: ranks/queries.npz differ" in why for why in s.refused)
+
+
+def test_galleries_of_one_size_from_two_sources_stay_apart_and_a_lone_series_is_skipped(tmp_path):
+    ranks = _study(tmp_path, sizes=(0, 1000))
+    other = {m: {d: r + 1 for d, r in by.items()} for m, by in ranks[1000].items()}
+    _write_run(tmp_path / "other_seed", 1000, other, "dbsf", seed=1)  # same size, another gallery
+    _write_run(tmp_path / "no_gallery_run", 0, ranks[0], "dbsf", dim_a=32)  # a model run without distractors only
+    report = write_report(tmp_path, draws=100)
+    columns = {key for row in report.article for key in row if key.startswith("sim") and key.endswith("t2i R@1")}
+    assert len(columns) == 3, columns  # 0, +1,000 from seed 0 and +1,000 from seed 1: none overwrites another
+    recall = [r for r in report.scaling.recall if r["retriever"] == "a" and r["distractors"] == 1000]
+    assert sorted(r["t2i R@1"] for r in recall) == sorted(100 * np.mean(x["a"]["t2i"] == 1) for x in (ranks[1000], other))
 
 
 def test_no_scaling_section_for_runs_of_one_size(tmp_path):

@@ -68,8 +68,15 @@ class KeptRows:
         positions = self.keep[start:stop]
         if positions.size == 0:
             return np.empty((0, self.dim), dtype=np.float32)
-        lo, hi = int(positions[0]), int(positions[-1]) + 1
-        return np.ascontiguousarray(self.base.read(lo, hi)[positions - lo])
+        out = np.empty((positions.size, self.dim), dtype=np.float32)
+        window = max(positions.size, 1024)  # rows of ``base`` read at once: memory stays bounded by the tile
+        done = 0
+        while done < positions.size:
+            lo = int(positions[done])
+            end = done + int(np.searchsorted(positions[done:], lo + window))
+            out[done:end] = self.base.read(lo, int(positions[end - 1]) + 1)[positions[done:end] - lo]
+            done = end
+        return out
 
 
 class FirstRows:

@@ -6,6 +6,7 @@ its default). :mod:`fusebench.evaluation.record` puts them together.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields
 
 from fusebench import FusebenchError
@@ -281,6 +282,9 @@ class GalleryModelCost:
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
+SIZE_DEPENDENT = ("listing", "undecodable")  # a gallery source's entries that change with gallery.size
+
+
 @dataclass
 class GalleryRecord:
     """The distractors a run added to its dataset's gallery (``gallery`` group): how many were asked, kept and
@@ -295,6 +299,14 @@ class GalleryRecord:
     seed: int
     source: dict = field(default_factory=dict)
     models: dict[str, GalleryModelCost] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        """What galleries of one source share at every size (kind, seed, source, threshold; not the size, the
+        digest of the ids taken or the undecodable count): two runs with one identity have nested galleries."""
+        source = {k: v for k, v in self.source.items() if k not in SIZE_DEPENDENT}
+        return json.dumps({"kind": self.kind, "seed": self.seed, "source": source,
+                           "near_duplicate": self.near_duplicate}, sort_keys=True, default=str)
 
     def to_json(self) -> dict:
         return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "models"},

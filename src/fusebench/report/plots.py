@@ -299,7 +299,8 @@ def _against_size(rows: list[dict], key: str, value: str, low: str, high: str, y
     for label in dict.fromkeys(r[key] for r in rows):
         mine = [r for r in rows if r[key] == label]
         y = np.array([r[value] for r in mine])
-        err = [y - [r[low] for r in mine], np.array([r[high] for r in mine]) - y]
+        # a percentile interval need not hold its point estimate (a few discordant queries): draw what it spans
+        err = np.maximum(0, [y - [r[low] for r in mine], np.array([r[high] for r in mine]) - y])
         ax.errorbar([r["gallery images"] for r in mine], y, yerr=err, marker="o", capsize=3, label=_clip(label, 70))
     sizes = sorted({r["gallery images"] for r in rows})
     ax.set_xscale("log")

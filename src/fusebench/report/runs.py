@@ -34,7 +34,10 @@ class Run:
 
     @property
     def dataset_key(self) -> tuple:
-        return self.record.dataset.key
+        """What makes two runs' galleries the same for a report: the dataset's name and counts, and the
+        distractors' source (runs of one size from two sources, seeds or settings are kept apart)."""
+        gallery = self.record.gallery
+        return (*self.record.dataset.key, None if gallery is None else gallery.identity)
 
     def ranks(self, retriever: str, direction: str) -> np.ndarray:
         key = ("ranks", retriever, direction)

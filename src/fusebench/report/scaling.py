@@ -54,8 +54,7 @@ def source(run: Run) -> str | None:
     g = run.record.gallery
     if g is None or g.distractors == 0:
         return None
-    return json.dumps({"kind": g.kind, "seed": g.seed, "source": g.source, "near_duplicate": g.near_duplicate},
-                      sort_keys=True, default=str)
+    return g.identity
 
 
 def gallery_cost(run: Run, members: list[str]) -> dict:
@@ -209,6 +208,8 @@ def extrapolation_rows(series: list[Series], refused: list[str], factor: int = E
     rows = []
     for s in (s for s in series if not s.fusion and 0 in s.points):
         sizes = [n for n in s.sizes() if n > 0]
+        if not sizes:  # this model ran without distractors only (its gallery run failed, or was never asked)
+            continue
         run_0, name_0 = s.points[0]
         targets = [(sizes[i - 1], sizes[i]) for i in range(1, len(sizes))] + [(sizes[-1], factor * sizes[-1])]
         for source_size, target in targets:

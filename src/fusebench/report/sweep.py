@@ -105,7 +105,11 @@ def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
         label = with_gallery(run, _dataset_label(run.record.dataset))
         if run.dataset_key not in labels:
             clash = label in labels.values()
-            labels[run.dataset_key] = f"{label} {run.dataset_key[1]}/{run.dataset_key[2]}" if clash else label
+            if clash:
+                label = f"{label} {run.dataset_key[1]}/{run.dataset_key[2]}"
+            if label in labels.values():  # one size of two distractor sources (or seeds, or settings)
+                label = f"{label} (gallery {sum(lab.startswith(label) for lab in labels.values()) + 1})"
+            labels[run.dataset_key] = label
     for run, name in unique_retrievers(runs):
         result = run.record.retrievers[name]
         label = describe(run, name)

@@ -65,7 +65,9 @@ def format_table(record: RunRecord) -> str:
         title += "  [SIMULATED DATA: synthetic embeddings, not real model results]"
     gallery = record.gallery
     if gallery is not None:
-        dropped = f", {gallery.near_duplicates:,} near-duplicates of test images dropped" if gallery.near_duplicates else ""
+        undecodable = int(gallery.source.get("undecodable") or 0)
+        dropped = (f", {gallery.near_duplicates:,} near-duplicates of test images dropped" if gallery.near_duplicates
+                   else "") + (f", {undecodable:,} undecodable left out" if undecodable else "")
         title += (f"\ngallery: {dataset.n_images - gallery.distractors:,} test images + {gallery.distractors:,} "
                   f"distractors ({gallery.kind}, seed {gallery.seed}{dropped}); queries: the test split's")
     name_width = max(22, *(len(n) + 2 for n in record.retrievers))
