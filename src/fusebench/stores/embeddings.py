@@ -40,7 +40,7 @@ from fusebench.stores.entries import (
     store_folders,
     unreadable,
 )
-from fusebench.stores.files import atomic_save, atomic_write_text, file_sha256
+from fusebench.stores.files import atomic_save, atomic_write_text, file_sha256, save_npy_synced
 
 log = logging.getLogger(__name__)
 STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
@@ -219,7 +219,7 @@ class EmbeddingCache:
         for i in range(n_chunks):
             _add_stats(stats, done[i][1])
         data_path = folder / "embeddings.npy"
-        atomic_save(data_path, lambda tmp: _save_npy(tmp, data))
+        atomic_save(data_path, lambda tmp: save_npy_synced(tmp, data))
         meta = {"key": key, "info": info, "material": material, "shape": list(data.shape), "dtype": self.dtype,
                 "bytes": data_path.stat().st_size, "sha256": file_sha256(data_path), "stats": stats,
                 "seconds": round(seconds, 3), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -240,12 +240,6 @@ class EmbeddingCache:
                 info["chunks"] = len(list(Path(info["path"]).glob("chunk-*.npz")))
         return entries
 
-
-def _save_npy(path: Path, data: np.ndarray) -> None:
-    with path.open("wb") as fh:
-        np.save(fh, data, allow_pickle=False)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _save_npz(path: Path, data: np.ndarray, stats: dict, key: str) -> None:

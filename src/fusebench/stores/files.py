@@ -37,6 +37,16 @@ def atomic_save(path: Path, writer: Callable[[Path], None]) -> None:
         raise
 
 
+def save_npy_synced(path: Path, array: np.ndarray) -> None:
+    """``array`` as a .npy file at ``path``, flushed to disk before returning (an ``atomic_save`` writer)."""
+    import numpy as np
+
+    with path.open("wb") as fh:
+        np.save(fh, array, allow_pickle=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_save(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 

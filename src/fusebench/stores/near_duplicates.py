@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +33,7 @@ from fusebench.stores.entries import (
     store_folders,
     unreadable,
 )
-from fusebench.stores.files import atomic_save, atomic_write_text, clear_path, file_sha256
+from fusebench.stores.files import atomic_save, atomic_write_text, clear_path, file_sha256, save_npy_synced
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the stored array changes meaning; older entries are then recomputed
@@ -96,7 +95,7 @@ class NearDuplicateStore:
         clear_path(folder)
         folder.mkdir(parents=True)
         data_path = folder / DATA
-        atomic_save(data_path, lambda tmp: _save_npy(tmp, values))
+        atomic_save(data_path, lambda tmp: save_npy_synced(tmp, values))
         meta = {"key": key, "format": FORMAT, "info": info, "material": material, "shape": list(values.shape),
                 "bytes": data_path.stat().st_size, "sha256": file_sha256(data_path),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -107,10 +106,3 @@ class NearDuplicateStore:
         return scan_entries(self.root, lambda meta: {
             "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
             "shape": meta.get("shape"), "dtype": "float32"}, lambda meta: {DATA: meta["bytes"]}, kind="dedup")
-
-
-def _save_npy(path: Path, values: np.ndarray) -> None:
-    with path.open("wb") as fh:
-        np.save(fh, values, allow_pickle=False)
-        fh.flush()
-        os.fsync(fh.fileno())
