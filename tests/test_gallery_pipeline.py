@@ -109,3 +109,19 @@ def test_a_folder_gallery_embedded_in_shards_by_the_run(compose_cfg, tmp_path):
 
     again = run(compose_cfg(overrides), str(tmp_path / "again"))  # shards and lists from the stores
     assert again.run.lists["oc"]["hit"] and again.retrievers["oc"].t2i == record.retrievers["oc"].t2i
+
+
+def test_a_missing_gallery_source_is_refused_before_the_test_split_is_embedded(compose_cfg, tmp_path):
+    from helpers.tiny_models import build_open_clip
+
+    from fusebench import FusebenchError
+
+    checkpoint = build_open_clip(tmp_path / "oc")
+    cache = tmp_path / "cache"
+    overrides = ["dataset=tiny", "dataset.limit=4", "models=[]", "+models.oc.kind=open_clip",
+                 f"+models.oc.model=local-dir:{checkpoint}", "fusion=none", "logger=none", "plots=false",
+                 "gallery=paths", f"gallery.source={tmp_path / 'missing.txt'}", "embed.num_workers=0",
+                 f"embed.cache.dir={cache}"]
+    with pytest.raises(FusebenchError, match="missing.txt"):
+        run(compose_cfg(overrides), str(tmp_path / "out"))
+    assert not list(cache.rglob("embeddings.npy")) and not list(cache.rglob("chunk-*"))  # no embedding work done

@@ -86,14 +86,16 @@ def near_duplicate_drops(gallery: GalleryConfig, embeddings: list[ModelEmbedding
     return drops(maxima, gallery.near_duplicate)
 
 
-def attach_gallery(config: RunConfig, corpus: Corpus, embeddings: list[ModelEmbeddings], device, item_chunk: int,
-                   store_dir: str | None) -> tuple[list[ModelEmbeddings], Corpus, GalleryRecord | None]:
-    """``embeddings`` with their distractor rows, the corpus with the distractors' ids after its images, and the
-    gallery's record; unchanged (and no record) when the run adds no distractors."""
+def attach_gallery(config: RunConfig, corpus: Corpus, embeddings: list[ModelEmbeddings], sources: tuple | None,
+                   device, item_chunk: int, store_dir: str | None
+                   ) -> tuple[list[ModelEmbeddings], Corpus, GalleryRecord | None]:
+    """``embeddings`` with their distractor rows (``sources``: what :func:`distractor_sources` gave, read before the
+    test split was embedded, so that a bad source is refused before that work), the corpus with the distractors' ids
+    after its images, and the gallery's record; unchanged (and no record) when the run adds no distractors."""
     gallery = config.gallery
     if not gallery.active:
         return embeddings, corpus, None
-    rows, ids, source, costs = distractor_sources(config, corpus)
+    rows, ids, source, costs = sources
     for model in embeddings:
         if rows[model.name].dim != model.dim:
             raise FusebenchError(f"model {model.name!r}: its distractor rows have dimension {rows[model.name].dim} "

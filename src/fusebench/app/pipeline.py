@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError, __version__
 from fusebench.app import interrupts, state
-from fusebench.app.gallery_stage import attach_gallery
+from fusebench.app.gallery_stage import attach_gallery, distractor_sources
 from fusebench.app.progress import bar as progress_bar
 from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.app.rundir import check_writable
@@ -128,12 +128,15 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
     extra = [load_positives(name, corpus) for name in settings.positives]  # refused before any embedding work
     keep_k = _list_length(settings, fusion, extra, corpus, len(config.models))
 
+    # the distractors' sources first: a bad one is refused before the test split is embedded
+    sources = distractor_sources(config, corpus) if config.gallery.active else None
     embeddings, corpus = _embeddings(config, corpus)
     if extra and corpus.meta.get("dropped_images"):  # unreadable images left out: map the positives again
         extra = [load_positives(name, corpus) for name in settings.positives]
         keep_k = _list_length(settings, fusion, extra, corpus, len(config.models))
     store_dir = config.embed.cache.dir if settings.lists.store else None
-    embeddings, corpus, gallery = attach_gallery(config, corpus, embeddings, device, settings.item_chunk_size, store_dir)
+    embeddings, corpus, gallery = attach_gallery(config, corpus, embeddings, sources, device, settings.item_chunk_size,
+                                                  store_dir)
     search = SearchSettings(device=device, chunk_size=settings.chunk_size, item_chunk_size=settings.item_chunk_size,
                             depth=settings.lists.depth, max_scores_mb=settings.lists.max_scores_mb,
                             store_dir=store_dir,
