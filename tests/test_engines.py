@@ -217,7 +217,7 @@ HAND = {
     "milvus_weighted": {1: 0.95, 2: 0.75, 3: 0.55 + 0.9, 4: 0.6},
     "milvus_weighted_ip": {i: sum(0.5 + math.atan(s) / math.pi for s in v)
                            for i, v in {1: [0.9], 2: [0.5], 3: [0.1, 0.8], 4: [0.2]}.items()},
-    "lancedb_rrf": {1: 1 / 61, 2: 1 / 62, 3: 1 / 63 + 1 / 64, 4: 1 / 65},  # b's ranks run on after a's 3
+    "lancedb_rrf": {1: 1 / 61, 2: 1 / 62, 3: 1 / 63 + 1 / 61, 4: 1 / 62},  # each list ranked on its own (0.40)
     # n = 4 candidates: a gives 4, 3, 2 and (4 - 3 + 1) / 2 = 1 to image 4; b gives 4, 3 and 1.5 to 1 and 2
     "ranx_borda": {1: 4 + 1.5, 2: 3 + 1.5, 3: 2 + 4, 4: 1 + 3},
 }
@@ -316,7 +316,7 @@ ENGINES = {  # each engine's fusion of one query's lists, transcribed from its c
     "milvus_weighted_ip": lambda L, W: _per_set(L, W, lambda c: [0.5 + math.atan(x) / math.pi for x in c]),
     "weaviate_ranked": lambda L, W: _by_rank(L, W, lambda m, i: 1 / (i + 60)),
     "milvus_rrf": lambda L, W: _by_rank(L, W, lambda m, i: 1 / (60 + i + 1)),
-    "lancedb_rrf": lambda L, W: _by_rank(L, W, lambda m, i: 1 / (m * DEPTH + i + 1 + 60)),  # one concatenated list
+    "lancedb_rrf": lambda L, W: _by_rank(L, W, lambda m, i: 1 / (i + 1 + 60)),  # rerank_multivector (0.40)
 }
 
 

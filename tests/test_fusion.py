@@ -199,3 +199,30 @@ def test_numba_kernel_equals_the_torch_path(method, combine, monkeypatch):
     torch_path = fuse(ids, scores, config, 20, weights=[1.0, 0.5, 2.0])
     assert torch.equal(kernel.ids, torch_path.ids) and torch.equal(kernel.scores, torch_path.scores)
     assert torch.equal(kernel.contributors, torch_path.contributors)
+
+
+@pytest.mark.parametrize("method", ["rrf", "sum"])
+def test_ties_by_id_order_equal_scores_by_the_smaller_id(method):
+    """fusion.ties=id (Milvus' newIDScores): the same entries and scores as ties=first, equal scores by smaller id,
+    against the obvious sort of every fused entry; the cut keeps the smaller ids of a tie at the boundary."""
+    rng = np.random.default_rng(5)
+    rows, k = 40, 6
+    ids = [torch.from_numpy(np.stack([rng.permutation(12)[:k] for _ in range(rows)])) for _ in range(2)]
+    scores = [torch.from_numpy(np.sort(rng.choice([0.9, 0.5, 0.3], size=(rows, k)), axis=1)[:, ::-1].copy()
+                               .astype(np.float32)) for _ in range(2)]
+    first = FusionConfig(method=method, fuse_on="source_object", top_k=k)
+    by_id = FusionConfig(method=method, fuse_on="source_object", top_k=k, ties="id")
+    every = fuse(ids, scores, first, 2 * k)
+    for final_k in (3, 2 * k):
+        got = fuse(ids, scores, by_id, final_k)
+        for q in range(rows):
+            entries = [(float(s), int(i)) for i, s in zip(every.ids[q].tolist(), every.scores[q].tolist()) if i >= 0]
+            expected = sorted(entries, key=lambda e: (-e[0], e[1]))[:final_k]
+            mine = [(float(s), int(i)) for i, s in zip(got.ids[q].tolist(), got.scores[q].tolist()) if i >= 0]
+            assert mine == expected
+    assert any(len(set(fuse(ids, scores, first, 2 * k).scores[q].tolist())) < 2 * k for q in range(rows))  # ties occur
+
+
+def test_ties_by_id_needs_lists():
+    with pytest.raises(FusebenchError, match="fusion.ties=id"):
+        FusionConfig(method="rrf", top_k=None, ties="id")

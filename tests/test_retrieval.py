@@ -154,7 +154,7 @@ ENGINE_SETTINGS = {  # the engine presets' mechanics (conf/fusion/*.yaml), each 
     "opensearch_harmonic": {"method": "l2", "combine": "harmonic", "score_map": "cosine01"},
     "elasticsearch_linear_l2": {"method": "l2", "score_map": "cosine01"},
     "milvus_weighted_ip": {"method": "sum", "score_map": "atan"},
-    "lancedb_rrf": {"method": "rrf", "rrf_ranks": "concatenated"},
+    "concatenated_ranks": {"method": "rrf", "rrf_ranks": "concatenated"},
     "running_ranks_geometric": {"method": "rrf", "rrf_ranks": "concatenated", "combine": "geometric"},
     "ranx_borda": {"method": "borda"},
 }

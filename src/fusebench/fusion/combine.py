@@ -6,7 +6,8 @@ entry is real, as for whole score rows): ``ids`` (B, k) int64 with -1 padding an
 ``scores`` (B, k) float32, ordered best first. A normaliser maps one model's list to per-hit evidence;
 ``fuse`` adds the weighted evidence either per source object (item id) or per document (each model's hit
 its own entry) and orders the result by fused score, ties kept in first-appearance order when the lists
-are read model by model in config order, each from rank 1 down.
+are read model by model in config order, each from rank 1 down (``ties: first``), or smaller item id first
+(``ties: id``, Milvus' rule: every entry is fused, then ordered and cut).
 """
 
 from __future__ import annotations
@@ -173,11 +174,23 @@ def _fuse_by_id_kernel(all_ids, ids, scores, weights, offsets, config, final_k) 
     return FusedLists(torch.from_numpy(out_ids), torch.from_numpy(out_scores), torch.from_numpy(out_bits))
 
 
+def ties_by_id(fused: FusedLists, final_k: int) -> FusedLists:
+    """``fused`` (every entry, best first) ordered by fused score with equal scores by smaller item id, cut to
+    ``final_k``: Milvus' order (``internal/util/function/rerank/util.go`` ``newIDScores``). Padding stays last."""
+    ids, scores = fused.ids.numpy(), fused.scores.numpy()
+    order = torch.from_numpy(np.lexsort((ids, -scores.astype(np.float64)), axis=1)[:, :final_k])
+    return FusedLists(ids=fused.ids.gather(1, order), scores=fused.scores.gather(1, order),
+                      contributors=fused.contributors.gather(1, order))
+
+
 def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
          weights: list[float] | None = None) -> FusedLists:
     """Fuse per-model ranked lists for one batch of queries into one list of length ``final_k`` with
     ``config``'s method, key, rrf_k and ddof (``weights``: per model, None = equal)."""
     method, fuse_on, n_models = config.method, config.fuse_on, len(ids)
+    if config.ties == "id":
+        every = fuse(ids, scores, replace(config, ties="first"), sum(t.shape[1] for t in ids), weights)
+        return ties_by_id(every, final_k)
     if method not in EVIDENCE:
         raise FusebenchError(f"fusion method {method!r} cannot fuse; valid: {', '.join(EVIDENCE)}.")
     if fuse_on not in FUSE_ON:

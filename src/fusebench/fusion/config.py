@@ -18,7 +18,8 @@ MEANS = ("mean", "geometric", "harmonic")  # weighted means: per image, never pe
 HOLDER_MEANS = MEANS[1:]  # means over the lists that hold the image (evidence > 0), not over every list
 RANK_METHODS = ("rrf", "isr", "borda")  # evidence from the rank alone
 SCORE_MAPS = ("none", "cosine01", "atan")  # an engine's own score for a cosine s, before normalising
-RRF_RANKS = ("own", "concatenated")  # concatenated: ranks run on through the models' lists (LanceDB)
+TIES = ("first", "id")  # equal fused scores: first appearance (lists read model by model) | smaller item id (Milvus)
+RRF_RANKS = ("own", "concatenated")  # concatenated: ranks run on through the models' lists (older LanceDB)
 
 
 @dataclass
@@ -38,6 +39,7 @@ class FusionConfig:
     flat_score: float | None = None  # evidence for a list whose scores are all equal; null = the method's own
     floor: float | None = None  # evidence <= 0 becomes this (OpenSearch's 0.001); null = none
     rrf_ranks: str = "own"  # rank methods: own list's rank | concatenated: model m's ranks start after the lists before it
+    ties: str = "first"  # equal fused scores: first appearance in the lists | id: the smaller item id first (Milvus)
     preset: str | None = None  # the engine preset this is (conf/fusion/ENGINE_METHOD.yaml), for labels
 
     def __post_init__(self):
@@ -52,6 +54,11 @@ class FusionConfig:
         checks.choice(self.combine, "fusion.combine", COMBINES)
         checks.choice(self.score_map, "fusion.score_map", SCORE_MAPS)
         checks.choice(self.rrf_ranks, "fusion.rrf_ranks", RRF_RANKS)
+        checks.choice(self.ties, "fusion.ties", TIES)
+        if self.ties == "id" and self.top_k is None and self.method != "none":
+            raise FusebenchError("fusion.ties=id orders tied fused scores by item id within the fused lists, which "
+                                 "whole rankings (fusion.top_k=null) do not build: set fusion.top_k (the engine caps it "
+                                 "anyway: Milvus at 16384), or fusion.ties=first.")
         for key in ("flat_score", "floor"):
             if getattr(self, key) is not None:
                 checks.number(getattr(self, key), f"fusion.{key}", hint="null = none")
