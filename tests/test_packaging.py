@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 EXTRAS = PYPROJECT["project"]["optional-dependencies"]
-USER_EXTRAS = ("tiny", "positives", "cluster", "notebook", "gallery")  # what some users need; parity is the tests' oracles
+# what some users need; parity is the tests' oracles
+USER_EXTRAS = ("tiny", "positives", "cluster", "notebook", "gallery", "faiss", "milvus", "lancedb", "qdrant")
 
 
 def conf_files() -> set[str]:

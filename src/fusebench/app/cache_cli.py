@@ -1,7 +1,8 @@
-"""``fusebench-cache``: list and remove cache entries: embeddings, each model's stored ranked lists, score matrices
-and distractors' near-duplicate maxima.
+"""``fusebench-cache``: list and remove cache entries: embeddings, each model's stored ranked lists, score matrices,
+distractors' near-duplicate maxima and FAISS indexes (``search=faiss_*``).
 
-    fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists/scores/dedup), shape, size, state
+    fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists/scores/dedup/index), shape,
+                                               size, state
     fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters, either case);
                                                a prefix that matches several entries is refused (they are listed)
     fusebench-cache remove --all KEY [...]     remove every entry each prefix matches
@@ -22,6 +23,7 @@ from pathlib import Path
 from fusebench import FusebenchError
 from fusebench.stores.embeddings import EmbeddingCache
 from fusebench.stores.entries import matching, remove_entry
+from fusebench.stores.indexes import IndexStore
 from fusebench.stores.lists import ListStore
 from fusebench.stores.near_duplicates import NearDuplicateStore
 from fusebench.stores.scores import ScoreStore
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.dir = checked_dir(args.dir)
         stores = {"embeddings": EmbeddingCache(args.dir), "lists": ListStore(args.dir), "scores": ScoreStore(args.dir),
-                  "near_duplicates": NearDuplicateStore(args.dir)}
+                  "near_duplicates": NearDuplicateStore(args.dir), "indexes": IndexStore(args.dir)}
         if args.command == "list":
             print(format_entries([e for store in stores.values() for e in store.entries()]))
         elif args.command == "remove":

@@ -314,10 +314,12 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     from fusebench.config.gallery import GalleryConfig
+    from fusebench.config.search import SearchConfig
     from fusebench.fusion.config import FusionConfig
 
     store = ConfigStore.instance()
     for name, node in (("schema_fusion", FusionConfig), ("schema_eval", EvalConfig), ("schema_embed", EmbedConfig),
                        ("schema_dataset_sim", SimDatasetConfig), ("schema_logger", WandbConfig),
-                       ("schema_tune", TuneConfig), ("schema_gallery", GalleryConfig)):
+                       ("schema_tune", TuneConfig), ("schema_gallery", GalleryConfig),
+                       ("schema_search", SearchConfig)):
         store.store(name=name, node=node)

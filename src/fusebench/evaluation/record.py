@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from fusebench.config.schema import POSITIVE_SETS, EvalConfig
 from fusebench.config.specs import DEFAULT_WEIGHT
+from fusebench.evaluation.search_record import SearchRecord
 from fusebench.evaluation.subrecords import (
     DatasetSummary,
     FusionRecord,
@@ -170,6 +171,7 @@ class RunRecord:
     positive_comparisons: list[Comparison] = field(default_factory=list)  # the same pairs on those metrics
     tune: TuneRecord | None = None  # tune mode: the tuning split, criterion, every setting's value, the chosen one
     gallery: GalleryRecord | None = None  # distractors added to the dataset's gallery (gallery group); None: none
+    search: SearchRecord | None = None  # an approximate backend's quality and cost (search group); None: exact
     version: int = RECORD_VERSION
 
     @property
@@ -221,6 +223,8 @@ class RunRecord:
             out["tune"] = self.tune.to_json()
         if self.gallery is not None:
             out["gallery"] = self.gallery.to_json()
+        if self.search is not None:
+            out["search"] = self.search.to_json()
         if self.positives:
             out["positives"] = {name: counts.to_json() for name, counts in self.positives.items()}
             out["positive_comparisons"] = [c.to_json() for c in self.positive_comparisons]
@@ -257,4 +261,5 @@ class RunRecord:
                    positive_comparisons=[Comparison.from_json(c) for c in data.get("positive_comparisons") or []],
                    tune=TuneRecord.from_json(data["tune"]) if isinstance(data.get("tune"), dict) else None,
                    gallery=GalleryRecord.from_json(data["gallery"]) if isinstance(data.get("gallery"), dict) else None,
+                   search=SearchRecord.from_json(data["search"]) if isinstance(data.get("search"), dict) else None,
                    version=version)

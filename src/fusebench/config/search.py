@@ -1,0 +1,152 @@
+"""The ``search`` config group: which index answers each model's queries, and, for an engine, who fuses.
+
+``backend``:
+
+* ``exact``   brute-force search (the default; exact ranks in each model's full ranking);
+* ``faiss``   a FAISS index per model and direction, built from the cached embeddings (``index``: ``flat`` |
+  ``ivf_flat`` | ``hnsw`` | ``ivf_pq``), stored content-addressed beside the list store; fusebench fuses the
+  index's lists with the run's fusion;
+* ``milvus`` | ``lancedb`` | ``qdrant``: the engine itself, embedded (Milvus Lite, LanceDB, Qdrant's local mode):
+  the cached embeddings are loaded into it, and it answers every query with its own hybrid search and its own
+  fusion (the run's ``fusion`` must be one of that engine's presets).
+
+Every backend but ``exact`` returns lists ``fusion.top_k`` deep per model: a query whose first correct item is not
+in its list counts as missed (rank past the list). Each such run also evaluates the same fusion on exact lists
+(``exact_fused``) and compares query by query. Parameter names follow FAISS (docs/search.md maps them to each
+engine's). Light on purpose: no numpy, torch or faiss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fusebench import FusebenchError
+from fusebench.config import checks
+
+BACKENDS = ("exact", "faiss", "milvus", "lancedb", "qdrant")
+ENGINES = ("milvus", "lancedb", "qdrant")
+INDEXES = ("flat", "ivf_flat", "hnsw", "ivf_pq")
+# what each backend builds (Qdrant's local mode searches exactly, whatever the collection's HNSW settings say)
+BACKEND_INDEXES = {"exact": ("flat",), "faiss": INDEXES, "milvus": ("flat", "ivf_flat", "hnsw"),
+                   "lancedb": ("flat", "ivf_pq", "hnsw"), "qdrant": ("flat",)}
+# the engine presets each engine runs (conf/fusion/NAME.yaml): an engine fuses by its own rule only
+ENGINE_PRESETS = {"milvus": ("milvus_rrf", "milvus_weighted", "milvus_weighted_ip"), "lancedb": ("lancedb_rrf",),
+                  "qdrant": ("qdrant_rrf", "qdrant_dbsf")}
+EXTRAS = {"faiss": ("faiss", "faiss"), "milvus": ("milvus", "pymilvus"), "lancedb": ("lancedb", "lancedb"),
+          "qdrant": ("qdrant", "qdrant_client")}  # backend -> (pip extra, module imported)
+IVF_MIN_POINTS = 39  # FAISS k-means wants at least 39 training points per list (it warns below that)
+
+
+@dataclass
+class SearchConfig:
+    backend: str = "exact"  # exact | faiss | milvus | lancedb | qdrant
+    index: str = "flat"  # flat | ivf_flat | hnsw | ivf_pq (BACKEND_INDEXES says which backend builds which)
+    nlist: int | None = 64  # ivf_*: inverted lists; null = min(4 sqrt(n), n / 39) for an index of n items
+    nprobe: int = 52  # ivf_*: lists visited per query (1..nlist); 52 of 64 reaches neighbour recall@100 0.97 on the
+    #   COCO-size sim, whose isotropic embeddings have no clusters (real embeddings need far fewer: docs/search.md)
+    hnsw_m: int = 32  # hnsw: links per node (FAISS/Milvus "M")
+    ef_construction: int = 200  # hnsw: candidate list while building (FAISS efConstruction)
+    ef_search: int = 256  # hnsw: candidate list per query (FAISS efSearch, Milvus "ef"); at least the list depth
+    pq_m: int | None = None  # ivf_pq: sub-quantizers (must divide the model's width); null = width / 4 (at most 64 wide)
+    nbits: int = 8  # ivf_pq: bits per sub-quantizer code (4..12)
+    seed: int = 1234  # k-means training seed (FAISS's default); part of an index's store key
+    threads: int | None = None  # FAISS/engine threads; null = every core
+    latency_queries: int = 100  # engines: queries sent again one request at a time (median and p95 latency); 0 = none
+    batch_size: int = 256  # engines: queries per request for the lists themselves
+    keep_db: bool = False  # engines: keep the engine's database in the run dir (engine_db/); false = removed after
+
+    def __post_init__(self):
+        checks.choice(self.backend, "search.backend", BACKENDS)
+        checks.choice(self.index, "search.index", INDEXES)
+        valid = BACKEND_INDEXES[self.backend]
+        if self.index not in valid:
+            why = (" (Qdrant's local mode searches every point exactly)" if self.backend == "qdrant" else
+                   " (exact search has no index: pick search=faiss_* or an engine for an index)"
+                   if self.backend == "exact" else "")
+            raise FusebenchError(f"search.index={self.index} is not an index search.backend={self.backend} builds; "
+                                 f"valid: {', '.join(valid)}{why}.")
+        checks.optional_integer(self.nlist, "search.nlist", 1, "null = min(4 sqrt(n), n / 39)")
+        checks.integer(self.nprobe, "search.nprobe", 1, "inverted lists visited per query")
+        if self.nlist is not None and self.nprobe > self.nlist:
+            raise FusebenchError(f"search.nprobe={self.nprobe} is more than search.nlist={self.nlist}: valid "
+                                 f"search.nprobe is 1..{self.nlist} (nprobe = nlist visits every list).")
+        checks.integer(self.hnsw_m, "search.hnsw_m", 2, "links per node; 16-64 usual")
+        checks.integer(self.ef_construction, "search.ef_construction", 1)
+        checks.integer(self.ef_search, "search.ef_search", 1, "at least the list depth (fusion.top_k)")
+        checks.optional_integer(self.pq_m, "search.pq_m", 1, "must divide each model's width; null = width / 4")
+        checks.integer(self.nbits, "search.nbits", 4)
+        if self.nbits > 12:
+            raise FusebenchError(f"search.nbits={self.nbits} is not valid; valid: 4..12 (bits per PQ code).")
+        checks.integer(self.seed, "search.seed", 0)
+        checks.optional_integer(self.threads, "search.threads", 1, "null = every core")
+        checks.integer(self.latency_queries, "search.latency_queries", 0)
+        checks.integer(self.batch_size, "search.batch_size", 1)
+        checks.boolean(self.keep_db, "search.keep_db")
+
+    @property
+    def approximate(self) -> bool:
+        """True for every backend but ``exact``: lists from an index, ranks past the list missed."""
+        return self.backend != "exact"
+
+    @property
+    def engine(self) -> bool:
+        return self.backend in ENGINES
+
+    def label(self) -> str:
+        """The backend and the parameters that ran, for tables and plots: 'faiss hnsw M=32 efSearch=256'."""
+        if self.backend == "exact":
+            return "exact"
+        return " ".join([self.backend, self.index, *(f"{k}={v}" for k, v in self.index_params().items())])
+
+    def index_params(self) -> dict:
+        """The parameters the index type reads (FAISS names), as set (nlist/pq_m may be null = automatic)."""
+        if self.index == "hnsw":
+            return {"M": self.hnsw_m, "efConstruction": self.ef_construction, "efSearch": self.ef_search}
+        if self.index == "ivf_flat":
+            return {"nlist": self.nlist or "auto", "nprobe": self.nprobe}
+        if self.index == "ivf_pq":
+            return {"nlist": self.nlist or "auto", "m": self.pq_m or "auto", "nbits": self.nbits, "nprobe": self.nprobe}
+        return {}
+
+
+def auto_nlist(n_items: int) -> int:
+    """The default number of inverted lists for ``n_items`` vectors: FAISS's 4 sqrt(n) guideline, capped so that
+    every list trains on at least 39 points (k-means' minimum), and at least 1."""
+    return max(1, min(round(4 * math.sqrt(n_items)), n_items // IVF_MIN_POINTS))
+
+
+def resolved_nlist(config: SearchConfig, n_items: int) -> int:
+    return config.nlist if config.nlist is not None else auto_nlist(n_items)
+
+
+def check_sizes(config: SearchConfig, n_items: dict[str, int], depth: int) -> None:
+    """What the index cannot do for this corpus, refused before any work: ``nprobe`` over the lists an index of
+    each direction's items gets, ``nlist`` over the items, ``ef_search`` below the list depth."""
+    if config.index in ("ivf_flat", "ivf_pq"):
+        for direction, n in n_items.items():
+            nlist = resolved_nlist(config, n)
+            if nlist > n:
+                raise FusebenchError(f"search.nlist={config.nlist} is more than the {n:,} items a {direction} index "
+                                     f"holds: valid search.nlist is 1..{n} (or null = {auto_nlist(n)}).")
+            if config.nprobe > nlist:
+                raise FusebenchError(f"search.nprobe={config.nprobe} is more than the {nlist} lists of the {direction} "
+                                     f"index ({n:,} items, search.nlist={config.nlist if config.nlist else 'null = auto'}"
+                                     f"): valid search.nprobe is 1..{nlist}.")
+    if config.index == "hnsw" and config.ef_search < depth:
+        raise FusebenchError(f"search.ef_search={config.ef_search} is below the list depth {depth} (fusion.top_k or "
+                             f"eval.lists.depth): HNSW returns at most ef_search neighbours; valid search.ef_search "
+                             f">= {depth}.")
+
+
+def resolve_pq_m(config: SearchConfig, dim: int, model: str) -> int:
+    """The sub-quantizer count for a model ``dim`` wide: ``pq_m``, which must divide it, or width / 4 capped at 64
+    (the largest divisor of ``dim`` that is at most both)."""
+    if config.pq_m is not None:
+        if dim % config.pq_m:
+            divisors = [m for m in range(1, min(dim, 128) + 1) if dim % m == 0]
+            raise FusebenchError(f"search.pq_m={config.pq_m} does not divide model {model}'s width {dim}; valid: a "
+                                 f"divisor of {dim} ({', '.join(map(str, divisors))}), or null (automatic).")
+        return config.pq_m
+    cap = max(1, min(dim // 4, 64))
+    return max(m for m in range(1, cap + 1) if dim % m == 0)

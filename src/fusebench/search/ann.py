@@ -1,0 +1,227 @@
+"""Approximate search (``search.backend=faiss``): one FAISS index per model and direction, built from the model's
+cached embeddings (inner product on L2-normalised rows = cosine), searched ``depth`` deep.
+
+* t2i: an index over the images, searched by every caption; i2t: an index over the captions, searched by every
+  image that has captions (``np.unique(caption_image)``, the exact path's i2t queries).
+* Index kinds (``search.index``): ``flat`` IndexFlatIP (exact: a cross-check); ``ivf_flat``
+  IndexIVFFlat(IndexFlatIP, d, nlist, METRIC_INNER_PRODUCT); ``hnsw`` IndexHNSWFlat(d, M, METRIC_INNER_PRODUCT)
+  with efConstruction; ``ivf_pq`` IndexIVFPQ(IndexFlatIP, d, nlist, m, nbits, METRIC_INNER_PRODUCT). IVF k-means
+  is seeded by ``search.seed`` (``index.cp.seed``, and ``index.pq.cp.seed`` for the PQ codebooks); FAISS's
+  IndexIVF constructor makes that k-means spherical for inner product (``index.cp.spherical``).
+* Build parameters are part of the index's store key (``stores.indexes``); the search-time ones (``nprobe``,
+  ``efSearch``) are set on the index after it is built or read, so a sweep over them builds once.
+* Lists: ids int32 best first (-1 where the index returned fewer than asked), scores the index's own inner
+  products (-inf beside -1), ranks the 1-based position of the first correct item IN THE LIST (0 = not listed:
+  the query counts as missed at every k).
+* ``device.type == "cuda"`` with FAISS's GPU build: flat and IVF indexes are copied to the GPU for the search
+  (HNSW has no GPU form in FAISS and stays on the CPU); ``where`` records which one searched.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fusebench import FusebenchError
+from fusebench.config import search as search_config
+from fusebench.config.search import SearchConfig
+from fusebench.encoders.base import ModelEmbeddings
+from fusebench.engines.base import Progress, require
+from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
+from fusebench.evaluation.search_record import IndexQuality
+from fusebench.search.model_lists import ModelLists
+from fusebench.stores.indexes import IndexStore, StoredIndex, build_unstored, index_material
+
+log = logging.getLogger(__name__)
+QUERY_BLOCK = 2048  # queries per FAISS search call (bounded result memory, one progress step each)
+ADD_BLOCK = 8192  # items per index.add call while building (one progress step each)
+PQ_POINTS = 39  # FAISS's ClusteringParameters.min_points_per_centroid default
+GPU_MAX_K = 2048  # FAISS's GPU k-selection limit (GPU_MAX_SELECTION_K): k and nprobe above it stay on the CPU
+
+
+def faiss_version() -> str:
+    return f"faiss {require('faiss').__version__}"
+
+
+@dataclass
+class AnnLists:
+    lists: ModelLists  # the index's lists, both directions (ranks are list ranks: 0 = not in the list)
+    costs: dict[str, IndexQuality]  # direction -> build/query cost (neighbour_recall/top1_agreement: with_quality)
+    params: dict[str, dict]  # direction -> the resolved parameters that ran (FAISS names)
+
+
+def build_params(config: SearchConfig, n_items: int, dim: int, model: str) -> dict:
+    """The resolved BUILD parameters of ``config.index`` for ``n_items`` vectors ``dim`` wide (the store key's)."""
+    if config.index == "hnsw":
+        return {"M": config.hnsw_m, "efConstruction": config.ef_construction}
+    if config.index == "ivf_flat":
+        return {"nlist": search_config.resolved_nlist(config, n_items), "seed": config.seed}
+    if config.index == "ivf_pq":
+        return {"nlist": search_config.resolved_nlist(config, n_items), "m": search_config.resolve_pq_m(config, dim, model),
+                "nbits": config.nbits, "seed": config.seed}
+    return {}
+
+
+def search_params(config: SearchConfig) -> dict:
+    """The search-time parameters of ``config.index`` (not in the store key)."""
+    if config.index == "hnsw":
+        return {"efSearch": config.ef_search}
+    return {"nprobe": config.nprobe} if config.index in ("ivf_flat", "ivf_pq") else {}
+
+
+def check_trainable(config: SearchConfig, n_items: dict[str, int]) -> None:
+    """What FAISS's training would refuse, before any work: IVF-PQ's codebooks need 2^nbits items to train on."""
+    if config.index != "ivf_pq":
+        return
+    for direction, n in n_items.items():
+        if n < 2 ** config.nbits:
+            top = max(4, int(np.log2(max(n, 1))))
+            raise FusebenchError(f"search.nbits={config.nbits} needs at least {2 ** config.nbits:,} items to train its "
+                                 f"codebooks, and the {direction} index holds {n:,}: valid search.nbits is 4..{top} here.")
+
+
+def new_index(faiss, kind: str, dim: int, build: dict):
+    """An empty (untrained) index of ``kind`` with the ``build`` parameters."""
+    ip = faiss.METRIC_INNER_PRODUCT
+    if kind == "flat":
+        return faiss.IndexFlatIP(dim)
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, build["M"], ip)
+        index.hnsw.efConstruction = build["efConstruction"]
+        return index
+    quantizer = faiss.IndexFlatIP(dim)  # the IVF index keeps a reference to it (faiss's add_ref_in_constructor)
+    if kind == "ivf_flat":
+        index = faiss.IndexIVFFlat(quantizer, dim, build["nlist"], ip)
+    else:
+        index = faiss.IndexIVFPQ(quantizer, dim, build["nlist"], build["m"], build["nbits"], ip)
+        index.pq.cp.seed = build["seed"]
+        # FAISS's k-means prints a warning per codebook (pq.m of them) to stderr below 39 points a centroid; it
+        # changes nothing else (Clustering::train_encoded): build_index logs one line instead
+        index.pq.cp.min_points_per_centroid = 1
+    index.cp.seed = build["seed"]
+    return index
+
+
+def build_index(faiss, kind: str, items: np.ndarray, build: dict, update) -> object:
+    """The index of ``kind`` over ``items``: trained (IVF: on every item), then filled in blocks."""
+    index = new_index(faiss, kind, items.shape[1], build)
+    if kind == "ivf_pq" and len(items) < PQ_POINTS * 2 ** build["nbits"]:
+        log.info("IVF-PQ: %d codebook centroids (nbits=%d) trained on %d items (FAISS suggests %d a centroid)",
+                 2 ** build["nbits"], build["nbits"], len(items), PQ_POINTS)
+    if not index.is_trained:
+        index.train(np.ascontiguousarray(items, dtype=np.float32))
+    for start in range(0, len(items), ADD_BLOCK):
+        block = np.ascontiguousarray(items[start:start + ADD_BLOCK], dtype=np.float32)
+        index.add(block)
+        update(len(block))
+    return index
+
+
+def set_search_params(faiss, index, params: dict) -> None:
+    """``nprobe`` / ``efSearch`` on a CPU index (after it was built or read: never stored)."""
+    index = faiss.downcast_index(index)
+    if "nprobe" in params:
+        index.nprobe = params["nprobe"]
+    if "efSearch" in params:
+        index.hnsw.efSearch = params["efSearch"]
+
+
+def searcher(faiss, index, kind: str, device: torch.device, k: int, params: dict) -> tuple[object, str, object]:
+    """(the index to search, where it searches, the GPU resources to keep alive): a GPU copy of a flat or IVF
+    index when ``device`` is CUDA and this FAISS has GPUs, else the CPU index itself."""
+    if (device.type != "cuda" or kind == "hnsw" or not hasattr(faiss, "StandardGpuResources")
+            or faiss.get_num_gpus() < 1 or k > GPU_MAX_K or params.get("nprobe", 0) > GPU_MAX_K):
+        return index, "cpu", None
+    try:
+        resources = faiss.StandardGpuResources()
+        gpu = faiss.index_cpu_to_gpu(resources, device.index or 0, index)  # copies nprobe from the CPU index
+    except RuntimeError as err:  # a form this GPU build does not take (an IVF-PQ code size it lacks, ...)
+        log.warning("FAISS could not move the %s index to %s (%s); searching on the CPU", kind, device, err)
+        return index, "cpu", None
+    if "nprobe" in params and hasattr(gpu, "nprobe"):
+        gpu.nprobe = params["nprobe"]
+    return gpu, "cuda", resources
+
+
+def search_blocks(index, queries: np.ndarray, k: int, update) -> tuple[np.ndarray, np.ndarray, float]:
+    """(ids int64, scores float32 with -inf beside -1 ids, seconds) of ``queries`` searched ``k`` deep."""
+    ids = np.empty((len(queries), k), dtype=np.int64)
+    scores = np.empty((len(queries), k), dtype=np.float32)
+    seconds = 0.0
+    for start in range(0, len(queries), QUERY_BLOCK):
+        block = np.ascontiguousarray(queries[start:start + QUERY_BLOCK], dtype=np.float32)
+        started = time.perf_counter()
+        scores[start:start + len(block)], ids[start:start + len(block)] = index.search(block, k)
+        seconds += time.perf_counter() - started
+        update(len(block))
+    scores[ids < 0] = -np.inf
+    return ids, scores, seconds
+
+
+def _no_progress(_desc: str, _total: int):
+    return lambda _n: None
+
+
+def _index(faiss, model: ModelEmbeddings, direction: str, items: np.ndarray, build: dict, config: SearchConfig,
+           store_dir: str | None, progress: Progress) -> StoredIndex:
+    """The index of ``items`` from the store (``store_dir``), else built (and stored when there is a store)."""
+    def make():
+        return build_index(faiss, config.index, items, build, progress(f"index {model.name} {direction}", len(items)))
+
+    if store_dir is None:
+        return build_unstored(make)
+    from fusebench.stores.lists import shared_digests
+
+    (digest,) = shared_digests([np.asarray(items, dtype=np.float32)])
+    material = index_material(digest, len(items), items.shape[1], direction, config.index, build, faiss_version())
+    return IndexStore(store_dir).get_or_build(material, make, {"model": model.name, "direction": direction})
+
+
+def _direction(faiss, model, direction, items, queries, depth, config, device, store_dir, progress):
+    """One direction's (ids, scores, cost, params)."""
+    k = min(depth, len(items))
+    build = build_params(config, len(items), items.shape[1], model.name)
+    params = {**build, **search_params(config)}
+    stored = _index(faiss, model, direction, items, build, config, store_dir, progress)
+    set_search_params(faiss, stored.index, params)
+    index, where, _resources = searcher(faiss, stored.index, config.index, device, k, params)
+    ids, scores, seconds = search_blocks(index, queries, k, progress(f"search {model.name} {direction}", len(queries)))
+    cost = IndexQuality(neighbour_recall=0.0, top1_agreement=0.0, depth=k, build_seconds=stored.build_seconds,
+                        index_bytes=stored.index_bytes, query_ms=1000 * seconds / max(len(queries), 1),
+                        stored=stored.stored, hit=stored.hit, key=stored.key, where=where)
+    return ids, scores, cost, params
+
+
+def faiss_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, config: SearchConfig,
+                device: torch.device, store_dir: str | None, progress: Progress | None = None) -> AnnLists:
+    """``model``'s lists ``depth`` deep in both directions from FAISS indexes of ``config.index`` (see the module)."""
+    faiss = require("faiss")
+    if model.distractors is not None:
+        raise FusebenchError("search.backend=faiss does not search a gallery's distractors: use search=exact with a "
+                             "gallery, or gallery=none.")
+    caption_image = np.asarray(caption_image, dtype=np.int64)
+    query_images = np.unique(caption_image)
+    sides = {"t2i": (model.image, model.text), "i2t": (model.text, model.image[query_images])}
+    search_config.check_sizes(config, {d: len(items) for d, (items, _) in sides.items()}, depth)
+    check_trainable(config, {d: len(items) for d, (items, _) in sides.items()})
+    progress = progress or _no_progress
+    threads = faiss.omp_get_max_threads()
+    if config.threads:
+        faiss.omp_set_num_threads(config.threads)
+    try:
+        out = {d: _direction(faiss, model, d, items, queries, depth, config, device, store_dir, progress)
+               for d, (items, queries) in sides.items()}
+    finally:
+        faiss.omp_set_num_threads(threads)
+    cap_img = torch.from_numpy(caption_image)
+    ranks = {"t2i": t2i_list_ranks(torch.from_numpy(out["t2i"][0]), cap_img),
+             "i2t": i2t_list_ranks(torch.from_numpy(out["i2t"][0]), torch.from_numpy(query_images), cap_img)}
+    arrays = {}
+    for d, (ids, scores, _cost, _params) in out.items():
+        arrays.update({f"{d}_ids": ids.astype(np.int32), f"{d}_scores": scores,
+                       f"{d}_ranks": np.asarray(ranks[d], dtype=np.int64)})
+    return AnnLists(ModelLists(depth, arrays), {d: o[2] for d, o in out.items()}, {d: o[3] for d, o in out.items()})

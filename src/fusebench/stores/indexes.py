@@ -1,0 +1,201 @@
+"""The index store: FAISS indexes (``search=faiss_*``), built once per model x items x direction x index build
+parameters and read back by every later job, so that a sweep over fusion settings or over the search-time
+parameters (``nprobe``, ``efSearch``: not in the key) builds each index once.
+
+    CACHE/indexes/ab/abcdef.../index.faiss   faiss.serialize_index bytes (built with its search-time parameters
+                                             at FAISS's defaults: the bytes depend on the key alone)
+    CACHE/indexes/ab/abcdef.../meta.json     key material, ntotal, d, bytes and CRC-32 of index.faiss
+    CACHE/indexes/ab/abcdef....lock          held while the entry is read or built (two jobs never both build it)
+
+Key material (``index_material``): the items' digest (``stores.lists.shared_digests``), their count and width,
+the direction, the index kind, the resolved build parameters (nlist, M, efConstruction, pq m, nbits, k-means
+seed), the FAISS version and this store's format. Guarantees as for the list store (``stores.entries``): atomic
+writes (meta.json last), a lock per entry, a checksum verified on every read (the bytes are checked in memory on
+their way to ``faiss.deserialize_index``, which is never given unchecked bytes); an entry that is not provably the
+one asked for, truncated, corrupt, of another format, without meta.json (a write killed midway) or whose index
+reads back as another index (``ntotal``, ``d``, metric, class, build parameters: ``index_problem``) is reported,
+removed and rebuilt, never read. Listed and removed by ``fusebench-cache`` (kind ``index``). faiss is imported
+where an index is read or written, so that ``fusebench-cache`` starts (and lists) without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fusebench.stores.entries import (
+    UNREADABLE,
+    cache_key,
+    data_file_size_problem,
+    discard_entry,
+    entry_lock,
+    entry_meta,
+    scan_entries,
+    store_folders,
+    unreadable,
+)
+from fusebench.stores.files import atomic_save, atomic_write_text, clear_path
+
+log = logging.getLogger(__name__)
+FORMAT = 1  # bump when the stored bytes change meaning; older entries then have another key (listed, removable)
+STORE = "index store"
+DATA = "index.faiss"
+# the FAISS class each index kind builds (what a read-back index must be)
+KIND_CLASSES = {"flat": "IndexFlatIP", "ivf_flat": "IndexIVFFlat", "hnsw": "IndexHNSWFlat", "ivf_pq": "IndexIVFPQ"}
+
+
+def index_material(items_digest: str, n: int, dim: int, direction: str, kind: str, build: dict,
+                   faiss_version: str) -> dict:
+    """Everything an index's bytes depend on: its store key's material. ``build``: the resolved BUILD
+    parameters (FAISS names: nlist, M, efConstruction, m, nbits, seed); search-time ones stay out."""
+    return {"kind": "index", "format": FORMAT, "items": items_digest, "n": int(n), "dim": int(dim),
+            "direction": direction, "index": kind, "build": dict(build), "faiss": faiss_version}
+
+
+def index_problem(index, material: dict) -> str | None:
+    """Why a read-back ``index`` is not the one ``material`` describes (count, width, metric, class, build
+    parameters), or None."""
+    import faiss
+
+    expected = KIND_CLASSES[material["index"]]
+    found = type(faiss.downcast_index(index)).__name__
+    if found != expected:
+        return f"holds a {found}, expected a {expected}"
+    if index.ntotal != material["n"] or index.d != material["dim"]:
+        return f"holds {index.ntotal} vectors of width {index.d}, expected {material['n']} of width {material['dim']}"
+    if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        return f"metric {index.metric_type}, expected inner product ({faiss.METRIC_INNER_PRODUCT})"
+    build = material["build"]
+    index = faiss.downcast_index(index)
+    found = {"nlist": getattr(index, "nlist", None), "M": index.hnsw.nb_neighbors(1) if expected == "IndexHNSWFlat"
+             else None, "m": index.pq.M if expected == "IndexIVFPQ" else None,
+             "nbits": index.pq.nbits if expected == "IndexIVFPQ" else None}
+    wrong = [f"{name}={found[name]} (expected {build[name]})" for name in found if name in build and found[name] != build[name]]
+    return f"built with {', '.join(wrong)}" if wrong else None
+
+
+@dataclass
+class StoredIndex:
+    index: object  # the faiss index (on the CPU)
+    key: str | None  # the store key (None: no store)
+    hit: bool  # read from the store, not built
+    build_seconds: float | None  # building it (None on a hit)
+    index_bytes: int  # its serialised size
+    stored: bool  # it came from, or went to, the store
+
+
+def serialize(index) -> np.ndarray:
+    import faiss
+
+    return faiss.serialize_index(index)
+
+
+def build_unstored(build: Callable[[], object]) -> StoredIndex:
+    """``build()`` without a store: timed, its serialised size measured."""
+    started = time.perf_counter()
+    index = build()
+    seconds = time.perf_counter() - started
+    return StoredIndex(index, None, False, seconds, int(serialize(index).nbytes), False)
+
+
+class IndexStore:
+    def __init__(self, cache_root: str | Path):
+        self.cache_root = Path(cache_root).expanduser()
+        self.root = self.cache_root / "indexes"
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get_or_build(self, material: dict, build: Callable[[], object], info: dict | None = None) -> StoredIndex:
+        """The index ``material`` describes: from the store, else ``build()``'s, stored."""
+        key = cache_key(material)
+        folder = self.entry_dir(key)
+        store_folders(self.cache_root, folder.parent, STORE)
+        with entry_lock(folder, STORE):
+            stored = self._read(folder, key, material)
+            if stored is not None:
+                return stored
+            started = time.perf_counter()
+            index = build()
+            seconds = time.perf_counter() - started
+            data = serialize(index)
+            try:
+                self._write(folder, key, material, data, info or {})
+            except OSError as err:  # a full disk or a read-only cache: keep the index, store nothing
+                clear_path(folder)
+                log.warning("could not store the index in %s (%s); going on without storing it", folder,
+                            err.strerror or err)
+                return StoredIndex(index, key, False, seconds, int(data.nbytes), False)
+            return StoredIndex(index, key, False, seconds, int(data.nbytes), True)
+
+    def _read(self, folder: Path, key: str, material: dict) -> StoredIndex | None:
+        meta, problem = entry_meta(folder, key, material)
+        if meta is None and problem is None:
+            if os.path.lexists(folder):  # a folder without meta.json: a write killed midway
+                discard_entry(folder, STORE, "no meta.json (a write that never finished)")
+            return None
+        index = None
+        try:
+            if problem is None and meta.get("format") != FORMAT:
+                problem = f"format {meta.get('format')!r}, this version reads format {FORMAT}"
+            problem = problem or data_file_size_problem(folder / DATA, meta["bytes"])
+            if problem is None:
+                index, problem = _checked_index(folder / DATA, meta, material)
+        except UNREADABLE as err:
+            problem = unreadable(err)
+        if problem:
+            discard_entry(folder, STORE, problem)
+            return None
+        return StoredIndex(index, key, True, None, int(meta["bytes"]), True)
+
+    def _write(self, folder: Path, key: str, material: dict, data: np.ndarray, info: dict) -> None:
+        clear_path(folder)
+        folder.mkdir(parents=True)
+        data_path = folder / DATA
+        atomic_save(data_path, lambda tmp: _write_synced(tmp, data))
+        crc = f"{zlib.crc32(memoryview(data)):08x}"
+        meta = {"key": key, "format": FORMAT, "info": info, "material": material, "ntotal": material["n"],
+                "d": material["dim"], "bytes": data_path.stat().st_size, "crc32": crc,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+
+    def entries(self) -> list[dict]:
+        """Every entry: key, model, index kind and direction, ntotal x d, size on disk, complete or not."""
+        return scan_entries(self.root, lambda meta: {
+            "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
+            "shape": [meta.get("ntotal"), meta.get("d")],
+            "dtype": f"{(meta.get('material') or {}).get('index')} {(meta.get('material') or {}).get('direction')}"},
+            lambda meta: {DATA: meta["bytes"]}, kind="index")
+
+
+def _write_synced(path: Path, data: np.ndarray) -> None:
+    with path.open("wb") as fh:
+        fh.write(memoryview(data))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _checked_index(path: Path, meta: dict, material: dict) -> tuple[object | None, str | None]:
+    """The index in ``path`` when its bytes match meta.json's CRC-32 and it reads back as ``material``'s index;
+    else (None, why). Unchecked bytes never reach FAISS's reader (a damaged file could crash it)."""
+    import faiss
+
+    data = np.fromfile(path, dtype=np.uint8)
+    if data.nbytes != meta["bytes"]:
+        return None, f"{DATA} has {data.nbytes} bytes, expected {meta['bytes']} (truncated?)"
+    if f"{zlib.crc32(memoryview(data)):08x}" != meta.get("crc32"):
+        return None, f"{DATA} does not match its recorded checksum"
+    try:
+        index = faiss.deserialize_index(data)
+    except RuntimeError as err:  # FAISS's reader raises RuntimeError on bytes it cannot parse
+        return None, f"FAISS cannot read {DATA} ({str(err).strip().splitlines()[0] if str(err).strip() else err})"
+    problem = index_problem(index, material)
+    return (None, f"{DATA} {problem}") if problem else (index, None)

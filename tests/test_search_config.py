@@ -1,0 +1,120 @@
+"""The search group's checks (each bad setting one line naming the key and what is valid, before any work) and
+the engine-parity functions against the obvious loops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fusebench import FusebenchError
+from fusebench.config.run import run_config
+from fusebench.config.search import SearchConfig, auto_nlist, check_sizes, resolve_pq_m
+from fusebench.evaluation.parity import identical_at, parity, tie_explained
+
+
+def _refused(compose_cfg, overrides: list[str], *fragments: str) -> str:
+    with pytest.raises(FusebenchError) as err:
+        run_config(compose_cfg(overrides))
+    message = str(err.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg):
+    expected = {"exact": ("exact", "dbsf"), "faiss_hnsw": ("faiss", "dbsf"), "faiss_ivf_pq": ("faiss", "dbsf"),
+                "milvus": ("milvus", "rrf"), "lancedb": ("lancedb", "rrf"), "qdrant": ("qdrant", "dbsf")}
+    for option, (backend, method) in expected.items():
+        config = run_config(compose_cfg([f"search={option}"]))
+        assert (config.search.backend, config.fusion.method) == (backend, method)
+    assert run_config(compose_cfg(["search=milvus"])).fusion.preset == "milvus_rrf"
+    assert run_config(compose_cfg(["search=qdrant"])).fusion.preset == "qdrant_dbsf"
+    # the command line's fusion wins over the engine option's default preset
+    assert run_config(compose_cfg(["search=milvus", "fusion=milvus_weighted"])).fusion.preset == "milvus_weighted"
+    assert run_config(compose_cfg(["fusion=qdrant_rrf", "search=qdrant"])).fusion.preset == "qdrant_rrf"
+
+
+@pytest.mark.parametrize("overrides,fragments", [
+    (["search=faiss_ivf_flat", "search.nlist=4", "search.nprobe=8"], ("search.nprobe=8", "1..4")),
+    (["search=faiss_hnsw", "search.ef_search=50"], ("search.ef_search=50", ">= 100")),
+    (["search=faiss_hnsw", "fusion.top_k=300", "search.ef_search=256"], ("search.ef_search=256", ">= 300")),
+    (["search=qdrant", "search.index=hnsw"], ("search.index=hnsw", "valid: flat")),
+    (["search=milvus", "search.index=ivf_pq"], ("search.index=ivf_pq", "flat, ivf_flat, hnsw")),
+    (["search=exact", "search.index=hnsw"], ("search.index=hnsw",)),
+    (["search=milvus", "fusion=dbsf"], ("fusion=milvus_rrf | fusion=milvus_weighted",)),
+    (["search=lancedb", "fusion=qdrant_rrf"], ("fusion=lancedb_rrf", "another engine's")),
+    (["search=milvus", "fusion.rrf_k=10"], ("fusion=milvus_rrf",)),
+    (["search=lancedb", "fusion.fuse_on=document"], ("fusion.fuse_on=document", "source_object")),
+    (["search=faiss_hnsw", "fusion.top_k=null"], ("fusion.top_k",)),
+    (["search=faiss_flat", "gallery=sim", "gallery.size=100"], ("gallery=none",)),
+    (["search=faiss_flat", "tune=weights"], ("search=exact",)),
+    (["search=milvus", "models.sim_dfn5b_like.weight=2"], ("milvus_rrf takes no per-model weights", "equal weights")),
+    (["search=qdrant", "models.sim_dfn5b_like.weight=2"], ("qdrant",)),
+    (["search=faiss_ivf_pq", "search.nbits=16"], ("search.nbits=16", "4..12")),
+    (["search=faiss_flat", "search.backend=annoy"], ("search.backend='annoy'", "faiss")),
+])
+def test_bad_search_settings_are_one_line(compose_cfg, overrides, fragments):
+    _refused(compose_cfg, overrides, *fragments)
+
+
+def test_index_sizes_are_checked_against_the_corpus():
+    config = SearchConfig(backend="faiss", index="ivf_flat", nlist=None, nprobe=32)
+    assert auto_nlist(5000) == 128 and auto_nlist(25010) == 633 and auto_nlist(10) == 1
+    check_sizes(config, {"t2i": 5000, "i2t": 25010}, 100)  # auto nlist 128 / 633 >= nprobe 32
+    with pytest.raises(FusebenchError, match=r"search.nprobe=32 is more than the 25 lists of the t2i index"):
+        check_sizes(config, {"t2i": 1000, "i2t": 5000}, 100)
+    with pytest.raises(FusebenchError, match=r"search.nlist=600 is more than the 500 items"):
+        check_sizes(SearchConfig(backend="faiss", index="ivf_flat", nlist=600, nprobe=1), {"t2i": 500, "i2t": 900}, 10)
+    with pytest.raises(FusebenchError, match="search.ef_search=120 is below the list depth 200"):
+        check_sizes(SearchConfig(backend="faiss", index="hnsw", ef_search=120), {"t2i": 500, "i2t": 900}, 200)
+
+
+def test_pq_m_divides_the_width():
+    assert resolve_pq_m(SearchConfig(backend="faiss", index="ivf_pq"), 1152, "a") == 64
+    assert resolve_pq_m(SearchConfig(backend="faiss", index="ivf_pq"), 24, "a") == 6
+    assert resolve_pq_m(SearchConfig(backend="faiss", index="ivf_pq", pq_m=8), 1024, "a") == 8
+    with pytest.raises(FusebenchError, match=r"search.pq_m=7 does not divide model b's width 1024"):
+        resolve_pq_m(SearchConfig(backend="faiss", index="ivf_pq", pq_m=7), 1024, "b")
+
+
+def _slow_explained(engine, exact, scores, k):
+    """The rule written out: at every differing position the engine's item scores (by the exact list) what the
+    exact list's item there scores."""
+    lookup = {}
+    for i, s in zip(exact, scores):
+        if i >= 0:
+            lookup[int(i)] = float(s)
+    for p in range(k):
+        if engine[p] == exact[p]:
+            continue
+        if engine[p] not in lookup or abs(lookup[engine[p]] - scores[p]) > 1e-5 * max(abs(lookup[engine[p]]), abs(scores[p])) + 1e-9:
+            return False
+    return True
+
+
+def test_parity_against_the_obvious_loops():
+    rng = np.random.default_rng(3)
+    n, k, width = 300, 10, 20
+    exact_ids = np.stack([rng.permutation(100)[:width] for _ in range(n)])
+    exact_scores = np.sort(rng.choice([0.5, 0.25, 0.2, 0.1, 0.05], size=(n, width)), axis=1)[:, ::-1].astype(np.float32)
+    engine_ids = exact_ids.copy()
+    for q in range(n):  # swap two positions, or bring in an outsider, or leave alone
+        kind = q % 3
+        a, b = rng.integers(0, k, 2)
+        if kind == 0:
+            engine_ids[q, [a, b]] = engine_ids[q, [b, a]]
+        elif kind == 1:
+            engine_ids[q, a] = 100 + q
+    block, differ, explained = parity(engine_ids, exact_ids, exact_scores, k)
+    slow_same = [all(engine_ids[q, :k] == exact_ids[q, :k]) for q in range(n)]
+    assert block.identical_top10 == pytest.approx(np.mean(slow_same))
+    assert block.identical_top1 == pytest.approx(np.mean([engine_ids[q, 0] == exact_ids[q, 0] for q in range(n)]))
+    assert list(differ) == [q for q in range(n) if not slow_same[q]]
+    assert list(explained) == [_slow_explained(engine_ids[q], exact_ids[q], exact_scores[q], k) for q in differ]
+    assert 0 < block.explained < block.differ  # both kinds occur
+    assert identical_at(engine_ids, exact_ids, 1).dtype == bool
+    # a swap of two items with float-rounding-equal scores is a tie; an item the exact list lacks never is
+    assert tie_explained(np.array([2, 1, 3]), np.array([1, 2, 3]), np.array([0.3, 0.3 + 1e-9, 0.1]), 3)
+    assert not tie_explained(np.array([2, 1, 3]), np.array([1, 2, 3]), np.array([0.3, 0.2, 0.1]), 3)
+    assert not tie_explained(np.array([9, 2, 3]), np.array([1, 2, 3]), np.array([0.3, 0.3, 0.1]), 3)
