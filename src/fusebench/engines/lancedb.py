@@ -1,0 +1,284 @@
+"""LanceDB (``lancedb``, embedded) as an engine: ``search=lancedb``.
+
+One table under ``request.workdir`` (``lancedb.connect(workdir)``): an int64 ``id`` (the item id, written in id
+order, so LanceDB's ``_rowid`` order is id order) and one ``fixed_size_list<float32>`` column per model (``v0``,
+``v1``, ... in model order), written from pyarrow record batches in one commit. Searches use the ``dot`` distance
+(``1 - q.x``: on unit vectors the cosine order; the singles' scores are ``1 - _distance``). Indexes, per column:
+``flat`` builds none (LanceDB's exact brute-force kNN: every distance, then a TopK sort by ``(_distance,
+_rowid)``), ``ivf_pq`` builds ``IvfPq`` (``nprobes`` per query), ``hnsw`` builds ``HnswSq`` with one partition
+(IVF_HNSW_SQ; ``ef`` per query).
+
+LanceDB has no server-side multi-vector hybrid search: its documented recipe is one search per model, then a
+reranker's ``rerank_multivector`` in Python. So the fused list is ``RRFReranker(K=fusion.rrf_k)
+.rerank_multivector([one table per model], deduplicate=True)`` over each query's per-model results (the same
+searches the singles are: each ``per_model_k`` deep), cut to ``final_k``; its score is the reranker's
+``_relevance_score``. The rules that make LanceDB's lists differ from fusebench's preset are in :data:`NOTES`
+(and docs/engines.md). Nothing is written outside ``request.workdir`` (tests/test_engine_lancedb.py watches HOME,
+TMPDIR and the working folder): an index build's spill files go to ``workdir/tmp`` (TMPDIR while the engine runs).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import metadata
+
+import numpy as np
+
+from fusebench import FusebenchError
+from fusebench.config.search import ENGINE_PRESETS, check_sizes, resolve_pq_m, resolved_nlist
+from fusebench.engines.base import EngineLists, EngineRequest, folder_bytes, pad, require
+
+TABLE = "fusebench"
+DISTANCE = "dot"  # 1 - q.x (lance-linalg): on unit vectors the cosine order, with no re-normalisation
+WRITE_ROWS = 2048  # rows per pyarrow record batch written
+PQ_BITS = (4, 8)  # lance-index vector/pq.rs refuses any other num_bits
+NOTES = [
+    "lancedb: RRFReranker.rerank_multivector (lancedb/rerankers/rrf.py) ranks each model's list on its own (rank 1 "
+    "at each list's top; earlier releases, from lancedb PR #1481 (2024), ranked the concatenation of the lists) and "
+    "sums 1 / (K + rank) per _rowid in Python float64",
+    "lancedb: _relevance_score is that float64 sum cast to float32, and the list is sorted on the float32 value "
+    "(pyarrow sort_by, stable): sums that round to the same float32 tie, and ties keep the order of the concatenated lists "
+    "after deduplication (model 0's hits from its rank 1 down, then each later model's new hits)",
+    "lancedb: duplicates are removed by Reranker._deduplicate (lancedb/rerankers/base.py), which keeps the first "
+    "occurrence of each _rowid in the concatenation; the reranker returns every distinct hit (no limit): fusebench "
+    "cuts it to final_top_k",
+    "lancedb: the singles' scores are 1 - _distance, where the dot distance is 1 - q.x in float32 (so a score "
+    "may differ from the exact cosine by a float32 ulp of 1); equal distances are ordered by _rowid = item id "
+    "(the kNN plan's TopK sort on (_distance, _rowid))",
+]
+
+
+def version() -> str:
+    lancedb = require("lancedb")
+    try:
+        pylance = metadata.version("pylance")
+    except metadata.PackageNotFoundError:
+        pylance = "not installed"
+    return f"lancedb {lancedb.__version__} (pylance {pylance})"
+
+
+def columns(request: EngineRequest) -> dict[str, str]:
+    """model -> its vector column (v0, v1, ... in model order: a model's name need not be a valid column name)."""
+    return {m: f"v{i}" for i, m in enumerate(request.models)}
+
+
+def minimum_items(request: EngineRequest) -> int:
+    """The fewest items the requested index trains on: IVF_PQ's codebooks need 2^nbits rows (with fewer, LanceDB
+    builds an empty index and searches every row flat, silently). search.nlist over the items is check_sizes'."""
+    return 2 ** request.search.nbits if request.search.index == "ivf_pq" else 1
+
+
+def check_request(request: EngineRequest) -> None:
+    """What LanceDB cannot run, refused before any work (one line naming the key and what is valid)."""
+    fusion, search = request.fusion, request.search
+    if fusion.preset not in ENGINE_PRESETS["lancedb"] or fusion.method != "rrf":
+        raise FusebenchError(f"search=lancedb fuses with LanceDB's RRFReranker only: fusion={fusion.preset or fusion.method} "
+                             f"is not valid; valid: {' | '.join(f'fusion={p}' for p in ENGINE_PRESETS['lancedb'])}.")
+    if fusion.fuse_on == "document":
+        raise FusebenchError("fusion.fuse_on=document needs one entry per model's hit, which a LanceDB table does not "
+                             "hold (one row per image with every model's vector): valid fusion.fuse_on=source_object.")
+    weights = [float(request.weights[m]) for m in request.models]
+    if len(set(weights)) > 1:
+        raise FusebenchError(f"fusion=lancedb_rrf takes no weights (LanceDB's RRFReranker has none), but the models' "
+                             f"weights differ ({'/'.join(f'{w:g}' for w in weights)}): valid: equal weights.")
+    check_sizes(search, {request.direction: request.n_items}, request.per_model_k)
+    if search.index == "ivf_pq":
+        if search.nbits not in PQ_BITS:
+            raise FusebenchError(f"search.nbits={search.nbits} is not a PQ code width LanceDB builds: valid "
+                                 f"search.nbits is {' or '.join(map(str, PQ_BITS))}.")
+        for m in request.models:
+            resolve_pq_m(search, request.items[m].shape[1], m)
+    need = minimum_items(request)
+    if request.n_items < need:
+        raise FusebenchError(f"search.index=ivf_pq needs at least {need} items (2^search.nbits PQ training rows), but "
+                             f"the {request.direction} index holds {request.n_items}: valid: search.index=flat or hnsw, "
+                             f"or search.nbits=4 (at least 16 items).")
+
+
+def _ticker(request: EngineRequest, what: str, total: int) -> Callable[[int], None]:
+    return request.progress(what, total) if request.progress else (lambda n: None)
+
+
+@contextmanager
+def _environment(request: EngineRequest) -> Iterator[None]:
+    """LanceDB's environment while it runs: TMPDIR inside ``workdir`` (an index build spills its k-means/shuffle
+    files to Rust's std::env::temp_dir(), read on every call, which is TMPDIR) and ``search.threads`` as
+    LANCE_CPU_THREADS (read once, when LanceDB's compute pool starts: a process's first LanceDB run sets it for
+    the rest of that process; an explicit LANCE_CPU_THREADS is left alone). The previous values come back after."""
+    spill = request.workdir / "tmp"
+    spill.mkdir(exist_ok=True)
+    wanted = {"TMPDIR": str(spill)}
+    if request.search.threads is not None and "LANCE_CPU_THREADS" not in os.environ:
+        wanted["LANCE_CPU_THREADS"] = str(request.search.threads)
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _batches(pa, request: EngineRequest, schema) -> Iterator:
+    tick = _ticker(request, "lancedb: writing items", request.n_items)
+    for start in range(0, request.n_items, WRITE_ROWS):
+        stop = min(start + WRITE_ROWS, request.n_items)
+        arrays = [pa.array(np.arange(start, stop, dtype=np.int64))]
+        for m in request.models:
+            block = np.ascontiguousarray(request.items[m][start:stop], dtype=np.float32)
+            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(block.ravel()), block.shape[1]))
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        tick(stop - start)
+
+
+def _ingest(db, pa, request: EngineRequest):
+    fields = [pa.field("id", pa.int64(), nullable=False)]
+    fields += [pa.field(name, pa.list_(pa.float32(), int(request.items[m].shape[1])))
+               for m, name in columns(request).items()]
+    schema = pa.schema(fields)
+    return db.create_table(TABLE, data=_batches(pa, request, schema), schema=schema)
+
+
+def index_config(request: EngineRequest, model: str):
+    """The LanceDB index config for ``model``'s column (None for flat: no index)."""
+    from lancedb.index import HnswSq, IvfPq
+
+    search = request.search
+    if search.index == "ivf_pq":
+        return IvfPq(distance_type=DISTANCE, num_partitions=resolved_nlist(search, request.n_items),
+                     num_sub_vectors=resolve_pq_m(search, request.items[model].shape[1], model), num_bits=search.nbits)
+    if search.index == "hnsw":
+        return HnswSq(distance_type=DISTANCE, num_partitions=1, m=search.hnsw_m, ef_construction=search.ef_construction)
+    return None
+
+
+def _build(table, request: EngineRequest) -> float:
+    """Each column's index (none for flat: 0 seconds); the seconds it took."""
+    if request.search.index == "flat":
+        return 0.0
+    began = time.perf_counter()
+    for m, name in columns(request).items():
+        config = index_config(request, m)
+        if config is None:
+            continue
+        table.create_index(name, config=config, replace=True)
+        stats = table.index_stats(f"{name}_idx")
+        if stats is None or stats.num_unindexed_rows:  # LanceDB leaves rows it could not train on unindexed
+            raise FusebenchError(f"search.index={request.search.index}: LanceDB indexed "
+                                 f"{0 if stats is None else stats.num_indexed_rows} of {request.n_items} rows of "
+                                 f"model {m}; valid: search.index=flat, or more items.")
+    return time.perf_counter() - began
+
+
+def _query(table, request: EngineRequest, column: str, vectors: np.ndarray):
+    """One search of ``column`` for ``vectors`` (one row, or several: LanceDB adds query_index), per_model_k deep."""
+    search = request.search
+    builder = (table.search(vectors, vector_column_name=column).distance_type(DISTANCE).limit(request.per_model_k)
+               .select(["id", "_distance"]).with_row_id(True))
+    if search.index == "flat":
+        return builder.bypass_vector_index()
+    if search.index == "ivf_pq":
+        return builder.nprobes(search.nprobe)
+    return builder.nprobes(1).ef(search.ef_search)
+
+
+def _split(result, count: int) -> list:
+    """A multi-vector result as one table per query (query_index 0..count-1), each best first. A one-row batch
+    comes back without query_index (LanceDB adds it for two or more vectors only)."""
+    if "query_index" not in result.column_names:
+        return [result]
+    qi = result["query_index"].to_numpy()
+    if np.any(np.diff(qi) < 0):
+        result = result.sort_by([("query_index", "ascending"), ("_distance", "ascending"), ("_rowid", "ascending")])
+        qi = result["query_index"].to_numpy()
+    bounds = np.searchsorted(qi, np.arange(count + 1))
+    return [result.slice(bounds[q], bounds[q + 1] - bounds[q]).drop_columns(["query_index"]) for q in range(count)]
+
+
+def _hits(table) -> list[tuple[int, float]]:
+    """(id, 1 - _distance) per row of one query's single-model result."""
+    scores = 1.0 - table["_distance"].to_numpy().astype(np.float64)
+    return list(zip(table["id"].to_numpy().tolist(), scores.tolist()))
+
+
+def _fuse(reranker, tables: list, final_k: int) -> list[tuple[int, float]]:
+    """LanceDB's own fusion of one query's per-model results, cut to final_k: (id, _relevance_score)."""
+    fused = reranker.rerank_multivector(tables, deduplicate=True).slice(0, final_k)
+    return list(zip(fused["id"].to_numpy().tolist(), fused["_relevance_score"].to_numpy().tolist()))
+
+
+def _search_all(table, reranker, request: EngineRequest) -> tuple[dict, list]:
+    names = columns(request)
+    singles: dict[str, list] = {m: [] for m in request.models}
+    fused = []
+    tick = _ticker(request, "lancedb: searching", request.n_queries)
+    for start in range(0, request.n_queries, request.search.batch_size):
+        stop = min(start + request.search.batch_size, request.n_queries)
+        per_model = [_split(_query(table, request, names[m], request.queries[m][start:stop]).to_arrow(), stop - start)
+                     for m in request.models]
+        for m, tables in zip(request.models, per_model):
+            singles[m] += [_hits(t) for t in tables]
+        fused += [_fuse(reranker, list(tables), request.final_k) for tables in zip(*per_model)]
+        tick(stop - start)
+    return singles, fused
+
+
+def _latency(table, reranker, request: EngineRequest) -> np.ndarray:
+    """One fused request at a time (each model's search, then the rerank), for the first latency_queries queries."""
+    names, times = columns(request), []
+    for q in range(min(request.search.latency_queries, request.n_queries)):
+        began = time.perf_counter()
+        tables = [_query(table, request, names[m], request.queries[m][q]).to_arrow() for m in request.models]
+        _fuse(reranker, tables, request.final_k)
+        times.append((time.perf_counter() - began) * 1000.0)
+    return np.asarray(times, dtype=np.float64)
+
+
+def rrf_reranker(request: EngineRequest):
+    from lancedb.rerankers import RRFReranker
+
+    k = float(request.fusion.rrf_k)
+    return RRFReranker(K=int(k) if k.is_integer() else k)
+
+
+def run(request: EngineRequest) -> EngineLists:
+    check_request(request)
+    lancedb = require("lancedb")
+    import pyarrow as pa
+
+    with _environment(request):
+        began = time.perf_counter()
+        db = lancedb.connect(str(request.workdir))
+        table = _ingest(db, pa, request)
+        ingest = time.perf_counter() - began
+        build = _build(table, request)
+        disk = folder_bytes(request.workdir)
+        reranker = rrf_reranker(request)
+        began = time.perf_counter()
+        singles, fused = _search_all(table, reranker, request)
+        seconds = time.perf_counter() - began
+        latency = _latency(table, reranker, request)
+    fused_ids, fused_scores = pad(fused, request.final_k)
+    return EngineLists(singles={m: pad(rows, request.per_model_k) for m, rows in singles.items()},
+                       fused_ids=fused_ids, fused_scores=fused_scores, ingest_seconds=ingest, build_seconds=build,
+                       search_seconds=seconds, latency_ms=latency, disk_bytes=disk, version=version(),
+                       notes=notes(request))
+
+
+def notes(request: EngineRequest) -> list[str]:
+    """What this run's engine does its own way (NOTES, plus the index it really built)."""
+    out = list(NOTES)
+    search = request.search
+    if search.index == "ivf_pq":
+        out.append(f"lancedb: IVF_PQ (num_partitions={resolved_nlist(search, request.n_items)}, num_bits={search.nbits}, "
+                   f"nprobes={search.nprobe}, no refine_factor): the singles' scores are PQ-approximate distances")
+    elif search.index == "hnsw":
+        out.append(f"lancedb: IVF_HNSW_SQ with one partition (m={search.hnsw_m}, ef_construction={search.ef_construction}, "
+                   f"ef={search.ef_search}): the singles' scores are 8-bit scalar-quantised distances")
+    return out

@@ -1,0 +1,303 @@
+"""Milvus Lite (``pymilvus`` + ``milvus-lite``) as an embedded engine: ``search=milvus``.
+
+One collection under ``request.workdir``: an INT64 primary key (the item id) and one FLOAT_VECTOR field per model
+(``v0``, ``v1``, ... in model order: a model's name need not be a valid Milvus field name). The items are inserted
+in batches, flushed, indexed per field (FLAT, HNSW or IVF_FLAT) and loaded; every query then goes through
+``client.search`` per model (the singles) and ``client.hybrid_search`` with one ``AnnSearchRequest`` per model and
+Milvus' own ranker (the fused list): ``RRFRanker(k)`` for ``fusion=milvus_rrf``, ``WeightedRanker(*weights)`` with
+``norm_score=True`` for ``milvus_weighted`` (COSINE fields: each route adds w (1 + s) / 2) and
+``milvus_weighted_ip`` (IP fields: w (1/2 + atan(s) / pi)).
+
+Milvus Lite 3.x is pure Python (a gRPC server in a thread of this process, numpy brute force, FAISS for HNSW and
+IVF_FLAT): ``milvus_lite/function/ops/merge_op.py`` (``MergeOp._merge_rrf``, ``_merge_weighted``,
+``_normalize_func``) fuses in float64 and the response carries float32 scores. The engine rules that make its
+lists differ from fusebench's exact preset are in :data:`NOTES` (and docs/engines.md). Nothing is written outside
+``request.workdir``: the database is the folder ``workdir/milvus.db``; the server binds 127.0.0.1 on a free TCP
+port (no socket or lock file elsewhere) and is stopped in ``finally``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from fusebench import FusebenchError
+from fusebench.config.search import ENGINE_PRESETS, resolved_nlist
+from fusebench.engines.base import EngineLists, EngineRequest, folder_bytes, pad, require
+
+COLLECTION = "fusebench"
+PK = "id"
+# Milvus' per-request limits (quotaAndLimits.limits.topK and .nq, both 16384: pkg/util/paramtable/quota_param.go; a
+# search past them is refused). Milvus Lite 3.2.2 checks neither, but a real Milvus would refuse the run.
+MAX_TOPK = 16384
+MAX_NQ = 16384
+INSERT_ROWS = 2048  # rows per insert call (a 2 x 1152-float batch is ~20 MB of protobuf, under the 256 MB cap)
+METRICS = {"milvus_rrf": "IP", "milvus_weighted": "COSINE", "milvus_weighted_ip": "IP"}
+NOTES = [
+    "milvus: equal fused scores are ordered by the smaller item id (milvus_lite function/chain.py FuncChain.sort, "
+    "tie_break_col=$id; Milvus: internal/util/function/rerank/util.go newIDScores), not in first-appearance order",
+    "milvus: fused scores are computed in float64 (milvus_lite function/ops/merge_op.py MergeOp) and returned as "
+    "float32; fusebench's preset adds in float32, so near-ties (|difference| ~1e-7) may order differently",
+    "milvus: COSINE search re-normalises every vector in float32 and returns 1 - max(1 - cos, 0) "
+    "(milvus_lite search/distance.py cosine_distance, engine/collection.py _internal_distance_to_milvus_distance): "
+    "scores above 0.5 are exact float32 cosines, lower ones lose up to one float32 ulp of 1",
+    "milvus: equal distances are ordered by (segment, row) = lower item id, but a segment's own top-k cut is "
+    "numpy argpartition (milvus_lite index/brute_force.py), which keeps any of the items tied at the cut",
+    "milvus: search times skip Milvus Lite's copy of each hit's vectors (lean_rows: storage/segment.py "
+    "Segment.row_to_dict); the lists are unchanged",
+]
+
+
+def version() -> str:
+    pymilvus = require("milvus")
+    try:
+        import milvus_lite
+        lite = milvus_lite.__version__
+    except ImportError:
+        lite = "not installed"
+    return f"pymilvus {pymilvus.__version__}, milvus-lite {lite}"
+
+
+def check_request(request: EngineRequest) -> None:
+    """What Milvus cannot run, refused before the server starts (one line naming the key)."""
+    fusion = request.fusion
+    if fusion.fuse_on == "document":
+        raise FusebenchError("fusion.fuse_on=document needs one entry per model's hit, which a Milvus collection does "
+                             "not hold (one row per image with every model's vector): valid fusion.fuse_on=source_object.")
+    if fusion.preset not in METRICS:
+        raise FusebenchError(f"search=milvus fuses by Milvus' own rankers: fusion={fusion.preset} is not one of them; "
+                             f"valid: {' | '.join(f'fusion={p}' for p in ENGINE_PRESETS['milvus'])}.")
+    weights = [float(request.weights[m]) for m in request.models]
+    if fusion.preset == "milvus_rrf" and len(set(weights)) > 1:
+        raise FusebenchError(f"fusion=milvus_rrf takes no weights (Milvus' RRFRanker has none), but the models' weights "
+                             f"differ ({'/'.join(f'{w:g}' for w in weights)}): valid: equal weights or fusion=milvus_weighted.")
+    if fusion.preset != "milvus_rrf" and any(not 0 <= w <= 1 for w in weights):
+        raise FusebenchError(f"Milvus' WeightedRanker takes weights in [0, 1] (the models' weights are "
+                             f"{'/'.join(f'{w:g}' for w in weights)}): valid: weights within [0, 1] (divide them by "
+                             f"the largest: only their ratios change the ranking).")
+    if fusion.preset == "milvus_rrf" and not 0 < fusion.rrf_k < MAX_TOPK:
+        raise FusebenchError(f"fusion.rrf_k={fusion.rrf_k:g} is out of Milvus' RRFRanker range: valid fusion.rrf_k is "
+                             f"in (0, {MAX_TOPK}).")
+    for key, value in (("fusion.top_k", request.per_model_k), ("fusion.final_top_k", request.final_k)):
+        if value > MAX_TOPK:
+            raise FusebenchError(f"{key} gives lists {value:,} deep, past Milvus' limit of {MAX_TOPK} per search: valid "
+                                 f"{key} is 1..{MAX_TOPK}.")
+    if request.search.batch_size > MAX_NQ:
+        raise FusebenchError(f"search.batch_size={request.search.batch_size} is more queries per request than Milvus "
+                             f"takes: valid search.batch_size is 1..{MAX_NQ}.")
+
+
+def fields(request: EngineRequest) -> dict[str, str]:
+    """model -> its vector field name (v0, v1, ... in model order)."""
+    return {m: f"v{i}" for i, m in enumerate(request.models)}
+
+
+def index_params(request: EngineRequest) -> tuple[str, dict, dict]:
+    """(Milvus index type, build params, search params) for ``request.search``."""
+    search = request.search
+    if search.index == "hnsw":
+        return "HNSW", {"M": search.hnsw_m, "efConstruction": search.ef_construction}, {"ef": search.ef_search}
+    if search.index == "ivf_flat":
+        return "IVF_FLAT", {"nlist": resolved_nlist(search, request.n_items)}, {"nprobe": search.nprobe}
+    return "FLAT", {}, {}
+
+
+def _ticker(request: EngineRequest, what: str, total: int) -> Callable[[int], None]:
+    return request.progress(what, total) if request.progress else (lambda n: None)
+
+
+def _create(client, pymilvus, request: EngineRequest) -> None:
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    schema.add_field(PK, pymilvus.DataType.INT64, is_primary=True)
+    for model, name in fields(request).items():
+        schema.add_field(name, pymilvus.DataType.FLOAT_VECTOR, dim=int(request.items[model].shape[1]))
+    client.create_collection(COLLECTION, schema=schema)
+
+
+def _insert(client, request: EngineRequest) -> None:
+    names = fields(request)
+    tick = _ticker(request, "milvus: inserting items", request.n_items)
+    for start in range(0, request.n_items, INSERT_ROWS):
+        stop = min(start + INSERT_ROWS, request.n_items)
+        columns = {name: request.items[m][start:stop] for m, name in names.items()}
+        rows = [{PK: i, **{name: columns[name][i - start] for name in names.values()}} for i in range(start, stop)]
+        client.insert(COLLECTION, rows)
+        tick(stop - start)
+    client.flush(COLLECTION)
+
+
+def _build(client, request: EngineRequest, metric: str) -> None:
+    kind, build, _ = index_params(request)
+    params = client.prepare_index_params()
+    for name in fields(request).values():
+        # nested: pymilvus 3 flattens ``params`` into one key per setting, which Milvus Lite 3.2.2 drops (it reads
+        # only a JSON ``params`` key: adapter/grpc/translators/index.py kv_pairs_to_index_params_dict), so M,
+        # efConstruction and nlist would silently be its defaults (16, 200, 128)
+        params.add_index(field_name=name, index_type=kind, metric_type=metric, params={"params": build} if build else None)
+    client.create_index(COLLECTION, params, sync=False)  # Lite builds in load_collection; no 0.5 s polls per field
+    client.load_collection(COLLECTION)
+
+
+def _rows(result) -> list[list[tuple[int, float]]]:
+    """A SearchResult as per-query (id, score) lists (``Hits.ids`` / ``.distances``: no per-hit objects)."""
+    return [list(zip(hits.ids, hits.distances)) for hits in result]
+
+
+def _ranker(pymilvus, request: EngineRequest):
+    if request.fusion.preset == "milvus_rrf":
+        return pymilvus.RRFRanker(k=request.fusion.rrf_k)
+    return pymilvus.WeightedRanker(*(float(request.weights[m]) for m in request.models), norm_score=True)
+
+
+class _Searcher:
+    """The singles and the hybrid request for a block of queries, against the loaded collection."""
+
+    def __init__(self, client, pymilvus, request: EngineRequest, metric: str):
+        self.client, self.pymilvus, self.request = client, pymilvus, request
+        _, _, extra = index_params(request)
+        self.param = {"metric_type": metric, "params": extra}
+        self.names = fields(request)
+        self.ranker = _ranker(pymilvus, request)
+
+    def single(self, model: str, start: int, stop: int) -> list[list[tuple[int, float]]]:
+        result = self.client.search(COLLECTION, data=self.request.queries[model][start:stop], anns_field=self.names[model],
+                                    search_params=self.param, limit=self.request.per_model_k, output_fields=[PK])
+        return _rows(result)
+
+    def fused(self, start: int, stop: int) -> list[list[tuple[int, float]]]:
+        reqs = [self.pymilvus.AnnSearchRequest(data=self.request.queries[m][start:stop], anns_field=name,
+                                               param=self.param, limit=self.request.per_model_k)
+                for m, name in self.names.items()]
+        result = self.client.hybrid_search(COLLECTION, reqs, self.ranker, limit=self.request.final_k, output_fields=[PK])
+        return _rows(result)
+
+
+def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list]:
+    singles = {m: [] for m in request.models}
+    fused = []
+    tick = _ticker(request, "milvus: searching", request.n_queries)
+    for start in range(0, request.n_queries, request.search.batch_size):
+        stop = min(start + request.search.batch_size, request.n_queries)
+        for m in request.models:
+            singles[m] += searcher.single(m, start, stop)
+        fused += searcher.fused(start, stop)
+        tick(stop - start)
+    return singles, fused
+
+
+def _latency(searcher: _Searcher, request: EngineRequest) -> np.ndarray:
+    times = []
+    for q in range(min(request.search.latency_queries, request.n_queries)):
+        began = time.perf_counter()
+        searcher.fused(q, q + 1)
+        times.append((time.perf_counter() - began) * 1000.0)
+    return np.asarray(times, dtype=np.float64)
+
+
+@contextmanager
+def lean_rows(vector_fields: set[str]) -> Iterator[None]:
+    """While searching, a hit's row is read without its vector columns.
+
+    Milvus Lite reads every column of every hit's row (``milvus_lite/storage/segment.py`` ``Segment.row_to_dict``,
+    called by ``search/executor_indexed.py`` ``execute_search_with_index`` for each of the top-k), including each
+    model's ~1,000-float vector as a Python list, even when only the primary key is asked for: that was two thirds of
+    its search time. The hits, their order and scores do not depend on it (the ids and distances come from the index;
+    the row only gives the pk and the output fields, here the pk alone), so the lists are Milvus Lite's own; the
+    timings are those of a Milvus Lite that skips the copy. Restored on exit.
+    """
+    from milvus_lite.storage import segment
+
+    original = getattr(segment.Segment, "row_to_dict", None)
+    if original is None:  # another Milvus Lite: search as it is
+        yield
+        return
+
+    def row_to_dict(self, row_idx: int) -> dict:
+        names = self.table.schema.names
+        if "$meta" in names or not vector_fields.intersection(names):
+            return original(self, row_idx)
+        return {name: self.table.column(name)[row_idx].as_py() for name in names
+                if name != "_seq" and name not in vector_fields}
+
+    segment.Segment.row_to_dict = row_to_dict
+    try:
+        yield
+    finally:
+        segment.Segment.row_to_dict = original
+
+
+def _release(client, path: str) -> None:
+    """Close the client, then stop the in-process lite server (pymilvus never does: it keeps it per path until exit)."""
+    try:
+        if client is not None:
+            client.close()
+    finally:
+        try:
+            from milvus_lite.server_manager import server_manager_instance
+        except ImportError:
+            return
+        server_manager_instance.release_server(path)
+
+
+def require_lite() -> None:
+    """milvus-lite is pymilvus' optional part: a missing one is the same one-line error as a missing pymilvus. The
+    rules this module follows (and lean_rows) are Milvus Lite 3's, the pure-Python rewrite; 2.x is a C++ server."""
+    try:
+        import milvus_lite
+    except ImportError as err:
+        raise FusebenchError(f"search=milvus needs milvus-lite, which is not installed ({err}): pip install "
+                             "'fusebench[milvus]'.") from None
+    major = str(getattr(milvus_lite, "__version__", "0")).split(".")[0]
+    if not major.isdigit() or int(major) < 3:
+        raise FusebenchError(f"search=milvus needs milvus-lite 3 (found {milvus_lite.__version__}): pip install "
+                             "'milvus-lite>=3.2,<4'.")
+
+
+def run(request: EngineRequest) -> EngineLists:
+    check_request(request)
+    pymilvus = require("milvus")
+    require_lite()
+    metric = METRICS[request.fusion.preset]
+    path = str(request.workdir / "milvus.db")
+    client = None
+    try:
+        began = time.perf_counter()
+        client = pymilvus.MilvusClient(path)
+        _create(client, pymilvus, request)
+        _insert(client, request)
+        ingest = time.perf_counter() - began
+        began = time.perf_counter()
+        _build(client, request, metric)
+        build = time.perf_counter() - began
+        disk = folder_bytes(request.workdir)
+        searcher = _Searcher(client, pymilvus, request, metric)
+        with lean_rows(set(fields(request).values())):
+            began = time.perf_counter()
+            singles, fused = _search_all(searcher, request)
+            seconds = time.perf_counter() - began
+            latency = _latency(searcher, request)
+    finally:
+        _release(client, path)
+    fused_ids, fused_scores = pad(fused, request.final_k)
+    return EngineLists(singles={m: pad(rows, request.per_model_k) for m, rows in singles.items()},
+                       fused_ids=fused_ids, fused_scores=fused_scores, ingest_seconds=ingest, build_seconds=build,
+                       search_seconds=seconds, latency_ms=latency, disk_bytes=disk, version=version(),
+                       notes=notes(request))
+
+
+def notes(request: EngineRequest) -> list[str]:
+    """What this run's engine does its own way (NOTES, plus the index it really built)."""
+    out = list(NOTES)
+    kind, build, extra = index_params(request)
+    if kind != "FLAT":
+        out.append(f"milvus: {kind} {build} {extra} is a FAISS index per flushed segment (milvus_lite index/factory.py); "
+                   "the per-segment lists are merged by distance; the build settings are sent as one JSON 'params' "
+                   "key (Lite drops pymilvus 3's flattened keys: adapter/grpc/translators/index.py)")
+    if request.fusion.preset == "milvus_rrf":
+        out.append("milvus: RRFRanker scores are sum 1 / (k + rank) in float64 (merge_op.py MergeOp._merge_rrf)")
+    return out
+
+

@@ -1,0 +1,294 @@
+"""Qdrant's local mode (``qdrant-client``, in-process, on disk) as an engine: ``search=qdrant``.
+
+One collection under ``request.workdir / "qdrant"`` (``QdrantClient(path=...)``: local mode persists every point
+to a SQLite file there). ``fusion.fuse_on=source_object``: one point per item (id = item id) with one named vector
+per model (``v0``, ``v1``, ... in model order); ``document``: one point per (model, item) (id = m * n_items + item)
+holding only model m's vector, so the fused list may hold an item twice (returned ids map back to id % n_items).
+The vectors' distance is DOT: the request's rows are unit vectors, so DOT is the cosine, which is how Qdrant's
+server computes COSINE (normalise on upsert, then dot). Local mode's own COSINE re-normalises the whole stored
+matrix in place on every search (qdrant_client/local/distances.py cosine_similarity), which costs more than the
+search itself. Local mode searches every point exactly, whatever an index config says: only search.index=flat.
+
+The lists come from the engine's own code, on the fastest route this measured (docs: /tmp/i23/qdrant_notes.md):
+
+* singles: ``LocalCollection.query_points(query=<float32 row>, using=v_m, limit=per_model_k)`` per query and
+  model. The public ``QdrantClient.query_points`` turns every query into a Python list, which local mode makes a
+  float64 array, so numpy casts the whole stored matrix to float64 on every search (10-15x slower at 25k points);
+  the collection called with the float32 row computes the same exact search in float32, as Qdrant's server does.
+* fused: Qdrant's fusion code (``qdrant_client.hybrid.fusion``: ``reciprocal_rank_fusion`` with ``Rrf(k,
+  weights)``, ``distribution_based_score_fusion``) over those per-model lists, dispatched as
+  ``LocalCollection._merge_sources`` dispatches a prefetch query. The lists are the prefetch results themselves:
+  a prefetch runs ``_query_collection`` with the same query, vector name and limit as the single search.
+* latency: the first ``search.latency_queries`` queries as whole hybrid requests (``query_points`` with one
+  ``Prefetch`` per model and the fusion query), one at a time; their fused lists must equal the route's (a note
+  says how many did), which checks the shortcut on every run.
+
+Nothing is written outside ``request.workdir`` (tests/test_engine_qdrant.py watches HOME, TMPDIR and the working
+folder). The rules that make Qdrant's lists differ from fusebench's preset are in :data:`NOTES`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from importlib import metadata
+
+import numpy as np
+
+from fusebench import FusebenchError
+from fusebench.config.search import ENGINE_PRESETS
+from fusebench.engines.base import EngineLists, EngineRequest, folder_bytes, pad, require
+
+COLLECTION = "fusebench"
+UPLOAD_POINTS = 1024  # points per upload_points call
+UNIT_TOLERANCE = 1e-3  # |norm - 1| above this: not the unit rows EngineRequest promises (DOT would not be cosine)
+LARGE = 20_000  # local mode warns above this many points (LocalCollection.LARGE_DATA_THRESHOLD)
+NOTES = [
+    "qdrant: local mode searches exactly (qdrant_client/local/local_collection.py LocalCollection.search: every "
+    "score, then np.argsort(scores)[::-1]): equal scores come in reverse argsort order, not by id",
+    "qdrant: the singles are LocalCollection.query_points with the float32 query row (DOT on unit vectors, float32 "
+    "numpy dot); through QdrantClient.query_points a query becomes a list and then a float64 array "
+    "(LocalCollection._resolve_query_vector_name), so scores there are float64 dots of the float32 stored vectors",
+    "qdrant: RRF (qdrant_client/hybrid/fusion.py reciprocal_rank_fusion) adds 1 / (rank / w + k - 1), rank 1-based, "
+    "k = Rrf.k (an integer; fusebench's rrf_k = k - 1), in Python float64; a weight <= 0 adds 0 but keeps the point; "
+    "ties keep first-appearance order (sorted() is stable): model 0's list first",
+    "qdrant: DBSF (distribution_based_score_fusion) maps each list by (s - (mean - 3 sd)) / (6 sd) with the sample "
+    "sd (n - 1), 0.5 for a one-point list or zero variance, no clipping, summed by point id in float64, unweighted; "
+    "ties keep first-appearance order",
+    "qdrant: fused scores are float64 sums cast to float32 in the returned lists; fusebench sums in float32, so sums "
+    "that differ by less than a float32 ulp may swap",
+    "qdrant: the fused list holds at most final_k points (limit); fuse_on=document keeps one point per (model, item), "
+    "so an item found by both models is two entries",
+]
+
+
+def version() -> str:
+    require("qdrant")
+    return f"qdrant-client {metadata.version('qdrant-client')} (local mode)"
+
+
+def vector_names(request: EngineRequest) -> dict[str, str]:
+    """model -> its named vector (v0, v1, ... in model order: a model's name need not be a valid vector name)."""
+    return {m: f"v{i}" for i, m in enumerate(request.models)}
+
+
+def check_request(request: EngineRequest) -> None:
+    """What Qdrant's local mode cannot run, refused before any work (one line naming the key and what is valid)."""
+    fusion, search = request.fusion, request.search
+    valid = " | ".join(f"fusion={p}" for p in ENGINE_PRESETS["qdrant"])
+    if fusion.preset not in ENGINE_PRESETS["qdrant"]:
+        raise FusebenchError(f"search=qdrant fuses with Qdrant's own RRF or DBSF only: fusion={fusion.preset or fusion.method} "
+                             f"is not valid; valid: {valid}.")
+    if fusion.method not in ("rrf", "dbsf"):
+        raise FusebenchError(f"search=qdrant fuses with Qdrant's RRF or DBSF only: fusion.method={fusion.method} is not "
+                             f"valid; valid: {valid}.")
+    if search.index != "flat":
+        raise FusebenchError(f"search.index={search.index}: Qdrant's local mode searches every point exactly; valid: "
+                             f"search.index=flat.")
+    weights = [float(request.weights[m]) for m in request.models]
+    if fusion.method == "dbsf":
+        if len(set(weights)) > 1:
+            raise FusebenchError(f"fusion=qdrant_dbsf takes no weights (Qdrant's DBSF has none), but the models' weights "
+                                 f"differ ({'/'.join(f'{w:g}' for w in weights)}): valid: equal weights, or fusion=qdrant_rrf.")
+        if fusion.ddof != 1:
+            raise FusebenchError(f"fusion.ddof={fusion.ddof}: Qdrant's DBSF uses the sample sd; valid: fusion.ddof=1.")
+        return
+    rrf_k(request)
+    if fusion.rrf_weighting != "rank" and any(w != 1.0 for w in weights):
+        raise FusebenchError(f"fusion.rrf_weighting={fusion.rrf_weighting}: Qdrant's RRF divides the rank by the weight; "
+                             f"valid: fusion.rrf_weighting=rank (or weights all 1).")
+
+
+def rrf_k(request: EngineRequest) -> int:
+    """Qdrant's ``Rrf.k`` (ranking_constant_k, an integer): fusebench's rrf_k + 1 (qdrant_rrf.yaml)."""
+    k = float(request.fusion.rrf_k) + 1.0
+    if not k.is_integer():
+        raise FusebenchError(f"fusion.rrf_k={request.fusion.rrf_k:g}: Qdrant's RRF constant k = rrf_k + 1 is an integer; "
+                             f"valid: a whole fusion.rrf_k (qdrant_rrf: 1).")
+    return int(k)
+
+
+def _check_unit(request: EngineRequest) -> None:
+    for m in request.models:
+        for rows in (request.items[m], request.queries[m]):
+            norms = np.linalg.norm(rows, axis=1) if len(rows) else np.ones(1)
+            if np.abs(norms - 1.0).max() > UNIT_TOLERANCE:
+                raise FusebenchError(f"search=qdrant: model {m}'s vectors are not unit rows (norm {norms.min():.4g}.."
+                                     f"{norms.max():.4g}); valid: L2-normalised embeddings.")
+
+
+@contextmanager
+def _environment(request: EngineRequest) -> Iterator[None]:
+    """While the engine runs: numpy's BLAS at ``search.threads`` threads (null: 1; local mode's searches are
+    matrix-vector products, memory-bound: two BLAS threads made them 3x slower on the 2-core machine measured),
+    through threadpoolctl where it is installed; local mode's warning above 20,000 points silenced (a note says it)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        threadpool_limits = None
+    limit = threadpool_limits(limits=request.search.threads or 1, user_api="blas") if threadpool_limits else nullcontext()
+    with limit, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Local mode is not recommended", category=UserWarning)
+        yield
+
+
+def _ticker(request: EngineRequest, what: str, total: int) -> Callable[[int], None]:
+    return request.progress(what, total) if request.progress else (lambda n: None)
+
+
+def point_ids(request: EngineRequest) -> list[np.ndarray]:
+    """Per model, its items' point ids: the item id (source_object) or m * n_items + item (document)."""
+    ids = np.arange(request.n_items, dtype=np.int64)
+    if request.fusion.fuse_on == "source_object":
+        return [ids for _ in request.models]
+    return [m * request.n_items + ids for m in range(len(request.models))]
+
+
+def local_collection(client):
+    """The collection's local-mode object (qdrant_client/local/qdrant_local.py QdrantLocal.collections)."""
+    collection = getattr(getattr(client, "_client", None), "collections", {}).get(COLLECTION)
+    if collection is None:
+        raise FusebenchError(f"search=qdrant drives qdrant-client's local mode (QdrantLocal.collections, as in 1.20), which "
+                             f"{version()} does not have: pip install 'qdrant-client>=1.20'.")
+    return collection
+
+
+def _skip_fsync(client) -> None:
+    """Local mode commits each point to SQLite on its own (persistence.py CollectionPersistence.persist), and every
+    commit waits for the disk (~16 ms here): PRAGMA synchronous=OFF keeps the same file, unsynced. The workdir is
+    new and removed after the run, so a torn file is never read. Left alone if the internals differ."""
+    storage = getattr(getattr(local_collection(client), "storage", None), "storage", None)
+    if storage is not None:
+        storage.execute("PRAGMA synchronous=OFF")
+
+
+def _ingest(client, models, request: EngineRequest) -> None:
+    names = vector_names(request)
+    config = {names[m]: models.VectorParams(size=int(request.items[m].shape[1]), distance=models.Distance.DOT)
+              for m in request.models}
+    client.create_collection(COLLECTION, vectors_config=config)
+    _skip_fsync(client)
+    ids = point_ids(request)
+    tick = _ticker(request, "qdrant: loading points", request.n_items)
+    for start in range(0, request.n_items, UPLOAD_POINTS):
+        stop = min(start + UPLOAD_POINTS, request.n_items)
+        if request.fusion.fuse_on == "source_object":
+            points = [models.PointStruct(id=int(ids[0][i]), vector={names[m]: request.items[m][i] for m in request.models})
+                      for i in range(start, stop)]
+        else:
+            points = [models.PointStruct(id=int(ids[k][i]), vector={names[m]: request.items[m][i]})
+                      for k, m in enumerate(request.models) for i in range(start, stop)]
+        client.upload_points(COLLECTION, points=points)
+        tick(stop - start)
+
+
+class _Searcher:
+    """The collection's exact search and Qdrant's fusion, one query at a time (the route in the module docstring)."""
+
+    def __init__(self, client, models, request: EngineRequest):
+        from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
+
+        self.models, self.request = models, request
+        self.names = [vector_names(request)[m] for m in request.models]
+        self.collection = local_collection(client)
+        self.queries = [np.ascontiguousarray(request.queries[m], dtype=np.float32) for m in request.models]
+        weights = [float(request.weights[m]) for m in request.models]
+        if request.fusion.method == "rrf":
+            k = rrf_k(request)
+            self.query = models.RrfQuery(rrf=models.Rrf(k=k, weights=weights))
+            self.fuse = lambda lists: reciprocal_rank_fusion(lists, limit=request.final_k, ranking_constant_k=k,
+                                                             weights=weights)
+        else:
+            self.query = models.FusionQuery(fusion=models.Fusion.DBSF)
+            self.fuse = lambda lists: distribution_based_score_fusion(lists, limit=request.final_k)
+
+    def single(self, q: int, m: int) -> list:
+        return self.collection.query_points(query=self.queries[m][q], using=self.names[m], limit=self.request.per_model_k,
+                                            with_payload=False).points
+
+    def hybrid(self, q: int) -> list:
+        """One whole hybrid request: a Prefetch per model (built without validation, which would turn the float32
+        row into a list) and the fusion query."""
+        prefetch = [self.models.Prefetch.model_construct(query=self.queries[m][q], using=name, limit=self.request.per_model_k)
+                    for m, name in enumerate(self.names)]
+        return self.collection.query_points(prefetch=prefetch, query=self.query, limit=self.request.final_k,
+                                            with_payload=False).points
+
+
+def _hits(points: list, n_items: int) -> list[tuple[int, float]]:
+    """(item id, score) per point: a document point's id is m * n_items + item."""
+    return [(int(p.id) % n_items, float(p.score)) for p in points]
+
+
+def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list]:
+    n, singles, fused = request.n_items, {m: [] for m in request.models}, []
+    tick = _ticker(request, "qdrant: searching", request.n_queries)
+    for start in range(0, request.n_queries, request.search.batch_size):
+        stop = min(start + request.search.batch_size, request.n_queries)
+        for q in range(start, stop):
+            lists = [searcher.single(q, m) for m in range(len(request.models))]
+            for m, points in zip(request.models, lists):
+                singles[m].append(_hits(points, n))
+            fused.append(_hits(searcher.fuse(lists), n))  # reads the lists' scores, then overwrites them
+        tick(stop - start)
+    return singles, fused
+
+
+def _latency(searcher: _Searcher, request: EngineRequest, fused: list) -> tuple[np.ndarray, int, int]:
+    """Milliseconds per hybrid request for the first latency_queries queries, and how many of them returned the
+    route's fused list (ids exactly, scores to 1e-9)."""
+    times, same = [], 0
+    count = min(request.search.latency_queries, request.n_queries)
+    for q in range(count):
+        began = time.perf_counter()
+        points = searcher.hybrid(q)
+        times.append((time.perf_counter() - began) * 1000.0)
+        hits = _hits(points, request.n_items)
+        same += [h[0] for h in hits] == [h[0] for h in fused[q]] and np.allclose(
+            [h[1] for h in hits], [h[1] for h in fused[q]], rtol=0, atol=1e-9)
+    return np.asarray(times, dtype=np.float64), same, count
+
+
+def run(request: EngineRequest) -> EngineLists:
+    check_request(request)
+    _check_unit(request)
+    qdrant_client = require("qdrant")
+    from qdrant_client import models
+
+    if request.fusion.method == "rrf" and not hasattr(models, "RrfQuery"):
+        raise FusebenchError(f"fusion=qdrant_rrf passes k and weights through models.Rrf, which {version()} lacks: "
+                             f"pip install 'qdrant-client>=1.20'.")
+    with _environment(request):
+        client = qdrant_client.QdrantClient(path=str(request.workdir / "qdrant"))
+        try:
+            began = time.perf_counter()
+            _ingest(client, models, request)
+            ingest = time.perf_counter() - began
+            disk = folder_bytes(request.workdir)
+            searcher = _Searcher(client, models, request)
+            began = time.perf_counter()
+            singles, fused = _search_all(searcher, request)
+            seconds = time.perf_counter() - began
+            latency, same, timed = _latency(searcher, request, fused)
+        finally:
+            client.close()
+    fused_ids, fused_scores = pad(fused, request.final_k)
+    return EngineLists(singles={m: pad(rows, request.per_model_k) for m, rows in singles.items()},
+                       fused_ids=fused_ids, fused_scores=fused_scores, ingest_seconds=ingest, build_seconds=0.0,
+                       search_seconds=seconds, latency_ms=latency, disk_bytes=disk, version=version(),
+                       notes=notes(request, same, timed))
+
+
+def notes(request: EngineRequest, same: int, timed: int) -> list[str]:
+    """What this run's engine does its own way (NOTES, the hybrid requests' check, the collection's size)."""
+    out = list(NOTES)
+    if timed:
+        out.append(f"qdrant: {same} of {timed} whole hybrid requests (prefetch + fusion query) returned the same fused "
+                   f"list as the per-model searches fused by qdrant_client.hybrid.fusion")
+    points = request.n_items * (1 if request.fusion.fuse_on == "source_object" else len(request.models))
+    if points > LARGE:
+        out.append(f"qdrant: {points:,} points; local mode warns above {LARGE:,} (its searches are numpy brute force: "
+                   f"exact, slow); the warning was silenced")
+    return out
