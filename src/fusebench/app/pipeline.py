@@ -7,6 +7,7 @@ pure module except the two edges (loading inputs, writing outputs).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import replace
@@ -17,6 +18,7 @@ from omegaconf import DictConfig
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError, __version__
 from fusebench.app import interrupts, state
+from fusebench.app.backends import approximate
 from fusebench.app.gallery_stage import attach_gallery, distractor_sources
 from fusebench.app.progress import bar as progress_bar
 from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
@@ -24,6 +26,7 @@ from fusebench.app.rundir import check_writable
 from fusebench.app.tracking import log_run
 from fusebench.config.run import RunConfig, run_config
 from fusebench.config.schema import EvalConfig, TuneConfig
+from fusebench.config.search import check_sizes
 from fusebench.config.specs import RealModel
 from fusebench.data import load_corpus
 from fusebench.encoders import drop_unreadable, finalize, load_raw
@@ -32,6 +35,7 @@ from fusebench.evaluation.comparisons import oracle_metrics, paired_comparisons,
 from fusebench.evaluation.positives import evaluate as evaluate_positives
 from fusebench.evaluation.positives import load_positives, needed_depth
 from fusebench.evaluation.record import DatasetSummary, FusionRecord, ModelRecord, RunInfo, RunRecord, TuneRecord
+from fusebench.evaluation.search_record import EXACT_FUSED
 from fusebench.evaluation.tuning import apply, best, grid, run_grid, seeded_split, slice_embeddings
 from fusebench.fusion.config import FusionConfig
 from fusebench.fusion.presets import true_label
@@ -127,6 +131,12 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
     extra = [load_positives(name, corpus) for name in settings.positives]  # refused before any embedding work
     keep_k = _list_length(settings, fusion, extra, corpus, len(config.models))
+    if config.search.approximate:  # the backend's package and its index sizes, before any embedding work
+        from fusebench.engines.base import require
+
+        require(config.search.backend)
+        check_sizes(config.search, {"t2i": corpus.n_images, "i2t": corpus.n_captions},
+                    max(settings.lists.depth, fusion.top_k or 0, keep_k or 0))
 
     # the distractors' sources first: a bad one is refused before the test split is embedded
     sources = distractor_sources(config, corpus) if config.gallery.active else None
@@ -149,7 +159,16 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
             extra = [load_positives(name, corpus) for name in settings.positives]
     search_started = time.perf_counter()
     source, matmuls_before = ListSource(), state.current().similarity_blocks
-    lists = retrieve(embeddings, corpus.caption_image, fusion, keep_k=keep_k, settings=search, source=source)
+    backend, differences = None, {}
+    if config.search.approximate:
+        backend = approximate(embeddings, corpus.caption_image, fusion, keep_k, config.search, search, source, out_dir)
+        lists = backend.lists
+        if backend.differences:
+            differences = {"topk/engine_differences.jsonl": "".join(json.dumps(r) + "\n" for r in backend.differences)}
+            for block in backend.record.parity.values():
+                block.file = "topk/engine_differences.jsonl"
+    else:
+        lists = retrieve(embeddings, corpus.caption_image, fusion, keep_k=keep_k, settings=search, source=source)
     search_seconds = time.perf_counter() - search_started
     ranks = {name: {d: lists[name][d].ranks for d in DIRECTIONS} for name in lists}
     singles = [e.name for e in embeddings]
@@ -157,7 +176,7 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
     clusters = {"t2i": corpus.caption_image, "i2t": corpus.i2t_query_images}
     retrievers = {}
     for name in lists:
-        if name == FUSED:
+        if name in (FUSED, EXACT_FUSED):
             spec, info = FusionRecord(singles, fusion), None
         else:
             model = by_name[name]
@@ -169,7 +188,9 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
         dataset=DatasetSummary.from_json(corpus.summary()),
         retrievers=retrievers,
         comparisons=paired_comparisons(ranks, [FUSED] if FUSED in lists else [], singles, clusters,
-                                       settings.ks, boot.draws, boot.level, boot.seed),
+                                       settings.ks, boot.draws, boot.level, boot.seed)
+        + (paired_comparisons(ranks, [EXACT_FUSED], [FUSED], clusters, settings.ks, boot.draws, boot.level, boot.seed)
+           if EXACT_FUSED in lists else []),
         oracle=oracle_metrics({n: ranks[n] for n in singles}, settings.ks) if len(singles) > 1 else None,
         fusion=fusion,
         eval=settings,
@@ -181,6 +202,7 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
         reference=config.reference,
         tune=tuned,
         gallery=gallery,
+        search=None if backend is None else backend.record,
     )
     if gallery is not None:  # each model's search time over the whole gallery, when it was computed in this run
         for name, seconds in source.search_seconds.items():
@@ -194,7 +216,7 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
         record.positives = {p.name: p.summary() for p in extra}
     try:
         interrupts.check()  # a Ctrl-C Python dropped during the run: stop before writing anything
-        write_run_outputs(out_dir, lists, record, settings.save_topk, queries=clusters)
+        write_run_outputs(out_dir, lists, record, settings.save_topk, queries=clusters, extra=differences)
     except OSError as err:
         raise FusebenchError(f"could not write the outputs to {out_dir}: {err.strerror or err} "
                              f"({err.filename or 'run dir'}); nothing was left half-written. Free space or choose "

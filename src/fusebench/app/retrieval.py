@@ -174,24 +174,38 @@ def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
     return torch.from_numpy(array[:, :length].astype(np.int64 if array.dtype.kind == "i" else np.float32))
 
 
+def list_depth(fusion: FusionConfig, keep_k: int | None, settings: SearchSettings) -> int:
+    """How deep each model's lists are searched: the stored depth, ``top_k`` and the saved length, whichever is most."""
+    return max(settings.depth, fusion.top_k or 0, keep_k or 0)
+
+
+def exact_lists(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, depth: int, settings: SearchSettings,
+                source: ListSource) -> dict[str, ModelLists]:
+    """Every model's exact lists ``depth`` deep (from the list store, or computed once and stored)."""
+    if settings.store_dir is not None:
+        source.prepare(models, caption_image, torch.device(settings.device).type)
+    return {m.name: model_lists(m, caption_image, depth, settings, source) for m in models}
+
+
 def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig, keep_k: int | None,
-             settings: SearchSettings | None = None, source: ListSource | None = None
-             ) -> dict[str, dict[str, RankedLists]]:
+             settings: SearchSettings | None = None, source: ListSource | None = None,
+             stored: dict[str, ModelLists] | None = None) -> dict[str, dict[str, RankedLists]]:
     """Ranked lists and ranks for each model alone and, with 2+ models and a method, for ``fused``.
 
     Ranks are exact in each model's full ranking (a fused retriever's in its ``final_top_k`` list). The
     lists returned are cut to ``keep_k`` entries (None = as long as the run has them: ``top_k``, or the
     stored depth for single models and for ``top_k: null``). i2t rows are the images that have captions.
+    ``stored``: each model's lists from elsewhere (an approximate index: their ranks are list ranks, 0 past the
+    list), fused as they are; None = exact lists (:func:`exact_lists`).
     """
     settings = settings or SearchSettings()
     source = source if source is not None else ListSource()
     caption_image = np.asarray(caption_image, dtype=np.int64)
     n_captions, n_images = len(caption_image), models[0].n_items
     fusing = fusion.method != "none" and len(models) >= 2
-    depth = max(settings.depth, fusion.top_k or 0, keep_k or 0)
-    if settings.store_dir is not None:
-        source.prepare(models, caption_image, torch.device(settings.device).type)
-    stored = {m.name: model_lists(m, caption_image, depth, settings, source) for m in models}
+    depth = list_depth(fusion, keep_k, settings)
+    if stored is None:
+        stored = exact_lists(models, caption_image, depth, settings, source)
     single_len = keep_k if keep_k is not None else (fusion.top_k or depth)
     results = {name: {d: RankedLists(lists.ranks(d), _cut(lists.ids(d), single_len), _cut(lists.scores(d), single_len))
                       for d in DIRECTIONS} for name, lists in stored.items()}

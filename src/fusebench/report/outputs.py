@@ -60,11 +60,12 @@ def _swap_in(out_dir: Path, staging: Path) -> None:
 
 
 def write_run_outputs(out_dir: str | Path, lists: dict, record: RunRecord, save_topk: int | None,
-                      queries: dict | None = None) -> None:
+                      queries: dict | None = None, extra: dict[str, str] | None = None) -> None:
     """``lists``: {retriever: {direction: RankedLists}}; ``save_topk`` caps the saved list length (None = all).
 
     ``queries`` ({"t2i": caption -> image index, "i2t": query image indices}) is saved as ranks/queries.npz so
-    that runs can be compared query by query (and image-clustered) after the fact.
+    that runs can be compared query by query (and image-clustered) after the fact. ``extra``: more text files by
+    path under the run dir (``topk/engine_differences.jsonl``), written, checksummed and swapped in with the rest.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -84,6 +85,8 @@ def write_run_outputs(out_dir: str | Path, lists: dict, record: RunRecord, save_
                 if ranked.contributors is not None:
                     arrays["contributors"] = ranked.contributors[:, cut].numpy().astype(np.int32)
                 np.savez(staging / "topk" / f"{name}.{direction}.npz", **arrays)
+        for relative, text in (extra or {}).items():
+            (staging / relative).write_text(text, encoding="utf-8")
         files = {f"{sub}/{f.name}": remembered_checksum(f) for sub in ("ranks", "topk") for f in sorted((staging / sub).iterdir())}
         record.files = files  # checksums: a report never trusts a rank file changed after the run
         atomic_write_text(staging / "metrics.json", json.dumps(_clean(record.to_json()), indent=2) + "\n")

@@ -55,6 +55,37 @@ def positive_lines(record: RunRecord) -> list[str]:
     return lines
 
 
+def search_lines(record: RunRecord) -> list[str]:
+    """An approximate backend's block: how close each model's index lists are to exact search, what it cost, and,
+    for an engine, how its fused lists compare with fusebench's exact preset."""
+    s = record.search
+    if s is None:
+        return []
+    lines = ["", f"search: {s.label} ({s.version}); each model's list is {s.depth} deep: a first correct item past "
+                 "it counts as missed; exact_fused = the same fusion over exact lists"]
+    for model, by in s.models.items():
+        for direction, q in by.items():
+            cost = "".join([f", built in {q.build_seconds:.2f} s" if q.build_seconds is not None else "",
+                            ", from the index store" if q.hit else "",
+                            f", {q.index_bytes / 2**20:.1f} MiB" if q.index_bytes else "",
+                            f", {q.query_ms:.3f} ms/query" if q.query_ms is not None else ""])
+            lines.append(f"  {model} {direction}: neighbour recall@{q.depth} {q.neighbour_recall:.4f}, "
+                         f"top-1 agreement {q.top1_agreement:.4f}{cost}")
+    for direction, c in s.engine.items():
+        latency = (f", latency median {c.latency_ms_median:.2f} ms / p95 {c.latency_ms_p95:.2f} ms"
+                   if c.latency_ms_median is not None else "")
+        lines.append(f"  engine {direction}: ingest {c.ingest_seconds:.1f} s, index {c.build_seconds:.1f} s, "
+                     f"queries {c.search_seconds:.1f} s{latency}, {c.disk_bytes / 2**20:.1f} MiB on disk")
+    for direction, p in s.parity.items():
+        lines.append(f"  engine vs exact preset {direction}: identical top-1 {100 * p.identical_top1:.2f}%, top-10 "
+                     f"{100 * p.identical_top10:.2f}% of {p.n_queries:,} queries; {p.differ} differ, {p.explained} "
+                     f"of them by tied scores only" + (f" ({p.file})" if p.file else ""))
+    if s.notes:
+        lines.append(f"  {len(s.notes)} notes on the engine's own rules (ties, score forms, limits): metrics.json "
+                     "search.notes, docs/search.md")
+    return lines
+
+
 def format_table(record: RunRecord) -> str:
     ks = record.ks
     dataset = record.dataset
@@ -95,6 +126,7 @@ def format_table(record: RunRecord) -> str:
         lines += ["", "this run beside the published numbers (each with its protocol: paper = the authors' own "
                   "evaluation, clip_benchmark = CLIP_benchmark's):" if any("protocol" in p for p in published)
                   else "this run beside the published numbers:", *published]
+    lines += search_lines(record)
     lines += tune_lines(record)
     lines += positive_lines(record)
     reference = reference_lines(record)

@@ -1,0 +1,93 @@
+"""Runs through an approximate backend, end to end: FAISS flat gives exact search's numbers, an engine's run records
+its parity and leaves no database behind (one left by a killed run is removed, never read), and a backend whose
+package is missing stops the run before any embedding work."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fusebench import FUSED, FusebenchError
+from fusebench.app import pipeline
+from fusebench.app.pipeline import run
+from fusebench.evaluation.search_record import EXACT_FUSED
+
+pytestmark = pytest.mark.slow  # whole jobs
+
+SMALL = ["dataset.n_images=300", "dataset.n_captions=900", "eval.bootstrap.draws=200", "plots=false", "logger=none",
+         "fusion.top_k=20", "eval.lists.depth=20"]
+
+
+def _run(compose_cfg, tmp_path, name, overrides):
+    out = tmp_path / name
+    return run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'cache'}", *overrides]), str(out)), out
+
+
+def test_faiss_flat_gives_exact_search_numbers(compose_cfg, tmp_path):
+    pytest.importorskip("faiss")
+    exact, exact_out = _run(compose_cfg, tmp_path, "exact", [])
+    flat, flat_out = _run(compose_cfg, tmp_path, "flat", ["search=faiss_flat"])
+    assert exact.search is None and flat.search.backend == "faiss" and flat.search.index == "flat"
+    for name in ("sim_siglip2_like", "sim_dfn5b_like", FUSED):
+        for direction in ("t2i", "i2t"):
+            ours = np.load(flat_out / "ranks" / f"{name}.{direction}.npy")
+            theirs = np.load(exact_out / "ranks" / f"{name}.{direction}.npy")
+            if name != FUSED:  # exact ranks past the list are missed (0) through an index
+                theirs = np.where(theirs <= 20, theirs, 0)
+            assert (ours == theirs).mean() > 0.99  # equal up to float-rounding ties
+            assert flat.retrievers[name].recall(direction, 1) == pytest.approx(exact.retrievers[name].recall(direction, 1), abs=0.5)
+    assert flat.retrievers[EXACT_FUSED].recall("t2i", 1) == exact.retrievers[FUSED].recall("t2i", 1)
+    quality = flat.search.models["sim_siglip2_like"]["t2i"]
+    assert quality.neighbour_recall > 0.999 and quality.top1_agreement > 0.99 and quality.index_bytes > 0
+    assert flat.comparison(EXACT_FUSED, FUSED, "t2i", 1) is not None
+    again, _ = _run(compose_cfg, tmp_path, "again", ["search=faiss_flat"])  # the index store: built once
+    assert all(q.hit for by in again.search.models.values() for q in by.values())
+    saved = json.loads((flat_out / "metrics.json").read_text())
+    assert saved["search"]["label"] == "faiss flat" and EXACT_FUSED in saved["retrievers"]
+
+
+def test_an_engine_run_records_parity_and_leaves_no_database(compose_cfg, tmp_path, caplog):
+    pytest.importorskip("qdrant_client")
+    out = tmp_path / "qdrant"
+    leftover = out / "engine_db" / "t2i"
+    leftover.mkdir(parents=True)
+    (leftover / "half-written").write_text("a killed run's database")
+    record, _ = _run(compose_cfg, tmp_path, "qdrant", ["search=qdrant", "search.latency_queries=5"])
+    assert "left by an earlier run that did not finish" in caplog.text
+    assert not (out / "engine_db").exists()
+    assert record.fusion.preset == "qdrant_dbsf"
+    for direction in ("t2i", "i2t"):
+        parity = record.search.parity[direction]
+        assert parity.identical_top10 >= 0.99 and parity.differ - parity.explained <= 0.01 * parity.n_queries
+        assert record.search.engine[direction].latency_queries == 5
+    assert record.search.version.startswith("qdrant-client")
+    kept, kept_out = _run(compose_cfg, tmp_path, "kept", ["search=qdrant", "search.latency_queries=0",
+                                                            "search.keep_db=true"])
+    assert (kept_out / "engine_db" / "t2i").is_dir() and kept.search.engine["t2i"].latency_ms_median is None
+
+
+def test_a_missing_backend_stops_the_run_before_any_embedding(compose_cfg, tmp_path, monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+
+    def no_faiss(name, *args, **kwargs):
+        if name == "faiss":
+            raise ImportError("No module named 'faiss'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", no_faiss)
+    monkeypatch.setattr(pipeline, "_embeddings", lambda *a: pytest.fail("embedded before refusing"))
+    with pytest.raises(FusebenchError, match=r"pip install 'fusebench\[faiss\]'"):
+        run(compose_cfg(SMALL + ["search=faiss_hnsw"]), str(tmp_path / "out"))
+
+
+def test_index_sizes_are_refused_before_any_embedding(compose_cfg, tmp_path, monkeypatch):
+    pytest.importorskip("faiss")
+    monkeypatch.setattr(pipeline, "_embeddings", lambda *a: pytest.fail("embedded before refusing"))
+    with pytest.raises(FusebenchError, match=r"search.nprobe=52 is more than the 7 lists of the t2i index"):
+        run(compose_cfg(SMALL + ["search=faiss_ivf_flat", "search.nlist=null"]), str(tmp_path / "out"))
+    with pytest.raises(FusebenchError, match=r"search.nlist=500 is more than the 300 items"):
+        run(compose_cfg(SMALL + ["search=faiss_ivf_flat", "search.nlist=500", "search.nprobe=4"]), str(tmp_path / "o2"))
