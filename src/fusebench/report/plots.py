@@ -353,6 +353,10 @@ def sweep_plots(folder: str | Path, report) -> list[Path]:
             cost_vs_gain(report.cost, report.article, out / "cost_vs_gain.png")]
     if getattr(report, "scaling", None) is not None:
         made += scaling_plots(report.scaling, out)
+    if getattr(report, "index_effects", None) is not None:
+        from fusebench.report.index_plots import index_effects_plot
+
+        made.append(index_effects_plot(report.index_effects, out / "index_effects.png"))
     return [p for p in made if p is not None]
 
 

@@ -1,5 +1,7 @@
 """Sweep reports: the article-style table, paired gains across runs, a cost table, and, when the runs differ by
-gallery size, the distractor-scaling study (:mod:`fusebench.report.scaling`), from run dirs on disk.
+gallery size, the distractor-scaling study (:mod:`fusebench.report.scaling`), and, when they differ by search
+backend, the index-effects study (:mod:`fusebench.report.index_effects`), from run dirs on disk. A retriever's
+backend is one of its factors: a model's lists from an HNSW index are another retriever than its exact lists.
 
 Works on any folder holding run dirs (a Hydra multirun dir, or several run dirs): every intact run dir with a
 ``metrics.json`` is reported; one without, or with damaged files, is listed as failed with the reason
@@ -18,10 +20,12 @@ import numpy as np
 
 from fusebench import DIRECTIONS
 from fusebench.evaluation.comparisons import compare
+from fusebench.evaluation.search_record import EXACT_FUSED
 from fusebench.evaluation.stats import holm_adjust
 from fusebench.evaluation.subrecords import DatasetSummary
 from fusebench.fusion.config import FusionConfig
 from fusebench.report.article import beside_article
+from fusebench.report.index_effects import EXACT, IndexEffects, index_effects_report, search_cost, search_label
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
 from fusebench.report.sweep_markdown import csv_text, markdown
 from fusebench.stores.files import atomic_write_text
@@ -52,18 +56,20 @@ def retriever_factors(run: Run, name: str) -> dict:
                 "text": json.dumps([m.text for m in members], sort_keys=True),
                 "weights": json.dumps([m.weight for m in members]),
                 "method": fusion.preset or fusion.method, "fuse_on": fusion.fuse_on,
-                "top_k": json.dumps([getattr(fusion, key) for key in FUSION_SETTINGS])}
+                "top_k": json.dumps([getattr(fusion, key) for key in FUSION_SETTINGS]), "search": search_label(run, name)}
     return {"kind": "single", "model": json.dumps(spec.identity(), sort_keys=True),
-            "text": json.dumps(spec.text, sort_keys=True)}
+            "text": json.dumps(spec.text, sort_keys=True), "search": search_label(run, name)}
 
 
 def describe(run: Run, name: str) -> str:
     result = run.record.retrievers[name]
+    search = "" if search_label(run, name) == EXACT else f" on {search_label(run, name)}"
     if result.is_fusion:
         parts = [_short(run, m) for m in result.members]
         fusion = result.spec.fusion
-        return f"fused {fusion.preset or fusion.method} by {fusion.fuse_on} top_k={fusion.top_k} [{' + '.join(parts)}]"
-    return _short(run, name)
+        return (f"fused {fusion.preset or fusion.method} by {fusion.fuse_on} top_k={fusion.top_k} "
+                f"[{' + '.join(parts)}]{search}")
+    return _short(run, name) + search
 
 
 def _short(run: Run, name: str) -> str:
@@ -132,6 +138,8 @@ def _orient(factor: str, a_value, b_value) -> bool:
         b_case = b_case[0] if isinstance(b_case, list) else b_case
         order = FACTOR_ORDER["text"]
         return order.index(a_case.get("case", "as_typed")) > order.index(b_case.get("case", "as_typed"))
+    if factor == "search" and EXACT in (a_value, b_value):  # as each run compares them: exact minus the index
+        return a_value == EXACT
     if factor in FACTOR_ORDER and a_value in FACTOR_ORDER[factor] and b_value in FACTOR_ORDER[factor]:
         order = FACTOR_ORDER[factor]
         return order.index(a_value) > order.index(b_value)  # engine presets: by name, below
@@ -139,7 +147,8 @@ def _orient(factor: str, a_value, b_value) -> bool:
 
 
 def comparable_pairs(runs: list[Run]) -> list[tuple[str, tuple[Run, str], tuple[Run, str]]]:
-    """(factor, candidate, baseline): retrievers on one dataset differing in exactly one factor."""
+    """(factor, candidate, baseline): retrievers on one dataset differing in exactly one factor (two backends:
+    only a backend against exact lists)."""
     items = unique_retrievers(runs)
     pairs = []
     for i, (run_a, a) in enumerate(items):
@@ -151,7 +160,7 @@ def comparable_pairs(runs: list[Run]) -> list[tuple[str, tuple[Run, str], tuple[
             if fa["kind"] != fb["kind"]:
                 continue
             differing = [key for key in fa if fa[key] != fb[key]]
-            if len(differing) == 1:
+            if len(differing) == 1 and (differing != ["search"] or EXACT in (fa["search"], fb["search"])):
                 factor = differing[0]
                 first = _orient(factor, fa[factor], fb[factor])
                 pairs.append((factor, (run_a, a), (run_b, b)) if first else (factor, (run_b, b), (run_a, a)))
@@ -182,7 +191,7 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
     for factor, (run_c, cand), (run_b, base) in comparable_pairs(runs):
         add(factor, run_c, cand, run_b, base)
     for run in runs:
-        for name in run.record.fusions:
+        for name in (n for n in run.record.fusions if n != EXACT_FUSED):  # its members are the backend's lists
             members = run.record.retrievers[name].members
             for direction in DIRECTIONS:
                 for k in ks:
@@ -218,7 +227,7 @@ def cost_rows(runs: list[Run]) -> list[dict]:
                      "index_1M_fp32_GB": round(fp32 * 1e6 / 1e9, 2), "index_10M_fp32_GB": round(fp32 * 1e7 / 1e9, 1),
                      "index_10M_fp16_GB": round(fp16 * 1e7 / 1e9, 1),
                      "embed_img_per_s": round(1 / seconds_per_image, 1) if measured and seconds_per_image > 0 else None,
-                     "query_ms_run": run.record.run.query_ms, **gallery_cost(run, members)})
+                     "query_ms_run": run.record.run.query_ms, **gallery_cost(run, members), **search_cost(run, name)})
     return rows
 
 
@@ -330,6 +339,7 @@ class SweepSummary:
     tuned: list[dict]
     plots: list[Path] = field(default_factory=list)
     scaling: ScalingReport | None = None  # runs that differ by gallery size (fusebench.report.scaling)
+    index_effects: IndexEffects | None = None  # runs that differ by search backend (fusebench.report.index_effects)
 
     @property
     def failed(self) -> list[str]:
@@ -355,13 +365,14 @@ def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
                         gains=paired_gain_rows(runs, ks, draws=draws, level=level, seed=seed), cost=cost_rows(runs),
                         beside_article=beside_article_rows(runs, draws=draws, level=level, seed=seed),
                         positives=positive_rows(runs), positive_gains=positive_gain_rows(runs), tuned=tuned_rows(runs),
-                        scaling=scaling_report(runs, ks, draws=draws, level=level, seed=seed))
+                        scaling=scaling_report(runs, ks, draws=draws, level=level, seed=seed),
+                        index_effects=index_effects_report(runs, ks))
 
 
 def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
                  scan: Scan | None = None) -> SweepSummary:
-    """Write summary.md, summary.csv, gains.csv and cost.csv (and scaling_*.csv for a scaling study) into
-    ``folder``; return the report."""
+    """Write summary.md, summary.csv, gains.csv and cost.csv (and scaling_*.csv for a scaling study,
+    index_effects.csv for runs that differ by search backend) into ``folder``; return the report."""
     folder = Path(folder)
     report = build_report(folder, draws=draws, seed=seed, level=level, scan=scan)
     atomic_write_text(folder / "summary.md", markdown(report))
@@ -373,6 +384,8 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
     if report.scaling is not None:
         for name in SCALING_TABLES:
             atomic_write_text(folder / f"scaling_{name}.csv", csv_text(getattr(report.scaling, name)))
+    if report.index_effects is not None:
+        atomic_write_text(folder / "index_effects.csv", csv_text(report.index_effects.rows))
     try:
         from fusebench.report.plots import sweep_plots
 

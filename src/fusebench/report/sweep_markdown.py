@@ -14,11 +14,12 @@ if TYPE_CHECKING:
 
 
 def markdown(report: SweepSummary) -> str:
-    """summary.md: the runs, recall, paired gains, fusions ranked, the article, tuned runs, extra positives, cost."""
+    """summary.md: the runs, recall, the scaling and index-effects studies, paired gains, fusions ranked, the
+    article, tuned runs, extra positives, cost."""
     from fusebench.report.sweep import ranked_fusions
 
     ranked = ranked_fusions(report.gains, report.ks[0])
-    return "\n".join(_head(report) + _recall(report) + _scaling(report) + _gains(report) + _section(
+    return "\n".join(_head(report) + _recall(report) + _scaling(report) + _index_effects(report) + _gains(report) + _section(
         f"## Fusions ranked (t2i R@{report.ks[0]} gain over each one's best single model, "
         f"{level_label(report.level)} intervals)", ranked) + _section(
         "## Beside the article (its reported numbers: fusebench/data/article_reference.json)", report.beside_article)
@@ -155,6 +156,13 @@ def _scaling(report: SweepSummary) -> list[str]:
     if s.refused:
         lines += ["Not compared:", "", *[f"- {why}" for why in s.refused], ""]
     return lines
+
+
+def _index_effects(report: SweepSummary) -> list[str]:
+    """The index-effects study: each search backend's fusion gain and what it kept (fusebench.report.index_effects)."""
+    from fusebench.report.index_effects import markdown_section
+
+    return markdown_section(getattr(report, "index_effects", None))
 
 
 def _one_study(rows: list[dict]) -> list[dict]:

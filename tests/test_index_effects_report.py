@@ -1,0 +1,260 @@
+"""The sweep report of approximate search backends (fusebench.report.index_effects): the index-effects rows,
+summary.md section, index_effects.csv and plot, and cost.csv's search columns, from run dirs built by hand as the
+app writes them (an exact run, a FAISS HNSW run and a Milvus run), each number checked against the ranks."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fusebench.config.schema import EvalConfig
+from fusebench.evaluation.comparisons import compare, paired_comparisons, retriever_result
+from fusebench.evaluation.record import RunRecord
+from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, Parity, SearchRecord
+from fusebench.evaluation.subrecords import DatasetSummary, FusionRecord, ModelRecord, RunInfo
+from fusebench.fusion.config import FusionConfig
+from fusebench.report.sweep import write_report
+
+N_IMAGES, KS, DRAWS = 40, [1, 5, 10], 200
+CAPTION_IMAGE = np.repeat(np.arange(N_IMAGES), 5)
+Q = len(CAPTION_IMAGE)
+HNSW = "faiss hnsw M=32 efConstruction=200 efSearch=256"
+MILVUS = "milvus flat"
+DBSF = FusionConfig(method="dbsf")
+MILVUS_RRF = FusionConfig(method="rrf", preset="milvus_rrf")
+
+
+def r1(ranks: np.ndarray) -> float:
+    """t2i R@1 the obvious way (percent)."""
+    return 100.0 * float(np.mean(ranks == 1))
+
+
+def _ranks(rng, p_first: float) -> dict[str, np.ndarray]:
+    return {"t2i": np.where(rng.random(Q) < p_first, 1, rng.integers(2, 40, Q)),
+            "i2t": np.where(rng.random(N_IMAGES) < p_first, 1, rng.integers(2, 40, N_IMAGES))}
+
+
+def _degrade(rng, ranks: dict[str, np.ndarray], share: float) -> dict[str, np.ndarray]:
+    """An index's lists: some queries' first correct item pushed down, some past the list (0: missed)."""
+    out = {}
+    for d, r in ranks.items():
+        hit = rng.random(len(r)) < share
+        out[d] = np.where(hit, np.where(rng.random(len(r)) < 0.5, 0, r + 3), r)
+    return out
+
+
+def _quality(i: int) -> dict[str, IndexQuality]:
+    return {d: IndexQuality(neighbour_recall=0.9 + 0.01 * i + (d == "i2t") * 0.005, top1_agreement=0.8 + 0.02 * i,
+                            depth=100, build_seconds=1.5 + i, index_bytes=1000 * (i + 1), query_ms=0.25 * (i + 1))
+            for d in ("t2i", "i2t")}
+
+
+def faiss_search() -> SearchRecord:
+    return SearchRecord("faiss", "hnsw", {"M": 32, "efConstruction": 200, "efSearch": 256}, HNSW, "faiss 1.15.1", 100,
+                        {"a": _quality(0), "b": _quality(1)})
+
+
+def milvus_search() -> SearchRecord:
+    engine = {d: EngineCost(ingest_seconds=3.0, build_seconds=0.5, search_seconds=0.8, latency_ms_median=2.0,
+                            latency_ms_p95=4.5, latency_queries=50, disk_bytes=123456) for d in ("t2i", "i2t")}
+    parity = {"t2i": Parity(Q, identical_top1=0.995, identical_top10=0.99, differ=2, explained=2),
+              "i2t": Parity(N_IMAGES, identical_top1=1.0, identical_top10=1.0, differ=0, explained=0)}
+    models = {m: {d: IndexQuality(1.0, 1.0, 100, query_ms=0.5) for d in ("t2i", "i2t")} for m in "ab"}
+    return SearchRecord("milvus", "flat", {}, MILVUS, "pymilvus 3.0.2, milvus-lite 3.2.2", 100, models, engine, parity,
+                        notes=["ties broken by primary key"])
+
+
+def make_record(ranks: dict, fusion: FusionConfig, search: SearchRecord | None) -> RunRecord:
+    """A run's record as the pipeline writes it: models, 'fused', and for a backend 'exact_fused' (a fusion too)
+    with its comparison against 'fused' (exact minus backend)."""
+    specs = {"a": ModelRecord({"kind": "sim", "dim": 16, "seed": 1}), "b": ModelRecord({"kind": "sim", "dim": 8, "seed": 2})}
+    retrievers = {m: retriever_result(m, ranks[m], KS, specs[m]) for m in "ab"}
+    fusions = ["fused"] + ([EXACT_FUSED] if search else [])
+    for name in fusions:
+        retrievers[name] = retriever_result(name, ranks[name], KS, FusionRecord(["a", "b"], fusion))
+    clusters = {"t2i": CAPTION_IMAGE, "i2t": np.arange(N_IMAGES)}
+    comparisons = paired_comparisons(ranks, ["fused"], ["a", "b"], clusters, KS, DRAWS, 0.95, 0)
+    if search:
+        comparisons += compare(EXACT_FUSED, "fused", ranks[EXACT_FUSED], ranks["fused"], clusters, KS, DRAWS, 0.95, 0)
+    dataset = DatasetSummary("sim", N_IMAGES, Q, meta={"simulated": True})
+    return RunRecord(dataset, retrievers, comparisons, fusion, EvalConfig(ks=KS), RunInfo(), search=search)
+
+
+def write_run(folder: Path, ranks: dict, fusion: FusionConfig, search: SearchRecord | None, override: str) -> RunRecord:
+    record = make_record(ranks, fusion, search)
+    (folder / "ranks").mkdir(parents=True)
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "overrides.yaml").write_text(f"- {override}\n")
+    for name in record.retrievers:
+        for d in ("t2i", "i2t"):
+            np.save(folder / "ranks" / f"{name}.{d}.npy", ranks[name][d].astype(np.int64))
+    np.savez(folder / "ranks" / "queries.npz", t2i_image=CAPTION_IMAGE, i2t_image=np.arange(N_IMAGES))
+    (folder / "metrics.json").write_text(json.dumps(record.to_json()))
+    return record
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """Three runs and their sweep report (written once): exact (dbsf), FAISS HNSW (dbsf over its lists;
+    exact_fused = the exact run's fused lists) and Milvus (its RRF over its flat lists; exact_fused = fusebench's
+    milvus_rrf over exact lists)."""
+    tmp_path = tmp_path_factory.mktemp("index_effects")
+    rng = np.random.default_rng(5)
+    exact = {"a": _ranks(rng, 0.5), "b": _ranks(rng, 0.4)}
+    exact["fused"] = {d: np.minimum(exact["a"][d], exact["b"][d]) for d in ("t2i", "i2t")}
+    hnsw = {m: _degrade(rng, exact[m], 0.15) for m in "ab"}
+    hnsw["fused"], hnsw[EXACT_FUSED] = _degrade(rng, exact["fused"], 0.1), exact["fused"]
+    engine_exact = {d: np.where(rng.random(len(r)) < 0.1, r + 1, r) for d, r in exact["fused"].items()}
+    milvus = {"a": exact["a"], "b": exact["b"], EXACT_FUSED: engine_exact,
+              "fused": {d: np.where(np.arange(len(r)) < 2, r + 1, r) for d, r in engine_exact.items()}}
+    records = {"exact": write_run(tmp_path / "0", exact, DBSF, None, "search=exact"),
+               "hnsw": write_run(tmp_path / "1", hnsw, DBSF, faiss_search(), "search=faiss_hnsw"),
+               "milvus": write_run(tmp_path / "2", milvus, MILVUS_RRF, milvus_search(), "search=milvus")}
+    return tmp_path, {"exact": exact, "hnsw": hnsw, "milvus": milvus}, records, write_report(tmp_path, draws=DRAWS)
+
+
+def best(ranks: dict) -> str:
+    return max("ab", key=lambda m: (r1(ranks[m]["t2i"]), m == "a"))
+
+
+def test_rows_match_the_records_and_the_ranks(study):
+    folder, ranks, records, report = study
+    effects = report.index_effects
+    assert effects is not None and effects.simulated and effects.ks == KS
+    rows = {r["backend"]: r for r in effects.rows if r["k"] == 1}
+    assert list(rows) == ["exact", HNSW, MILVUS] and len(effects.rows) == 3 * len(KS)
+    exact_best = best(ranks["exact"])
+    exact_gain = r1(ranks["exact"]["fused"]["t2i"]) - r1(ranks["exact"][exact_best]["t2i"])
+    assert exact_gain > 0
+
+    e = rows["exact"]
+    assert e["fusion"] == "dbsf" and e["best_single"] == exact_best and e["gain_kept"] == 1.0
+    assert e["gain"] == pytest.approx(exact_gain) and e["exact_minus_backend"] is None and e["neighbour_recall a"] is None
+    assert effects.exact_gains == {"sim": e["gain"]}
+
+    h, hr, rec = rows[HNSW], ranks["hnsw"], records["hnsw"]
+    h_best = best(hr)
+    assert h["best_single"] == h_best and h["version"] == "faiss 1.15.1" and h["depth"] == 100
+    assert h["fused_recall"] == pytest.approx(r1(hr["fused"]["t2i"]))
+    assert h["gain"] == pytest.approx(r1(hr["fused"]["t2i"]) - r1(hr[h_best]["t2i"]))
+    c = rec.comparison("fused", h_best, "t2i", 1)
+    assert (h["ci_low"], h["ci_high"], h["cluster_ci_low"]) == (c.ci_low, c.ci_high, c.cluster_ci_low)
+    assert h["exact_minus_backend"] == pytest.approx(r1(hr[EXACT_FUSED]["t2i"]) - r1(hr["fused"]["t2i"]))
+    d = rec.comparison(EXACT_FUSED, "fused", "t2i", 1)
+    assert (h["diff_ci_low"], h["diff_ci_high"], h["diff_p_value"]) == (d.ci_low, d.ci_high, d.p_value)
+    assert h["exact_fused_recall"] == pytest.approx(r1(ranks["exact"]["fused"]["t2i"]))
+    assert h["exact_gain"] == pytest.approx(exact_gain)
+    assert h["gain_kept"] == pytest.approx(h["gain"] / exact_gain)
+    quality = rec.search.models
+    assert (h["neighbour_recall a"], h["neighbour_recall b"], h["top1_agreement b"]) == (
+        quality["a"]["t2i"].neighbour_recall, quality["b"]["t2i"].neighbour_recall, quality["b"]["t2i"].top1_agreement)
+    assert h["neighbour_recall a"] != quality["a"]["i2t"].neighbour_recall  # t2i's, not i2t's
+    assert (h["build_s"], h["query_ms"], h["index_bytes"]) == (1.5 + 2.5, 0.25 + 0.5, 3000)
+    assert h["identical_top10"] is None and h["disk_bytes"] is None and h["latency_ms_p95"] is None
+
+    m, mr = rows[MILVUS], ranks["milvus"]
+    assert m["fusion"] == "milvus_rrf" and m["identical_top10"] == 0.99 and m["identical_top1"] == 0.995
+    assert (m["parity_differ"], m["parity_explained"]) == (2, 2)
+    milvus_exact_gain = r1(mr[EXACT_FUSED]["t2i"]) - r1(ranks["exact"][exact_best]["t2i"])  # its preset, exact lists
+    assert m["exact_gain"] == pytest.approx(milvus_exact_gain)
+    m_best = best(mr)
+    assert m["gain_kept"] == pytest.approx((r1(mr["fused"]["t2i"]) - r1(mr[m_best]["t2i"])) / milvus_exact_gain)
+    assert (m["build_s"], m["ingest_s"], m["latency_ms_median"], m["latency_ms_p95"], m["disk_bytes"]) == (
+        0.5, 3.0, 2.0, 4.5, 123456)
+    assert m["query_ms"] == pytest.approx(1000 * 0.8 / Q)
+    assert any("ties broken by primary key" in n for n in effects.notes)
+
+    at5 = next(r for r in effects.rows if r["k"] == 5 and r["backend"] == HNSW)
+    b5 = rec.best_single("t2i", 5, among=["a", "b"])
+    assert at5["gain"] == rec.comparison("fused", b5, "t2i", 5).gain
+
+
+def test_files_and_sections_are_written(study):
+    folder = study[0]
+    summary = (folder / "summary.md").read_text()
+    assert "## Index effects [SIMULATED" in summary and "counts as missed" in summary
+    section = summary.split("## Index effects", 1)[1].split("\n## ", 1)[0]
+    assert f"| {HNSW} | dbsf |" in section and f"| {MILVUS} | milvus_rrf |" in section and "| exact | dbsf |" in section
+    assert "| 100% |" in section  # the exact run keeps its own gain
+    with open(folder / "index_effects.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 9 and {"gain", "ci_low", "exact_minus_backend", "gain_kept", "identical_top10",
+                                "neighbour_recall a", "latency_ms_p95", "disk_bytes"} <= set(table[0])
+    assert (folder / "plots" / "index_effects.png").stat().st_size > 5000
+
+
+def test_retrievers_of_each_backend_stay_apart_and_pair_with_exact(study):
+    folder, ranks, _, report = study
+    labels = [r["retriever"] for r in report.article]
+    assert {"a", f"a on {HNSW}", f"a on {MILVUS}"} <= set(labels)
+    exact_dbsf = [r for r in labels if r.startswith("fused dbsf") and " on " not in r]
+    assert len(exact_dbsf) == 1  # the HNSW run's exact_fused is the exact run's fused: one retriever
+    search_pairs = [g for g in report.gains if g["factor"] == "search"]
+    assert search_pairs and all(" on " not in g["candidate"] and " on " in g["baseline"] for g in search_pairs)
+    a_hnsw = next(g for g in search_pairs if g["candidate"] == "a" and g["baseline"] == f"a on {HNSW}"
+                  and g["direction"] == "t2i" and g["k"] == 1)
+    assert a_hnsw["gain"] == pytest.approx(r1(ranks["exact"]["a"]["t2i"]) - r1(ranks["hnsw"]["a"]["t2i"]))
+    assert not [g for g in search_pairs if HNSW in g["candidate"] + g["baseline"] and MILVUS in g["candidate"] + g["baseline"]]
+    fused_vs_best = [g for g in report.gains if g["factor"] == "fused vs best single"]
+    assert len(fused_vs_best) == 3 * 2 * len(KS)  # each run's 'fused' only: exact_fused's members are the index's
+
+
+def _cost_rows(folder: Path) -> dict[str, dict]:
+    with open(folder / "cost.csv", newline="") as f:
+        return {r["retriever"]: r for r in csv.DictReader(f)}
+
+
+def test_cost_columns(study):
+    folder, _, records, _ = study
+    cost = _cost_rows(folder)
+    new = ["search", "index_bytes", "build_s", "query_ms_index", "neighbour_recall_t2i", "engine_ingest_s",
+           "latency_ms_median", "latency_ms_p95", "disk_bytes"]
+    columns = list(next(iter(cost.values())))
+    assert columns[-len(new):] == new and columns[:3] == ["dataset", "retriever", "fusion"]
+    model = cost[f"b on {HNSW}"]
+    q = records["hnsw"].search.models["b"]["t2i"]
+    assert model["search"] == HNSW and int(model["index_bytes"]) == q.index_bytes
+    assert float(model["build_s"]) == q.build_seconds and float(model["query_ms_index"]) == q.query_ms
+    assert float(model["neighbour_recall_t2i"]) == q.neighbour_recall and model["disk_bytes"] == ""
+    fused = next(r for k, r in cost.items() if k.startswith("fused dbsf") and k.endswith(HNSW))
+    assert (int(fused["index_bytes"]), float(fused["build_s"]), float(fused["query_ms_index"])) == (3000, 4.0, 0.75)
+    assert fused["neighbour_recall_t2i"] == "" and fused["engine_ingest_s"] == ""
+    engine = next(r for k, r in cost.items() if k.startswith("fused milvus_rrf") and k.endswith(MILVUS))
+    assert (float(engine["engine_ingest_s"]), float(engine["build_s"]), float(engine["latency_ms_p95"]),
+            int(engine["disk_bytes"])) == (3.0, 0.5, 4.5, 123456)
+    assert float(engine["query_ms_index"]) == pytest.approx(1000 * 0.8 / Q)
+    for label in ("a", "b", next(k for k in cost if k.startswith("fused dbsf") and " on " not in k),
+                  next(k for k in cost if k.startswith("fused milvus_rrf") and " on " not in k)):
+        row = cost[label]  # exact lists: the exact run's, and the Milvus run's exact preset
+        assert row["search"] == "exact" and all(row[c] == "" for c in new[1:])
+
+
+def test_no_section_without_a_backend(tmp_path):
+    rng = np.random.default_rng(1)
+    ranks = {"a": _ranks(rng, 0.5), "b": _ranks(rng, 0.4)}
+    ranks["fused"] = {d: np.minimum(ranks["a"][d], ranks["b"][d]) for d in ("t2i", "i2t")}
+    write_run(tmp_path / "0", ranks, DBSF, None, "fusion=dbsf")
+    write_run(tmp_path / "1", ranks, FusionConfig(method="rrf"), None, "fusion=rrf")
+    report = write_report(tmp_path, draws=DRAWS)
+    assert report.index_effects is None and not (tmp_path / "index_effects.csv").exists()
+    assert "Index effects" not in (tmp_path / "summary.md").read_text()
+    assert not (tmp_path / "plots" / "index_effects.png").exists()
+    cost = _cost_rows(tmp_path)
+    assert all(r["search"] == "exact" and r["index_bytes"] == "" and r["latency_ms_p95"] == "" for r in cost.values())
+    assert not [g for g in report.gains if g["factor"] == "search"]
+
+
+def test_a_search_block_round_trips_through_metrics_json():
+    rng = np.random.default_rng(3)
+    ranks = {m: _ranks(rng, 0.5) for m in ("a", "b", "fused", EXACT_FUSED)}
+    for search in (faiss_search(), milvus_search()):
+        record = make_record(ranks, MILVUS_RRF if search.backend == "milvus" else DBSF, search)
+        text = json.dumps(record.to_json())
+        again = RunRecord.from_json(json.loads(text))
+        assert again == record and json.dumps(again.to_json()) == text
+        assert again.search.models["b"]["t2i"].index_bytes == search.models["b"]["t2i"].index_bytes
+        assert again.headline == "fused" and again.fusions == ["fused", EXACT_FUSED]
+    plain = make_record(ranks, DBSF, None)
+    assert "search" not in plain.to_json() and RunRecord.from_json(plain.to_json()).search is None
