@@ -55,7 +55,7 @@ def test_an_engine_run_records_parity_and_leaves_no_database(compose_cfg, tmp_pa
     leftover.mkdir(parents=True)
     (leftover / "half-written").write_text("a killed run's database")
     record, _ = _run(compose_cfg, tmp_path, "qdrant", ["search=qdrant", "search.latency_queries=5"])
-    assert "left by an earlier run that did not finish" in caplog.text
+    assert "left by a run that did not finish" in caplog.text
     assert not (out / "engine_db").exists()
     assert record.fusion.preset == "qdrant_dbsf"
     for direction in ("t2i", "i2t"):
@@ -91,3 +91,17 @@ def test_index_sizes_are_refused_before_any_embedding(compose_cfg, tmp_path, mon
         run(compose_cfg(SMALL + ["search=faiss_ivf_flat", "search.nlist=null"]), str(tmp_path / "out"))
     with pytest.raises(FusebenchError, match=r"search.nlist=500 is more than the 300 items"):
         run(compose_cfg(SMALL + ["search=faiss_ivf_flat", "search.nlist=500", "search.nprobe=4"]), str(tmp_path / "o2"))
+
+
+def test_an_engine_keyed_by_document_marks_each_entry_with_its_model(compose_cfg, tmp_path):
+    """fuse_on=document: an entry is one model's hit, so its contributor bit is that model's, as in fusebench's own
+    fused lists; and parity is read on the whole fused lists even when the saved lists are shorter."""
+    pytest.importorskip("qdrant_client")
+    record, out = _run(compose_cfg, tmp_path, "doc", ["search=qdrant", "fusion=qdrant_rrf", "fusion.fuse_on=document",
+                                                      "search.latency_queries=0", "eval.save_topk=3"])
+    engine, exact = np.load(out / "topk" / "fused.t2i.npz"), np.load(out / "topk" / "exact_fused.t2i.npz")
+    assert engine["ids"].shape[1] == 3
+    same = engine["ids"] == exact["ids"]
+    assert same.mean() > 0.99 and (engine["contributors"][same] == exact["contributors"][same]).all()
+    assert set(np.unique(engine["contributors"])) <= {1, 2}
+    assert record.search.parity["t2i"].identical_top10 >= 0.99 and record.search.depth == 20

@@ -168,7 +168,7 @@ def test_fused_ties_go_to_the_smaller_id(flat):
 
 
 @pytest.mark.parametrize("index, settings, floor", [("hnsw", {"ef_search": 48, "hnsw_m": 8, "ef_construction": 40}, 0.95),
-                                                    ("ivf_flat", {"nprobe": 8}, 0.7)])
+                                                    ("ivf_flat", {"nprobe": 8, "nlist": None}, 0.7)])
 def test_indexes_are_built_and_return_lists_with_high_neighbour_recall(tmp_path, index, settings, floor):
     """Milvus Lite 3.2.2 builds a real FAISS index per flushed segment (index/factory.py), no FLAT fallback, with
     the build settings asked for (M, efConstruction; nlist = auto_nlist(1500) = 38, not Lite's default 128)."""

@@ -48,6 +48,14 @@ def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array.astype(np.int64 if array.dtype.kind == "i" else np.float32)))
 
 
+def _cut_lists(ranked: RankedLists, keep_k: int | None) -> RankedLists:
+    """``ranked`` with its lists cut to ``keep_k`` entries (its ranks, computed on the whole list, kept)."""
+    if keep_k is None:
+        return ranked
+    return RankedLists(ranked.ranks, ranked.ids[:, :keep_k], ranked.scores[:, :keep_k],
+                       None if ranked.contributors is None else ranked.contributors[:, :keep_k])
+
+
 def _list_ranks(ids: np.ndarray, direction: str, caption_image: np.ndarray) -> np.ndarray:
     """1-based position of the first correct item in each list; 0 when it is not in the list (missed)."""
     cap = torch.as_tensor(caption_image)
@@ -106,8 +114,8 @@ def engine_request_rows(models: Sequence[ModelEmbeddings], caption_image: np.nda
 def fresh_workdir(folder: Path) -> Path:
     """An empty folder for the engine: one left by a killed run is reported and removed, never read."""
     if folder.exists() or folder.is_symlink():
-        log.warning("%s holds an engine database left by an earlier run that did not finish; removed, rebuilt",
-                    folder)
+        log.warning("%s holds an engine database from an earlier run in this dir (left by a run that did not finish, "
+                    "or kept by search.keep_db): removed, rebuilt; never read", folder)
         if folder.is_dir() and not folder.is_symlink():
             shutil.rmtree(folder)
         else:
@@ -135,10 +143,11 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
     engine = engine_module(config.backend)
     depth = list_depth(fusion, keep_k, settings)
     exact = exact_lists(models, caption_image, depth, settings, source)
-    exact_results = retrieve(models, caption_image, fusion, keep_k, settings, source, stored=exact)
+    exact_results = retrieve(models, caption_image, fusion, None, settings, source, stored=exact)  # whole final_k
     n_items = {"t2i": models[0].n_items, "i2t": len(caption_image)}
     results: dict[str, dict[str, RankedLists]] = {m.name: {} for m in models}
-    results[FUSED], results[EXACT_FUSED] = {}, exact_results[FUSED]
+    results[FUSED] = {}
+    results[EXACT_FUSED] = {d: _cut_lists(r, keep_k) for d, r in exact_results[FUSED].items()}
     qualities: dict[str, dict[str, IndexQuality]] = {m.name: {} for m in models}
     costs, parities, differences, notes = {}, {}, [], []
     root = Path(out_dir) / ENGINE_DIR
@@ -166,7 +175,10 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
             qualities[m.name][direction] = IndexQuality(neighbour_recall=recall, top1_agreement=top1,
                                                         depth=request.per_model_k)
         fused_ranks = _list_ranks(out.fused_ids, direction, caption_image)
-        contributors = _contributors(out.fused_ids, [out.singles[m.name][0] for m in models])
+        if out.fused_models is not None:  # document form: each entry is one model's hit
+            contributors = torch.from_numpy(np.where(out.fused_models >= 0, np.left_shift(1, np.maximum(out.fused_models, 0)), 0))
+        else:
+            contributors = _contributors(out.fused_ids, [out.singles[m.name][0] for m in models])
         cut = slice(None) if keep_k is None else slice(0, keep_k)
         results[FUSED][direction] = RankedLists(fused_ranks, _cut(out.fused_ids, keep_k), _cut(out.fused_scores, keep_k),
                                                 contributors[:, cut])
@@ -186,7 +198,8 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
     else:
         shutil.rmtree(root, ignore_errors=True)
     record = SearchRecord(backend=config.backend, index=config.index, params=config.index_params(),
-                          label=config.label(), version=engine.version(), depth=depth, models=qualities,
+                          label=config.label(), version=engine.version(), depth=fusion.per_model_k(n_items["t2i"]),
+                          models=qualities,
                           engine=costs, parity=parities, notes=notes)
     return BackendResult(results, record, differences)
 

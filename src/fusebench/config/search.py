@@ -97,7 +97,10 @@ class SearchConfig:
         """The backend and the parameters that ran, for tables and plots: 'faiss hnsw M=32 efSearch=256'."""
         if self.backend == "exact":
             return "exact"
-        return " ".join([self.backend, self.index, *(f"{k}={v}" for k, v in self.index_params().items())])
+        params = self.index_params()
+        if self.index.startswith("ivf") and self.seed != SearchConfig.seed:  # another k-means: another index
+            params["seed"] = self.seed
+        return " ".join([self.backend, self.index, *(f"{k}={v}" for k, v in params.items())])
 
     def index_params(self) -> dict:
         """The parameters the index type reads (FAISS names), as set (nlist/pq_m may be null = automatic)."""
@@ -144,7 +147,7 @@ def resolve_pq_m(config: SearchConfig, dim: int, model: str) -> int:
     (the largest divisor of ``dim`` that is at most both)."""
     if config.pq_m is not None:
         if dim % config.pq_m:
-            divisors = [m for m in range(1, min(dim, 128) + 1) if dim % m == 0]
+            divisors = [m for m in range(1, dim + 1) if dim % m == 0]
             raise FusebenchError(f"search.pq_m={config.pq_m} does not divide model {model}'s width {dim}; valid: a "
                                  f"divisor of {dim} ({', '.join(map(str, divisors))}), or null (automatic).")
         return config.pq_m

@@ -63,11 +63,12 @@ class EngineLists:
     fused_scores: np.ndarray  # (q, final_k) float32, the engine's fused scores
     ingest_seconds: float  # loading the items (inserts, flush)
     build_seconds: float  # building the index (0 for a flat search with no index)
-    search_seconds: float  # every query's singles and fused lists, in batches
+    search_seconds: float  # every query's fused answer (the hybrid search, with the per-model searches it runs), batched
     latency_ms: np.ndarray  # one fused (hybrid) request at a time, for the first latency_queries queries
     disk_bytes: int  # the engine's files under workdir after ingestion and index build
     version: str  # "pymilvus 3.0.2, milvus-lite 3.2.2"
     notes: list[str] = field(default_factory=list)  # what the engine does its own way (ties, score forms, limits)
+    fused_models: np.ndarray | None = None  # fuse_on=document: (q, final_k) the model whose hit each entry is, -1 pad
 
 
 def require(backend: str):

@@ -222,8 +222,9 @@ def _hits(points: list, n_items: int) -> list[tuple[int, float]]:
     return [(int(p.id) % n_items, float(p.score)) for p in points]
 
 
-def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list]:
-    n, singles, fused = request.n_items, {m: [] for m in request.models}, []
+def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list, list]:
+    """Each model's list and the fused list per query; and the model of each fused entry (its point id // n)."""
+    n, singles, fused, owners = request.n_items, {m: [] for m in request.models}, [], []
     tick = _ticker(request, "qdrant: searching", request.n_queries)
     for start in range(0, request.n_queries, request.search.batch_size):
         stop = min(start + request.search.batch_size, request.n_queries)
@@ -231,9 +232,11 @@ def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list
             lists = [searcher.single(q, m) for m in range(len(request.models))]
             for m, points in zip(request.models, lists):
                 singles[m].append(_hits(points, n))
-            fused.append(_hits(searcher.fuse(lists), n))  # reads the lists' scores, then overwrites them
+            points = searcher.fuse(lists)  # reads the lists' scores, then overwrites them
+            fused.append(_hits(points, n))
+            owners.append([(int(p.id) // n, 0.0) for p in points])
         tick(stop - start)
-    return singles, fused
+    return singles, fused, owners
 
 
 def _latency(searcher: _Searcher, request: EngineRequest, fused: list) -> tuple[np.ndarray, int, int]:
@@ -269,13 +272,15 @@ def run(request: EngineRequest) -> EngineLists:
             disk = folder_bytes(request.workdir)
             searcher = _Searcher(client, models, request)
             began = time.perf_counter()
-            singles, fused = _search_all(searcher, request)
+            singles, fused, owners = _search_all(searcher, request)
             seconds = time.perf_counter() - began
             latency, same, timed = _latency(searcher, request, fused)
         finally:
             client.close()
     fused_ids, fused_scores = pad(fused, request.final_k)
-    return EngineLists(singles={m: pad(rows, request.per_model_k) for m, rows in singles.items()},
+    document = request.fusion.fuse_on == "document"
+    return EngineLists(fused_models=pad(owners, request.final_k)[0] if document else None,
+                       singles={m: pad(rows, request.per_model_k) for m, rows in singles.items()},
                        fused_ids=fused_ids, fused_scores=fused_scores, ingest_seconds=ingest, build_seconds=0.0,
                        search_seconds=seconds, latency_ms=latency, disk_bytes=disk, version=version(),
                        notes=notes(request, same, timed))
