@@ -14,7 +14,7 @@ A fusion is a retriever whose ``spec.kind`` is ``"fusion"``; its ``spec.members`
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from fusebench.config.schema import POSITIVE_SETS, EvalConfig
 from fusebench.config.specs import DEFAULT_WEIGHT
@@ -31,6 +31,7 @@ from fusebench.evaluation.subrecords import (
     eval_from_json,
     eval_to_json,
     fusion_from_json,
+    fusion_to_json,
     need,
     spec_from_json,
 )
@@ -215,7 +216,7 @@ class RunRecord:
         out = {"version": self.version, "dataset": self.dataset.to_json(),
                "retrievers": {n: r.to_json() for n, r in self.retrievers.items()},
                "comparisons": [c.to_json() for c in self.comparisons], "oracle": self.oracle,
-               "fusion": asdict(self.fusion), "eval": eval_to_json(self.eval), "run": self.run.to_json(),
+               "fusion": fusion_to_json(self.fusion), "eval": eval_to_json(self.eval), "run": self.run.to_json(),
                "files": self.files}
         if self.reference is not None:
             out["reference"] = self.reference

@@ -124,7 +124,7 @@ class FusionRecord:
     kind = "fusion"
 
     def to_json(self) -> dict:
-        return {"kind": "fusion", "members": list(self.members), **asdict(self.fusion)}
+        return {"kind": "fusion", "members": list(self.members), **fusion_to_json(self.fusion)}
 
     @classmethod
     def from_json(cls, data: dict, where: str) -> FusionRecord:
@@ -134,6 +134,15 @@ class FusionRecord:
 def spec_from_json(data, where: str) -> ModelRecord | FusionRecord:
     data = _object(data, f"{where}: 'spec'")
     return FusionRecord.from_json(data, where) if data.get("kind") == "fusion" else ModelRecord(data)
+
+
+LATER_SETTINGS = {"ties": "first"}  # fusion settings added after records existed: written only when not the default
+
+
+def fusion_to_json(fusion: FusionConfig) -> dict:
+    """A fusion's settings as a record holds them: a setting added later is left out at its default, so that a
+    record written before it existed reads and writes back byte for byte (and reads back as what ran)."""
+    return {k: v for k, v in asdict(fusion).items() if not (k in LATER_SETTINGS and v == LATER_SETTINGS[k])}
 
 
 def fusion_from_json(data: dict, where: str) -> FusionConfig:
