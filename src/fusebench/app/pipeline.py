@@ -185,7 +185,8 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
         retrievers[name] = retriever_result(name, ranks[name], settings.ks, spec, info)
     boot = settings.bootstrap
     record = RunRecord(
-        dataset=DatasetSummary.from_json(corpus.summary()),
+        dataset=DatasetSummary.from_json({**corpus.summary(), "digest": corpus.content_digest(
+            corpus.n_images - (gallery.distractors if gallery is not None else 0))}),
         retrievers=retrievers,
         comparisons=paired_comparisons(ranks, [FUSED] if FUSED in lists else [], singles, clusters,
                                        settings.ks, boot.draws, boot.level, boot.seed)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from fusebench import FusebenchError
+
+# loader facts that say where a corpus was read from or how it was labelled, not what it holds
+NOT_CONTENT = frozenset({"source", "nonstandard", "test_images"})
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,22 @@ class Corpus:
             kind=self.kind,
         )
         return corpus, keep_images, keep_captions
+
+    def content_digest(self, n_images: int | None = None) -> str:
+        """The sha256 of what the queries and the first ``n_images`` images are (default: all): image ids and
+        paths, captions, which image each caption belongs to, caption ids, and the loader's facts that generate
+        content (a simulation's parameters; not where a file was read from, nor a gallery's keys). Two runs pair
+        query by query only when their digests are equal (name and counts are not enough: two manifests of one
+        size, or two ``dataset.seed`` values, are other corpora)."""
+        n = self.n_images if n_images is None else int(n_images)
+        facts = {k: v for k, v in sorted(self.meta.items()) if k not in NOT_CONTENT and not k.startswith("gallery_")
+                 and isinstance(v, (bool, int, float, str))}
+        h = hashlib.sha256()
+        h.update(json.dumps({"images": self.image_ids[:n], "paths": None if self.image_paths is None
+                             else self.image_paths[:n], "captions": self.captions, "caption_ids": self.caption_ids,
+                             "facts": facts}, ensure_ascii=False).encode("utf-8"))
+        h.update(np.ascontiguousarray(self.caption_image, dtype=np.int64).tobytes())
+        return h.hexdigest()
 
     def summary(self) -> dict:
         per = self.captions_per_image

@@ -42,6 +42,7 @@ class DatasetSummary:
     n_images_without_captions: int | None = None
     t2i_queries: int | None = None
     i2t_queries: int | None = None
+    digest: str | None = None  # the test split's content digest (Corpus.content_digest); None in older records
     meta: dict = field(default_factory=dict)
 
     @property
@@ -54,8 +55,17 @@ class DatasetSummary:
 
     @property
     def key(self) -> tuple[str, int, int]:
-        """What makes two runs' corpora the same for a report: name and counts."""
+        """The dataset's name and counts (a label; what makes two corpora the same is :meth:`identity`)."""
         return self.name, self.n_images, self.n_captions
+
+    def identity(self, n_test: int) -> tuple:
+        """What makes two runs' queries and test images the same (``n_test``: the test images, without a
+        gallery's distractors): the content digest; a record written before digests has its name, counts and
+        the loader's facts (simulation parameters, split, source) instead."""
+        if self.digest:
+            return ("digest", self.digest)
+        meta = {k: v for k, v in self.meta.items() if not k.startswith("gallery_") and k != "test_images"}
+        return ("name", self.name, n_test, self.n_captions, json.dumps(meta, sort_keys=True, default=str))
 
     def to_json(self) -> dict:
         counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "meta"}

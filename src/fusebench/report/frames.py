@@ -40,10 +40,11 @@ def _field(sub, name: str, default=None):
 
 
 def dataset_columns(run: Run) -> dict:
-    """The dataset a run evaluated: its name, size and whether it is simulated."""
+    """The dataset a run evaluated: its name, size, whether it is simulated, and its test split's content digest
+    (``corpus_digest``: runs pair query by query only when it is equal; None in records written before it)."""
     d = run.record.dataset
     return {"dataset": _field(d, "name"), "n_images": _field(d, "n_images"), "n_captions": _field(d, "n_captions"),
-            "simulated": bool(_field(d, "simulated", False))}
+            "simulated": bool(_field(d, "simulated", False)), "corpus_digest": _field(d, "digest")}
 
 
 def _preprocessing(spec) -> str:

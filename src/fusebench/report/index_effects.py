@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from fusebench import FUSED
 from fusebench.evaluation.comparisons import level_label
 from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
+from fusebench.report.labels import dataset_labels
 from fusebench.report.runs import Run
 
 EXACT = "exact"  # the search label of exact lists (search=exact, and every run's exact_fused)
@@ -154,7 +155,7 @@ def effect_row(runs: list[Run], run: Run, k: int) -> dict:
     kept = None
     if gain is not None and exact_gain is not None and exact_gain > 0:
         kept = 1.0 if search is None else gain.gain / exact_gain
-    return {"dataset": record.dataset.name, "run": run.name, "backend": search_label(run, FUSED),
+    return {"dataset": dataset_labels(runs)[run.dataset_key], "run": run.name, "backend": search_label(run, FUSED),
             "version": None if search is None else search.version, "fusion": _fusion_name(run), "k": k,
             "depth": None if search is None else search.depth, **_quality_columns(run, fused.members),
             "fused_recall": fused.t2i.at(k), "best_single": best,
@@ -194,7 +195,8 @@ def index_effects_report(runs: list[Run], ks: list[int]) -> IndexEffects | None:
     if not any(r.record.search is not None for r in runs):
         return None
     studied = [r for r in runs if FUSED in r.record.retrievers]
-    studied.sort(key=lambda r: (r.record.dataset.name, r.record.search is not None))  # stable: sweep order kept
+    labels = dataset_labels(runs)
+    studied.sort(key=lambda r: (labels[r.dataset_key], r.record.search is not None))  # stable: sweep order kept
     notes: list[str] = []
     rows, exact_gains = [], {}
     for run in studied:

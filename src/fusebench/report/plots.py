@@ -214,7 +214,7 @@ def cost_vs_gain(cost: list[dict], article: list[dict], path: Path) -> Path | No
     for r in article:
         for column, value in r.items():
             if column.endswith(" t2i R@1") and value is not None:
-                recall[(column.split(" ")[0], r["retriever"])] = value
+                recall[(column.rsplit(" ", 2)[0], r["retriever"])] = value  # the corpus label, as cost rows have it
     fusion = {(row["dataset"], row["retriever"]): row.get("fusion", False) for row in cost}
     best: dict = {}  # the best single model per dataset at t2i R@1 (fusions are flagged in the cost rows)
     for (dataset, retriever), value in recall.items():

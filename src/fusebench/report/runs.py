@@ -33,11 +33,35 @@ class Run:
     _loaded: dict = field(default_factory=dict, repr=False, compare=False)  # arrays read once per Run
 
     @property
-    def dataset_key(self) -> tuple:
-        """What makes two runs' galleries the same for a report: the dataset's name and counts, and the
-        distractors' source (runs of one size from two sources, seeds or settings are kept apart)."""
+    def n_test(self) -> int:
+        """The test split's images (the gallery less its distractors)."""
         gallery = self.record.gallery
-        return (*self.record.dataset.key, None if gallery is None else gallery.identity)
+        return int(self.record.dataset.n_images - (gallery.distractors if gallery is not None else 0))
+
+    @property
+    def corpus_key(self) -> tuple:
+        """What makes two runs' queries and test images the same: the test split's content digest
+        (:meth:`DatasetSummary.identity`), never its name and size alone."""
+        return self.record.dataset.identity(self.n_test)
+
+    @property
+    def dataset_key(self) -> tuple:
+        """What makes two runs' galleries the same for a report: the same test split (:attr:`corpus_key`), the
+        same number of images, and the distractors' source with the digest of the distractors taken (runs of one
+        size from two sources, seeds or settings are kept apart)."""
+        gallery = self.record.gallery
+        return (self.corpus_key, self.record.dataset.n_images, None if gallery is None else gallery.identity,
+                None if gallery is None else json.dumps(gallery.source, sort_keys=True, default=str))
+
+    def same_queries(self, other: Run) -> bool:
+        """Whether the saved query files of both runs name the same images query by query (the check under
+        every pairing across runs; a run without ranks/queries.npz passes on its corpus key alone)."""
+        if other is self:
+            return True
+        files = [r.path / "ranks" / "queries.npz" for r in (self, other)]
+        if not all(f.is_file() for f in files):
+            return True
+        return all(np.array_equal(self.clusters(d), other.clusters(d)) for d in DIRECTIONS)
 
     def ranks(self, retriever: str, direction: str) -> np.ndarray:
         key = ("ranks", retriever, direction)
@@ -55,6 +79,53 @@ class Run:
             else:
                 self._loaded[key] = np.arange(len(self.ranks(next(iter(self.record.retrievers)), direction)))
         return self._loaded[key]
+
+
+JOBS_FILE = "multirun_jobs.json"  # beside Hydra's multirun.yaml: each job of the sweep, its dir and overrides
+JOBS_FORMAT = "fusebench sweep jobs"
+
+
+def read_jobs(path: Path) -> list[dict] | None:
+    """The jobs a sweep launched (``path``: its multirun_jobs.json), or None when the file is not fusebench's."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != JOBS_FORMAT or not isinstance(data.get("jobs"), list):
+        return None
+    jobs = [j for j in data["jobs"] if isinstance(j, dict) and isinstance(j.get("dir"), str)]
+    return jobs if len(jobs) == len(data["jobs"]) else None
+
+
+def write_jobs(sweep_dir: str | Path, jobs: list[dict]) -> bool:
+    """Record the sweep's jobs (``{"job", "dir" (relative to the sweep dir), "overrides"}`` each) so that a
+    report can name a job whose dir is gone; False (nothing written) when a file of that name is not
+    fusebench's."""
+    from fusebench.stores.files import atomic_write_text
+
+    path = Path(sweep_dir) / JOBS_FILE
+    if os.path.lexists(path) and read_jobs(path) is None:
+        return False
+    atomic_write_text(path, json.dumps({"format": JOBS_FORMAT, "jobs": jobs}, indent=1) + "\n")
+    return True
+
+
+def missing_jobs(folder: Path, found: set[Path]) -> dict[str, str]:
+    """Jobs that the sweeps below ``folder`` launched (their multirun_jobs.json) whose dir is not among ``found``
+    (the run dirs scanned): deleted, moved, or not started yet; label -> why."""
+    out = {}
+    for jobs_file in sorted(folder.rglob(JOBS_FILE)):
+        jobs = read_jobs(jobs_file) or []
+        shared = set.intersection(*[set(map(str, j.get("overrides") or [])) for j in jobs]) if len(jobs) > 1 else set()
+        for job in jobs:
+            path = (jobs_file.parent / job["dir"]).resolve()
+            if path in found or not path.is_relative_to(folder.resolve()):
+                continue
+            overrides = " ".join(o for o in map(str, job.get("overrides") or []) if o not in shared) or "no overrides"
+            label = str(path.relative_to(folder.resolve())) or "."
+            out[label] = (f"the job dir is missing (job {job.get('job')}: {overrides}): deleted or moved, or the job "
+                          "never started")
+    return out
 
 
 @dataclass
@@ -147,6 +218,7 @@ def scan_runs(folder: str | Path) -> Scan:
             overrides = [line[2:].strip() for line in text.splitlines() if line.startswith("- ")]
         name = " ".join(overrides) if overrides else (str(path.relative_to(folder)) or path.name)
         runs.append(Run(path, name, record, overrides))
+    failed.update(missing_jobs(folder, {p.resolve() for p in candidates}))
     return Scan(runs, failed)
 
 

@@ -19,10 +19,10 @@ import numpy as np
 from fusebench.evaluation.comparisons import compare
 from fusebench.evaluation.metrics import recall_at_k
 from fusebench.evaluation.scaling import JEFFREYS, ScalingError, predicted_recall
+from fusebench.report.labels import study_labels
 from fusebench.report.runs import Run
 from fusebench.report.sweep import describe, retriever_factors
 
-GALLERY_META = ("test_images",)  # dataset meta keys a gallery adds (with every gallery_* key)
 EXTRAPOLATE_FACTOR = 10  # predict R@1 at this many times the largest gallery measured
 
 
@@ -42,11 +42,9 @@ def gallery_images(run: Run) -> int:
 
 
 def test_split(run: Run) -> tuple:
-    """What makes two runs' test splits (and so their queries) the same: name, test images, captions, and the
-    dataset's own facts (simulation parameters, split, source; not the gallery's)."""
-    d = run.record.dataset
-    meta = {k: v for k, v in d.meta.items() if not k.startswith("gallery_") and k not in GALLERY_META}
-    return d.name, d.n_images - distractors(run), d.n_captions, json.dumps(meta, sort_keys=True, default=str)
+    """What makes two runs' test splits (and so their queries) the same: the test split's content digest (older
+    records: name, test images, captions and the dataset's own facts), never the gallery's."""
+    return run.corpus_key
 
 
 def source(run: Run) -> str | None:
@@ -100,7 +98,7 @@ def studies(runs: list[Run]) -> list[tuple[str, list[Run]]]:
     by_split: dict[tuple, list[Run]] = {}
     for run in runs:
         by_split.setdefault(test_split(run), []).append(run)
-    found = []
+    found: dict[tuple, tuple[str, list[Run]]] = {}
     for split, members in by_split.items():
         bare = [r for r in members if source(r) is None]
         sources = sorted({source(r) for r in members} - {None})
@@ -109,9 +107,13 @@ def studies(runs: list[Run]) -> list[tuple[str, list[Run]]]:
             if len({distractors(r) for r in group}) < 2:
                 continue
             kind = json.loads(src)["kind"] if src else "none"
-            simulated = " (simulated)" if group[0].record.simulated else ""
-            found.append((f"{split[0]}{simulated}, {split[1]} test images, gallery={kind}", group))
-    return found
+            first = group[0].record
+            simulated = " (simulated)" if first.simulated else ""
+            found[(split, src)] = (f"{first.dataset.name}{simulated}, {group[0].n_test} test images, gallery={kind}",
+                                   group)
+    # two studies of one label (two dataset seeds, two gallery seeds or sources): what differs is added
+    labels = study_labels({key: (label, max(group, key=distractors)) for key, (label, group) in found.items()})
+    return [(labels[key], group) for key, (_, group) in found.items()]
 
 
 def series_of(study: str, runs: list[Run]) -> list[Series]:
@@ -129,7 +131,7 @@ def series_of(study: str, runs: list[Run]) -> list[Series]:
 def query_problem(a: Run, b: Run) -> str | None:
     """Why two runs' t2i queries cannot be paired query by query (None when they are the same queries)."""
     if test_split(a) != test_split(b):
-        return "their test splits differ (dataset, counts or settings)"
+        return "their test splits differ (their corpora's content digests)"
     files = [r.path / "ranks" / "queries.npz" for r in (a, b)]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
@@ -206,6 +208,9 @@ def extrapolation_rows(series: list[Series], refused: list[str], factor: int = E
     """Per single model with a run without distractors: its t2i R@1 predicted at each measured size from the next
     smaller one (the check: measured beside it), and at ``factor`` times the largest."""
     rows = []
+    for study in dict.fromkeys(s.study for s in series if not s.fusion and 0 not in s.points):
+        refused.append(f"{study}: no extrapolation: it starts from a run of the same test split without "
+                       "distractors, and the sweep has none; add gallery.size=0 to the sweep's sizes")
     for s in (s for s in series if not s.fusion and 0 in s.points):
         sizes = [n for n in s.sizes() if n > 0]
         if not sizes:  # this model ran without distractors only (its gallery run failed, or was never asked)

@@ -22,10 +22,10 @@ from fusebench import DIRECTIONS
 from fusebench.evaluation.comparisons import compare
 from fusebench.evaluation.search_record import EXACT_FUSED
 from fusebench.evaluation.stats import holm_adjust
-from fusebench.evaluation.subrecords import DatasetSummary
 from fusebench.fusion.config import FusionConfig
 from fusebench.report.article import beside_article
 from fusebench.report.index_effects import EXACT, IndexEffects, index_effects_report, search_cost, search_label
+from fusebench.report.labels import dataset_labels
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
 from fusebench.report.sweep_markdown import csv_text, markdown
 from fusebench.stores.files import atomic_write_text
@@ -92,30 +92,11 @@ def unique_retrievers(runs: list[Run]) -> list[tuple[Run, str]]:
     return out
 
 
-def _dataset_label(dataset: DatasetSummary) -> str:
-    return dataset.name + (" (simulated)" if dataset.simulated else "") + (
-        " (non-standard)" if dataset.nonstandard else "")
-
-
-def with_gallery(run: Run, label: str) -> str:
-    """``label`` with the run's distractors, when its gallery has any ('coco5k +100,000 distractors')."""
-    gallery = run.record.gallery
-    return label if gallery is None else f"{label} +{gallery.distractors:,} distractors"
-
-
 def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
-    """The article's table: one row per retriever (models, preprocessing, fusion), columns dataset x direction x R@k."""
+    """The article's table: one row per retriever (models, preprocessing, fusion), columns corpus x direction x
+    R@k (one column group per corpus: two corpora of one name are labelled apart)."""
     rows: dict[str, dict] = {}
-    labels: dict[tuple, str] = {}
-    for run in runs:  # one column group per dataset; same-named datasets of other sizes get their counts added
-        label = with_gallery(run, _dataset_label(run.record.dataset))
-        if run.dataset_key not in labels:
-            clash = label in labels.values()
-            if clash:
-                label = f"{label} {run.dataset_key[1]}/{run.dataset_key[2]}"
-            if label in labels.values():  # one size of two distractor sources (or seeds, or settings)
-                label = f"{label} (gallery {sum(lab.startswith(label) for lab in labels.values()) + 1})"
-            labels[run.dataset_key] = label
+    labels = dataset_labels(runs)
     for run, name in unique_retrievers(runs):
         result = run.record.retrievers[name]
         label = describe(run, name)
@@ -154,7 +135,7 @@ def comparable_pairs(runs: list[Run]) -> list[tuple[str, tuple[Run, str], tuple[
     for i, (run_a, a) in enumerate(items):
         fa = retriever_factors(run_a, a)
         for run_b, b in items[i + 1:]:
-            if run_a.dataset_key != run_b.dataset_key:
+            if run_a.dataset_key != run_b.dataset_key or not run_a.same_queries(run_b):
                 continue
             fb = retriever_factors(run_b, b)
             if fa["kind"] != fb["kind"]:
@@ -177,6 +158,7 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
     direction and k (:meth:`RunRecord.best_single`), through the run's own comparison function
     (:func:`fusebench.evaluation.comparisons.compare`); p-values Holm-adjusted over the whole sweep."""
     rows = []
+    labels = dataset_labels(runs)
 
     def add(factor: str, run_c: Run, cand: str, run_b: Run, base: str, **options) -> None:
         clusters = {d: run_c.clusters(d) for d in DIRECTIONS}
@@ -184,7 +166,7 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
                         clusters, options.pop("ks", ks), draws, level, seed, **options)
         for row in found:
             values = {k: v for k, v in row.to_json().items() if k not in ("baseline_recall", "candidate_recall")}
-            rows.append({"dataset": with_gallery(run_c, run_c.record.dataset.name), "factor": factor,
+            rows.append({"dataset": labels[run_c.dataset_key], "factor": factor,
                          "candidate": row.candidate,
                          "baseline": row.baseline, **values})
 
@@ -207,6 +189,7 @@ def cost_rows(runs: list[Run]) -> list[dict]:
     from fusebench.report.scaling import gallery_cost
 
     rows = []
+    labels = dataset_labels(runs)
     for run, name in unique_retrievers(runs):
         result = run.record.retrievers[name]
         members = result.members or [name]
@@ -221,7 +204,7 @@ def cost_rows(runs: list[Run]) -> list[dict]:
                 continue
             seconds_per_image += (took["images"] - took.get("model_load", 0.0)) / max(run.record.dataset.n_images, 1)
         fp32, fp16 = 4 * dims, 2 * dims
-        rows.append({"dataset": run.record.dataset.name, "retriever": describe(run, name),
+        rows.append({"dataset": labels[run.dataset_key], "retriever": describe(run, name),
                      "fusion": result.is_fusion, "dims": dims,
                      "bytes_per_image_fp32": fp32, "bytes_per_image_fp16": fp16,
                      "index_1M_fp32_GB": round(fp32 * 1e6 / 1e9, 2), "index_10M_fp32_GB": round(fp32 * 1e7 / 1e9, 1),
@@ -251,7 +234,7 @@ def _baseline_job_gain(runs: list[Run], run: Run, b: dict, draws: int, level: fl
     for other in runs:
         ref = other.record.reference
         if ref and ref["study"] == study and ref["dataset"] == b["dataset"] \
-                and other.record.dataset.n_captions == run.record.dataset.n_captions:
+                and other.dataset_key == run.dataset_key and other.same_queries(run):
             head, base = run.record.headline, other.record.headline
             clusters = {d: run.clusters(d) for d in DIRECTIONS}
             return compare(describe(run, head), describe(other, base), _run_ranks(run, head), _run_ranks(other, base),
@@ -286,10 +269,11 @@ def beside_article_rows(runs: list[Run], draws: int = 2000, level: float = 0.95,
 def positive_rows(runs: list[Run]) -> list[dict]:
     """Each distinct retriever's extra-positive metrics (ECCV Caption, CxC), one row per retriever."""
     rows = []
+    labels = dataset_labels(runs)
     for run, name in unique_retrievers(runs):
         block = run.record.retrievers[name].positives
         if block:
-            rows.append({"dataset": _dataset_label(run.record.dataset), "retriever": describe(run, name),
+            rows.append({"dataset": labels[run.dataset_key], "retriever": describe(run, name),
                          **{f"{s} {d} {m}": v for s, sides in block.items() for d, values in sides.items()
                             for m, v in values.items() if m != "n_queries"}})
     return rows
@@ -297,7 +281,8 @@ def positive_rows(runs: list[Run]) -> list[dict]:
 
 def positive_gain_rows(runs: list[Run]) -> list[dict]:
     """Each run's fused-vs-single comparisons on the extra-positive metrics, as the run recorded them."""
-    return [{"dataset": _dataset_label(run.record.dataset), "candidate": describe(run, c.candidate),
+    labels = dataset_labels(runs)
+    return [{"dataset": labels[run.dataset_key], "candidate": describe(run, c.candidate),
              "baseline": describe(run, c.baseline), "direction": c.direction, "metric": c.metric, "gain": c.gain,
              "ci_low": c.ci_low, "ci_high": c.ci_high, "cluster_ci_low": c.cluster_ci_low,
              "cluster_ci_high": c.cluster_ci_high, "won/lost": f"{c.wins}/{c.losses}", "p": c.p_value}
@@ -307,11 +292,12 @@ def positive_gain_rows(runs: list[Run]) -> list[dict]:
 def tuned_rows(runs: list[Run]) -> list[dict]:
     """Runs in tune mode: what the tuning split chose, its value there, and the test value of that one setting."""
     rows = []
+    labels = dataset_labels(runs)
     for run in runs:
         t = run.record.tune
         if t:
             direction, k = t.criterion.split(" R@")
-            rows.append({"dataset": _dataset_label(run.record.dataset), "run": run.name,
+            rows.append({"dataset": labels[run.dataset_key], "run": run.name,
                          "tuning split": f"{t.split} ({t.n_images} images)", "criterion": t.criterion,
                          "settings tried": len(t.curve), "chosen": t.chosen.describe() or "as configured",
                          "on the tuning split": t.chosen.value,

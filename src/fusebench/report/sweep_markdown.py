@@ -150,9 +150,11 @@ def _scaling(report: SweepSummary) -> list[str]:
                      "predicted R@1": e["predicted R@1"], "measured R@1": e["measured R@1"],
                      "measured - predicted": e["measured - predicted"], "Jeffreys R@1": e["Jeffreys R@1"]}
                     for e in s.extrapolation]
-    lines += _section("### Extrapolated t2i R@1 (from the run without distractors and one with N: each query's "
-                      "distractors above its target, a beta-binomial prior fitted over the queries; the Jeffreys "
-                      "per-query prior beside it, low at 10x; a measured size is the check)", _one_study(extrapolated))
+    title = ("### Extrapolated t2i R@1 (from the run without distractors and one with N: each query's "
+             "distractors above its target, a beta-binomial prior fitted over the queries; the Jeffreys "
+             "per-query prior beside it, low at 10x; a measured size is the check)")
+    lines += _section(title, _one_study(extrapolated)) if extrapolated else [
+        "### Extrapolated t2i R@1", "", "None: no model could be extrapolated (why: under 'Not compared' below).", ""]
     if s.refused:
         lines += ["Not compared:", "", *[f"- {why}" for why in s.refused], ""]
     return lines

@@ -52,16 +52,18 @@ class ComposedConfigs:
         return self.loader.load_sweep_config(master_config, sweep_overrides)
 
 
-def check_job_dirs(configs: Sequence[DictConfig], first_job: int, taken: dict[str, int]) -> None:
+def check_job_dirs(configs: Sequence[DictConfig], first_job: int, taken: dict[str, int]) -> dict[int, tuple]:
     """Each job's dir, as Hydra's ``run_job`` will make it (job number ``first_job`` + i, set as the launcher sets
     it), checked by ``rundir.check_job_dir`` (``taken``: the job dirs of the sweep so far, updated). Raises
-    ``RunDirRefused`` (the ``fusebench`` command's exit 2) before any job of the batch runs."""
+    ``RunDirRefused`` (the ``fusebench`` command's exit 2) before any job of the batch runs. Returns job number
+    -> (sweep dir, job dir) of each job checked."""
     from fusebench import FusebenchError
     from fusebench.app import rundir
     from fusebench.app.callback import RunDirRefused
 
     hydra_config = HydraConfig.instance()
     before = hydra_config.cfg
+    dirs = {}
     try:
         for i, config in enumerate(configs):
             job = first_job + i
@@ -78,17 +80,44 @@ def check_job_dirs(configs: Sequence[DictConfig], first_job: int, taken: dict[st
                 output_subdir = OmegaConf.select(config, "hydra.output_subdir")
             finally:
                 OmegaConf.set_readonly(config.hydra, readonly)  # as composed: the launcher sets the job's number
-            rundir.check_job_dir(sweep_dir, subdir, job, taken, output_subdir)
+            dirs[job] = (sweep_dir, rundir.check_job_dir(sweep_dir, subdir, job, taken, output_subdir))
     except FusebenchError as err:
         raise RunDirRefused(str(err)) from None
     finally:
         hydra_config.cfg = before
+    return dirs
+
+
+def record_jobs(jobs: list[dict], batch: Sequence[Sequence[str]], first_job: int, dirs: dict[int, tuple]) -> None:
+    """Add a batch's jobs to ``jobs`` and write the sweep's multirun_jobs.json (``report.runs.write_jobs``), so
+    that a report names a job whose dir is gone; a file of that name that is not fusebench's is left alone."""
+    import logging
+    import os
+
+    from fusebench.report.runs import JOBS_FILE, write_jobs
+
+    sweep_dir = None
+    for i, overrides in enumerate(batch):
+        if first_job + i not in dirs:
+            continue
+        sweep_dir, path = dirs[first_job + i]
+        base = os.path.normpath(os.path.abspath(str(sweep_dir)))
+        jobs.append({"job": first_job + i, "dir": os.path.relpath(path, base), "overrides": list(overrides)})
+    if sweep_dir is None:
+        return
+    try:
+        if not write_jobs(sweep_dir, jobs):
+            logging.getLogger(__name__).warning("%s in the sweep dir is not fusebench's: left as it is (a report "
+                                                "cannot then name a job whose dir is gone)", JOBS_FILE)
+    except OSError as err:  # the sweep dir's own writes fail the same way, and say so
+        logging.getLogger(__name__).warning("could not write %s: %s", JOBS_FILE, err)
 
 
 class ComposeOnceSweeper(BasicSweeper):
     composed: ComposedConfigs | None = None
     next_job: int = 0  # the number of the first job of the next batch
     job_dirs: dict[str, int] | None = None  # job dir -> job number, every batch of the sweep so far
+    jobs: list[dict] | None = None  # every job of the sweep so far: number, dir, overrides (multirun_jobs.json)
 
     def setup(self, *, hydra_context: HydraContext, task_function: Any, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -99,12 +128,13 @@ class ComposeOnceSweeper(BasicSweeper):
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         if self.job_dirs is None:
-            self.job_dirs = {}
+            self.job_dirs, self.jobs = {}, []
         if self.composed is None:  # composed again in the launcher's processes: these are only checked
             loader = self.hydra_context.config_loader
             configs = [loader.load_sweep_config(self.config, list(overrides)) for overrides in batch]
         else:
             self.composed.kept.clear()  # a batch's configs are used by that batch only
             configs = [self.composed.compose_and_keep(self.config, overrides) for overrides in batch]
-        check_job_dirs(configs, self.next_job, self.job_dirs)
+        dirs = check_job_dirs(configs, self.next_job, self.job_dirs)
+        record_jobs(self.jobs, batch, self.next_job, dirs)
         self.next_job += len(batch)
