@@ -184,3 +184,41 @@ def test_module_names_in_docs_resolve(page):
              if not m.endswith(NOT_MODULES)}
     broken = sorted(name for name in names if not resolves(name))
     assert not broken, f"{page_id(page)} names modules or attributes that do not exist: {broken}"
+
+
+CONF = ROOT / "conf"
+SRC_PATH = re.compile(r"(?<![\w/])fusebench/[\w/]+\.py\b")
+CLASS_NAME = re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*(?:Config|Schema|Record|Summary)\b")
+NAMED_IN = re.compile(r"\b([A-Z]\w+) in (fusebench/[\w/]+\.py)\b")
+
+
+def defined_classes() -> set[str]:
+    return {m for p in SRC.rglob("*.py") for m in re.findall(r"^class\s+(\w+)", p.read_text(encoding="utf-8"), re.M)}
+
+
+def test_config_file_comments_name_files_and_classes_that_exist():
+    """Every source file, class and module a YAML comment names exists (and 'X in fusebench/a.py' is there)."""
+    classes, broken = defined_classes(), []
+    for path in sorted(CONF.rglob("*.yaml")):
+        comments = "\n".join(line.split("#", 1)[1] for line in path.read_text(encoding="utf-8").splitlines()
+                             if "#" in line)
+        where = str(path.relative_to(ROOT))
+        broken += [f"{where}: {p}" for p in SRC_PATH.findall(comments) if not (SRC / p).is_file()]
+        broken += [f"{where}: {c}" for c in CLASS_NAME.findall(comments) if c not in classes]
+        broken += [f"{where}: {name} in {p}" for name, p in NAMED_IN.findall(comments)
+                   if (SRC / p).is_file() and not defines(SRC / p, name)]
+        broken += [f"{where}: {m}" for m in MODULE.findall(comments) if not m.endswith(NOT_MODULES)
+                   and not resolves(m)]
+    assert not broken, f"config comments name what does not exist: {broken}"
+
+
+def test_readme_names_every_extra_pyproject_has():
+    """The README's list of extras is pyproject's: every extra named there exists, and every extra exists there."""
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+                 ["optional-dependencies"])
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`\[(\w+)\]`", readme))
+    assert named <= extras, f"README names extras pyproject.toml lacks: {sorted(named - extras)}"
+    assert extras <= named, f"README does not name the extras {sorted(extras - named)}"
