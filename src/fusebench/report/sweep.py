@@ -250,6 +250,8 @@ def beside_article_rows(runs: list[Run], draws: int = 2000, level: float = 0.95,
         return None if not values else f"[{values[0]:+.2f}, {values[1]:+.2f}]"
 
     rows = []
+    labels = dataset_labels(runs)
+    several = len(set(labels.values())) > 1  # two corpora (seeds, galleries): each row says which
     for run in runs:
         b = beside_article(run.record)
         if b is None:
@@ -257,7 +259,8 @@ def beside_article_rows(runs: list[Run], draws: int = 2000, level: float = 0.95,
         c = _baseline_job_gain(runs, run, b, draws, level, seed)
         if c is not None:
             b.update(gain=c.gain, ci=[c.ci_low, c.ci_high], won=c.wins, lost=c.losses)
-        rows.append({"dataset": b["dataset"] + (" (simulated run)" if b["simulated"] else ""), "job": b["label"],
+        rows.append({"dataset": b["dataset"] + (" (simulated run)" if b["simulated"] else "")
+                     + (f" on {labels[run.dataset_key]}" if several else ""), "job": b["label"],
                      "article t2i R@1": b["article_t2i_r1"], "this t2i R@1": b["t2i_r1"],
                      "article gain": b["article_gain"], "article CI": interval(b["article_ci"]),
                      "article won/lost": None if b["article_won"] is None else f"{b['article_won']}/{b['article_lost']}",
