@@ -4,6 +4,11 @@ jobs at all; read an earlier run's ``.hydra`` files, which Hydra is about to rew
 write the sweep report (and log it to W&B when enabled), or for ``fusebench-embed`` (``SweepReport.kind``) the
 shard summary (``fusebench.app.embed_cli.sweep_summary``).
 
+The report never replaces a file fusebench did not write (``fusebench.report.report_files``): a sweep dir that
+holds one is refused before any job runs (exit 2); one put there while the jobs ran leaves the jobs' results as
+they are, and the sweep ends with exit 2 and one line naming the file and the ``fusebench-report`` command that
+writes the report. Any other failure of the report is logged and never fails the sweep.
+
 ``SweepReport.failed`` holds the job dirs that did not finish (or whose outputs are damaged), and the jobs
 that failed in this process (``jobs_failed``: a failed job may keep an earlier run's outputs), so that the
 ``fusebench`` command can exit non-zero and name them."""
@@ -164,6 +169,18 @@ def job_ended(out_dir: str, job: int, output_subdir: str | None) -> None:
     SweepReport.job_dirs[path] = (job, kept)
 
 
+def _check_report_files(folder: Path) -> None:
+    """Refuse a sweep (before any job runs) whose report would replace a file in its sweep dir that fusebench did
+    not write (``report_files.check``: a user's summary.md, gains.csv, plots/...)."""
+    from fusebench.report.report_files import ReportBlocked, check
+
+    try:
+        check(folder)
+    except ReportBlocked as err:
+        raise RunDirRefused(f"the sweep dir {folder} holds what the sweep's report would replace: {err}; move it "
+                            "away, or choose another hydra.sweep.dir=...") from None
+
+
 class SweepReport(Callback):
     failed: list[str] | None = None  # set at the end of each multirun in this process
     jobs_failed: list[str] = []  # job dirs (relative to the sweep dir) whose job raised, this multirun
@@ -192,6 +209,8 @@ class SweepReport(Callback):
         _check_jobs(config)
         folder = SweepReport.sweep_dir = _check_dir(config, "hydra.sweep.dir")
         if folder is not None:
+            if SweepReport.kind == "run":
+                _check_report_files(folder)
             for metrics in folder.rglob("metrics.json"):  # the job dirs of an earlier sweep into this dir
                 rundir.keep_earlier_config(metrics.parent, config.hydra.output_subdir)
 
@@ -202,10 +221,23 @@ class SweepReport(Callback):
 
             SweepReport.failed = sorted({*sweep_summary(folder), *SweepReport.jobs_failed})
             return
+        from fusebench.report.report_files import ReportBlocked
+
         try:
             from fusebench.report.sweep import write_report
 
-            report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level)
+            try:
+                report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level)
+            except ReportBlocked as err:  # a file put there while the jobs ran: they are finished, kept
+                from fusebench.report.runs import scan_runs
+
+                SweepReport.failed = sorted({*scan_runs(folder).failed, *SweepReport.jobs_failed})
+                failed = f"; {len(SweepReport.failed)} job(s) failed: {', '.join(SweepReport.failed)}" \
+                    if SweepReport.failed else ""
+                message = (f"the sweep's jobs ended (their results are kept in {folder}{failed}), but its report was "
+                           f"not written: {err}. Write it into another folder with fusebench-report {folder} --out "
+                           f"FOLDER, or move the file away and run fusebench-report {folder}")
+                raise RunDirRefused(message) from None  # cli.main: exit 2, this one line
             SweepReport.failed = sorted({*report.failed, *SweepReport.jobs_failed})
             log.info("sweep report: %s (%d runs, %d failed)", folder / "summary.md", len(report.runs),
                      len(report.failed))

@@ -11,6 +11,7 @@ tell it wrote (``foreign``); a dir holding anything else under a run output's na
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import tempfile
@@ -33,6 +34,13 @@ WHAT = {"hydra.run.dir": "run dir", "hydra.sweep.dir": "sweep dir", "embed.cache
 PER_JOB = re.compile(r"hydra\s*[.:]\s*job\s*\.\s*(num|id|override_dirname)\b")
 # resolved run dir -> (its metrics.json's identity, its .hydra folder, the earlier .hydra files: None = absent)
 _EARLIER: dict[Path, tuple[tuple, Path, dict[str, bytes | None]]] = {}
+# how every metrics.json fusebench writes begins (report.outputs: json.dumps(record, indent=2)), the version's
+# digits between the two parts
+RECORD_OPENING = (b'{\n  "version": ', b',\n  "dataset": {\n')
+# the names of what fusebench writes into ranks/ and topk/ (report.outputs.write_run_outputs)
+RUN_FILE_NAMES = {"ranks": re.compile(r"(.+\.(t2i|i2t)\.npy|queries\.npz)"),
+                  "topk": re.compile(r"(.+\.(t2i|i2t)\.npz|engine_differences\.jsonl)")}
+log = logging.getLogger(__name__)
 
 
 def run_record(path: Path) -> dict | None:
@@ -46,6 +54,47 @@ def run_record(path: Path) -> dict | None:
             and isinstance(data.get("files"), dict):
         return data
     return None
+
+
+def _begins_like_a_record(data: bytes) -> bool:
+    """Whether ``data`` begins as every run record fusebench writes does, or is a beginning of that (cut short
+    within it, down to nothing)."""
+    head, tail = RECORD_OPENING
+    if len(data) <= len(head):
+        return head.startswith(data)
+    match = re.match(rb"\d+", data[len(head):]) if data.startswith(head) else None
+    rest = data[len(head) + match.end():] if match else None
+    return rest is not None and (rest.startswith(tail) or tail.startswith(rest))
+
+
+def damaged_record(out_dir: str | Path) -> bool:
+    """Whether ``out_dir``'s metrics.json is a run record fusebench wrote that was damaged since (cut short, a
+    flipped byte): not JSON, beginning as every record fusebench writes does (``RECORD_OPENING``; an empty file
+    too, which holds nothing to lose), in a dir that is a fusebench run's: its ``.hydra/config.yaml`` a fusebench
+    config, or ranks/ holding only what fusebench writes there. A rerun replaces it (it is no finished result:
+    no report can read it). A readable JSON file that is not a record is someone else's, never replaced."""
+    out_dir = Path(out_dir)
+    path = out_dir / "metrics.json"
+    try:
+        if not path.is_file():
+            return False
+        data = path.read_bytes()
+    except OSError:
+        return False
+    try:
+        json.loads(data)
+        return False  # readable: a run record (run_record) or someone else's JSON
+    except ValueError:
+        pass
+    if not _begins_like_a_record(data):
+        return False
+    if is_fusebench_config(out_dir / ".hydra" / "config.yaml"):
+        return True
+    try:
+        held = [p for p in (out_dir / "ranks").iterdir()] if (out_dir / "ranks").is_dir() else []
+    except OSError:
+        return False
+    return bool(held) and all(p.is_file() and RUN_FILE_NAMES["ranks"].fullmatch(p.name) for p in held)
 
 
 def is_error_file(path: Path) -> bool:
@@ -149,40 +198,62 @@ def check_job_dir(sweep_dir: str | Path, subdir, job: int, taken: dict[str, int]
 
 
 def foreign(out_dir: str | Path) -> list[str]:
-    """What in ``out_dir`` has a run output's name but is not known to be fusebench's: a metrics.json that is
-    not a run record; a file in ranks/ or topk/ that the record does not list (someone else's: a listed file
-    whose bytes changed is fusebench's, damaged, and the rerun replaces it); a file in plots/ that is not one of
-    fusebench's plots; an error.txt fusebench did not write (``is_error_file``); a folder where fusebench
-    writes a file, or the reverse. fusebench never removes these."""
+    """What in ``out_dir`` has a run output's name but is not known to be a run's: a metrics.json that is
+    neither a run record nor a damaged one (``damaged_record``); a file in ranks/ or topk/ that the record does
+    not list (someone else's: a listed file whose bytes changed is fusebench's, damaged, and the rerun replaces
+    it; beside a damaged record, whose list cannot be read, a file named as fusebench names them); a file in
+    plots/ that is not one of a run's plots, or that a report drew there (``report.sha256`` records it: the
+    report of the runs below ``out_dir``, ``report_files``); an error.txt fusebench did not write
+    (``is_error_file``); a folder where fusebench writes a file, or the reverse. fusebench never removes these."""
+    from fusebench.report import report_files
+
     out_dir = Path(out_dir)
     record = run_record(out_dir / "metrics.json")
+    damaged = record is None and damaged_record(out_dir)
     checksums = record["files"] if record else {}
+    reported = report_files.read_manifest(out_dir) or {}
     found = []
     for name in OUTPUTS:
         path = out_dir / name
         if not os.path.lexists(path):
             continue
         if name == "metrics.json" or name == "error.txt":
-            mine = path.is_file() and (record is not None if name == "metrics.json" else is_error_file(path))
+            mine = path.is_file() and (record is not None or damaged if name == "metrics.json" else is_error_file(path))
             found += [] if mine else [name]
         elif not path.is_dir():
             found.append(name)
         else:
             for file in sorted(path.iterdir()):
-                mine = file.is_file() and (file.name in PLOTS if name == "plots"
-                                           else f"{name}/{file.name}" in checksums)
-                found += [] if mine else [f"{name}/{file.name}"]
+                relative = f"{name}/{file.name}"
+                if name == "plots":
+                    mine = file.name in PLOTS and not report_files.written(out_dir, relative, reported)
+                else:
+                    mine = relative in checksums or damaged and bool(RUN_FILE_NAMES[name].fullmatch(file.name))
+                found += [] if mine and file.is_file() else [relative]
     return found
 
 
 def check_outputs(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
-    """Refuse a run dir that holds something under a run output's name that fusebench did not write."""
+    """Refuse a run dir that holds something under a run output's name that fusebench did not write, or a
+    report's plots (``report_files``), which a run's plots/ would replace."""
+    from fusebench.report import report_files
+
     theirs = foreign(out_dir)
+    reported = report_files.read_manifest(out_dir) or {}
+    report = [f for f in theirs if report_files.written(out_dir, f, reported)]
+    theirs = [f for f in theirs if f not in report]
+    if report:
+        raise FusebenchError(f"the run dir {out_dir} holds {_shown(report)}, which fusebench-report drew for the runs "
+                             f"below it ({report_files.MANIFEST} records them); a run's plots/ would replace them: "
+                             f"choose another {key}=..., or move them away")
     if theirs:
-        shown = ", ".join(theirs[:4]) + (f" and {len(theirs) - 4} more" if len(theirs) > 4 else "")
-        raise FusebenchError(f"the run dir {out_dir} holds {shown}, which fusebench did not write (or which changed "
-                             f"since its run); fusebench removes none of that: move it away, or choose another "
+        raise FusebenchError(f"the run dir {out_dir} holds {_shown(theirs)}, which fusebench did not write (or which "
+                             f"changed since its run); fusebench removes none of that: move it away, or choose another "
                              f"{key}=...")
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def check_writable(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
@@ -211,6 +282,10 @@ def start_fresh(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
     leaves them as they were."""
     check_writable(out_dir, key)
     check_outputs(out_dir, key)
+    if run_record(Path(out_dir) / "metrics.json") is None and damaged_record(out_dir):
+        log.warning("%s is damaged (cut short or changed since fusebench wrote it: not a readable run record, so no "
+                    "finished result); this run replaces it, with the ranks/, topk/ and plots/ beside it",
+                    Path(out_dir) / "metrics.json")
 
 
 def check_dir(value, key: str, own: tuple[str, ...] = (), subdir: str | None = ".hydra") -> Path:
@@ -226,7 +301,10 @@ def check_dir(value, key: str, own: tuple[str, ...] = (), subdir: str | None = "
                              f"e.g. {key}=outputs/run1.")
     path = Path(str(value))
     if path.is_dir() and path.resolve() == Path.cwd().resolve():
-        theirs = sorted(p.name for p in path.iterdir() if p.name not in (*OUTPUTS, ".hydra", "fusebench.log", *own))
+        from fusebench.report.report_files import report_names
+
+        ours = {*OUTPUTS, ".hydra", "fusebench.log", *own, *report_names(path)}  # and a report fusebench wrote
+        theirs = sorted(p.name for p in path.iterdir() if p.name not in ours)
         if theirs:
             raise FusebenchError(f"{key}={value} is the current folder, which holds files fusebench did not write "
                                  f"({', '.join(theirs[:4])}{', ...' if len(theirs) > 4 else ''}); give the outputs "

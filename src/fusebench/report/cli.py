@@ -1,4 +1,6 @@
-"""``fusebench-report SWEEP_DIR``: write summary.md, summary.csv, gains.csv and cost.csv for run dirs."""
+"""``fusebench-report DIR``: write summary.md, summary.csv, gains.csv, cost.csv and the plots for the run dirs below
+DIR, into DIR (or ``--out``), with report.sha256 recording them (``fusebench.report.report_files``). A file there
+that fusebench did not write is never replaced: exit 2, one line naming it."""
 
 from __future__ import annotations
 
@@ -7,39 +9,55 @@ import sys
 from pathlib import Path
 
 
+def _error(message: str) -> int:
+    print(f"fusebench-report: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fusebench-report", description=__doc__)
-    parser.add_argument("sweep_dir", help="a multirun dir, or any folder holding run dirs")
+    parser.add_argument("sweep_dir", help="a multirun dir, or any folder holding run dirs (a run dir too)")
+    parser.add_argument("--out", default=None,
+                        help="the folder to write the report into (default: the sweep dir itself); created if missing")
     parser.add_argument("--draws", type=int, default=2000, help="bootstrap draws per paired comparison")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--level", type=float, default=0.95, help="interval coverage (default 0.95)")
     args = parser.parse_args(argv)
+    if not args.sweep_dir.strip():  # an unset shell variable: not the current folder
+        return _error(f"SWEEP_DIR is empty ({args.sweep_dir!r}; an unset shell variable?): give the folder of run "
+                      "dirs, e.g. fusebench-report outputs/multirun/DATE/TIME (the current folder: .)")
+    if args.out is not None and not args.out.strip():
+        return _error(f"--out is empty ({args.out!r}; an unset shell variable?): give the folder to write the report "
+                      "into, or leave --out out to write it into SWEEP_DIR")
     folder = Path(args.sweep_dir)
+    out = folder if args.out is None else Path(args.out)
     if not 0 < args.level < 1:
-        print(f"fusebench-report: error: --level={args.level} is not valid; valid: a number in (0, 1), e.g. 0.95",
-              file=sys.stderr)
-        return 2
+        return _error(f"--level={args.level} is not valid; valid: a number in (0, 1), e.g. 0.95")
     if args.draws < 1:
-        print(f"fusebench-report: error: --draws={args.draws} is not valid; valid: an integer >= 1", file=sys.stderr)
-        return 2
+        return _error(f"--draws={args.draws} is not valid; valid: an integer >= 1")
     if not folder.is_dir():
-        print(f"fusebench-report: error: {folder} is not a folder", file=sys.stderr)
-        return 2
+        return _error(f"{folder} is not a folder")
+    if out.exists() and not out.is_dir():
+        return _error(f"--out {out} is not a folder")
+    from fusebench.report.report_files import ReportBlocked, check
     from fusebench.report.runs import scan_runs
     from fusebench.report.sweep import write_report
 
+    try:
+        check(out)  # before the work: a file in the way is one line, not minutes later
+    except ReportBlocked as err:
+        return _error(f"{err}: move it away, or write the report into another folder with --out FOLDER")
     scan = scan_runs(folder)
     if not scan.runs:
-        print(f"fusebench-report: error: no finished runs (a run dir with a readable metrics.json) below {folder}"
-              + "".join(f"\n  {name}: {why}" for name, why in scan.failed.items()), file=sys.stderr)
-        return 2
+        return _error(f"no finished runs (a run dir with a readable metrics.json) below {folder}"
+                      + "".join(f"\n  {name}: {why}" for name, why in scan.failed.items()))
     try:
-        write_report(folder, draws=args.draws, seed=args.seed, level=args.level, scan=scan)
+        write_report(folder, draws=args.draws, seed=args.seed, level=args.level, scan=scan, out=out)
+    except ReportBlocked as err:  # appeared while the report was drawn
+        return _error(f"{err}: move it away, or write the report into another folder with --out FOLDER")
     except OSError as err:
-        print(f"fusebench-report: error: cannot write the report into {folder}: {err.strerror or err}",
-              file=sys.stderr)
-        return 2
-    print((folder / "summary.md").read_text())
+        return _error(f"cannot write the report into {out}: {err.strerror or err}")
+    print((out / "summary.md").read_text())
     return 0
 
 

@@ -344,10 +344,15 @@ def run_plots(run_dir: str | Path, record: RunRecord) -> list[Path]:
     return [p for p in made if p is not None]
 
 
-def sweep_plots(folder: str | Path, report) -> list[Path]:
-    """The sweep's plots from its report (a :class:`fusebench.report.sweep.SweepSummary`)."""
-    out = Path(folder) / "plots"
-    out.mkdir(exist_ok=True)
+def sweep_plots(folder: str | Path, report, subdir: str | None = None) -> list[Path]:
+    """The sweep's plots from its report (a :class:`fusebench.report.sweep.SweepSummary`), drawn in ``folder``'s
+    ``subdir``: by default where a report into ``folder`` draws them (``report_files.plots_dir``: ``plots/``, or
+    ``report_plots/`` when ``folder`` is a run dir, whose ``plots/`` is the run's). Their names:
+    ``report_files.PLOTS``."""
+    from fusebench.report.report_files import plots_dir
+
+    out = Path(folder) / (subdir or plots_dir(folder))
+    out.mkdir(parents=True, exist_ok=True)
     made = [forest(report.gains, out / "paired_gains.png", "paired gains across the sweep"),
             wins_losses(report.gains, out / "wins_losses.png", "wins and losses across the sweep"),
             cost_vs_gain(report.cost, report.article, out / "cost_vs_gain.png")]

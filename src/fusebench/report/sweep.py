@@ -359,28 +359,43 @@ def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
 
 
 def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
-                 scan: Scan | None = None) -> SweepSummary:
-    """Write summary.md, summary.csv, gains.csv and cost.csv (and scaling_*.csv for a scaling study,
-    index_effects.csv for runs that differ by search backend) into ``folder``; return the report."""
+                 scan: Scan | None = None, out: str | Path | None = None) -> SweepSummary:
+    """Write summary.md, summary.csv, gains.csv and cost.csv (and positives.csv, scaling_*.csv for a scaling
+    study, index_effects.csv for runs that differ by search backend) and the plots for the runs below ``folder``
+    into ``out`` (by default ``folder``), with report.sha256 recording them; return the report.
+
+    Refused before any work (``report_files.ReportBlocked`` naming the file) when it would replace a file
+    fusebench did not write; an earlier report's files are replaced (``fusebench.report.report_files``)."""
+    from fusebench.report import report_files
+
     folder = Path(folder)
+    out = folder if out is None else Path(out)
+    report_files.check(out)
     report = build_report(folder, draws=draws, seed=seed, level=level, scan=scan)
-    atomic_write_text(folder / "summary.md", markdown(report))
-    atomic_write_text(folder / "summary.csv", csv_text(report.article))
-    atomic_write_text(folder / "gains.csv", csv_text(report.gains))
-    atomic_write_text(folder / "cost.csv", csv_text(report.cost))
+    tables = {"summary.md": markdown(report), "summary.csv": csv_text(report.article),
+              "gains.csv": csv_text(report.gains), "cost.csv": csv_text(report.cost)}
     if report.positives:
-        atomic_write_text(folder / "positives.csv", csv_text(report.positives))
+        tables["positives.csv"] = csv_text(report.positives)
     if report.scaling is not None:
-        for name in SCALING_TABLES:
-            atomic_write_text(folder / f"scaling_{name}.csv", csv_text(getattr(report.scaling, name)))
+        tables.update({f"scaling_{name}.csv": csv_text(getattr(report.scaling, name)) for name in SCALING_TABLES})
     if report.index_effects is not None:
-        atomic_write_text(folder / "index_effects.csv", csv_text(report.index_effects.rows))
+        tables["index_effects.csv"] = csv_text(report.index_effects.rows)
+    staging = report_files.staging(out)
     try:
-        from fusebench.report.plots import sweep_plots
+        for name, text in tables.items():
+            atomic_write_text(staging / name, text)
+        plots_dir, plots = report_files.plots_dir(out), []
+        try:
+            from fusebench.report.plots import sweep_plots
 
-        report.plots = sweep_plots(folder, report)
-    except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
-        import logging
+            plots = sweep_plots(staging, report, plots_dir)
+        except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
+            import logging
 
-        logging.getLogger(__name__).warning("could not draw sweep plots: %s", err)
+            logging.getLogger(__name__).warning("could not draw sweep plots: %s", err)
+        staged = {**{name: staging / name for name in tables}, **{f"{plots_dir}/{p.name}": p for p in plots}}
+        placed = report_files.commit(out, staged)
+    finally:
+        report_files.discard(staging)
+    report.plots = [p for p in placed if p.suffix == ".png"]
     return report

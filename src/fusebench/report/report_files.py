@@ -1,0 +1,190 @@
+"""The files a report (``fusebench-report``, and a sweep's own report step) writes, and how fusebench knows it wrote
+them: ``report.sha256`` beside them records the sha256 of each (the ``sha256sum`` format, under one header line).
+
+A report replaces only files it can tell it wrote: absent ones, and those ``report.sha256`` records with the bytes
+they hold now. Anything else under a report file's name (a user's ``summary.md``, a file edited since, a folder) is
+refused before any work (``check``: ``ReportBlocked`` naming the file). The files are drawn into a hidden staging
+folder first and then moved into place, the manifest first recording both the earlier and the new checksums, then
+the new ones alone, so that whatever stops a report midway leaves every report file recorded (a rerun replaces it,
+never a dead end). A manifest cut short still vouches for each line that is whole.
+
+The report's plots go in the folder's ``plots/``, except when the folder is itself a run dir, whose ``plots/`` is
+the run's (``fusebench-report RUN_DIR``): then in ``report_plots/`` (``plots_dir``). No report file has a run
+output's name, so a rerun into a run dir never meets one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from fusebench import FusebenchError
+from fusebench.stores.files import atomic_write_text, remembered_checksum
+
+MANIFEST = "report.sha256"
+HEADER = f"# fusebench report: the sha256 of each file it wrote here (check: sha256sum -c {MANIFEST})"
+# every table a report may write (report.sweep.write_report; scaling_*: report.sweep.SCALING_TABLES)
+TABLES = ("summary.md", "summary.csv", "gains.csv", "cost.csv", "positives.csv", "scaling_recall.csv",
+          "scaling_gains.csv", "scaling_changes.csv", "scaling_extrapolation.csv", "index_effects.csv")
+# every plot a report may draw (report.plots.sweep_plots), in plots_dir()
+PLOTS = ("paired_gains.png", "wins_losses.png", "cost_vs_gain.png", "scaling_recall.png", "scaling_gain.png",
+         "index_effects.png")
+PLOT_DIRS = ("plots", "report_plots")  # a report folder's, and a run dir's (whose plots/ is the run's)
+KNOWN = frozenset({*TABLES, *(f"{sub}/{name}" for sub in PLOT_DIRS for name in PLOTS)})  # all a manifest may name
+STAGING = ".report-staging-"
+_LINE = re.compile(r"([0-9a-f]{64})  (\S.*)")
+
+
+class ReportBlocked(FusebenchError):
+    """A file under a report file's name that fusebench did not write: the report refuses to replace it."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = path
+
+
+def is_run_dir(folder: str | Path) -> bool:
+    """Whether ``folder`` is itself a run dir (its ``plots/`` is a run's): it holds a run's output (metrics.json,
+    ranks/, topk/, error.txt) or a job's ``.hydra/config.yaml``."""
+    folder = Path(folder)
+    return any(os.path.lexists(folder / name) for name in ("metrics.json", "ranks", "topk", "error.txt")) \
+        or (folder / ".hydra" / "config.yaml").is_file()
+
+
+def plots_dir(folder: str | Path) -> str:
+    """Where a report into ``folder`` draws its plots: ``plots`` (a sweep dir, a folder of run dirs), or
+    ``report_plots`` when ``folder`` is itself a run dir."""
+    return PLOT_DIRS[1] if is_run_dir(folder) else PLOT_DIRS[0]
+
+
+def candidates(folder: str | Path) -> list[str]:
+    """Every file (relative to ``folder``) a report into ``folder`` may write, the manifest last."""
+    plots = plots_dir(folder)
+    return [*TABLES, *(f"{plots}/{name}" for name in PLOTS), MANIFEST]
+
+
+def read_manifest(folder: str | Path) -> dict[str, set[str]] | None:
+    """What ``folder``'s report.sha256 records (relative path -> the sha256 values it may hold); {} when there is
+    none; None when a file of that name is not fusebench's (or cannot be read). A manifest cut short, even within
+    its header line, is fusebench's: its whole lines still count."""
+    path = Path(folder) / MANIFEST
+    if not os.path.lexists(path):
+        return {}
+    try:
+        data = path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None
+    head = (HEADER + "\n").encode()
+    if data is None or not (data.startswith(head) or head.startswith(data)):
+        return None
+    entries: dict[str, set[str]] = {}
+    for line in data[len(head):].decode("utf-8", errors="replace").split("\n"):
+        match = _LINE.fullmatch(line)
+        if match and match[2] in KNOWN:  # never a path of anything else's, whatever the file says
+            entries.setdefault(match[2], set()).add(match[1])
+    return entries
+
+
+def written(folder: str | Path, relative: str, manifest: dict[str, set[str]] | None = None) -> bool:
+    """Whether the file ``relative`` (to ``folder``) is one a report wrote: ``report.sha256`` records its bytes."""
+    manifest = read_manifest(folder) if manifest is None else manifest
+    path = Path(folder) / relative
+    try:
+        return bool(manifest) and path.is_file() and remembered_checksum(path) in manifest.get(relative, ())
+    except OSError:
+        return False
+
+
+def report_names(folder: str | Path) -> set[str]:
+    """The names directly in ``folder`` that are a report's (files it recorded with their bytes, the manifest, a
+    plots folder holding only such files): what a run into ``folder`` (the current folder) may find there."""
+    folder, manifest = Path(folder), read_manifest(folder)
+    if not manifest:
+        return set()
+    names = {MANIFEST} | {rel for rel in manifest if "/" not in rel and written(folder, rel, manifest)}
+    for sub in PLOT_DIRS:
+        try:
+            held = [p.name for p in (folder / sub).iterdir()] if (folder / sub).is_dir() else []
+        except OSError:
+            held = []
+        if held and all(written(folder, f"{sub}/{name}", manifest) for name in held):
+            names.add(sub)
+    return names
+
+
+def blocker(folder: str | Path, names: list[str] | None = None) -> tuple[Path, str] | None:
+    """The first file under a report file's name (``names``, by default every one, ``candidates``) in ``folder``
+    that fusebench did not write, with why; None when the report may write them all."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return folder / MANIFEST, "is not the list of files a fusebench report wrote (another program's file?)"
+    names = candidates(folder) if names is None else names
+    for sub in {rel.split("/")[0] for rel in names if "/" in rel}:
+        if os.path.lexists(folder / sub) and not (folder / sub).is_dir():
+            return folder / sub, "is not a folder (the report draws its plots in a folder of that name)"
+    for rel in names:
+        path = folder / rel
+        if rel == MANIFEST or not os.path.lexists(path):
+            continue
+        if not path.is_file():
+            return path, "is not a file (a folder, or a link to nowhere, where the report writes a file)"
+        if not written(folder, rel, manifest):
+            why = "changed since fusebench wrote it" if rel in manifest else f"{MANIFEST} does not record it"
+            return path, f"was not written by fusebench ({why}: another program's file, or edited since?)"
+    return None
+
+
+def check(folder: str | Path, names: list[str] | None = None) -> None:
+    """Refuse (``ReportBlocked`` naming the file) a report into ``folder`` that would replace a file fusebench did
+    not write."""
+    found = blocker(folder, names)
+    if found is not None:
+        path, why = found
+        raise ReportBlocked(f"{path} {why}; a report replaces only the files it wrote", path)
+
+
+def staging(folder: str | Path) -> Path:
+    """A hidden folder in ``folder`` (created) to draw a report's files in before ``commit`` moves them."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=STAGING, dir=folder))
+
+
+def _write_manifest(folder: Path, entries: dict[str, set[str]]) -> None:
+    lines = [f"{sha}  {rel}" for rel in sorted(entries) for sha in sorted(entries[rel])]
+    atomic_write_text(folder / MANIFEST, "\n".join([HEADER, *lines]) + "\n")
+
+
+def commit(folder: str | Path, staged: dict[str, Path]) -> list[Path]:
+    """Move ``staged`` (relative path in ``folder`` -> the file drawn in ``staging``) into place, refused first
+    (``check``) when any would replace a file fusebench did not write; remove the files an earlier report
+    recorded that this one does not write (a table or plot it no longer has); record them all in report.sha256.
+    Returns the paths written."""
+    folder = Path(folder)
+    check(folder, [*staged, MANIFEST])
+    earlier = read_manifest(folder) or {}
+    new = {rel: {remembered_checksum(src)} for rel, src in staged.items()}
+    _write_manifest(folder, {rel: earlier.get(rel, set()) | new.get(rel, set()) for rel in {*earlier, *new}})
+    placed = []
+    for rel, src in staged.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, folder / rel)
+        placed.append(folder / rel)
+    for rel in earlier.keys() - new.keys():  # an earlier report's file this one does not write
+        if written(folder, rel, earlier):
+            (folder / rel).unlink()
+            if "/" in rel:
+                try:
+                    (folder / rel).parent.rmdir()  # only when nothing else is left in it
+                except OSError:
+                    pass
+    _write_manifest(folder, new)
+    return placed
+
+
+def discard(folder: Path) -> None:
+    """Remove a staging folder (``staging``) and what is left in it."""
+    shutil.rmtree(folder, ignore_errors=True)
