@@ -51,8 +51,9 @@ def test_faiss_flat_gives_exact_search_numbers(compose_cfg, tmp_path):
 def test_an_engine_run_records_parity_and_leaves_no_database(compose_cfg, tmp_path, caplog):
     pytest.importorskip("qdrant_client")
     out = tmp_path / "qdrant"
-    leftover = out / "engine_db" / "t2i"
-    leftover.mkdir(parents=True)
+    from fusebench.app.engine_dirs import fresh_workdir
+
+    leftover = fresh_workdir(out, "t2i")  # as a killed run leaves it: fusebench's marked folder
     (leftover / "half-written").write_text("a killed run's database")
     record, _ = _run(compose_cfg, tmp_path, "qdrant", ["search=qdrant", "search.latency_queries=5"])
     assert "left by a run that did not finish" in caplog.text
@@ -66,6 +67,41 @@ def test_an_engine_run_records_parity_and_leaves_no_database(compose_cfg, tmp_pa
     kept, kept_out = _run(compose_cfg, tmp_path, "kept", ["search=qdrant", "search.latency_queries=0",
                                                             "search.keep_db=true"])
     assert (kept_out / "engine_db" / "t2i").is_dir() and kept.search.engine["t2i"].latency_ms_median is None
+
+
+@pytest.mark.parametrize("put", ["file", "nested", "folder", "unmarked"])
+def test_a_users_file_in_engine_db_is_refused_and_kept(compose_cfg, tmp_path, put, monkeypatch):
+    """fusebench removes only the engine folders it marked; anything else there stops the run before any work."""
+    from fusebench import FusebenchError
+    from fusebench.app import pipeline
+    from fusebench.app.engine_dirs import fresh_workdir
+
+    out = tmp_path / "run"
+    root = out / "engine_db"
+    if put == "file":
+        fresh_workdir(out, "t2i")
+        mine = root / "notes.txt"
+    elif put == "nested":
+        fresh_workdir(out, "t2i")
+        (root / "mine").mkdir()
+        mine = root / "mine" / "data.bin"
+    elif put == "folder":
+        fresh_workdir(out, "t2i")
+        (root / "i2t").mkdir()  # a direction's name, but not a folder fusebench made
+        mine = root / "i2t" / "keep.txt"
+    else:
+        root.mkdir(parents=True)  # no marker: not fusebench's
+        mine = root / "t2i" / "collection.db"
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    mine.write_text("the user's")
+    embedded = []
+    monkeypatch.setattr(pipeline, "_embeddings", lambda *a: embedded.append(1))
+    monkeypatch.setattr("fusebench.engines.base.require", lambda backend: None)  # no engine needed to refuse
+    cfg = compose_cfg([*SMALL, "search=qdrant", "logger=none", "plots=false", f"embed.cache.dir={tmp_path / 'c'}"])
+    with pytest.raises(FusebenchError, match="engine_db") as err:
+        pipeline.run(cfg, str(out))
+    assert "move it away" in str(err.value) and not embedded
+    assert mine.read_text() == "the user's"
 
 
 def test_a_missing_backend_stops_the_run_before_any_embedding(compose_cfg, tmp_path, monkeypatch):

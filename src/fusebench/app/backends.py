@@ -14,7 +14,6 @@ run's fusion over exact lists (its ranks exact within its fused list, as for ``s
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError
+from fusebench.app.engine_dirs import ENGINE_DIR, fresh_workdir, remove_engine_dir, remove_workdir
 from fusebench.app.retrieval import ListSource, RankedLists, SearchSettings, exact_lists, list_depth, retrieve
 from fusebench.config.search import SearchConfig
 from fusebench.encoders.base import ModelEmbeddings
@@ -32,7 +32,6 @@ from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQua
 from fusebench.fusion.config import FusionConfig
 
 log = logging.getLogger(__name__)
-ENGINE_DIR = "engine_db"  # under the run dir: the engine's database while the run uses it
 PARITY_K = 10
 
 
@@ -111,19 +110,6 @@ def engine_request_rows(models: Sequence[ModelEmbeddings], caption_image: np.nda
             {m.name: np.asarray(m.image, dtype=np.float32)[query_images] for m in models})
 
 
-def fresh_workdir(folder: Path) -> Path:
-    """An empty folder for the engine: one left by a killed run is reported and removed, never read."""
-    if folder.exists() or folder.is_symlink():
-        log.warning("%s holds an engine database from an earlier run in this dir (left by a run that did not finish, "
-                    "or kept by search.keep_db): removed, rebuilt; never read", folder)
-        if folder.is_dir() and not folder.is_symlink():
-            shutil.rmtree(folder)
-        else:
-            folder.unlink()
-    folder.mkdir(parents=True)
-    return folder
-
-
 def _contributors(fused_ids: np.ndarray, singles: list[np.ndarray]) -> torch.Tensor:
     """Bit m set where model m's own list holds the fused entry's item (what fused lists carry)."""
     bits = np.zeros(fused_ids.shape, dtype=np.int64)
@@ -153,7 +139,7 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
     root = Path(out_dir) / ENGINE_DIR
     for direction in DIRECTIONS:
         items, queries = engine_request_rows(models, caption_image, direction)
-        workdir = fresh_workdir(root / direction)
+        workdir = fresh_workdir(out_dir, direction)
         request = EngineRequest(direction=direction, items=items, queries=queries,
                                 weights={m.name: float(m.weight) for m in models}, fusion=fusion,
                                 per_model_k=fusion.per_model_k(n_items[direction]),
@@ -165,7 +151,7 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
             out = engine.run(request)
         finally:
             if not config.keep_db:
-                shutil.rmtree(workdir, ignore_errors=True)
+                remove_workdir(workdir)
         notes += [n for n in out.notes if n not in notes]
         for m in models:
             ids, scores = out.singles[m.name]
@@ -196,7 +182,7 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
     if config.keep_db:
         log.info("the engine's databases are kept in %s (search.keep_db=true)", root)
     else:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_engine_dir(out_dir)
     record = SearchRecord(backend=config.backend, index=config.index, params=config.index_params(),
                           label=config.label(), version=engine.version(), depth=fusion.per_model_k(n_items["t2i"]),
                           models=qualities,

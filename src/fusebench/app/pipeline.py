@@ -135,6 +135,10 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
         from fusebench.engines.base import require
 
         require(config.search.backend)
+        if config.search.engine:  # a user's file in RUN_DIR/engine_db is never removed: refused now
+            from fusebench.app.engine_dirs import check_engine_dir
+
+            check_engine_dir(out_dir)
         check_sizes(config.search, {"t2i": corpus.n_images, "i2t": corpus.n_captions},
                     max(settings.lists.depth, fusion.top_k or 0, keep_k or 0))
 

@@ -1,0 +1,105 @@
+"""The engine databases' folder in a run dir (``RUN_DIR/engine_db/DIRECTION``), and how fusebench knows it made it.
+
+fusebench writes a marker file (``MARKER``) into ``engine_db/`` and into each direction's folder when it creates
+them; the engine writes its database inside the direction folders. fusebench removes only folders that carry its
+marker (a killed run's leftovers, a database kept by ``search.keep_db``); anything else under ``engine_db/`` (a
+user's file or folder, a folder without the marker) is refused before any work, naming it, and never removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from fusebench import DIRECTIONS, FusebenchError
+
+ENGINE_DIR = "engine_db"  # under the run dir: the engine's database while the run uses it
+MARKER = ".fusebench-engine-db"
+MARKER_TEXT = "fusebench engine database folder: fusebench made it and removes it (search.keep_db keeps it)\n"
+log = logging.getLogger(__name__)
+
+
+def _marked(folder: Path) -> bool:
+    """Whether ``folder`` is a real folder (not a link) holding fusebench's marker, as fusebench writes it."""
+    marker = folder / MARKER
+    try:
+        return folder.is_dir() and not folder.is_symlink() and marker.is_file() and not marker.is_symlink() \
+            and marker.read_text(encoding="utf-8") == MARKER_TEXT
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def foreign_entry(out_dir: str | Path) -> Path | None:
+    """The first thing under ``out_dir/engine_db`` fusebench cannot tell it made (None when there is none): the
+    folder itself without its marker (or a file where it belongs), or an entry other than the marker and the
+    marked direction folders."""
+    root = Path(out_dir) / ENGINE_DIR
+    if not os.path.lexists(root):
+        return None
+    if not _marked(root):
+        return root
+    for entry in sorted(root.iterdir()):
+        if entry.name == MARKER:
+            continue
+        if entry.name not in DIRECTIONS or not _marked(entry):
+            return entry
+    return None
+
+
+def check_engine_dir(out_dir: str | Path) -> None:
+    """Refuse (before any work) a run dir whose ``engine_db/`` holds anything fusebench did not make."""
+    theirs = foreign_entry(out_dir)
+    if theirs is not None:
+        what = "a folder fusebench did not make" if theirs.is_dir() and not theirs.is_symlink() else \
+            "something fusebench did not write"
+        raise FusebenchError(f"{theirs} is {what} (fusebench keeps its engine databases in "
+                             f"{Path(out_dir) / ENGINE_DIR}, marked by {MARKER}, and removes only those): move it "
+                             "away, or choose another hydra.run.dir=...")
+
+
+def _make_marked(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text(MARKER_TEXT, encoding="utf-8")
+
+
+def fresh_workdir(out_dir: str | Path, direction: str) -> Path:
+    """An empty, marked folder for the engine's ``direction`` database: one left by a killed run (or kept by
+    search.keep_db) is reported and removed, never read; anything fusebench did not make is refused."""
+    check_engine_dir(out_dir)
+    root = Path(out_dir) / ENGINE_DIR
+    if not os.path.lexists(root):
+        _make_marked(root)
+    folder = root / direction
+    if os.path.lexists(folder):
+        log.warning("%s holds an engine database from an earlier run in this dir (left by a run that did not finish, "
+                    "or kept by search.keep_db): removed, rebuilt; never read", folder)
+        shutil.rmtree(folder)
+    _make_marked(folder)
+    return folder
+
+
+def remove_workdir(folder: Path) -> None:
+    """Remove a direction's database folder, when it carries fusebench's marker."""
+    if _marked(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_engine_dir(out_dir: str | Path) -> None:
+    """Remove ``engine_db/`` after the run: its marked direction folders and its marker; a folder left with
+    anything else in it (put there while the run ran) is kept, with a warning naming it."""
+    root = Path(out_dir) / ENGINE_DIR
+    if not _marked(root):
+        return
+    for direction in DIRECTIONS:
+        remove_workdir(root / direction)
+    left = sorted(p.name for p in root.iterdir() if p.name != MARKER)
+    if left:
+        log.warning("%s holds %s, which fusebench did not write: the folder is kept", root, ", ".join(left[:4]))
+        return
+    (root / MARKER).unlink(missing_ok=True)
+    try:
+        root.rmdir()
+    except OSError:
+        pass
