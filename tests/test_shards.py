@@ -271,3 +271,53 @@ def test_shards_of_another_precision_are_named_not_embedded_again(models, tmp_pa
     assert not auto.lazy.loaded
     fp32 = shard_rows(real_run(models["oc"], runtime(tmp_path / "cache", precision="fp32")), plan)  # asked: embedded
     assert not set(fp32.keys) & set(bf16.keys) and fp32.read(0, 10).tobytes() != bf16.read(0, 10).tobytes()
+
+
+def test_an_image_replaced_in_place_is_embedded_again_never_read_stale(models, tmp_path):
+    """Issue 29: a gallery file replaced under its name (other pixels, size and mtime) gives its shard another key;
+    the rows read are a fresh embedding's, never the old file's. A file only touched is re-embedded too (same rows)."""
+    import os
+
+    folder = write_gallery(tmp_path / "g", 10)
+    cache = tmp_path / "cache"
+    run = real_run(models["oc"], runtime(cache))
+    before = shard_rows(run, plan_of(folder, size=10)).read(0, 10)
+    rng = np.random.default_rng(11)
+    Image.fromarray(rng.integers(0, 255, (33, 21, 3), dtype=np.uint8)).save(folder / "img_007.png")
+    plan = plan_of(folder, size=10)
+    position = plan.items.ids.index(next(i for i in plan.items.ids if "img_007" in i))
+    after = shard_rows(run, plan).read(0, 10)
+    fresh = unsharded(models["oc"], plan, tmp_path / "reference")
+    assert after.tobytes() == fresh.tobytes()
+    assert not np.array_equal(after[position], before[position])
+    stat = os.stat(folder / "img_003.png")  # touched only: another key, the same rows
+    os.utime(folder / "img_003.png", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    again = shard_rows(run, plan_of(folder, size=10))
+    assert again.read(0, 10).tobytes() == fresh.tobytes()
+
+
+def test_a_tar_rewritten_in_place_is_embedded_again(models, tmp_path):
+    import io
+    import tarfile
+
+    def write_tar(path: Path, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        with tarfile.open(path, "w") as tar:
+            for i in range(6):
+                buffer = io.BytesIO()
+                Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(buffer, format="PNG")
+                info = tarfile.TarInfo(f"{i:06d}.png")
+                info.size = len(buffer.getvalue())
+                tar.addfile(info, io.BytesIO(buffer.getvalue()))
+
+    shard = tmp_path / "web" / "00000.tar"
+    shard.parent.mkdir()
+    write_tar(shard, 0)
+    gallery = GalleryConfig(kind="webdataset", source=str(shard), size=6, shard_size=3)
+    run = real_run(models["oc"], runtime(tmp_path / "cache"))
+    first = shard_rows(run, ShardPlan(distractor_items(gallery, ["test0"]), 3)).read(0, 6)
+    write_tar(shard, 1)  # other pixels under the same names
+    plan = ShardPlan(distractor_items(gallery, ["test0"]), 3)
+    rows = shard_rows(run, plan).read(0, 6)
+    assert rows.tobytes() == unsharded(models["oc"], plan, tmp_path / "reference").tobytes()
+    assert not np.array_equal(rows, first)

@@ -18,8 +18,9 @@ has its shard recomputed. Shards embedded with another precision (``embed.precis
 fp32 on a CPU) are named in an error rather than embedded again. The gallery must be read with the
 ``gallery.shard_size`` it was embedded with (a shard's key holds its items).
 
-The cache keys items by id and ref (path), not by file contents: a file replaced under the same name is not seen
-(``fusebench-cache remove`` the shard), which keeps opening a million-image gallery free of a million stat calls.
+The cache keys items by id, ref (path) and each file's size and mtime (a tar member by its tar's): a file or tar
+replaced under the same name gives its shard another key, so it is embedded again, never read stale. That costs one
+stat per image file when a shard's key is made (a tar: one per tar).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from fusebench.config.gallery import GalleryConfig
 from fusebench.data.distractor_sources import listing_digest
 from fusebench.data.gallery import DistractorItems
 from fusebench.encoders.distractors import KeptRows, normalised
+from fusebench.encoders.fingerprint import refs_fingerprint
 from fusebench.encoders.images import BadImageError, open_rgb
 from fusebench.encoders.real import RealRun, embed_images
 from fusebench.stores.embeddings import CompleteEntry
@@ -82,9 +84,10 @@ def check_shard(gallery: GalleryConfig) -> None:
 
 def shard_material(run: RealRun, part: DistractorItems) -> dict:
     """The key material of a shard's rows: the model's (weights, versions, precision, image preprocessing) and
-    exactly which images, in order (their ids and refs)."""
+    exactly which images, in order (their ids and refs, and each file's or tar's size and mtime)."""
     return {"kind": SHARD_KIND, **run.image_material(),
-            "items": {"n": len(part), "ids_refs": listing_digest(part.ids, part.refs)}}
+            "items": {"n": len(part), "ids_refs": listing_digest(part.ids, part.refs),
+                      "files": refs_fingerprint(part.refs)}}
 
 
 @dataclass
