@@ -53,6 +53,9 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     (["search=qdrant", "models.sim_dfn5b_like.weight=2"], ("qdrant",)),
     (["search=faiss_ivf_pq", "search.nbits=16"], ("search.nbits=16", "4..12")),
     (["search=faiss_flat", "search.backend=annoy"], ("search.backend='annoy'", "faiss")),
+    (["search=milvus", "fusion.top_k=20000"], ("fusion.top_k=20000", "1..16384")),
+    (["search=milvus", "fusion.final_top_k=16385"], ("fusion.final_top_k=16385", "1..16384")),
+    (["search=milvus", "search.batch_size=20000"], ("search.batch_size=20000", "1..16384")),
 ])
 def test_bad_search_settings_are_one_line(compose_cfg, overrides, fragments):
     _refused(compose_cfg, overrides, *fragments)
@@ -68,6 +71,10 @@ def test_index_sizes_are_checked_against_the_corpus():
         check_sizes(SearchConfig(backend="faiss", index="ivf_flat", nlist=600, nprobe=1), {"t2i": 500, "i2t": 900}, 10)
     with pytest.raises(FusebenchError, match="search.ef_search=120 is below the list depth 200"):
         check_sizes(SearchConfig(backend="faiss", index="hnsw", ef_search=120), {"t2i": 500, "i2t": 900}, 200)
+    # ef_search past every item only costs time (1e8 ran for minutes on 300 images): bounded by the largest index
+    check_sizes(SearchConfig(backend="faiss", index="hnsw", ef_search=900), {"t2i": 500, "i2t": 900}, 100)
+    with pytest.raises(FusebenchError, match=r"search.ef_search=100000000 is more than the 900 items.*100..900"):
+        check_sizes(SearchConfig(backend="faiss", index="hnsw", ef_search=100_000_000), {"t2i": 500, "i2t": 900}, 100)
 
 
 def test_pq_m_divides_the_width():

@@ -31,7 +31,7 @@ from fusebench.config.schema import (
     ReferenceConfig,
     TuneConfig,
 )
-from fusebench.config.search import ENGINE_PRESETS, SearchConfig
+from fusebench.config.search import ENGINE_PRESETS, MILVUS_MAX_NQ, MILVUS_MAX_TOPK, SearchConfig
 from fusebench.config.specs import ModelSpec, model_specs, registry
 from fusebench.fusion.config import FusionConfig
 
@@ -195,6 +195,16 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
     if fusion.fuse_on == "document" and search.backend != "qdrant":
         raise FusebenchError(f"fusion.fuse_on=document needs one entry per model's hit, which {what} does not hold "
                              "(one row per image with every model's vector): valid fusion.fuse_on=source_object.")
+    if search.backend == "milvus":  # the settings, whatever the corpus: a real Milvus refuses them
+        for key in ("top_k", "final_top_k"):
+            value = getattr(fusion, key)
+            if value is not None and value > MILVUS_MAX_TOPK:
+                raise FusebenchError(f"fusion.{key}={value} is past Milvus' limit of {MILVUS_MAX_TOPK} results per "
+                                     f"search (Milvus refuses such a request): valid fusion.{key} is "
+                                     f"1..{MILVUS_MAX_TOPK}.")
+        if search.batch_size > MILVUS_MAX_NQ:
+            raise FusebenchError(f"search.batch_size={search.batch_size} is more queries per request than Milvus "
+                                 f"takes: valid search.batch_size is 1..{MILVUS_MAX_NQ}.")
     weights = [spec.weight for spec in models.values()]
     if fusion.preset in ("milvus_weighted", "milvus_weighted_ip") and not all(0 <= w <= 1 for w in weights):
         raise FusebenchError(f"fusion={fusion.preset} runs Milvus' WeightedRanker, which takes weights in [0, 1]; the "

@@ -37,6 +37,11 @@ EXTRAS = {"faiss": ("faiss", "faiss"), "milvus": ("milvus", "pymilvus"), "lanced
           "qdrant": ("qdrant", "qdrant_client")}  # backend -> (pip extra, module imported)
 IVF_MIN_POINTS = 39  # FAISS k-means wants at least 39 training points per list (it warns below that)
 
+# Milvus' per-request limits (quotaAndLimits.limits.topK and .nq, both 16384: pkg/util/paramtable/quota_param.go; a
+# search past them is refused). Milvus Lite 3.2.2 checks neither, but a real Milvus would refuse the run.
+MILVUS_MAX_TOPK = 16384
+MILVUS_MAX_NQ = 16384
+
 
 @dataclass
 class SearchConfig:
@@ -136,6 +141,11 @@ def check_sizes(config: SearchConfig, n_items: dict[str, int], depth: int) -> No
                 raise FusebenchError(f"search.nprobe={config.nprobe} is more than the {nlist} lists of the {direction} "
                                      f"index ({n:,} items, search.nlist={config.nlist if config.nlist else 'null = auto'}"
                                      f"): valid search.nprobe is 1..{nlist}.")
+    largest = max(n_items.values())
+    if config.index == "hnsw" and config.ef_search > largest:
+        raise FusebenchError(f"search.ef_search={config.ef_search} is more than the {largest:,} items the largest "
+                             f"index holds: HNSW never visits more than every item, and a larger value only costs "
+                             f"time; valid search.ef_search is {depth}..{largest}.")
     if config.index == "hnsw" and config.ef_search < depth:
         raise FusebenchError(f"search.ef_search={config.ef_search} is below the list depth {depth} (fusion.top_k or "
                              f"eval.lists.depth): HNSW returns at most ef_search neighbours; valid search.ef_search "

@@ -25,15 +25,12 @@ from contextlib import contextmanager
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.config.search import ENGINE_PRESETS, resolved_nlist
+from fusebench.config.search import ENGINE_PRESETS, MILVUS_MAX_NQ, MILVUS_MAX_TOPK, resolved_nlist
 from fusebench.engines.base import EngineLists, EngineRequest, folder_bytes, pad, require
 
 COLLECTION = "fusebench"
 PK = "id"
-# Milvus' per-request limits (quotaAndLimits.limits.topK and .nq, both 16384: pkg/util/paramtable/quota_param.go; a
-# search past them is refused). Milvus Lite 3.2.2 checks neither, but a real Milvus would refuse the run.
-MAX_TOPK = 16384
-MAX_NQ = 16384
+MAX_TOPK, MAX_NQ = MILVUS_MAX_TOPK, MILVUS_MAX_NQ  # Milvus' per-request limits (config.search)
 INSERT_ROWS = 2048  # rows per insert call (a 2 x 1152-float batch is ~20 MB of protobuf, under the 256 MB cap)
 METRICS = {"milvus_rrf": "IP", "milvus_weighted": "COSINE", "milvus_weighted_ip": "IP"}
 NOTES = [
