@@ -38,11 +38,31 @@ def test_every_kind_has_an_option(compose_cfg, kind):
     (["gallery=sim", "fusion.top_k=null"], "fusion.top_k=null fuses whole rankings"),
     (["gallery=sim", "tune=weights"], "tune=weights with distractors is not supported"),
     (["gallery=none", "gallery.size=5"], "gallery.size=5 needs a source"),
+    # a setting the chosen kind never reads is refused, naming the kinds that read it
+    (["gallery=sim", "gallery.source=/x"], "gallery.source='/x' is never read with gallery.kind=sim"),
+    (["gallery.near_duplicate=0.5"], "gallery.near_duplicate=0.5 is never read with gallery.kind=none"),
+    (["gallery=none", "gallery.seed=3"], "read only with gallery.kind=sim | folder | webdataset | paths | vectors"),
+    (["gallery=folder", "gallery.source=/x", "gallery.sim.closeness=0.5"],
+     "gallery.sim.closeness=0.5 is never read with gallery.kind=folder"),
+    (["gallery=sim", "gallery.shard=2"], "gallery.shard is read only with gallery.kind=folder | webdataset | paths"),
+    (["gallery=sim", "gallery.shard_size=50"], "gallery.shard_size=50 is never read with gallery.kind=sim"),
+    (["gallery=vectors", "dataset=tiny", "+gallery.vectors.a=/x", "gallery.source=/y"],
+     "gallery.source='/y' is never read with gallery.kind=vectors"),
 ])
 def test_a_gallery_mistake_is_one_line_naming_the_key(compose_cfg, overrides, message):
     with pytest.raises(FusebenchError) as err:
         run_config(compose_cfg(overrides))
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["gallery=sim", "gallery.size=0", "gallery.near_duplicate=0.9"],  # a sweep's size 0 keeps the kind's settings
+    ["gallery=sim", "gallery.near_duplicate=null", "gallery.seed=2"],
+    ["gallery=none", "gallery.near_duplicate=null"],  # null is unset
+    ["gallery=folder", "dataset=tiny", "gallery.source=/x", "gallery.shard_size=50", "gallery.near_duplicate=0.9"],
+])
+def test_settings_the_kind_reads_are_accepted(compose_cfg, overrides):
+    run_config(compose_cfg(overrides))
 
 
 def test_sizes_nest_and_one_seed_one_order():

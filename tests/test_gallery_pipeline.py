@@ -125,3 +125,19 @@ def test_a_missing_gallery_source_is_refused_before_the_test_split_is_embedded(c
     with pytest.raises(FusebenchError, match="missing.txt"):
         run(compose_cfg(overrides), str(tmp_path / "out"))
     assert not list(cache.rglob("embeddings.npy")) and not list(cache.rglob("chunk-*"))  # no embedding work done
+
+
+def test_a_threshold_that_drops_every_distractor_is_refused(compose_cfg, tmp_path):
+    """gallery.near_duplicate=0.5 dropped every sim distractor and ran the test split alone (exit 0): refused,
+    naming the least threshold that keeps one; that threshold keeps exactly the least similar distractors."""
+    from fusebench import FusebenchError
+
+    with pytest.raises(FusebenchError) as err:
+        _run(compose_cfg, tmp_path, 300, ["gallery.near_duplicate=0.5"])
+    message = str(err.value)
+    assert "gallery.near_duplicate=0.5 drops all 300 distractors" in message and "\n" not in message
+    least = float(message.split("valid gallery.near_duplicate is ")[1].split("..")[0])
+    assert not (tmp_path / "size300" / "metrics.json").exists()
+    record, _ = _run(compose_cfg, tmp_path, 300, [f"gallery.near_duplicate={least}"])
+    assert 1 <= record.gallery.distractors < 300  # the variant: at that threshold some distractor stays
+    assert record.gallery.near_duplicates == 300 - record.gallery.distractors

@@ -53,12 +53,32 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     (["search=qdrant", "models.sim_dfn5b_like.weight=2"], ("qdrant",)),
     (["search=faiss_ivf_pq", "search.nbits=16"], ("search.nbits=16", "4..12")),
     (["search=faiss_flat", "search.backend=annoy"], ("search.backend='annoy'", "faiss")),
+    # a setting the chosen index or backend never reads is refused, naming the ones that read it
+    (["search=faiss_flat", "search.nprobe=8"], ("search.nprobe=8 is never read with search.index=flat",
+                                                 "search.index=ivf_flat | ivf_pq")),
+    (["search=faiss_hnsw", "search.nlist=10"], ("search.nlist=10 is never read with search.index=hnsw",)),
+    (["search=faiss_ivf_flat", "search.ef_search=300"], ("search.ef_search=300", "search.index=hnsw")),
+    (["search=faiss_ivf_flat", "search.pq_m=8"], ("search.pq_m=8", "search.index=ivf_pq")),
+    (["search=exact", "search.threads=2"], ("search.threads=2 is never read with search.backend=exact",)),
+    (["search=faiss_hnsw", "search.batch_size=10"], ("search.batch_size=10", "milvus | lancedb | qdrant")),
+    (["search=faiss_flat", "search.keep_db=true"], ("search.keep_db=True", "search.backend=milvus")),
+    (["search=milvus", "search.threads=2"], ("search.threads=2", "faiss | lancedb | qdrant")),
     (["search=milvus", "fusion.top_k=20000"], ("fusion.top_k=20000", "1..16384")),
     (["search=milvus", "fusion.final_top_k=16385"], ("fusion.final_top_k=16385", "1..16384")),
     (["search=milvus", "search.batch_size=20000"], ("search.batch_size=20000", "1..16384")),
 ])
 def test_bad_search_settings_are_one_line(compose_cfg, overrides, fragments):
     _refused(compose_cfg, overrides, *fragments)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["search=faiss_ivf_flat", "search.nprobe=8", "search.seed=3", "search.threads=1"],
+    ["search=faiss_ivf_pq", "search.pq_m=8", "search.nbits=6"],
+    ["search=faiss_hnsw_fast"],  # its YAML sets ef_search: 100
+    ["search=lancedb", "search.threads=1", "search.batch_size=64", "search.keep_db=true"],
+])
+def test_settings_the_index_reads_are_accepted(compose_cfg, overrides):
+    run_config(compose_cfg(overrides))
 
 
 def test_index_sizes_are_checked_against_the_corpus():

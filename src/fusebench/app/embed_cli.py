@@ -107,8 +107,6 @@ def nothing_to_embed(config, real: dict) -> str | None:
         return f"the models {others} bring their own rows (sim: simulated, vectors: given); no model runs here"
     if config.dataset.kind == "sim":
         return "dataset=sim is simulated: real models run as their sim stand-ins, and nothing is embedded"
-    if config.gallery.shard is not None and config.gallery.kind not in FILE_KINDS:
-        return f"gallery={config.gallery.kind} has no images to embed in shards (gallery.shard={config.gallery.shard})"
     return None
 
 

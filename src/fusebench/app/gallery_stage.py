@@ -7,13 +7,14 @@ Between embedding (the test split's rows, every model) and search. With ``galler
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, replace
 
 import numpy as np
 
 from fusebench import FusebenchError
 from fusebench.app.progress import bar as progress_bar
-from fusebench.config.gallery import FILE_KINDS, GalleryConfig
+from fusebench.config.gallery import FILE_KINDS, NEAR_DUPLICATE, GalleryConfig
 from fusebench.config.run import RunConfig
 from fusebench.config.specs import RealModel
 from fusebench.data.corpus import Corpus
@@ -72,7 +73,8 @@ def distractor_sources(config: RunConfig, corpus: Corpus) -> tuple[dict[str, Dis
 
 def near_duplicate_drops(gallery: GalleryConfig, embeddings: list[ModelEmbeddings], rows: dict[str, DistractorRows],
                          device, item_chunk: int, store_dir: str | None) -> np.ndarray:
-    """Distractors whose cosine to some test image exceeds ``gallery.near_duplicate`` under any model."""
+    """Distractors whose cosine to some test image exceeds ``gallery.near_duplicate`` under any model; a threshold
+    that drops every distractor is refused, naming the least threshold that keeps one."""
     n = next(iter(rows.values())).n
     if gallery.near_duplicate is None or n == 0:
         return np.zeros(n, dtype=bool)
@@ -83,7 +85,18 @@ def near_duplicate_drops(gallery: GalleryConfig, embeddings: list[ModelEmbedding
     for m in embeddings:
         with progress_bar(total=n, desc=f"near-duplicates {m.name}", unit="img", leave=False) as bar:
             maxima.append(stored_max_cosine(m.image, rows[m.name], m.name, item_chunk, device, store_dir, bar.update))
-    return drops(maxima, gallery.near_duplicate)
+    dropped = drops(maxima, gallery.near_duplicate)
+    if dropped.all():
+        least = math.ceil(float(np.maximum.reduce([np.asarray(m, dtype=np.float32) for m in maxima]).min()) * 1e4) / 1e4
+        raise FusebenchError(f"gallery.near_duplicate={gallery.near_duplicate} drops all {n:,} distractors (every one "
+                             f"has a cosine above it to some test image under some model; the least such cosine rounds up to "
+                             f"{least:.4f}), which would leave the test split alone: valid gallery.near_duplicate is "
+                             f"{least:.4f}..1 (the default {NEAR_DUPLICATE} is clip-retrieval's), or null to keep "
+                             "every distractor.")
+    if dropped.sum() * 2 >= n:
+        log.warning("gallery: %d of %d distractors (%.0f%%) are near-duplicates of test images (cosine > %s) and "
+                    "are dropped", int(dropped.sum()), n, 100 * dropped.mean(), gallery.near_duplicate)
+    return dropped
 
 
 def attach_gallery(config: RunConfig, corpus: Corpus, embeddings: list[ModelEmbeddings], sources: tuple | None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 
 from fusebench import FusebenchError
 
@@ -173,3 +173,36 @@ def typed(cls, value, key: str, *, every_key: bool = True, note: str = "", neste
         if name in values:
             values[name] = convert(values[name], f"{key}.{name}")
     return cls(**values, **internal)
+
+
+def default_of(cls, name: str):
+    """The default of dataclass ``cls``'s field ``name`` (its default_factory called)."""
+    field_ = next(f for f in fields(cls) if f.name == name)
+    return field_.default_factory() if callable(field_.default_factory) else field_.default
+
+
+def _differs(value, default, name: str) -> str | None:
+    """``name`` (or ``name.sub`` for the first differing field of a nested config) when ``value`` is set to other
+    than ``default``; None when it holds its default or null."""
+    if value is None or value == default:
+        return None
+    if is_dataclass(value) and is_dataclass(default):
+        sub = next(f.name for f in fields(value) if getattr(value, f.name) != getattr(default, f.name))
+        return f"{name}.{sub}={getattr(value, sub)!r}"
+    return f"{name}={value!r}"
+
+
+def unread(config, group: str, selector: str, readers: Mapping[str, Sequence[str]], why: str = "") -> None:
+    """Refuse a setting the chosen kind never reads. ``readers`` maps each value of ``config.<selector>`` to the
+    fields it reads; every field some entry names is kind-dependent, and one the chosen kind does not read must
+    hold its default (or null). ``why``: what the chosen kind does instead, for the message."""
+    chosen = getattr(config, selector)
+    for name in dict.fromkeys(n for names in readers.values() for n in names):
+        if name in readers[chosen]:
+            continue
+        setting = _differs(getattr(config, name), default_of(type(config), name), name)
+        if setting is not None:
+            by = " | ".join(kind for kind, names in readers.items() if name in names)
+            raise FusebenchError(f"{group}.{setting} is never read with {group}.{selector}={chosen}{why}; "
+                                 f"{group}.{name} is read only with {group}.{selector}={by}: leave it unset or "
+                                 "pick one of those.")

@@ -23,6 +23,10 @@ from fusebench.config import checks
 
 GALLERY_KINDS = ("none", "sim", "folder", "webdataset", "paths", "vectors")
 FILE_KINDS = ("folder", "webdataset", "paths")  # image files a real model embeds (in shards, fusebench-embed)
+# The settings each kind reads (one no chosen kind reads must keep its default: refused otherwise, checks.unread)
+GALLERY_READS = {"none": (), "sim": ("size", "seed", "near_duplicate", "sim"),
+                 **{kind: ("size", "seed", "source", "near_duplicate", "shard_size", "shard") for kind in FILE_KINDS},
+                 "vectors": ("size", "seed", "vectors", "near_duplicate")}
 NEAR_DUPLICATE = 0.94  # default image-image cosine threshold: clip-retrieval's dedup (docs/galleries.md)
 
 
@@ -74,6 +78,9 @@ class GalleryConfig:
         if self.kind == "none" and self.size:
             raise FusebenchError(f"gallery.size={self.size} needs a source: pick one with gallery=sim | folder | "
                                  "webdataset | paths | vectors (gallery=none is the test split alone).")
+        checks.unread(self, "gallery", "kind", GALLERY_READS, {
+            "none": " (the test split alone)", "sim": " (it simulates its distractors)",
+            "vectors": " (it reads the dumps of gallery.vectors)"}.get(self.kind, ""))
         if self.kind in FILE_KINDS and not self.source:
             raise FusebenchError(f"gallery={self.kind} needs gallery.source=... (the {self.kind} to read).")
         if self.kind == "vectors" and not self.vectors:

@@ -35,6 +35,13 @@ ENGINE_PRESETS = {"milvus": ("milvus_rrf", "milvus_weighted", "milvus_weighted_i
                   "qdrant": ("qdrant_rrf", "qdrant_dbsf")}
 EXTRAS = {"faiss": ("faiss", "faiss"), "milvus": ("milvus", "pymilvus"), "lancedb": ("lancedb", "lancedb"),
           "qdrant": ("qdrant", "qdrant_client")}  # backend -> (pip extra, module imported)
+# The settings each index type and backend reads (a setting no chosen one reads must keep its default: refused
+# otherwise, as checks.unread says); the k-means seed is FAISS's (the engines train their own)
+INDEX_READS = {"flat": (), "ivf_flat": ("nlist", "nprobe", "seed"), "hnsw": ("hnsw_m", "ef_construction", "ef_search"),
+               "ivf_pq": ("nlist", "nprobe", "pq_m", "nbits", "seed")}
+BACKEND_READS = {"exact": (), "faiss": ("threads",), "milvus": ("latency_queries", "batch_size", "keep_db"),
+                 "lancedb": ("threads", "latency_queries", "batch_size", "keep_db"),
+                 "qdrant": ("threads", "latency_queries", "batch_size", "keep_db")}
 IVF_MIN_POINTS = 39  # FAISS k-means wants at least 39 training points per list (it warns below that)
 
 # Milvus' per-request limits (quotaAndLimits.limits.topK and .nq, both 16384: pkg/util/paramtable/quota_param.go; a
@@ -73,9 +80,6 @@ class SearchConfig:
                                  f"valid: {', '.join(valid)}{why}.")
         checks.optional_integer(self.nlist, "search.nlist", 1, "null = min(4 sqrt(n), n / 39)")
         checks.integer(self.nprobe, "search.nprobe", 1, "inverted lists visited per query")
-        if self.nlist is not None and self.nprobe > self.nlist:
-            raise FusebenchError(f"search.nprobe={self.nprobe} is more than search.nlist={self.nlist}: valid "
-                                 f"search.nprobe is 1..{self.nlist} (nprobe = nlist visits every list).")
         checks.integer(self.hnsw_m, "search.hnsw_m", 2, "links per node; 16-64 usual")
         checks.integer(self.ef_construction, "search.ef_construction", 1)
         checks.integer(self.ef_search, "search.ef_search", 1, "at least the list depth (fusion.top_k)")
@@ -88,6 +92,13 @@ class SearchConfig:
         checks.integer(self.latency_queries, "search.latency_queries", 0)
         checks.integer(self.batch_size, "search.batch_size", 1)
         checks.boolean(self.keep_db, "search.keep_db")
+        checks.unread(self, "search", "index", INDEX_READS, " (a flat index compares every item)"
+                      if self.index == "flat" else "")
+        checks.unread(self, "search", "backend", BACKEND_READS, " (brute force in torch, in this process)"
+                      if self.backend == "exact" else "")
+        if self.nlist is not None and self.nprobe > self.nlist:
+            raise FusebenchError(f"search.nprobe={self.nprobe} is more than search.nlist={self.nlist}: valid "
+                                 f"search.nprobe is 1..{self.nlist} (nprobe = nlist visits every list).")
 
     @property
     def approximate(self) -> bool:
