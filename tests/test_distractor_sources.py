@@ -180,6 +180,21 @@ def test_a_missing_member_is_a_bad_image_naming_tar_and_member(shards):
     assert isinstance(error, BadImageError) and "00000.tar" in str(error) and "000000099.jpg" in str(error)
 
 
+@pytest.mark.parametrize("data", [b"not an image at all", png_bytes(1)[:40]])  # garbage, a truncated PNG
+def test_a_corrupt_member_is_a_bad_image_naming_tar_and_member(tmp_path, data):
+    """PIL named an in-memory member '<_io.BytesIO object at 0x...>': the message names TAR::MEMBER."""
+    tar = write_tar(tmp_path / "bad.tar", {"000000001.jpg": data})
+    ref = f"{tar}::000000001.jpg"
+    with pytest.raises(Exception) as err:
+        open_rgb(ref)
+    assert "BytesIO" not in str(err.value)
+    row, error = ImageFiles([ref], np.array([0]), lambda image: image, "fail")[0]
+    assert isinstance(error, BadImageError) and "BytesIO" not in str(error) and "\n" not in str(error)
+    assert f"({ref}) cannot be read" in str(error)
+    if data.startswith(b"not"):
+        assert f"cannot identify image file {ref!r}" in str(error)
+
+
 def test_open_tars_are_bounded_and_a_replaced_tar_is_read_again(tmp_path, monkeypatch):
     state.start()
     monkeypatch.setattr(tar_shards, "OPEN_TARS", 2)

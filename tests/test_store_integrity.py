@@ -267,9 +267,9 @@ def test_store_lock_made_a_directory_is_cleared(twins, tmp_path, caplog, store, 
 # ---------------------------------------------------------------- fusebench-cache list
 
 
-def _listing(tmp_path, capsys) -> dict[str, str]:
+def _listing(tmp_path, capsys, *flags: str) -> dict[str, str]:
     """The state column of ``fusebench-cache list``, by key prefix."""
-    assert cache_main(["--dir", str(tmp_path), "list"]) == 0
+    assert cache_main(["--dir", str(tmp_path), "list", *flags]) == 0
     lines = capsys.readouterr().out.splitlines()[1:-1]
     return {line.split()[0]: line.split("  ")[-1].strip() for line in lines}
 
@@ -299,6 +299,36 @@ def test_list_shows_damaged_entries_as_partial(twins, tmp_path, capsys):
     assert state[lists["a"].name[:12]] == "partial (damaged: lists.npz is missing)"
     assert state[lists["b"].name[:12]].startswith("partial (damaged: meta.json records key ")
     assert state[keys["emb_b"][:12]] == "complete"
+
+
+def _flip_a_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10  # the same size: only the checksum tells
+    path.write_bytes(bytes(data))
+
+
+def test_list_verifies_checksums_so_a_flipped_bit_is_never_complete(twins, tmp_path, capsys):
+    """A bit flipped in place (size unchanged) was listed as complete; a run would find it and rebuild. The list
+    reads every checksum as a run does; --quick skips them and says its 'complete' is from sizes alone."""
+    models, caption_image = twins
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    keys = {"emb": cache.get_or_compute(A, 10, rows_of).key, "emb_b": cache.get_or_compute(B, 10, rows_of).key}
+    run_lists(models, caption_image, ORDERS, str(tmp_path), keep_k=10)
+    run_lists(models, caption_image, LISTS, str(tmp_path))
+    scores, lists = _entries(ScoreStore(tmp_path)), _entries(ListStore(tmp_path))
+    _flip_a_bit(cache.entry_dir(keys["emb"]) / "embeddings.npy")
+    _flip_a_bit(lists["a"] / "lists.npz")
+    _flip_a_bit(scores["b"] / "t2i.npy")
+    state = _listing(tmp_path, capsys)
+    assert state[keys["emb"][:12]] == "partial (damaged: embeddings.npy does not match its recorded checksum)"
+    assert state[lists["a"].name[:12]] == "partial (damaged: lists.npz does not match its recorded checksum)"
+    assert state[scores["b"].name[:12]] == "partial (damaged: t2i.npy does not match its recorded checksum)"
+    assert [state[k] for k in (keys["emb_b"][:12], lists["b"].name[:12], scores["a"].name[:12])] == ["complete"] * 3
+    quick = _listing(tmp_path, capsys, "--quick")
+    assert quick[keys["emb"][:12]] == "complete (sizes)" and set(quick.values()) == {"complete (sizes)"}
+    # what the list calls damaged, a read rebuilds: the same verdict, and the entry is complete again after
+    assert cache.get_or_compute(A, 10, rows_of).hit is False
+    assert _listing(tmp_path, capsys)[keys["emb"][:12]] == "complete"
 
 
 # ---------------------------------------------------------------- fusebench-cache: folder and key prefixes

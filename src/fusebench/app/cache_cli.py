@@ -2,14 +2,16 @@
 distractors' near-duplicate maxima and FAISS indexes (``search=faiss_*``).
 
     fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists/scores/dedup/index), shape,
-                                               size, state
+                                               size, state (every data file's checksum verified, as a run would)
+    fusebench-cache list --quick               the same without reading the data: state from sizes alone
     fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters, either case);
                                                a prefix that matches several entries is refused (they are listed)
     fusebench-cache remove --all KEY [...]     remove every entry each prefix matches
     fusebench-cache clear --yes                remove every entry
 The default DIR is the runs' own: embed.cache.dir of the composed config ($FUSEBENCH_OUTPUT/cache, else
 outputs/cache). A DIR given with --dir must be an existing folder (an empty --dir, such as an unset shell
-variable, is an error: never the default). State: complete; partial (an unfinished entry, with its finished
+variable, is an error: never the default). State: complete (each data file's size and checksum are the
+recorded ones: a run reads it as it is; ``complete (sizes)`` with --quick); partial (an unfinished entry, with its finished
 chunks); partial (damaged: why), an entry that a run would report and recompute (meta.json of another entry,
 a data file missing, of the wrong size or not a file, a file where the entry's folder belongs).
 """
@@ -43,7 +45,7 @@ def format_entries(entries: list[dict]) -> str:
     lines = [f"{'key':<14} {'model':<26} {'kind':<6} {'shape':<14} {'size':>9}  state"]
     for e in entries:
         shape = "x".join(str(x) for x in e.get("shape") or []) or "-"
-        state = "complete" if e["complete"] else (f"partial (damaged: {e['problem']})" if e.get("problem")
+        state = ("complete" if e.get("verified", True) else "complete (sizes)") if e["complete"] else (f"partial (damaged: {e['problem']})" if e.get("problem")
                                                   else f"partial ({e.get('chunks', 0)} chunks)")
         lines.append(f"{e['key'][:12]:<14} {e.get('model', '') or '-':<26} {e.get('kind', '') or '-':<6} "
                      f"{shape:<14} {_size(e['bytes']):>9}  {state}")
@@ -87,6 +89,16 @@ def default_cache_dir() -> str:
     return str(cfg.embed.cache.dir)
 
 
+def listed(stores, verify: bool) -> list[dict]:
+    """Every store's entries; with ``verify``, each data file's checksum read (a bar on stderr while hashing)."""
+    if not verify:
+        return [e for store in stores for e in store.entries(verify=False)]
+    from fusebench.app.progress import bar
+
+    with bar(desc="verifying checksums", unit="B", unit_scale=True, leave=False, file=sys.stderr) as progress:
+        return [e for store in stores for e in store.entries(verify=True, progress=progress.update)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fusebench-cache", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 "clear": sub.add_parser("clear", help="remove every entry")}
     for command in commands.values():  # --dir before or after the command: both forms work
         command.add_argument("--dir", default=argparse.SUPPRESS, help="cache folder")
+    commands["list"].add_argument("--quick", action="store_true",
+                                  help="skip the checksums: state from meta.json and file sizes alone")
     commands["remove"].add_argument("keys", nargs="+")
     commands["remove"].add_argument("--all", action="store_true",
                                     help="remove every entry a prefix matches (without it, a prefix that matches "
@@ -108,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         stores = {"embeddings": EmbeddingCache(args.dir), "lists": ListStore(args.dir), "scores": ScoreStore(args.dir),
                   "near_duplicates": NearDuplicateStore(args.dir), "indexes": IndexStore(args.dir)}
         if args.command == "list":
-            print(format_entries([e for store in stores.values() for e in store.entries()]))
+            print(format_entries(listed(stores.values(), verify=not args.quick)))
         elif args.command == "remove":
-            entries = [e for store in stores.values() for e in store.entries()]
+            entries = listed(stores.values(), verify=False)
             chosen = []
             for key in args.keys:  # every prefix is resolved before anything is removed
                 found = matching(entries, key)
@@ -129,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.yes:
                 print("fusebench-cache: clear removes every entry; add --yes to confirm", file=sys.stderr)
                 return 2
-            entries = [e for store in stores.values() for e in store.entries()]
+            entries = listed(stores.values(), verify=False)
             for entry in entries:
                 remove_entry(entry)
             print(f"removed {len(entries)} entries from {args.dir}")

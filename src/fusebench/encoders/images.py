@@ -20,12 +20,24 @@ class BadImageError(FusebenchError):
     pass
 
 
+class _Member(io.BytesIO):
+    """A tar member's bytes, shown as its ``TAR::MEMBER`` ref: PIL's messages name an in-memory file by its repr
+    (``cannot identify image file <_io.BytesIO object at 0x...>``), which told the user nothing."""
+
+    def __init__(self, data: bytes, ref: str):
+        super().__init__(data)
+        self.ref = ref
+
+    def __repr__(self) -> str:
+        return repr(self.ref)
+
+
 def open_rgb(path: str | None) -> Image.Image:
     """The image file (or ``TAR::MEMBER``, a member of a webdataset shard) decoded to RGB; raises (anything) when
     it cannot be read."""
     if path is None:
         raise FileNotFoundError("the dataset gives no file path for this image")
-    source = io.BytesIO(read_member(path)) if split_ref(path) else path
+    source = _Member(read_member(path), path) if split_ref(path) else path
     with Image.open(source) as image:
         image.load()
         return image.convert("RGB")

@@ -228,13 +228,14 @@ class EmbeddingCache:
             (folder / f"chunk-{i:06d}.npz").unlink(missing_ok=True)
         return CacheResult(data.astype(np.float32), key, hit=False, stats=stats, seconds=seconds)
 
-    def entries(self) -> list[dict]:
+    def entries(self, verify: bool = True, progress=None) -> list[dict]:
         """Every entry under the root: key, label, kind, shape, size on disk, complete or partial."""
         def describe(meta: dict) -> dict:
             return {"model": meta.get("info", {}).get("model", ""), "kind": meta.get("material", {}).get("kind", ""),
                     "shape": meta.get("shape"), "dtype": meta.get("dtype"), "created": meta.get("created")}
 
-        entries = scan_entries(self.root, describe, lambda meta: {"embeddings.npy": meta["bytes"]})
+        entries = scan_entries(self.root, describe, lambda meta: {"embeddings.npy": meta}, verify=verify,
+                               progress=progress)
         for info in entries:
             if not info["complete"] and not info.get("problem"):
                 info["chunks"] = len(list(Path(info["path"]).glob("chunk-*.npz")))

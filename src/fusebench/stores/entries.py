@@ -10,7 +10,7 @@ inputs, data files whose size and checksum meta.json records, and a lock beside 
 * discard: ``discard_entry`` (reported, removed, recomputed: never read as data), ``clear_non_file`` and
   ``store_folders`` (what sits where a store keeps a file or a folder but is none is reported and removed, below
   the cache root: the root itself, the user's folder, is never removed);
-* scan: ``scan_entries`` (what ``fusebench-cache`` lists), ``matching`` and ``remove_entry`` (what it removes).
+* scan: ``scan_entries`` (what ``fusebench-cache`` lists, checksums verified unless ``--quick``), ``matching`` and ``remove_entry`` (what it removes).
 
 Every file is written to a temp name and renamed (``files.atomic_save``); meta.json is written last, so an entry
 with meta.json is complete.
@@ -179,29 +179,38 @@ def data_file_problem(path: Path, meta: dict, once_per_process: bool = False) ->
     return None
 
 
-def scan_entries(root: Path, describe: Callable[[dict], dict], data_files: Callable[[dict], dict[str, int]],
-                 kind: str | None = None) -> list[dict]:
+def scan_entries(root: Path, describe: Callable[[dict], dict], data_files: Callable[[dict], dict[str, dict]],
+                 kind: str | None = None, verify: bool = True,
+                 progress: Callable[[int], None] | None = None) -> list[dict]:
     """Every entry folder of a store (``root/ab/KEY``): key, path, size on disk, complete, and what
     ``describe(meta)`` adds; ``kind`` labels entries whose meta does not say it. Complete: meta.json is this
-    entry's (``entry_meta``) and each data file ``data_files(meta)`` names (name -> recorded bytes) is a regular
-    file of that size (cheap checks: no checksum is read); else ``problem`` says why, when it is damage
-    rather than an unfinished write. A file (or a link to nowhere) at an entry's path (a key's name) is listed
-    too, as damaged, so that it can be removed."""
+    entry's (``entry_meta``) and each data file ``data_files(meta)`` names (name -> its record: ``bytes`` and the
+    ``crc32`` or ``sha256`` a read checks) is a regular file of that size and, with ``verify``, that checksum (the
+    check a run makes before it reads the entry: a bit flipped in place is listed as damaged, never as complete;
+    without ``verify`` only the cheap checks run, and a complete entry is complete as far as its sizes tell).
+    ``progress(bytes)`` after each file hashed. Else ``problem`` says why, when it is damage rather than an
+    unfinished write. A file (or a link to nowhere) at an entry's path (a key's name) is listed too, as damaged,
+    so that it can be removed."""
     out = []
     folders = sorted(p for p in root.glob("??/*") if not p.name.endswith(".lock") and (
         p.is_dir() or (KEY.fullmatch(p.name) and p.name.startswith(p.parent.name)))) if root.is_dir() else []
     for folder in folders:
         size = (sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) if folder.is_dir()
                 else folder.lstat().st_size)
-        info = {"key": folder.name, "path": str(folder), "complete": False, "bytes": size}
+        info = {"key": folder.name, "path": str(folder), "complete": False, "bytes": size, "verified": verify}
         if kind is not None:
             info["kind"] = kind
         meta, problem = entry_meta(folder, folder.name, None)
         try:
             if meta is not None:
                 info.update(describe(meta))
-                problem = next(filter(None, (data_file_size_problem(folder / name, size)
-                                             for name, size in data_files(meta).items())), None)
+                for name, record in data_files(meta).items():
+                    problem = (data_file_problem(folder / name, record) if verify
+                               else data_file_size_problem(folder / name, record["bytes"]))
+                    if progress is not None:
+                        progress(int(record["bytes"]))
+                    if problem is not None:
+                        break
         except UNREADABLE as err:
             problem = unreadable(err)
         info["complete"], info["problem"] = meta is not None and problem is None, problem

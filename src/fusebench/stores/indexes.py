@@ -167,13 +167,13 @@ class IndexStore:
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
 
-    def entries(self) -> list[dict]:
+    def entries(self, verify: bool = True, progress=None) -> list[dict]:
         """Every entry: key, model, index kind and direction, ntotal x d, size on disk, complete or not."""
         return scan_entries(self.root, lambda meta: {
             "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
             "shape": [meta.get("ntotal"), meta.get("d")],
             "dtype": f"{(meta.get('material') or {}).get('index')} {(meta.get('material') or {}).get('direction')}"},
-            lambda meta: {DATA: meta["bytes"]}, kind="index")
+            lambda meta: {DATA: meta}, kind="index", verify=verify, progress=progress)
 
 
 def _write_synced(path: Path, data: np.ndarray) -> None:

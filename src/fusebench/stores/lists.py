@@ -165,12 +165,12 @@ class ListStore:
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
 
-    def entries(self) -> list[dict]:
+    def entries(self, verify: bool = True, progress=None) -> list[dict]:
         """Every entry: key, model, depth, queries x depth (t2i), size on disk, complete or not."""
         return scan_entries(self.root, lambda meta: {
             "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
             "shape": (meta.get("shapes") or {}).get("t2i_ids"), "dtype": f"depth {meta.get('depth')}"},
-            lambda meta: {"lists.npz": meta["bytes"]}, kind="lists")
+            lambda meta: {"lists.npz": meta}, kind="lists", verify=verify, progress=progress)
 
 
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:

@@ -101,8 +101,9 @@ class NearDuplicateStore:
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
 
-    def entries(self) -> list[dict]:
+    def entries(self, verify: bool = True, progress=None) -> list[dict]:
         """Every entry: key, model, distractors, size on disk, complete or not."""
         return scan_entries(self.root, lambda meta: {
             "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
-            "shape": meta.get("shape"), "dtype": "float32"}, lambda meta: {DATA: meta["bytes"]}, kind="dedup")
+            "shape": meta.get("shape"), "dtype": "float32"}, lambda meta: {DATA: meta}, kind="dedup",
+            verify=verify, progress=progress)

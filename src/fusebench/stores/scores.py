@@ -220,9 +220,10 @@ class ScoreStore:
             return None
         return readers
 
-    def entries(self) -> list[dict]:
+    def entries(self, verify: bool = True, progress=None) -> list[dict]:
         """Every entry: key, model, t2i matrix shape, size on disk, complete or not."""
         return scan_entries(self.root, lambda meta: {
             "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
             "shape": (meta.get("shapes") or {}).get("t2i")},
-            lambda meta: {f"{name}.npy": file["bytes"] for name, file in meta["files"].items()}, kind="scores")
+            lambda meta: {f"{name}.npy": file for name, file in meta["files"].items()}, kind="scores",
+            verify=verify, progress=progress)
