@@ -5,7 +5,7 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
-KERNELS := src/fusebench/search/jit.py src/fusebench/search/topk_kernels.py src/fusebench/search/row_kernels.py \
+KERNELS := src/fusebench/runtime/jit.py src/fusebench/search/topk_kernels.py src/fusebench/search/row_kernels.py \
            src/fusebench/encoders/rownorm.py src/fusebench/search/warmup.py
 
 .PHONY: run test test-fast lint bench venv warmup clean

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from fusebench.config import CONFIG_DIR
 from fusebench.config.schema import SimDatasetConfig
-from fusebench.config.search import INDEXES, SearchConfig
+from fusebench.config.search import BACKEND_READS, INDEX_READS, INDEXES, SearchConfig
 from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders import embed
 from fusebench.search.ann import faiss_lists, faiss_version
@@ -76,7 +76,8 @@ def bench_model(model, caption_image, depth: int, indexes: list[str], overrides:
     exact, exact_s = timed[0][0], min(seconds for _, seconds in timed)
     out = {"exact_s": exact_s, "indexes": {}}
     for kind in indexes:
-        config = SearchConfig(backend="faiss", index=kind, **overrides)
+        reads = {*INDEX_READS[kind], *BACKEND_READS["faiss"]}  # an index is given only the settings it reads
+        config = SearchConfig(backend="faiss", index=kind, **{k: v for k, v in overrides.items() if k in reads})
         with tempfile.TemporaryDirectory() as store:
             ann, query_s = index_runs(model, caption_image, depth, config, repeats, store)
         quality = with_quality(ann, exact)

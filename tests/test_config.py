@@ -92,7 +92,7 @@ def test_published_numbers_say_their_protocol_and_source(compose_cfg):
 
 def test_article_reference_rows_point_at_real_study_jobs():
     from fusebench.config import CONFIG_DIR
-    from fusebench.report.article import article
+    from fusebench.config.reference import article
 
     studies = {p.stem for p in (Path(CONFIG_DIR) / "study").glob("*.yaml")}
     for dataset in ("coco5k", "flickr1k"):

@@ -12,12 +12,12 @@ import pytest
 from PIL import Image
 
 from fusebench import FusebenchError
-from fusebench.app import state
 from fusebench.config.gallery import GalleryConfig
 from fusebench.data import tar_shards
 from fusebench.data.distractor_sources import distractor_items, path_list_items, webdataset_items
 from fusebench.data.tar_shards import _tarfile_members, expand_braces, read_member, tar_members
 from fusebench.encoders.images import BadImageError, ImageFiles, open_rgb
+from fusebench.runtime import state
 
 pq = pytest.importorskip("pyarrow.parquet")
 import pyarrow as pa  # noqa: E402 - after the skip: the gallery extra

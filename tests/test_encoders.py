@@ -90,9 +90,9 @@ def test_sim_rows_are_kept_for_the_next_job_read_only_and_keyed_on_every_setting
 
 
 def test_sim_rows_of_large_corpora_are_not_kept(monkeypatch):
-    from fusebench.app import state
     from fusebench.data.simulated import make_sim_corpus
     from fusebench.encoders import simulated
+    from fusebench.runtime import state
 
     monkeypatch.setattr(state.current().shared, "entry_budget", 1000)  # the process state keeps the rows
     corpus = make_sim_corpus(SimDatasetConfig(n_images=30, n_captions=70, seed=5))

@@ -194,7 +194,8 @@ for index in ("flat", "ivf_pq", "hnsw"):
     workdir.mkdir()
     request = EngineRequest(direction="t2i", items=items, queries=queries, weights={"a": 1.0, "b": 1.0},
                             fusion=fusion, per_model_k=10, final_k=10, workdir=workdir,
-                            search=SearchConfig(backend="lancedb", index=index, nprobe=4, latency_queries=2, threads=1))
+                            search=SearchConfig(backend="lancedb", index=index, latency_queries=2, threads=1,
+                                                **({"nprobe": 4} if index == "ivf_pq" else {})))
     sizes[index] = engine.run(request).disk_bytes
 print(json.dumps(sizes))
 """

@@ -280,7 +280,8 @@ for index in ("flat", "ivf_flat", "hnsw"):
     workdir.mkdir()
     request = EngineRequest(direction="t2i", items=items, queries=queries, weights={"a": 1.0, "b": 1.0},
                             fusion=fusion, per_model_k=10, final_k=10, workdir=workdir,
-                            search=SearchConfig(backend="milvus", index=index, nprobe=2, latency_queries=2))
+                            search=SearchConfig(backend="milvus", index=index, latency_queries=2,
+                                                **({"nprobe": 2} if index == "ivf_flat" else {})))
     sizes[index] = engine.run(request).disk_bytes
 assert not server_manager_instance._servers
 print(json.dumps(sizes))

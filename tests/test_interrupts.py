@@ -7,7 +7,8 @@ import weakref
 
 import pytest
 
-from fusebench.app import interrupts, state
+from fusebench.app import interrupts
+from fusebench.runtime import state
 
 
 @pytest.fixture

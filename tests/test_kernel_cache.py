@@ -1,6 +1,6 @@
 """The numba kernels' disk cache can never hand back stale machine code, and the warm-up covers every kernel.
 
-numba keys a cached kernel on its own file only; ``fusebench.search.jit`` adds a digest of every kernel source,
+numba keys a cached kernel on its own file only; ``fusebench.runtime.jit`` adds a digest of every kernel source,
 so a change to a helper that another file inlines (``row_kernels`` inlines ``topk_kernels``' heaps) compiles
 again instead of loading the old code."""
 
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fusebench.search import jit, warmup
+from fusebench.runtime import jit
+from fusebench.search import warmup
 
 PACKAGE = Path(jit.__file__).resolve().parents[1]
 
@@ -39,7 +40,7 @@ def test_every_kernel_source_is_in_the_cache_key():
     assert all((PACKAGE / name).is_file() for name in kernel_files)
     # a module that compiles kernels is in the digest (warmup.py only compiles the others, by name)
     assert numba_modules() - {"search/warmup.py"} <= kernel_files
-    for name in kernel_files - {"search/jit.py"}:  # kernels come from jit.kernel, never numba.njit directly
+    for name in kernel_files - {"runtime/jit.py"}:  # kernels come from jit.kernel, never numba.njit directly
         assert "njit" not in (PACKAGE / name).read_text(encoding="utf-8"), name
 
 

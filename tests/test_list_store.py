@@ -12,11 +12,11 @@ from helpers.lists import assert_same_lists, run_lists
 from helpers.reference import integer_embeddings
 from helpers.tiers import fast_first
 
-from fusebench.app import state
 from fusebench.app.cache_cli import main as cache_main
 from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.fusion.config import FUSE_ON, FusionConfig
+from fusebench.runtime import state
 from fusebench.search import row_kernels
 from fusebench.stores import scores
 from fusebench.stores.lists import FORMAT, ListStore

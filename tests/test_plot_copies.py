@@ -2,7 +2,8 @@
 
 import pytest
 
-from fusebench.app import pipeline, state
+from fusebench.app import pipeline
+from fusebench.runtime import state
 
 pytestmark = pytest.mark.slow  # whole jobs: not in the fast tier
 

@@ -4,7 +4,7 @@ import io
 
 import tqdm.std
 
-from fusebench.app import progress
+from fusebench.runtime import progress
 
 
 class Terminal(io.StringIO):

@@ -27,6 +27,7 @@ from fusebench import FusebenchError
 from fusebench.app import cli, rundir
 from fusebench.app.pipeline import run
 from fusebench.report.runs import scan_runs
+from fusebench.runtime import layout
 
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 SMALL = ["dataset.n_images=200", "dataset.n_captions=1000", "eval.bootstrap.draws=100", "logger=none", "plots=false"]
@@ -127,7 +128,7 @@ def test_a_finished_rerun_replaces_the_earlier_outputs(tmp_path):
     assert fusebench(*SMALL, "plots=true", "hydra.run.dir=X", cwd=tmp_path).returncode == 0
     assert (tmp_path / "X" / "plots").is_dir()
     (tmp_path / "X" / "notes.txt").write_text("mine")
-    # every plot fusebench drew is recognised as its own (rundir.PLOTS), so the rerun is not refused
+    # every plot fusebench drew is recognised as its own (runtime.layout.PLOTS), so the rerun is not refused
     result = fusebench(*SMALL, "fusion=rrf", "hydra.run.dir=X", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "X" / "plots").exists()  # the earlier run's plots went with its results
@@ -484,11 +485,11 @@ def test_scan_counts_a_dir_with_error_txt_as_failed(compose_cfg, tmp_path):
     for text in ("fusebench: error: eval.bootstrap.draws=0 is not valid\n",
                  "Traceback (most recent call last):\n  File ...\nValueError: x\n"):
         error.write_text(text)
-        assert rundir.is_error_file(error)
+        assert layout.is_error_file(error)
         scan = scan_runs(tmp_path / "S")
         assert not scan.runs and "earlier run's results, not reported" in scan.failed["0"]
     error.write_text("my notes\n")  # not fusebench's: not a sign of a failed job (a rerun refuses the dir)
-    assert not rundir.is_error_file(error) and len(scan_runs(tmp_path / "S").runs) == 1
+    assert not layout.is_error_file(error) and len(scan_runs(tmp_path / "S").runs) == 1
     (tmp_path / "S" / "1").mkdir()  # a job that failed before writing anything but its error.txt
     (tmp_path / "S" / "1" / "error.txt").write_text("fusebench: error: x\n")
     assert scan_runs(tmp_path / "S").failed == {"1": "no metrics.json (the job failed or was stopped; see error.txt)"}

@@ -1,4 +1,4 @@
-"""The process state (fusebench.app.state): what a process keeps from one job to the next, in one object. A sim
+"""The process state (fusebench.runtime.state): what a process keeps from one job to the next, in one object. A sim
 model's rows are made once per process, with their normalised rows and store-key digests; nothing is derived once
 for an array that could change, and nothing is kept past its entry."""
 
@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from fusebench.app import state
 from fusebench.app.pipeline import run
 from fusebench.encoders.base import check_matrix
+from fusebench.runtime import state
 from fusebench.stores.lists import array_digest, shared_digests
 
 

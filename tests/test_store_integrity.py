@@ -13,10 +13,10 @@ from helpers.lists import assert_same_lists, run_lists
 from helpers.reference import integer_embeddings
 from helpers.tiers import fast_first
 
-from fusebench.app import state
 from fusebench.app.cache_cli import main as cache_main
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.fusion.config import FusionConfig
+from fusebench.runtime import state
 from fusebench.stores.embeddings import EmbeddingCache
 from fusebench.stores.entries import cache_key
 from fusebench.stores.lists import ListStore

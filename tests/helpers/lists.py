@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fusebench.app import state
 from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
+from fusebench.runtime import state
 
 
 def run_lists(models, caption_image, config, store, depth=30, keep_k=None):

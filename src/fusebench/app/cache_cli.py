@@ -45,8 +45,10 @@ def format_entries(entries: list[dict]) -> str:
     lines = [f"{'key':<14} {'model':<26} {'kind':<6} {'shape':<14} {'size':>9}  state"]
     for e in entries:
         shape = "x".join(str(x) for x in e.get("shape") or []) or "-"
-        state = ("complete" if e.get("verified", True) else "complete (sizes)") if e["complete"] else (f"partial (damaged: {e['problem']})" if e.get("problem")
-                                                  else f"partial ({e.get('chunks', 0)} chunks)")
+        if e["complete"]:
+            state = "complete" if e.get("verified", True) else "complete (sizes)"
+        else:
+            state = f"partial (damaged: {e['problem']})" if e.get("problem") else f"partial ({e.get('chunks', 0)} chunks)"
         lines.append(f"{e['key'][:12]:<14} {e.get('model', '') or '-':<26} {e.get('kind', '') or '-':<6} "
                      f"{shape:<14} {_size(e['bytes']):>9}  {state}")
     total = sum(e["bytes"] for e in entries)
@@ -93,7 +95,7 @@ def listed(stores, verify: bool) -> list[dict]:
     """Every store's entries; with ``verify``, each data file's checksum read (a bar on stderr while hashing)."""
     if not verify:
         return [e for store in stores for e in store.entries(verify=False)]
-    from fusebench.app.progress import bar
+    from fusebench.runtime.progress import bar
 
     with bar(desc="verifying checksums", unit="B", unit_scale=True, leave=False, file=sys.stderr) as progress:
         return [e for store in stores for e in store.entries(verify=True, progress=progress.update)]

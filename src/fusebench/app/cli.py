@@ -330,6 +330,7 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
     from fusebench.app import rundir
     from fusebench.app.callback import SweepReport, job_ended, job_started
     from fusebench.config.run import run_config
+    from fusebench.runtime import layout
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
@@ -346,8 +347,8 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
         if multirun and isinstance(err, Exception):  # one failed job must not stop the others
             SweepReport.jobs_failed.append(os.path.relpath(out_dir, os.path.abspath(hydra_cfg.sweep.dir)))
             error_file = Path(out_dir, "error.txt")
-            if not os.path.lexists(error_file) or rundir.is_error_file(error_file):  # never someone else's
-                error_file.write_text(rundir.error_text(message, "".join(traceback.format_exception(err))),
+            if not os.path.lexists(error_file) or layout.is_error_file(error_file):  # never someone else's
+                error_file.write_text(layout.error_text(message, "".join(traceback.format_exception(err))),
                                       encoding="utf-8")
             shown = message or (os_error_message(err) if is_environment(err) else err)
             print(f"fusebench: job {hydra_cfg.job.num} failed: {shown} (see {error_file})", file=sys.stderr)

@@ -249,7 +249,7 @@ def _is_record(record) -> bool:
 
 def _error_file_line(error_file: Path) -> str | None:
     """What a failed job's error.txt says, in one line: a user's mistake as written, a bug's exception line."""
-    from fusebench.app.rundir import is_error_file
+    from fusebench.runtime.layout import is_error_file
 
     try:
         if not error_file.is_file() or not is_error_file(error_file):

@@ -13,7 +13,6 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.app.progress import bar as progress_bar
 from fusebench.config.gallery import FILE_KINDS, NEAR_DUPLICATE, GalleryConfig
 from fusebench.config.run import RunConfig
 from fusebench.config.specs import RealModel
@@ -22,6 +21,7 @@ from fusebench.data.gallery import with_distractors
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.encoders.distractors import DistractorRows, KeptRows
 from fusebench.evaluation.subrecords import GalleryModelCost, GalleryRecord
+from fusebench.runtime.progress import bar as progress_bar
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ exception is "ignored": printed with a traceback and dropped, and the run goes o
 exited 0). So the handler also remembers the press: ``check()`` raises it again
 at the points where a run may stop (each sweep job's start, before a run writes its outputs, and at exit),
 and a KeyboardInterrupt that Python would drop is dropped silently (the remembered press stands for it). The
-press is remembered in the process state (``app.state``).
+press is remembered in the process state (``runtime.state``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from fusebench.app import state
+from fusebench.runtime import state
 
 
 def _on_ctrl_c(signum, frame) -> None:

@@ -17,10 +17,9 @@ import torch
 from omegaconf import DictConfig
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError, __version__
-from fusebench.app import interrupts, state
+from fusebench.app import interrupts
 from fusebench.app.backends import approximate
 from fusebench.app.gallery_stage import attach_gallery, distractor_sources
-from fusebench.app.progress import bar as progress_bar
 from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.app.rundir import check_writable
 from fusebench.app.tracking import log_run
@@ -41,6 +40,8 @@ from fusebench.fusion.config import FusionConfig
 from fusebench.fusion.presets import true_label
 from fusebench.report.outputs import write_run_outputs
 from fusebench.report.table import format_table
+from fusebench.runtime import state
+from fusebench.runtime.progress import bar as progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,12 @@ def _tune(tuning: TuneConfig, config: RunConfig, corpus, embeddings, fusion, sea
              tune_corpus.n_captions, len(points), tuning.criterion)
     quiet = replace(search, progress=None)
     started = time.perf_counter()
-    curve = run_grid(points, tune_models, tune_corpus.caption_image, fusion, tuning, quiet,
+    source = ListSource()  # one source for the grid: each model's lists are built once, reused by every point
+
+    def lists_of(models, point_fusion):
+        return retrieve(models, tune_corpus.caption_image, point_fusion, keep_k=1, settings=quiet, source=source)
+
+    curve = run_grid(points, tune_models, fusion, tuning, lists_of,
                      progress=_progress_bar("tuning", len(points), unit="setting"))
     chosen = best(curve)
     embeddings, fusion = apply(chosen, embeddings, fusion)

@@ -18,16 +18,11 @@ import tempfile
 from pathlib import Path
 
 from fusebench import FusebenchError
+from fusebench.runtime.layout import OUTPUTS, PLOTS, is_error_file
 from fusebench.stores.files import atomic_save, file_identity
 
-OUTPUTS = ("metrics.json", "ranks", "topk", "plots", "error.txt")  # what a run writes into its dir
-# the PNGs a run's plots/ holds (fusebench.report.plots.run_plots)
-PLOTS = frozenset({"recall_bars.png", "recall_at_k.png", "wins_losses.png", "paired_gains.png",
-                   "score_distributions.png", "corrected_metrics.png", "tune_curve.png"})
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into hydra.output_subdir
 FUSEBENCH_GROUPS = frozenset({"models", "fusion", "eval"})  # keys every fusebench job's .hydra/config.yaml has
-# the first bytes of an error.txt fusebench writes: a bug's traceback, or a user's mistake in one line
-ERROR_FILE_STARTS = (b"Traceback (most recent call last):", b"fusebench: error: ")
 # what a folder is called in messages, by its config key
 WHAT = {"hydra.run.dir": "run dir", "hydra.sweep.dir": "sweep dir", "embed.cache.dir": "embedding cache"}
 # an interpolation of what tells a sweep's jobs apart (hydra.sweep.subdir must hold one)
@@ -95,20 +90,6 @@ def damaged_record(out_dir: str | Path) -> bool:
     except OSError:
         return False
     return bool(held) and all(p.is_file() and RUN_FILE_NAMES["ranks"].fullmatch(p.name) for p in held)
-
-
-def is_error_file(path: Path) -> bool:
-    """Whether ``path`` is an error.txt fusebench wrote (a failed sweep job's traceback, or the one line
-    ``fusebench: error: ...`` of a user's mistake)."""
-    with Path(path).open("rb") as fh:
-        start = fh.read(max(len(s) for s in ERROR_FILE_STARTS))
-    return start.startswith(ERROR_FILE_STARTS)
-
-
-def error_text(message: str | None, trace: str) -> str:
-    """What a failed sweep job's error.txt holds: the one-line ``message`` of a user's mistake, else the
-    traceback ``trace`` (a bug)."""
-    return f"fusebench: error: {message}\n" if message else trace
 
 
 def is_fusebench_config(path: Path) -> bool:

@@ -226,8 +226,8 @@ def check_top_keys(cfg: Mapping, valid: list[str]) -> None:
 
 def run_config(cfg) -> RunConfig:
     """The composed config ``cfg`` (a DictConfig or a mapping of its groups) as one checked :class:`RunConfig`."""
+    from fusebench.config.reference import reference_row
     from fusebench.fusion.presets import config_folders, true_label
-    from fusebench.report.article import reference_row
 
     keys = checks.config_keys(RunConfig)
     check_top_keys(cfg, keys)

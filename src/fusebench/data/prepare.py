@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusebench import FusebenchError
-from fusebench.app.progress import bar as progress_bar
+from fusebench.runtime.progress import bar as progress_bar
 from fusebench.stores.files import file_sha256
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ their members listed from the headers alone, their shard patterns expanded, and 
   (old GNU sparse members, pax keys other than path/size/times/owners) is listed by ``tarfile`` itself.
   Members are named as ``tarfile`` names them.
 * :func:`expand_braces`: ``/data/{00000..00099}.tar`` and ``{a,b}`` as webdataset's shard lists expand them.
-* :func:`read_member`: the bytes of ``TAR::MEMBER``; each process keeps (in its ``app.state``) the image members'
+* :func:`read_member`: the bytes of ``TAR::MEMBER``; each process keeps (in its ``runtime.state``) the image members'
   offsets of every tar it has read from (numpy arrays, ~40 bytes a member) and up to ``OPEN_TARS`` open files,
   read with ``os.pread`` (no shared file position: files inherited by forked DataLoader workers stay correct).
 """
@@ -21,7 +21,7 @@ import tarfile
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.app import state
+from fusebench.runtime import state
 
 BLOCK = 512
 TAR_REF = ".tar::"  # a distractor's ref TAR::MEMBER, e.g. /data/00000.tar::000000012.jpg

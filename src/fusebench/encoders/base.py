@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.app import state
 from fusebench.config.specs import DEFAULT_WEIGHT
 from fusebench.encoders.fingerprint import first_line
 from fusebench.encoders.rownorm import l2_normalise_rows
+from fusebench.runtime import state
 
 if TYPE_CHECKING:
     import torch
@@ -219,7 +219,7 @@ def check_matrix(array: np.ndarray, rows: int, what: str, source: str, rows_mean
     Any finite row that is not all zeros is accepted at any scale (1e-30 or 3e38: see fusebench.encoders.rownorm)."""
     _check_shape(array, rows, what, source, rows_meaning)
     # one pass, the same bits as numpy's norm and divide for rows of ordinary scale; once per process for the rows
-    # the process keeps (a sim model's, the same read-only object every job of a sweep: app.state.SharedArrays),
+    # the process keeps (a sim model's, the same read-only object every job of a sweep: runtime.state.SharedArrays),
     # whose normalised rows are then shared and read-only too
     normalised, norms, finite = (l2_normalise_rows(array) if array.flags.writeable
                                  else state.current().shared.derived(array, "l2_normalise_rows", _normalise_shared))

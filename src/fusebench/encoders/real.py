@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fusebench.app.progress import bar as progress_bar
 from fusebench.config.schema import EmbedConfig
 from fusebench.config.specs import RealModel
 from fusebench.data.corpus import Corpus
@@ -26,6 +25,7 @@ from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.images import bad_image_error, image_batches, open_rgb
 from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.query_text import preprocess_texts
+from fusebench.runtime.progress import bar as progress_bar
 from fusebench.stores.embeddings import EmbeddingCache
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from fusebench.search.jit import kernel
+from fusebench.runtime.jit import kernel
 
 PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE: the longest run summed by eight accumulators without splitting
 SUBNORMAL_SAFE = 2.0 ** -125  # per entry: a float32 sum of squares below width * this may have lost more than

@@ -254,7 +254,7 @@ class ShardRows:
 def shard_rows(run: RealRun, plan: ShardPlan) -> ShardRows:
     """``run``'s model's rows of every shard of ``plan``, as one gallery; a shard not in the cache yet (no
     ``fusebench-embed`` job made it) is embedded here first, with a progress bar."""
-    from fusebench.app.progress import bar as progress_bar
+    from fusebench.runtime.progress import bar as progress_bar
 
     entries: list[CompleteEntry | None] = []
     for index in range(plan.n_shards):

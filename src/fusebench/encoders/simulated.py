@@ -3,7 +3,7 @@ its view of simulated distractors (``gallery=sim``).
 
 A simulated model's rows are a pure function of its spec and the corpus parameters, so they are kept in
 memory for the next job of the same process (a sweep on Hydra's basic launcher runs every job in one
-process; ``app.state.SharedArrays``: a model of at most 256 MB, a COCO-size sim model is ~130 MB, 768 MB in all,
+process; ``runtime.state.SharedArrays``: a model of at most 256 MB, a COCO-size sim model is ~130 MB, 768 MB in all,
 so that a large corpus of 100,000 images never holds a second copy of its rows). Returned read-only.
 
 Simulated distractors are never held whole (a million rows of a 1152-dim model are 4.6 GB): :class:`SimDistractorRows`
@@ -19,7 +19,6 @@ from dataclasses import asdict
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.app import state
 from fusebench.config.gallery import GalleryConfig
 from fusebench.config.specs import SimParams
 from fusebench.data.corpus import Corpus
@@ -37,6 +36,7 @@ from fusebench.data.simulated import (
     sim_model_embeddings,
 )
 from fusebench.encoders.distractors import normalised
+from fusebench.runtime import state
 
 SIM_DISTRACTORS_VERSION = 1  # bump when the rows a key describes change
 

@@ -16,6 +16,7 @@ only fuses (the list store keeps the lists).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -75,16 +76,15 @@ def apply(point: TunePoint, models: list[ModelEmbeddings],
     return [replace(m, weight=point.weights.get(m.name, m.weight)) for m in models], replace(fusion, **point.fusion)
 
 
-def run_grid(points: list[TunePoint], models: list[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig,
-             settings: TuneConfig, search, progress=None) -> list[TunePoint]:
+def run_grid(points: list[TunePoint], models: list[ModelEmbeddings], fusion: FusionConfig, settings: TuneConfig,
+             lists_of: Callable[[list[ModelEmbeddings], FusionConfig], dict], progress=None) -> list[TunePoint]:
     """Each grid point with its criterion on the tuning split (the fused retriever's), in grid order; the first
-    also with the single models'."""
-    from fusebench.app.retrieval import ListSource, retrieve
-
-    source, curve = ListSource(), []
+    also with the single models'. ``lists_of(models, fusion)``: each retriever's lists at that point, name ->
+    direction -> lists with ``ranks`` (the app's retrieval step: this module runs no search of its own)."""
+    curve = []
     for point in points:
         tuned_models, tuned_fusion = apply(point, models, fusion)
-        lists = retrieve(tuned_models, caption_image, tuned_fusion, keep_k=1, settings=search, source=source)
+        lists = lists_of(tuned_models, tuned_fusion)
         values = {name: criterion_value({d: lists[name][d].ranks for d in DIRECTIONS}, settings) for name in lists}
         curve.append(replace(point, value=values.pop(FUSED), singles=None if curve else values))
         if progress is not None:

@@ -1,40 +1,14 @@
 """The reference study's reported numbers (``data/article_reference.json``), placed beside a run's own.
 
 A job of the article experiments carries ``reference: {dataset, study}`` (set by ``conf/experiment/article_*``
-and ``conf/study/*``); :func:`reference_row` finds the article's row for it, and :func:`reference_lines`
-prints it beside the run's numbers, marked when the run is simulated (the article's numbers are for real
-models on real data).
+and ``conf/study/*``); ``fusebench.config.reference.reference_row`` finds the article's row for it when the
+config is checked, and :func:`reference_lines` prints it beside the run's numbers, marked when the run is
+simulated (the article's numbers are for real models on real data).
 """
 
 from __future__ import annotations
 
-import json
-from functools import cache
-from pathlib import Path
-
-from fusebench import FusebenchError
-from fusebench.config.schema import ReferenceConfig
 from fusebench.evaluation.record import RunRecord
-
-REFERENCE_FILE = Path(__file__).resolve().parents[1] / "data" / "article_reference.json"
-
-
-@cache
-def article() -> dict:
-    return json.loads(REFERENCE_FILE.read_text(encoding="utf-8"))
-
-
-def reference_row(reference: ReferenceConfig | None) -> dict | None:
-    """The article's row for ``reference: {dataset, study}`` (None when unset, or when the article has none)."""
-    if reference is None:
-        return None
-    dataset, study = reference.dataset, reference.study
-    rows = article().get(dataset)
-    if not isinstance(rows, dict):
-        raise FusebenchError(f"reference.dataset={dataset!r} is not valid; valid: "
-                                    f"{', '.join(k for k, v in article().items() if isinstance(v, dict))}.")
-    row = rows.get(study)
-    return None if not isinstance(row, dict) else {"dataset": dataset, "study": study, **row}
 
 
 def beside_article(record: RunRecord) -> dict | None:

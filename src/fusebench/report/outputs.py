@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.app.rundir import OUTPUTS
 from fusebench.evaluation.record import RunRecord
+from fusebench.runtime.layout import OUTPUTS
 from fusebench.stores.files import atomic_write_text, remembered_checksum
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import DIRECTIONS, FUSED
-from fusebench.app import state
 from fusebench.evaluation.comparisons import level_label
 from fusebench.evaluation.record import RunRecord
+from fusebench.runtime import state
 from fusebench.stores.files import array_digest, atomic_save, file_identity
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def drawn_once(inputs: list, path: Path, draw: Callable[[], Path]) -> Path:
     """``draw()``, which writes ``path``; or, when this process already drew a plot from the same ``inputs``
     (everything the figure shows, digested) and that PNG is still as it was written, a copy of it: the same
     bytes without matplotlib (~0.2 s a plot, on the thread that draws a sweep's plots). What was drawn is the
-    process state's (``app.state``)."""
+    process state's (``runtime.state``)."""
     drawn, key = state.current().drawn, hashlib.sha256(repr(inputs).encode()).hexdigest()
     earlier = drawn.get(key)
     if earlier is not None:

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import DIRECTIONS
-from fusebench.app.rundir import is_error_file
 from fusebench.evaluation.record import RecordError, RunRecord
+from fusebench.runtime.layout import is_error_file
 from fusebench.stores.files import remembered_checksum
 
 

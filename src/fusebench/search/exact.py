@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import torch
 
-from fusebench.app import state
+from fusebench.runtime import state
 
 
 def float_rows(array, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fusebench.app import state
+from fusebench.runtime import state
 from fusebench.search.exact import similarity
 
 PRECISIONS = ("fp32", "bf16", "tf32")

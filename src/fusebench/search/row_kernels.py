@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numba import prange
 
-from fusebench.search.jit import kernel
+from fusebench.runtime.jit import kernel
 from fusebench.search.topk_kernels import FAST, _floor_of_kth, _offer
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from fusebench.search.jit import kernel
+from fusebench.runtime.jit import kernel
 
 # max/min reductions may reorder (scores are finite; -inf sentinels stay valid: no "ninf" flag)
 FAST = {"nnan", "nsz", "reassoc"}

@@ -3,7 +3,7 @@
 Compiling the kernels takes about a minute per few kernels on a 2-core CPU (the parallel ones most), which a
 user's first run would otherwise pay: a default job took ~68 s the first time and ~3 s after. This compiles each
 kernel for every signature fusebench calls it with (``SIGNATURES``) into numba's disk cache
-(:mod:`fusebench.search.jit`), the kernels spread over the CPU's cores in separate processes; a kernel already
+(:mod:`fusebench.runtime.jit`), the kernels spread over the CPU's cores in separate processes; a kernel already
 in the cache is loaded, not compiled. ``make`` runs it as the last step of its venv; after ``pip install`` run it
 once (with ``NUMBA_CACHE_DIR`` set as the runs will have it, when the package folder is not writable).
 

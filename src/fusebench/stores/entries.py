@@ -10,7 +10,8 @@ inputs, data files whose size and checksum meta.json records, and a lock beside 
 * discard: ``discard_entry`` (reported, removed, recomputed: never read as data), ``clear_non_file`` and
   ``store_folders`` (what sits where a store keeps a file or a folder but is none is reported and removed, below
   the cache root: the root itself, the user's folder, is never removed);
-* scan: ``scan_entries`` (what ``fusebench-cache`` lists, checksums verified unless ``--quick``), ``matching`` and ``remove_entry`` (what it removes).
+* scan: ``scan_entries`` (what ``fusebench-cache`` lists, checksums verified unless ``--quick``), ``matching``
+  and ``remove_entry`` (what it removes).
 
 Every file is written to a temp name and renamed (``files.atomic_save``); meta.json is written last, so an entry
 with meta.json is complete.

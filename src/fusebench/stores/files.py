@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusebench.app import state
+from fusebench.runtime import state
 
 if TYPE_CHECKING:  # numpy is imported where an array is digested: run-dir checks start without it
     import numpy as np
@@ -152,7 +152,7 @@ def _identity(path: Path, kind: str) -> tuple[str, int, int, int, int]:
 
 def remembered_checksum(path: Path, kind: str = "sha256") -> str:
     """The file's ``kind`` checksum (``CHECKSUMS``), read once per process for a file unchanged since (same
-    inode, size and mtime to the nanosecond; kept in the process state, ``app.state``): a score matrix (~0.5 GB
+    inode, size and mtime to the nanosecond; kept in the process state, ``runtime.state``): a score matrix (~0.5 GB
     per model) is not read again by every dense job of a sweep, nor the run files a job hashed when it wrote
     them by the same process's sweep report. A file changed since (a later mtime: the filesystem's clock) is
     read again."""

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fusebench import DIRECTIONS
-from fusebench.app import state
+from fusebench.runtime import state
 from fusebench.stores.entries import (
     UNREADABLE,
     cache_key,
@@ -72,7 +72,7 @@ def array_digests(arrays: Sequence[np.ndarray]) -> list[str]:
 
 
 def shared_digests(arrays: Sequence[np.ndarray]) -> list[str]:
-    """``array_digests``, the arrays the process keeps hashed once per process (``app.state.SharedArrays``): a
+    """``array_digests``, the arrays the process keeps hashed once per process (``runtime.state.SharedArrays``): a
     sweep's jobs share their sim models' normalised rows, and each job's keys would hash them again (~0.2 s a job)."""
     shared = state.current().shared
     digests = [shared.known(a, "sha256") for a in arrays]

@@ -23,7 +23,7 @@ from numba.core.caching import FunctionCache
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # every file of the package that defines or inlines a compiled kernel (tests/test_kernels.py checks the list)
-KERNEL_SOURCES = ("search/jit.py", "search/topk_kernels.py", "search/row_kernels.py", "encoders/rownorm.py")
+KERNEL_SOURCES = ("runtime/jit.py", "search/topk_kernels.py", "search/row_kernels.py", "encoders/rownorm.py")
 
 
 @functools.lru_cache(maxsize=1)
