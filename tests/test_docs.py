@@ -174,6 +174,9 @@ def resolves(name: str) -> bool:
 
 def defines(module: Path, name: str) -> bool:
     text = module.read_text(encoding="utf-8")
+    forwarded = re.search(r"^API\s*=\s*\(([^)]*)\)", text, re.M)  # names a module's __getattr__ imports on first use
+    if forwarded and f'"{name}"' in forwarded.group(1):
+        return True
     return bool(re.search(rf"^(?:(?:async\s+)?def|class)\s+{name}\b|^{name}\s*[:=]|^\s*(?:from\s+\S+\s+)?import\s+"
                           rf"[^\n]*\b{name}\b", text, re.M))
 

@@ -12,7 +12,10 @@ The packages read as a run's data flows (``app.pipeline.run`` holds the flow on 
 - ``report``      a run's files, the printed table, plots, sweep summaries, notebook helpers (a new plot goes here)
 - ``app``         the commands, one run's orchestration, run dirs, W&B tracking, progress, interrupts
 
-Importing ``fusebench`` imports nothing heavy.
+The Python API (``app.api``): ``fusebench.evaluate(models, caption_image, ...)`` over embeddings a notebook
+holds, and ``fusebench.run(overrides)``, any job of the ``fusebench`` command; both return a ``Result``.
+
+Importing ``fusebench`` imports nothing heavy (the API is imported on first use).
 """
 
 __version__ = "0.1.0"
@@ -22,3 +25,15 @@ DIRECTIONS = ("t2i", "i2t")  # text-to-image (captions search images) and image-
 
 class FusebenchError(ValueError):
     """A user-facing error: bad input, bad config. The message says what is wrong and what is valid."""
+
+
+API = ("evaluate", "run", "Result")  # fusebench.evaluate, fusebench.run, fusebench.Result (fusebench.app.api)
+
+
+def __getattr__(name: str):
+    """The API's names, imported on first use so that ``import fusebench`` stays light."""
+    if name in API:
+        from fusebench.app import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'fusebench' has no attribute {name!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -28,7 +28,9 @@ from fusebench.config.schema import EvalConfig, TuneConfig
 from fusebench.config.search import check_sizes
 from fusebench.config.specs import RealModel
 from fusebench.data import load_corpus
+from fusebench.data.corpus import Corpus
 from fusebench.encoders import drop_unreadable, finalize, load_raw
+from fusebench.encoders.base import RawEmbeddings
 from fusebench.encoders.devices import resolve_device
 from fusebench.evaluation.comparisons import oracle_metrics, paired_comparisons, retriever_result
 from fusebench.evaluation.positives import evaluate as evaluate_positives
@@ -63,9 +65,20 @@ def _list_length(settings: EvalConfig, fusion: FusionConfig, extra: list, corpus
     return None if settings.save_topk is None else max(settings.save_topk, need)
 
 
-def _embeddings(config: RunConfig, corpus):
-    """Every model's embeddings of ``corpus`` (less the images no model could read) and that corpus."""
-    raws = [load_raw(name, spec, corpus, config.embed) for name, spec in config.models.items()]
+@dataclass
+class Inputs:
+    """A corpus and each model's rows that the caller already holds (the Python API, ``fusebench.evaluate``): the
+    run takes them in place of loading ``config.dataset`` and ``config.models``; everything after is the same."""
+
+    corpus: Corpus
+    raws: list[RawEmbeddings]
+
+
+def _embeddings(config: RunConfig, corpus, raws: list[RawEmbeddings] | None = None):
+    """Every model's embeddings of ``corpus`` (less the images no model could read) and that corpus; ``raws``:
+    rows the caller holds (else each model's are loaded by its kind)."""
+    if raws is None:
+        raws = [load_raw(name, spec, corpus, config.embed) for name, spec in config.models.items()]
     raws, corpus = drop_unreadable(raws, corpus)
     embeddings = []
     while raws:  # one model's raw rows at a time beside the normalised ones (a 100k-image corpus is GBs)
@@ -122,10 +135,10 @@ def _progress_bar(desc: str, total: int, unit: str = "query"):
     return update
 
 
-def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
+def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = None) -> RunRecord:
     """Evaluate every selected model and their fusion on the dataset; write outputs into ``out_dir``; return
     the run record (what metrics.json holds). ``config``: the job's typed config (a composed DictConfig is
-    converted first, as the CLI does)."""
+    converted first, as the CLI does); ``inputs``: the corpus and rows the caller holds, in place of loading."""
     started = time.perf_counter()
     config = config if isinstance(config, RunConfig) else run_config(config)
     check_writable(out_dir)
@@ -133,7 +146,7 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
     device = resolve_device(settings.device, "eval.device")  # checked before any embedding work
     if settings.lists.store or any(isinstance(spec, RealModel) for spec in config.models.values()):
         check_writable(config.embed.cache.dir, "embed.cache.dir")  # before any work: the stores write there
-    corpus = load_corpus(config.dataset)
+    corpus = load_corpus(config.dataset) if inputs is None else inputs.corpus
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
     extra = [load_positives(name, corpus) for name in settings.positives]  # refused before any embedding work
     keep_k = _list_length(settings, fusion, extra, corpus, len(config.models))
@@ -150,7 +163,7 @@ def run(config: RunConfig | DictConfig, out_dir: str) -> RunRecord:
 
     # the distractors' sources first: a bad one is refused before the test split is embedded
     sources = distractor_sources(config, corpus) if config.gallery.active else None
-    embeddings, corpus = _embeddings(config, corpus)
+    embeddings, corpus = _embeddings(config, corpus, None if inputs is None else inputs.raws)
     if extra and corpus.meta.get("dropped_images"):  # unreadable images left out: map the positives again
         extra = [load_positives(name, corpus) for name in settings.positives]
         keep_k = _list_length(settings, fusion, extra, corpus, len(config.models))

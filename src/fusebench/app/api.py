@@ -1,0 +1,219 @@
+"""The Python API: what a notebook calls. The CLI is a thin layer over the same run (``app.pipeline.run``).
+
+    import fusebench
+    result = fusebench.evaluate({"siglip": (img_a, txt_a), "dfn": (img_b, txt_b)}, caption_image,
+                                fusion="dbsf", overrides=["eval.bootstrap.draws=2000"])
+    result.record                  # the run record (what metrics.json holds): recalls, paired gains, ...
+    result.recall()                # DataFrame: run x retriever x direction x k, with intervals
+    result.comparisons()           # DataFrame: each paired comparison (gain, interval, wins / losses, p)
+    result.ranks["fused"]["t2i"]   # every query's rank of its first positive (1 = first)
+
+    result = fusebench.run(["dataset=sim", "fusion=rrf"])   # any job the ``fusebench`` command runs
+
+:func:`evaluate` takes embeddings the caller holds: per model an image array (N, d) and a text array (Q, d), in
+any float dtype, not necessarily normalised, and ``caption_image`` (Q,): the image each caption describes (an
+image no caption names is a distractor). It runs exactly what ``fusebench dataset=manifest ... models.X.kind=
+vectors`` runs over the same rows (``tests/test_api.py`` checks ranks and metrics equal): the rows are checked
+and normalised by the same code, and every other setting is a config key given in ``overrides`` as on the command
+line (``fusion.top_k=100``, ``eval.ks=[1,5]``, ``search=faiss_hnsw``, ``tune=weights``). :func:`run` composes the
+package's config with ``overrides`` through Hydra's compose API and runs that job. Both return a :class:`Result`;
+with ``out_dir`` the run's files (metrics.json, ranks/, topk/, plots/ with ``plots=true``) are written there under
+the run dir's rules (a folder holding files fusebench did not write under a run output's name is refused), else
+into a temporary folder that is removed (the record and the ranks stay in the result). The stores write where the
+command's do (``embed.cache.dir``, default ``outputs/cache``: each model's ranked lists, reused by the next call on
+the same rows; ``eval.lists.store=false`` keeps them in memory). W&B is off unless
+``logger=wandb`` is among the overrides. A mistake is a :class:`~fusebench.FusebenchError` naming the argument or
+key and what is valid.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fusebench import DIRECTIONS, FusebenchError
+
+IN_MEMORY = "(in memory: fusebench.evaluate)"  # what a model's spec records as its files
+
+
+@dataclass
+class Result:
+    """What one run measured: its ``record`` (the types metrics.json serialises), each retriever's ``ranks``
+    (name -> direction -> (queries,) rank of the first positive, 1 = first, as ranks/ holds them), and
+    ``out_dir`` (None when the files went to a temporary folder)."""
+
+    record: object  # fusebench.evaluation.record.RunRecord
+    ranks: dict[str, dict[str, np.ndarray]] = field(repr=False)
+    out_dir: Path | None = None
+
+    def _run(self):
+        from fusebench.report.runs import Run
+
+        return Run(path=self.out_dir or Path("."), name=str(self.out_dir or "evaluate"), record=self.record)
+
+    def recall(self):
+        """One row per retriever x direction x k: recall (percent) with its Wilson interval and the settings
+        (``fusebench.report.frames.retriever_frame``; pandas: the ``notebook`` extra)."""
+        from fusebench.report.frames import retriever_frame
+
+        return retriever_frame(self._run())
+
+    def comparisons(self):
+        """One row per paired comparison: gain, bootstrap interval, wins and losses, p-values
+        (``fusebench.report.frames.comparison_frame``)."""
+        from fusebench.report.frames import comparison_frame
+
+        return comparison_frame(self._run())
+
+
+def _pair(name: str, value) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {"image", "text"})
+        if unknown or not {"image", "text"} <= set(value):
+            raise FusebenchError(f"models[{name!r}] must hold 'image' and 'text' arrays (got keys "
+                                 f"{sorted(map(str, value))}).")
+        value = (value["image"], value["text"])
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise FusebenchError(f"models[{name!r}] must be (image rows, text rows) or {{'image': ..., 'text': ...}}; "
+                             f"got {type(value).__name__}.")
+    arrays = []
+    for what, array in zip(("image", "text"), value):
+        try:
+            array = np.asarray(array)
+        except (TypeError, ValueError) as err:
+            raise FusebenchError(f"models[{name!r}] {what} rows are not an array ({err}).") from None
+        if array.ndim != 2 or not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
+            raise FusebenchError(f"models[{name!r}] {what} rows must be a 2-D real array (one row per "
+                                 f"{'image' if what == 'image' else 'caption'}); got shape {array.shape}, dtype "
+                                 f"{array.dtype}.")
+        arrays.append(array)
+    return arrays[0], arrays[1]
+
+
+def _caption_image(caption_image, n_images: int) -> np.ndarray:
+    array = np.asarray(caption_image)
+    if array.ndim != 1 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
+        raise FusebenchError(f"caption_image must be a non-empty 1-D integer array (caption q describes image "
+                             f"caption_image[q]); got shape {array.shape}, dtype {array.dtype}.")
+    if array.min() < 0 or array.max() >= n_images:
+        bad = int(np.flatnonzero((array < 0) | (array >= n_images))[0])
+        raise FusebenchError(f"caption_image[{bad}] = {int(array[bad])} is not an image index; valid: 0..{n_images - 1} "
+                             f"(the image arrays hold {n_images} rows).")
+    return array.astype(np.int64)
+
+
+def _ids(values, n: int, what: str, default) -> list:
+    if values is None:
+        return default
+    values = list(values)
+    if len(values) != n:
+        raise FusebenchError(f"{what} holds {len(values)} ids for {n} {what.split('_')[0]}s.")
+    if len(set(map(str, values))) != n:
+        raise FusebenchError(f"{what} holds duplicate ids; each must be unique.")
+    return values
+
+
+def in_memory_corpus(caption_image: np.ndarray, n_images: int, name: str, image_ids=None, caption_ids=None):
+    """The corpus of ``caption_image``: images ``0..n_images-1`` (ids given or their index as text), captions
+    named by their index (the API has no caption text)."""
+    from fusebench.data.corpus import Corpus
+
+    images = [str(i) for i in _ids(image_ids, n_images, "image_ids", list(range(n_images)))]
+    captions = _ids(caption_ids, len(caption_image), "caption_ids", None)
+    return Corpus(name=name, image_ids=images, captions=[f"caption {q}" for q in range(len(caption_image))],
+                  caption_image=caption_image, caption_ids=None if captions is None else [int(c) for c in captions],
+                  kind="arrays", meta={"source": "fusebench.evaluate"})
+
+
+def compose(overrides: Sequence[str] = ()):
+    """The package's config composed with ``overrides`` (Hydra's compose API, as ``fusebench`` composes it; a
+    bad override is a FusebenchError naming it)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from fusebench.config import CONFIG_DIR, schema
+
+    overrides = [str(o) for o in overrides]
+    schema.register()
+    if GlobalHydra.instance().is_initialized():  # another compose (or a Hydra app) left it set: ours is composed fresh
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+            return hydra_compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise FusebenchError(f"overrides {overrides}: {str(err).splitlines()[0]}") from None
+
+
+def _execute(cfg, out_dir, corpus=None, rows: Mapping[str, tuple] | None = None) -> Result:
+    """Run the composed ``cfg``: over ``corpus`` and each model's ``rows`` when given (fusebench.evaluate), else
+    loading what the config names."""
+    from fusebench.app import rundir
+    from fusebench.app.pipeline import Inputs
+    from fusebench.app.pipeline import run as run_pipeline
+    from fusebench.config.run import run_config
+    from fusebench.encoders.base import RawEmbeddings
+
+    config = run_config(cfg)  # a mistake in the config is refused here, before any work
+    inputs = None
+    if rows is not None:
+        if config.gallery.active:
+            raise FusebenchError("fusebench.evaluate takes the whole gallery in its arrays (an image no caption "
+                                 "names is a distractor): leave the gallery group at gallery=none.")
+        inputs = Inputs(corpus, [RawEmbeddings(name, image, text, f"models[{name!r}] image rows",
+                                               f"models[{name!r}] text rows", dict(config.models[name].given))
+                                 for name, (image, text) in rows.items()])
+    if out_dir is not None and not str(out_dir).strip():
+        raise FusebenchError(f"out_dir={out_dir!r} is empty; give the run a folder, or None for a temporary one.")
+    with tempfile.TemporaryDirectory(prefix="fusebench-") as scratch:
+        folder = Path(out_dir).expanduser() if out_dir is not None else Path(scratch) / "run"
+        rundir.start_fresh(folder, "out_dir")
+        record = run_pipeline(config, str(folder), inputs)
+        rundir.forget(folder)
+        ranks = {name: {d: np.load(folder / "ranks" / f"{name}.{d}.npy") for d in DIRECTIONS}
+                 for name in record.retrievers}
+    return Result(record=record, ranks=ranks, out_dir=None if out_dir is None else folder)
+
+
+def evaluate(models: Mapping[str, object], caption_image, *, fusion: str = "dbsf",
+             weights: Mapping[str, float] | None = None, overrides: Sequence[str] = (), out_dir: str | Path | None = None,
+             image_ids: Sequence | None = None, caption_ids: Sequence[int] | None = None,
+             name: str = "arrays") -> Result:
+    """Evaluate the models' embeddings the caller holds, and their fusion (``fusion``: a ``conf/fusion`` option;
+    ``none`` for the single models alone); see the module's docstring."""
+    from omegaconf import open_dict
+
+    if not isinstance(models, Mapping) or not models:
+        raise FusebenchError("models must be a non-empty mapping: name -> (image rows, text rows).")
+    rows = {str(n): _pair(str(n), v) for n, v in models.items()}
+    n_images = {n: image.shape[0] for n, (image, _) in rows.items()}
+    if len(set(n_images.values())) > 1:
+        raise FusebenchError(f"the models' image arrays hold different numbers of rows ({n_images}); each must hold "
+                             "one row per image, in one order.")
+    caption_image = _caption_image(caption_image, next(iter(n_images.values())))
+    weights = dict(weights or {})
+    unknown = sorted(set(weights) - set(rows))
+    if unknown:
+        raise FusebenchError(f"weights names {unknown}, which are not models; valid: {', '.join(rows)}.")
+    if not isinstance(name, str) or not name.strip():
+        raise FusebenchError(f"name={name!r} must be a non-empty string (the corpus's name in the record).")
+    cfg = compose([f"fusion={fusion}", "logger=none", "plots=false", "models=[]", *overrides])
+    with open_dict(cfg):
+        for model in rows:
+            cfg.models[model] = {"kind": "vectors", "image_embeddings": IN_MEMORY, "text_embeddings": IN_MEMORY,
+                                 **({"weight": weights[model]} if model in weights else {})}
+    corpus = in_memory_corpus(caption_image, next(iter(n_images.values())), name, image_ids, caption_ids)
+    return _execute(cfg, out_dir, corpus, rows)
+
+
+def run(overrides: Sequence[str] = (), out_dir: str | Path | None = None) -> Result:
+    """The job ``fusebench OVERRIDES`` runs (W&B off unless ``logger=wandb`` is given), returning its result."""
+    given = [str(o) for o in overrides]
+    quiet = [] if any(o.startswith("logger=") for o in given) else ["logger=none"]
+    return _execute(compose([*quiet, *given]), out_dir)

@@ -1,0 +1,154 @@
+"""The Python API: ``fusebench.evaluate`` over arrays equals the ``fusebench`` command over the same rows written
+as the README's "embeddings you already have" files (every rank and every metric), ``fusebench.run`` equals the
+command on the same overrides, and every bad argument is one FusebenchError naming it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fusebench
+from fusebench import DIRECTIONS, FusebenchError
+
+FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
+SETTINGS = ["fusion.top_k=40", "eval.bootstrap.draws=300", "eval.bootstrap.seed=3", "eval.ks=[1,5,10]"]
+
+
+def _models(seed: int = 0, n: int = 60, per: int = 3, d: int = 12):
+    rng = np.random.default_rng(seed)
+    caption_image = np.repeat(np.arange(n), per)
+    latent = rng.standard_normal((n, d))
+    models = {name: (latent + noise * rng.standard_normal((n, d)),
+                     (latent[caption_image] + 1.0 * rng.standard_normal((n * per, d))).astype(np.float32))
+              for name, noise in (("a", 0.3), ("b", 0.5))}
+    return models, caption_image
+
+
+def _write_inputs(folder: Path, models, caption_image) -> list[str]:
+    """The README's files for the same rows: a manifest and two .npy per model; the command's overrides."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "m.jsonl").open("w") as fh:
+        for i in range(int(caption_image.max()) + 1):
+            fh.write(json.dumps({"image_id": str(i), "captions": [f"c{q}" for q in np.flatnonzero(caption_image == i)]})
+                     + "\n")
+    overrides = ["dataset=manifest", f"dataset.manifest={folder / 'm.jsonl'}", "models=[]"]
+    for name, (image, text) in models.items():
+        np.save(folder / f"{name}_img.npy", image)
+        np.save(folder / f"{name}_txt.npy", text)
+        overrides += [f"+models.{name}.kind=vectors", f"+models.{name}.image_embeddings={folder / f'{name}_img.npy'}",
+                      f"+models.{name}.text_embeddings={folder / f'{name}_txt.npy'}"]
+    return overrides
+
+
+def _cli(out: Path, overrides: list[str]) -> dict:
+    done = subprocess.run([FUSEBENCH, *overrides, "logger=none", "plots=false", f"hydra.run.dir={out}"],
+                          capture_output=True, text=True, timeout=300, cwd=out.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((out / "metrics.json").read_text())
+
+
+def _measured(record_json: dict) -> dict:
+    """What a run measured, less what names its inputs (specs, corpus name and digest) and its timings."""
+    return {"retrievers": {n: {d: r[d] for d in (*DIRECTIONS, "mean")} for n, r in record_json["retrievers"].items()},
+            "comparisons": record_json["comparisons"], "oracle": record_json["oracle"],
+            "fusion": record_json["fusion"], "eval": record_json["eval"]}
+
+
+def _same_ranks(result, out: Path) -> None:
+    for name, by_direction in result.ranks.items():
+        for direction, ranks in by_direction.items():
+            np.testing.assert_array_equal(ranks, np.load(out / "ranks" / f"{name}.{direction}.npy"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fusion,extra", [("dbsf", []), ("rrf", ["fusion.rrf_k=20"])])
+def test_evaluate_equals_the_command_on_the_same_rows(tmp_path, fusion, extra):
+    models, caption_image = _models()
+    overrides = [*SETTINGS, *extra]
+    result = fusebench.evaluate(models, caption_image, fusion=fusion, overrides=overrides, weights={"b": 0.5})
+    cli = _cli(tmp_path / "cli", [*_write_inputs(tmp_path / "in", models, caption_image), f"fusion={fusion}",
+                                  *overrides, "+models.b.weight=0.5"])
+    assert _measured(result.record.to_json()) == _measured(cli)
+    _same_ranks(result, tmp_path / "cli")
+    assert result.out_dir is None and set(result.ranks) == {"a", "b", "fused"}
+    assert result.record.retrievers["b"].spec.weight == 0.5
+    frame = result.recall()
+    row = frame[(frame.retriever == "fused") & (frame.direction == "t2i") & (frame.k == 1)]
+    assert float(row.recall.iloc[0]) == result.record.retrievers["fused"].recall("t2i", 1)
+    assert len(result.comparisons()) == len(result.record.comparisons)
+
+
+@pytest.mark.slow
+def test_run_equals_the_command_and_writes_where_asked(tmp_path):
+    overrides = ["dataset=sim", "dataset.n_images=150", "dataset.n_captions=450", "fusion=rrf", *SETTINGS]
+    result = fusebench.run(overrides, out_dir=tmp_path / "api")
+    cli = _cli(tmp_path / "cli", overrides)
+    assert _measured(result.record.to_json()) == _measured(cli)
+    _same_ranks(result, tmp_path / "cli")
+    assert result.out_dir == tmp_path / "api" and (tmp_path / "api" / "metrics.json").is_file()
+    _same_ranks(result, tmp_path / "api")
+    again = fusebench.run(overrides, out_dir=tmp_path / "api")  # a rerun into its own dir is allowed
+    assert _measured(again.record.to_json()) == _measured(result.record.to_json())
+
+
+def test_evaluate_writes_nothing_without_out_dir_and_refuses_a_users_file(tmp_path, monkeypatch):
+    models, caption_image = _models(n=20)
+    monkeypatch.chdir(tmp_path)
+    result = fusebench.evaluate(models, caption_image, fusion="none", overrides=["eval.bootstrap.draws=50"])
+    # no run files anywhere; the list store keeps each model's lists in embed.cache.dir, as the command does
+    assert [p.name for p in tmp_path.iterdir()] == ["outputs"] and set(result.ranks) == {"a", "b"}
+    assert not list(tmp_path.rglob("metrics.json")) and {p.name for p in (tmp_path / "outputs").iterdir()} == {"cache"}
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "ranks").write_text("a user's file")
+    with pytest.raises(FusebenchError, match="ranks"):
+        fusebench.evaluate(models, caption_image, out_dir=tmp_path / "mine", overrides=["eval.bootstrap.draws=50"])
+    assert (tmp_path / "mine" / "ranks").read_text() == "a user's file"
+
+
+def _bad_cases():
+    models, ci = _models(n=10)
+    a_img, a_txt = models["a"]
+    return [
+        ({}, ci, {}, "models must be a non-empty mapping"),
+        ({"a": a_img}, ci, {}, "models['a'] must be (image rows, text rows)"),
+        ({"a": {"image": a_img}}, ci, {}, "models['a'] must hold 'image' and 'text'"),
+        ({"a": (a_img[0], a_txt)}, ci, {}, "models['a'] image rows must be a 2-D real array"),
+        ({"a": (a_img, a_txt.astype(str))}, ci, {}, "models['a'] text rows must be a 2-D real array"),
+        ({"a": (a_img, a_txt), "b": (a_img[:5], a_txt)}, ci, {}, "different numbers of rows"),
+        (models, ci.astype(float), {}, "caption_image must be a non-empty 1-D integer array"),
+        (models, np.where(ci == 3, 10, ci), {}, "is not an image index; valid: 0..9"),
+        (models, ci, {"weights": {"c": 1.0}}, "weights names ['c']"),
+        (models, ci, {"fusion": "nosuch"}, "fusion=nosuch"),
+        (models, ci, {"overrides": ["eval.bootstrap.draws=-1"]}, "eval.bootstrap.draws"),
+        (models, ci, {"overrides": ["gallery=sim", "gallery.size=10"]}, "takes the whole gallery in its arrays"),
+        (models, ci, {"image_ids": ["x"] * 10}, "image_ids holds duplicate ids"),
+        (models, ci, {"image_ids": ["x"]}, "image_ids holds 1 ids for 10 images"),
+        (models, ci, {"out_dir": " "}, "out_dir=' ' is empty"),
+        (models, ci, {"name": ""}, "name='' must be a non-empty string"),
+        ({"a": (a_img, a_txt[:-1])}, ci, {}, "text"),  # one caption short: the rows' own check names it
+        ({"a": (np.zeros_like(a_img), a_txt)}, ci, {}, "a"),  # all-zero rows: refused by the vectors checks
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_bad_cases())))
+def test_bad_arguments_are_one_error_naming_them(index, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    models, caption_image, keywords, fragment = _bad_cases()[index]
+    with pytest.raises(FusebenchError) as err:
+        fusebench.evaluate(models, caption_image, **{"overrides": ["eval.bootstrap.draws=50"], **keywords})
+    assert fragment in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_api_is_imported_on_first_use():
+    done = subprocess.run([sys.executable, "-c", "import sys, fusebench; assert 'fusebench.app.api' not in "
+                           "sys.modules and 'torch' not in sys.modules; fusebench.evaluate; "
+                           "assert 'fusebench.app.api' in sys.modules"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        fusebench.nosuch  # noqa: B018
