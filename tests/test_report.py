@@ -172,11 +172,12 @@ def test_real_model_without_stand_in_is_refused_on_sim(compose_cfg, tmp_path):
 
 def test_every_fusion_setting_makes_a_distinct_retriever(tmp_path):
     """Two fusions that differ only in a setting outside method / key (here the floor) are two retrievers, and
-    a pair one factor apart; an older record without the newer settings reads them as the defaults."""
+    a pair one factor apart, the factor named by that setting (it was called 'top_k'); an older record without
+    the newer settings reads them as the defaults."""
     from fusebench.evaluation.record import RunRecord
     from fusebench.fusion.config import FusionConfig
+    from fusebench.report.retrievers import retriever_factors
     from fusebench.report.runs import Run
-    from fusebench.report.sweep import retriever_factors
 
     def run(drop=(), **fusion):
         spec = {k: v for k, v in {"kind": "fusion", "members": ["a"], **asdict(FusionConfig(**fusion))}.items()
@@ -188,7 +189,7 @@ def test_every_fusion_setting_makes_a_distinct_retriever(tmp_path):
         return Run(tmp_path, "r", record)
 
     plain, floored = retriever_factors(run(method="minmax"), "fused"), retriever_factors(run(method="minmax", floor=0.001), "fused")
-    assert [key for key in plain if plain[key] != floored[key]] == ["top_k"]
+    assert [key for key in plain if plain[key] != floored[key]] == ["floor"]
     old = run(method="minmax", drop=("score_map", "flat_score", "floor", "rrf_ranks"))
     assert retriever_factors(old, "fused") == plain
 

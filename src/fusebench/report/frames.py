@@ -59,16 +59,17 @@ def _fusion_settings(spec):
     return getattr(spec, "fusion", spec)
 
 
-def retriever_columns(run: Run, name: str) -> dict:
+def retriever_columns(run: Run, name: str, label: str | None = None) -> dict:
     """What a retriever is: a model or a fusion, its models, their preprocessing and weights, the fusion settings
-    (None for a single model), and the label the sweep report gives it."""
-    from fusebench.report.sweep import describe
+    (None for a single model), and the label the sweep report gives it (``label``: among the runs shown; else
+    its base label, :func:`fusebench.report.retrievers.describe`)."""
+    from fusebench.report.retrievers import describe
 
     result = run.record.retrievers[name]
     members = result.members or [name]
     specs = [run.record.retrievers[m].spec for m in members]
     fusion = _fusion_settings(result.spec) if result.is_fusion else None
-    return {"retriever": name, "label": describe(run, name), "kind": "fusion" if result.is_fusion else "single",
+    return {"retriever": name, "label": label or describe(run, name), "kind": "fusion" if result.is_fusion else "single",
             "models": " + ".join(members), "preprocessing": " + ".join(_preprocessing(s) for s in specs),
             "weights": " + ".join(f"{float(_field(s, 'weight', DEFAULT_WEIGHT)):g}" for s in specs),
             "method": _field(fusion, "method"), "preset": _field(fusion, "preset"),
@@ -121,14 +122,15 @@ def retriever_frame(source, unique: bool = False, directions=DIRECTIONS) -> pd.D
     draws), median_rank and n_queries, beside the run's and the retriever's columns. ``unique``: each distinct
     retriever once per dataset (a single model evaluated in several jobs counts once, as in the sweep report)."""
     from fusebench.report.plots import wilson
-    from fusebench.report.sweep import unique_retrievers
+    from fusebench.report.retrievers import retriever_labels, unique_retrievers
 
     runs = as_runs(source)
     pairs = unique_retrievers(runs) if unique else [(run, name) for run in runs for name in run.record.retrievers]
+    labels = retriever_labels(runs)
     rows = []
     for run, name in pairs:
         record, result = run.record, run.record.retrievers[name]
-        settings = {**run_columns(run), **retriever_columns(run, name)}
+        settings = {**run_columns(run), **retriever_columns(run, name, labels[(run.path, name)])}
         for direction in directions:
             metrics = result.direction(direction)
             for k in record.ks:
@@ -157,18 +159,20 @@ def comparison_frame(source) -> pd.DataFrame:
     record holds it (gain, ci_low, ci_high, cluster_ci_low, cluster_ci_high, wins, losses, p_value, recalls,
     n_queries, level, draws), ``metric`` (``R@k``, or e.g. ``eccv mAP@R``), ``vs_best_single``, the labels of
     candidate and baseline, and the run's and the candidate's columns."""
-    from fusebench.report.sweep import describe
+    from fusebench.report.retrievers import retriever_labels
 
     rows = []
-    for run in as_runs(source):
+    runs = as_runs(source)
+    labels = retriever_labels(runs)
+    for run in runs:
         for comparison in [*run.record.comparisons, *run.record.positive_comparisons]:
             values = {f.name: getattr(comparison, f.name) for f in fields(comparison)}
             values["metric"] = comparison.metric or f"R@{comparison.k}"
             settings = {k: v for k, v in retriever_columns(run, comparison.candidate).items()
                         if k not in ("retriever", "label")}
             rows.append({**run_columns(run), **values, "vs_best_single": _is_best_single(run, comparison),
-                         "candidate_label": describe(run, comparison.candidate),
-                         "baseline_label": describe(run, comparison.baseline), **settings})
+                         "candidate_label": labels[(run.path, comparison.candidate)],
+                         "baseline_label": labels[(run.path, comparison.baseline)], **settings})
     return pd.DataFrame(rows)
 
 

@@ -42,9 +42,9 @@ def _text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 
 
-def distinct(bases: dict, facts: dict[object, dict[str, str]], digests: dict[object, str]) -> dict:
+def distinct(bases: dict, facts: dict[object, dict[str, str]], digests: dict[object, str], tag: str = "corpus") -> dict:
     """``bases`` (key -> label) made unique: keys sharing a label get the facts that differ among them in
-    brackets, then (when none differs) their digests' first characters."""
+    brackets, then (when none differs) their digests' first characters (``[tag abcdef0123]``)."""
     groups: dict[str, list] = {}
     for key, label in bases.items():
         groups.setdefault(label, []).append(key)
@@ -63,7 +63,7 @@ def distinct(bases: dict, facts: dict[object, dict[str, str]], digests: dict[obj
             seen.setdefault(out[key], []).append(key)
         for same in (ks for ks in seen.values() if len(ks) > 1):
             for key in same:
-                out[key] = f"{out[key]} [corpus {digests[key][:10]}]"
+                out[key] = f"{out[key]} [{tag} {digests[key][:10]}]"
     return out
 
 

@@ -19,9 +19,9 @@ import numpy as np
 from fusebench.evaluation.comparisons import compare
 from fusebench.evaluation.metrics import recall_at_k
 from fusebench.evaluation.scaling import JEFFREYS, ScalingError, predicted_recall
-from fusebench.report.labels import study_labels
+from fusebench.report.labels import distinct, study_labels
+from fusebench.report.retrievers import describe, retriever_factors, settings_of
 from fusebench.report.runs import Run
-from fusebench.report.sweep import describe, retriever_factors
 
 EXTRAPOLATE_FACTOR = 10  # predict R@1 at this many times the largest gallery measured
 
@@ -125,6 +125,11 @@ def series_of(study: str, runs: list[Run]) -> list[Series]:
             key = json.dumps(retriever_factors(run, name), sort_keys=True)
             series = out.setdefault(key, Series(study, describe(run, name), run.record.retrievers[name].is_fusion))
             series.points.setdefault(distractors(run), (run, name))
+    first = {key: next(iter(s.points.values())) for key, s in out.items()}  # labels unique within the study
+    labels = distinct({key: s.label for key, s in out.items()}, {key: settings_of(*rn) for key, rn in first.items()},
+                      {key: key for key in out}, tag="retriever")
+    for key, series in out.items():
+        series.label = labels[key]
     return list(out.values())
 
 
@@ -193,7 +198,7 @@ def change_rows(series: list[Series], ks: list[int], draws: int, level: float, s
             if problem:
                 refused.append(f"{s.study}: {s.label} at {size:,} not paired with {sizes[0]:,} distractors: {problem}")
                 continue
-            found = compare(describe(run, name), describe(base_run, base), {"t2i": run.ranks(name, "t2i")},
+            found = compare(s.label, s.label, {"t2i": run.ranks(name, "t2i")},
                             {"t2i": base_run.ranks(base, "t2i")}, {"t2i": run.clusters("t2i")}, ks, draws, level,
                             seed, directions=("t2i",))
             for c in found:

@@ -12,7 +12,7 @@ ranks (``ranks/*.npy``), so retrievers from different jobs are compared query by
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,10 +22,10 @@ from fusebench import DIRECTIONS
 from fusebench.evaluation.comparisons import compare
 from fusebench.evaluation.search_record import EXACT_FUSED
 from fusebench.evaluation.stats import holm_adjust
-from fusebench.fusion.config import FusionConfig
 from fusebench.report.article import beside_article
-from fusebench.report.index_effects import EXACT, IndexEffects, index_effects_report, search_cost, search_label
+from fusebench.report.index_effects import EXACT, IndexEffects, index_effects_report, search_cost
 from fusebench.report.labels import dataset_labels
+from fusebench.report.retrievers import describe, retriever_factors, retriever_labels, unique_retrievers  # noqa: F401
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
 from fusebench.report.sweep_markdown import csv_text, markdown
 from fusebench.stores.files import atomic_write_text
@@ -38,68 +38,18 @@ FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselin
     "fuse_on": ["document", "source_object"],
     "text": ["as_typed", "canonicalize", "lowercase"],
 }
-# every other fusion setting, in FusionConfig's order (top_k first): the "top_k" factor, so that two fusions
-# differing in any of them (rrf_k, a floor, a score map, ...) are two retrievers (older records: the defaults)
-FUSION_SETTINGS = [f.name for f in fields(FusionConfig) if f.name not in ("method", "fuse_on", "preset")]
 SCALING_TABLES = ("recall", "gains", "changes", "extrapolation")  # scaling_*.csv beside summary.md
 __all__ = ["Run", "Scan", "SweepSummary", "build_report", "load_runs", "scan_runs", "write_report"]
-
-
-def retriever_factors(run: Run, name: str) -> dict:
-    """What a retriever is, as comparable factors (dataset aside)."""
-    result = run.record.retrievers[name]
-    spec = result.spec
-    if result.is_fusion:
-        members = [run.record.retrievers[m].spec for m in result.members]
-        fusion = spec.fusion
-        return {"kind": "fusion", "model": json.dumps([m.identity() for m in members], sort_keys=True),
-                "text": json.dumps([m.text for m in members], sort_keys=True),
-                "weights": json.dumps([m.weight for m in members]),
-                "method": fusion.preset or fusion.method, "fuse_on": fusion.fuse_on,
-                "top_k": json.dumps([getattr(fusion, key) for key in FUSION_SETTINGS]), "search": search_label(run, name)}
-    return {"kind": "single", "model": json.dumps(spec.identity(), sort_keys=True),
-            "text": json.dumps(spec.text, sort_keys=True), "search": search_label(run, name)}
-
-
-def describe(run: Run, name: str) -> str:
-    result = run.record.retrievers[name]
-    search = "" if search_label(run, name) == EXACT else f" on {search_label(run, name)}"
-    if result.is_fusion:
-        parts = [_short(run, m) for m in result.members]
-        fusion = result.spec.fusion
-        return (f"fused {fusion.preset or fusion.method} by {fusion.fuse_on} top_k={fusion.top_k} "
-                f"[{' + '.join(parts)}]{search}")
-    return _short(run, name) + search
-
-
-def _short(run: Run, name: str) -> str:
-    text = run.record.retrievers[name].spec.text
-    extra = [text["case"]] if text.get("case", "as_typed") != "as_typed" else []
-    if text.get("template"):
-        extra.append(f"template={text['template']!r}")
-    return name + (f" ({', '.join(extra)})" if extra else "")
-
-
-def unique_retrievers(runs: list[Run]) -> list[tuple[Run, str]]:
-    """Each distinct retriever once per dataset (a single model evaluated in several jobs counts once)."""
-    seen, out = set(), []
-    for run in runs:
-        for name in run.record.retrievers:
-            key = (run.dataset_key, json.dumps(retriever_factors(run, name), sort_keys=True))
-            if key not in seen:
-                seen.add(key)
-                out.append((run, name))
-    return out
 
 
 def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
     """The article's table: one row per retriever (models, preprocessing, fusion), columns corpus x direction x
     R@k (one column group per corpus: two corpora of one name are labelled apart)."""
     rows: dict[str, dict] = {}
-    labels = dataset_labels(runs)
+    labels, names = dataset_labels(runs), retriever_labels(runs)
     for run, name in unique_retrievers(runs):
         result = run.record.retrievers[name]
-        label = describe(run, name)
+        label = names[(run.path, name)]
         row = rows.setdefault(label, {"retriever": label})
         dataset = labels[run.dataset_key]
         for direction in DIRECTIONS:
@@ -158,11 +108,11 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
     direction and k (:meth:`RunRecord.best_single`), through the run's own comparison function
     (:func:`fusebench.evaluation.comparisons.compare`); p-values Holm-adjusted over the whole sweep."""
     rows = []
-    labels = dataset_labels(runs)
+    labels, names = dataset_labels(runs), retriever_labels(runs)
 
     def add(factor: str, run_c: Run, cand: str, run_b: Run, base: str, **options) -> None:
         clusters = {d: run_c.clusters(d) for d in DIRECTIONS}
-        found = compare(describe(run_c, cand), describe(run_b, base), _run_ranks(run_c, cand), _run_ranks(run_b, base),
+        found = compare(names[(run_c.path, cand)], names[(run_b.path, base)], _run_ranks(run_c, cand), _run_ranks(run_b, base),
                         clusters, options.pop("ks", ks), draws, level, seed, **options)
         for row in found:
             values = {k: v for k, v in row.to_json().items() if k not in ("baseline_recall", "candidate_recall")}
@@ -172,8 +122,8 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
 
     for factor, (run_c, cand), (run_b, base) in comparable_pairs(runs):
         add(factor, run_c, cand, run_b, base)
-    for run in runs:
-        for name in (n for n in run.record.fusions if n != EXACT_FUSED):  # its members are the backend's lists
+    for run, name in unique_retrievers(runs):  # each distinct fusion once, however many jobs hold it
+        if run.record.retrievers[name].is_fusion and name != EXACT_FUSED:  # its members: the backend's lists
             members = run.record.retrievers[name].members
             for direction in DIRECTIONS:
                 for k in ks:
@@ -189,7 +139,7 @@ def cost_rows(runs: list[Run]) -> list[dict]:
     from fusebench.report.scaling import gallery_cost
 
     rows = []
-    labels = dataset_labels(runs)
+    labels, names = dataset_labels(runs), retriever_labels(runs)
     for run, name in unique_retrievers(runs):
         result = run.record.retrievers[name]
         members = result.members or [name]
@@ -204,7 +154,7 @@ def cost_rows(runs: list[Run]) -> list[dict]:
                 continue
             seconds_per_image += (took["images"] - took.get("model_load", 0.0)) / max(run.record.dataset.n_images, 1)
         fp32, fp16 = 4 * dims, 2 * dims
-        rows.append({"dataset": labels[run.dataset_key], "retriever": describe(run, name),
+        rows.append({"dataset": labels[run.dataset_key], "retriever": names[(run.path, name)],
                      "fusion": result.is_fusion, "dims": dims,
                      "bytes_per_image_fp32": fp32, "bytes_per_image_fp16": fp16,
                      "index_1M_fp32_GB": round(fp32 * 1e6 / 1e9, 2), "index_10M_fp32_GB": round(fp32 * 1e7 / 1e9, 1),
@@ -237,7 +187,8 @@ def _baseline_job_gain(runs: list[Run], run: Run, b: dict, draws: int, level: fl
                 and other.dataset_key == run.dataset_key and other.same_queries(run):
             head, base = run.record.headline, other.record.headline
             clusters = {d: run.clusters(d) for d in DIRECTIONS}
-            return compare(describe(run, head), describe(other, base), _run_ranks(run, head), _run_ranks(other, base),
+            names = retriever_labels([run, other])
+            return compare(names[(run.path, head)], names[(other.path, base)], _run_ranks(run, head), _run_ranks(other, base),
                            clusters, [1], draws, level, seed, directions=("t2i",))[0]
     return None
 
@@ -272,11 +223,11 @@ def beside_article_rows(runs: list[Run], draws: int = 2000, level: float = 0.95,
 def positive_rows(runs: list[Run]) -> list[dict]:
     """Each distinct retriever's extra-positive metrics (ECCV Caption, CxC), one row per retriever."""
     rows = []
-    labels = dataset_labels(runs)
+    labels, names = dataset_labels(runs), retriever_labels(runs)
     for run, name in unique_retrievers(runs):
         block = run.record.retrievers[name].positives
         if block:
-            rows.append({"dataset": labels[run.dataset_key], "retriever": describe(run, name),
+            rows.append({"dataset": labels[run.dataset_key], "retriever": names[(run.path, name)],
                          **{f"{s} {d} {m}": v for s, sides in block.items() for d, values in sides.items()
                             for m, v in values.items() if m != "n_queries"}})
     return rows
@@ -284,9 +235,9 @@ def positive_rows(runs: list[Run]) -> list[dict]:
 
 def positive_gain_rows(runs: list[Run]) -> list[dict]:
     """Each run's fused-vs-single comparisons on the extra-positive metrics, as the run recorded them."""
-    labels = dataset_labels(runs)
-    return [{"dataset": labels[run.dataset_key], "candidate": describe(run, c.candidate),
-             "baseline": describe(run, c.baseline), "direction": c.direction, "metric": c.metric, "gain": c.gain,
+    labels, names = dataset_labels(runs), retriever_labels(runs)
+    return [{"dataset": labels[run.dataset_key], "candidate": names[(run.path, c.candidate)],
+             "baseline": names[(run.path, c.baseline)], "direction": c.direction, "metric": c.metric, "gain": c.gain,
              "ci_low": c.ci_low, "ci_high": c.ci_high, "cluster_ci_low": c.cluster_ci_low,
              "cluster_ci_high": c.cluster_ci_high, "won/lost": f"{c.wins}/{c.losses}", "p": c.p_value}
             for run in runs for c in run.record.positive_comparisons]
