@@ -103,3 +103,22 @@ def test_a_model_whose_files_were_rewritten_is_another_row(compose_cfg, tmp_path
     column = next(c for c in rows[0] if c.endswith("t2i R@1"))
     assert sorted(r[column] for r in rows) == sorted(numbers)
     assert not report.gains  # nothing recorded tells them apart: no pair of one factor
+
+
+@pytest.mark.parametrize("field,change", [("R@1", 10.0), ("R@5", -0.25), ("median_rank", 1.0)])
+def test_a_number_changed_in_metrics_json_is_caught_against_the_ranks(compose_cfg, tmp_path, field, change):
+    """metrics.json has no checksum of its own: a bit flipped in a recall (85.5 -> 95.5) went into summary.md with
+    exit 0. Every recorded number the report prints is computed again from the checksummed ranks."""
+    from fusebench.report.runs import scan_runs
+
+    _jobs(compose_cfg, tmp_path / "s", [["fusion=dbsf"], ["fusion=rrf"]])
+    assert len(scan_runs(tmp_path / "s").runs) == 2  # untouched: both reported
+    path = tmp_path / "s" / "0" / "metrics.json"
+    data = json.loads(path.read_text())
+    data["retrievers"]["fused"]["t2i"][field] += change
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    scan = scan_runs(tmp_path / "s")
+    assert [r.path.name for r in scan.runs] == ["1"]
+    assert "metrics.json changed after the run" in scan.failed["0"] and "fused t2i" in scan.failed["0"]
+    report = build_report(tmp_path / "s", draws=100)
+    assert all(r.path.name == "1" for r in report.runs)

@@ -257,6 +257,46 @@ def test_the_current_folder_holding_only_fusebench_outputs_is_a_run_dir(tmp_path
     assert not scan_runs(work).failed and len(scan_runs(work).runs) == 1
 
 
+def test_a_users_file_under_a_plots_name_is_refused_never_overwritten(tmp_path):
+    """A user's file at plots/recall_bars.png was replaced by a rerun (exit 0): the run's plots manifest records
+    each plot's sha256, so only the plots the run drew are its own."""
+    from fusebench.runtime.layout import PLOTS_MANIFEST, plots_manifest_text, read_plots_manifest
+
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    for name in ("recall_bars.png", "paired_gains.png"):
+        (plots / name).write_bytes(b"\x89PNG drawn")
+    from fusebench.stores.files import file_sha256
+
+    (plots / PLOTS_MANIFEST).write_text(plots_manifest_text({n: file_sha256(plots / n) for n in
+                                                             ("recall_bars.png", "paired_gains.png")}))
+    assert rundir.foreign(tmp_path) == []
+    (plots / "recall_bars.png").write_text("my own notes")  # the user's file, under a plot's name
+    assert rundir.foreign(tmp_path) == ["plots/recall_bars.png"]
+    with pytest.raises(FusebenchError, match="plots/recall_bars.png"):
+        rundir.check_outputs(tmp_path)
+    assert (plots / "recall_bars.png").read_text() == "my own notes"
+    (plots / "recall_bars.png").unlink()
+    (plots / "tune_curve.png").write_bytes(b"\x89PNG")  # a plot's name the run did not draw: not its own
+    assert rundir.foreign(tmp_path) == ["plots/tune_curve.png"]
+    (plots / "tune_curve.png").unlink()
+    (plots / PLOTS_MANIFEST).write_text(plots_manifest_text({"paired_gains.png": None}))  # stopped while drawing
+    assert rundir.foreign(tmp_path) == []
+    (plots / PLOTS_MANIFEST).write_text("{}")  # a manifest that is not fusebench's is someone else's file
+    assert PLOTS_MANIFEST in " ".join(rundir.foreign(tmp_path)) and read_plots_manifest(plots) is None
+
+
+@pytest.mark.slow
+def test_a_rerun_refuses_a_user_file_that_replaced_a_plot(tmp_path):
+    assert fusebench(*SMALL, "plots=true", "hydra.run.dir=X", cwd=tmp_path).returncode == 0
+    bars = tmp_path / "X" / "plots" / "recall_bars.png"
+    assert bars.is_file() and (bars.parent / ".fusebench-plots.json").is_file()
+    bars.write_text("my own notes")
+    result = fusebench(*SMALL, "plots=true", "hydra.run.dir=X", cwd=tmp_path)
+    assert result.returncode == 2 and "plots/recall_bars.png" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert bars.read_text() == "my own notes"
+
+
 def test_foreign_recognises_what_fusebench_wrote(tmp_path):
     (tmp_path / "ranks").mkdir()
     (tmp_path / "topk").mkdir()

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from fusebench import FusebenchError
-from fusebench.runtime.layout import OUTPUTS, PLOTS, is_error_file
-from fusebench.stores.files import atomic_save, file_identity
+from fusebench.runtime.layout import OUTPUTS, PLOTS, PLOTS_MANIFEST, is_error_file, read_plots_manifest
+from fusebench.stores.files import atomic_save, file_identity, file_sha256
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into hydra.output_subdir
 FUSEBENCH_GROUPS = frozenset({"models", "fusion", "eval"})  # keys every fusebench job's .hydra/config.yaml has
@@ -193,6 +193,7 @@ def foreign(out_dir: str | Path) -> list[str]:
     damaged = record is None and damaged_record(out_dir)
     checksums = record["files"] if record else {}
     reported = report_files.read_manifest(out_dir) or {}
+    drawn = read_plots_manifest(out_dir / "plots")
     found = []
     for name in OUTPUTS:
         path = out_dir / name
@@ -207,11 +208,24 @@ def foreign(out_dir: str | Path) -> list[str]:
             for file in sorted(path.iterdir()):
                 relative = f"{name}/{file.name}"
                 if name == "plots":
-                    mine = file.name in PLOTS and not report_files.written(out_dir, relative, reported)
+                    mine = _own_plot(file, drawn) and not report_files.written(out_dir, relative, reported)
                 else:
                     mine = relative in checksums or damaged and bool(RUN_FILE_NAMES[name].fullmatch(file.name))
                 found += [] if mine and file.is_file() else [relative]
     return found
+
+
+def _own_plot(file: Path, drawn: dict[str, str | None] | None) -> bool:
+    """Whether ``file`` in plots/ is a plot the run drew: named in the run's plots manifest with its sha256 (or
+    as being drawn, when the run stopped there), or the manifest itself; a plots/ folder without a manifest
+    (written before manifests were kept) by its name alone."""
+    if file.name == PLOTS_MANIFEST:
+        return drawn is not None
+    if drawn is None:
+        return file.name in PLOTS
+    if file.name not in drawn or not file.is_file():
+        return False
+    return drawn[file.name] is None or file_sha256(file) == drawn[file.name]
 
 
 def check_outputs(out_dir: str | Path, key: str = "hydra.run.dir") -> None:

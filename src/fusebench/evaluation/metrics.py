@@ -1,13 +1,20 @@
-"""Per-query ranks of the first correct item, recall@k and median rank. Pure numpy/torch."""
+"""Per-query ranks of the first correct item, recall@k and median rank. Pure numpy/torch (torch is imported
+where a list's ranks are found, so that a report checking recorded numbers against ranks does not load it)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def first_hit_ranks(correct: torch.Tensor) -> np.ndarray:
     """1-based position of the first ``True`` in each row of ``correct`` (queries x list positions); 0 if none."""
+    import torch
+
     width = correct.shape[1]
     pos = torch.where(correct, torch.arange(width, device=correct.device)[None, :], torch.full_like(correct, width, dtype=torch.int64))
     first = pos.min(dim=1).values if width else torch.zeros(correct.shape[0], dtype=torch.int64)
@@ -21,6 +28,8 @@ def t2i_list_ranks(ids: torch.Tensor, caption_image: torch.Tensor) -> np.ndarray
 
 def i2t_list_ranks(ids: torch.Tensor, query_images: torch.Tensor, caption_image: torch.Tensor) -> np.ndarray:
     """Ranks for image queries: any caption of the image is correct."""
+    import torch
+
     owner = torch.where(ids >= 0, caption_image[ids.clamp(min=0)], torch.full_like(ids, -1))
     return first_hit_ranks(owner == query_images[:, None])
 

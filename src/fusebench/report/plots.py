@@ -14,7 +14,7 @@ from fusebench import DIRECTIONS, FUSED
 from fusebench.evaluation.comparisons import level_label
 from fusebench.evaluation.record import RunRecord
 from fusebench.runtime import state
-from fusebench.stores.files import array_digest, atomic_save, file_identity
+from fusebench.stores.files import array_digest, atomic_save, atomic_write_text, file_identity, file_sha256
 
 log = logging.getLogger(__name__)
 DPI = 100
@@ -332,9 +332,21 @@ def scaling_plots(scaling, out: Path) -> list[Path | None]:
 
 
 def run_plots(run_dir: str | Path, record: RunRecord) -> list[Path]:
+    """The run's plots in ``run_dir/plots``, with a manifest of what was drawn (``runtime.layout.PLOTS_MANIFEST``:
+    written before the first plot, each as being drawn, then with every plot's sha256), so that a later run in
+    this dir tells its own plots from a user's file of the same name (refused, never overwritten)."""
+    from fusebench.runtime.layout import PLOTS, PLOTS_MANIFEST, plots_manifest_text
+
     run_dir = Path(run_dir)
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
+    atomic_write_text(out / PLOTS_MANIFEST, plots_manifest_text({name: None for name in sorted(PLOTS)}))
+    made = _draw_run_plots(run_dir, record, out)
+    atomic_write_text(out / PLOTS_MANIFEST, plots_manifest_text({p.name: file_sha256(p) for p in made}))
+    return made
+
+
+def _draw_run_plots(run_dir: Path, record: RunRecord, out: Path) -> list[Path]:
     comparisons = [c.to_json() for c in record.comparisons]  # the rows the run and sweep plots share
     made = [recall_bars(record, out / "recall_bars.png"), recall_curves(run_dir, record, out / "recall_at_k.png"),
             wins_losses(comparisons, out / "wins_losses.png", "the fusion vs each model: wins and losses"),

@@ -12,6 +12,7 @@ so it is not reported as this sweep's result.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,27 @@ class Scan:
     failed: dict[str, str]  # run dir (relative) -> why it is not reported: unfinished, or which file is damaged
 
 
+def _finite(value):
+    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else value
+
+
+def _metrics_problem(record: RunRecord, name: str, direction: str, ranks: np.ndarray) -> str | None:
+    """Why ``record``'s numbers for retriever ``name`` are not those of its (checksummed) ranks, or None: every
+    recall the report prints is read from metrics.json, which no checksum covers, so each is computed again
+    from the ranks and must be the same float (a bit flipped in metrics.json is caught here)."""
+    from fusebench.evaluation.comparisons import direction_metrics  # here: scipy loads only when runs are checked
+
+    recorded, computed = record.retrievers[name].direction(direction), direction_metrics(ranks, record.ks)
+    for k in record.ks:
+        if _finite(recorded.at(k)) != _finite(computed.recall[k]):
+            return (f"metrics.json gives {name} {direction} R@{k} = {recorded.at(k)}, but its ranks give "
+                    f"{computed.recall[k]} (metrics.json changed after the run)")
+    if _finite(recorded.median_rank) != _finite(computed.median_rank) or recorded.n_queries != computed.n_queries:
+        return (f"metrics.json's {name} {direction} median rank or query count is not its ranks' (metrics.json "
+                "changed after the run)")
+    return None
+
+
 def _run_problem(path: Path, record: RunRecord) -> str | None:
     """Why a finished run's files cannot be reported (rank files missing, changed since the run, unreadable or
     of the wrong shape), or None."""
@@ -154,6 +176,9 @@ def _run_problem(path: Path, record: RunRecord) -> str | None:
                 return f"{file.relative_to(path)} is unreadable ({type(err).__name__}: {err})"
             if ranks.ndim != 1 or ranks.dtype.kind not in "iu":
                 return f"{file.relative_to(path)} is not a 1-D integer array (shape {ranks.shape}, {ranks.dtype})"
+            problem = _metrics_problem(record, name, direction, ranks)
+            if problem:
+                return problem
             lengths.add(len(ranks))
         if len(lengths) > 1:
             return f"ranks/*.{direction}.npy have different lengths {sorted(lengths)}"

@@ -4,12 +4,15 @@ told from anyone else's file."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 OUTPUTS = ("metrics.json", "ranks", "topk", "plots", "error.txt")  # what a run writes into its dir
 # the PNGs a run's plots/ holds (fusebench.report.plots.run_plots)
 PLOTS = frozenset({"recall_bars.png", "recall_at_k.png", "wins_losses.png", "paired_gains.png",
                    "score_distributions.png", "corrected_metrics.png", "tune_curve.png"})
+PLOTS_MANIFEST = ".fusebench-plots.json"  # in plots/: each plot the run drew, with its sha256 (null: being drawn)
+PLOTS_FORMAT = "fusebench run plots"
 # the first bytes of an error.txt fusebench writes: a bug's traceback, or a user's mistake in one line
 ERROR_FILE_STARTS = (b"Traceback (most recent call last):", b"fusebench: error: ")
 
@@ -26,3 +29,21 @@ def error_text(message: str | None, trace: str) -> str:
     """What a failed sweep job's error.txt holds: the one-line ``message`` of a user's mistake, else the
     traceback ``trace`` (a bug)."""
     return f"fusebench: error: {message}\n" if message else trace
+
+
+def read_plots_manifest(plots_dir: Path) -> dict[str, str | None] | None:
+    """The plots a run drew in ``plots_dir`` (name -> sha256, None while it was being drawn), or None when the
+    folder holds no manifest fusebench wrote (a run dir written before manifests were kept, or none at all)."""
+    try:
+        data = json.loads((Path(plots_dir) / PLOTS_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    plots = data.get("plots") if isinstance(data, dict) and data.get("format") == PLOTS_FORMAT else None
+    if not isinstance(plots, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, str))
+                                              for k, v in plots.items()):
+        return None
+    return plots
+
+
+def plots_manifest_text(plots: dict[str, str | None]) -> str:
+    return json.dumps({"format": PLOTS_FORMAT, "plots": plots}, indent=1, sort_keys=True) + "\n"
