@@ -69,7 +69,7 @@ def test_an_engine_run_records_parity_and_leaves_no_database(compose_cfg, tmp_pa
     assert (kept_out / "engine_db" / "t2i").is_dir() and kept.search.engine["t2i"].latency_ms_median is None
 
 
-@pytest.mark.parametrize("put", ["file", "nested", "folder", "unmarked"])
+@pytest.mark.parametrize("put", ["file", "nested", "folder", "unmarked", "in kept t2i", "folder in kept i2t", "seal"])
 def test_a_users_file_in_engine_db_is_refused_and_kept(compose_cfg, tmp_path, put, monkeypatch):
     """fusebench removes only the engine folders it marked; anything else there stops the run before any work."""
     from fusebench import FusebenchError
@@ -89,6 +89,16 @@ def test_a_users_file_in_engine_db_is_refused_and_kept(compose_cfg, tmp_path, pu
         fresh_workdir(out, "t2i")
         (root / "i2t").mkdir()  # a direction's name, but not a folder fusebench made
         mine = root / "i2t" / "keep.txt"
+    elif put in ("in kept t2i", "folder in kept i2t", "seal"):  # a database kept by search.keep_db, sealed
+        from fusebench.app.engine_dirs import SEAL, seal
+
+        for direction in ("t2i", "i2t"):
+            folder = fresh_workdir(out, direction)
+            (folder / "collection").mkdir()
+            (folder / "collection" / "storage.sqlite").write_text("the engine's")
+            seal(folder)
+        mine = {"in kept t2i": root / "t2i" / "notes.txt", "folder in kept i2t": root / "i2t" / "mine" / "f",
+                "seal": root / "t2i" / SEAL}[put]
     else:
         root.mkdir(parents=True)  # no marker: not fusebench's
         mine = root / "t2i" / "collection.db"
@@ -141,3 +151,16 @@ def test_an_engine_keyed_by_document_marks_each_entry_with_its_model(compose_cfg
     assert same.mean() > 0.99 and (engine["contributors"][same] == exact["contributors"][same]).all()
     assert set(np.unique(engine["contributors"])) <= {1, 2}
     assert record.search.parity["t2i"].identical_top10 >= 0.99 and record.search.depth == 20
+
+
+def test_a_sealed_database_left_as_the_engine_left_it_is_removed_and_rebuilt(tmp_path):
+    from fusebench.app.engine_dirs import check_engine_dir, fresh_workdir, seal
+
+    out = tmp_path / "run"
+    folder = fresh_workdir(out, "t2i")
+    (folder / "collection").mkdir()
+    (folder / "collection" / "storage.sqlite").write_text("the engine's")
+    seal(folder)
+    check_engine_dir(out)  # only what the engine left: fusebench's to remove
+    again = fresh_workdir(out, "t2i")
+    assert again == folder and not (folder / "collection").exists()

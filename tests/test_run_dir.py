@@ -659,3 +659,26 @@ def test_a_sweep_without_jobs_is_refused(tmp_path, override):
     assert not (tmp_path / "S").exists()
     if override.startswith("fusion="):
         assert "rrf" in line  # the group's options
+
+
+@pytest.mark.slow
+def test_a_job_refused_for_a_users_error_txt_is_reported_as_failed(tmp_path):
+    """A user's error.txt in a job dir refuses the job (never overwritten); the sweep's report and a later
+    fusebench-report list the job as failed and leave the earlier run's results out, not report them as this
+    sweep's."""
+    assert fusebench("-m", *SMALL, "fusion=dbsf,rrf", "hydra.sweep.dir=S", cwd=tmp_path).returncode == 0
+    (tmp_path / "S" / "1" / "error.txt").write_text("my notes")
+    result = fusebench("-m", *SMALL, "fusion=dbsf,sum", "hydra.sweep.dir=S", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "is not fusebench's, so it was left as it is" in result.stderr
+    assert (tmp_path / "S" / "1" / "error.txt").read_text() == "my notes"
+    summary = (tmp_path / "S" / "summary.md").read_text()
+    assert "fused rrf" not in summary and "job 1 failed" in summary
+    report = subprocess.run([str(Path(sys.executable).with_name("fusebench-report")), "S"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert "fused rrf" not in (tmp_path / "S" / "summary.md").read_text()
+    # the sweep run again with nothing refused: the job is finished again, reported
+    (tmp_path / "S" / "1" / "error.txt").unlink()
+    assert fusebench("-m", *SMALL, "fusion=dbsf,sum", "hydra.sweep.dir=S", cwd=tmp_path).returncode == 0
+    assert "fused sum" in (tmp_path / "S" / "summary.md").read_text()

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError
-from fusebench.app.engine_dirs import ENGINE_DIR, fresh_workdir, remove_engine_dir, remove_workdir
+from fusebench.app.engine_dirs import ENGINE_DIR, fresh_workdir, remove_engine_dir, remove_workdir, seal
 from fusebench.app.retrieval import ListSource, RankedLists, SearchSettings, exact_lists, list_depth, retrieve
 from fusebench.config.search import SearchConfig
 from fusebench.encoders.base import ModelEmbeddings
@@ -152,6 +152,8 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
         finally:
             if not config.keep_db:
                 remove_workdir(workdir)
+        if config.keep_db:  # what the engine wrote, so that a file put there later is never taken for it
+            seal(workdir)
         notes += [n for n in out.notes if n not in notes]
         for m in models:
             ids, scores = out.singles[m.name]

@@ -330,6 +330,7 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
     from fusebench.app import rundir
     from fusebench.app.callback import SweepReport, job_ended, job_started
     from fusebench.config.run import run_config
+    from fusebench.report.runs import mark_failed
     from fusebench.runtime import layout
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
@@ -346,12 +347,15 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
         message = user_error_message(err)  # None: a bug (or HYDRA_FULL_ERROR=1), shown with its traceback
         if multirun and isinstance(err, Exception):  # one failed job must not stop the others
             SweepReport.jobs_failed.append(os.path.relpath(out_dir, os.path.abspath(hydra_cfg.sweep.dir)))
+            mark_failed(hydra_cfg.sweep.dir, out_dir)  # every report of the sweep lists it as failed
             error_file = Path(out_dir, "error.txt")
-            if not os.path.lexists(error_file) or layout.is_error_file(error_file):  # never someone else's
+            ours = not os.path.lexists(error_file) or layout.is_error_file(error_file)  # never someone else's
+            if ours:
                 error_file.write_text(layout.error_text(message, "".join(traceback.format_exception(err))),
                                       encoding="utf-8")
             shown = message or (os_error_message(err) if is_environment(err) else err)
-            print(f"fusebench: job {hydra_cfg.job.num} failed: {shown} (see {error_file})", file=sys.stderr)
+            where = f"see {error_file}" if ours else f"{error_file} is not fusebench's, so it was left as it is"
+            print(f"fusebench: job {hydra_cfg.job.num} failed: {shown} ({where})", file=sys.stderr)
             return
         if message is not None:  # handled here, so Hydra adds no "Error executing job" line of its own
             _fail(message)

@@ -3,11 +3,15 @@
 fusebench writes a marker file (``MARKER``) into ``engine_db/`` and into each direction's folder when it creates
 them; the engine writes its database inside the direction folders. fusebench removes only folders that carry its
 marker (a killed run's leftovers, a database kept by ``search.keep_db``); anything else under ``engine_db/`` (a
-user's file or folder, a folder without the marker) is refused before any work, naming it, and never removed.
+user's file or folder, a folder without the marker) is refused before any work, naming it, and never removed. A
+kept database is sealed when its engine finishes (``SEAL``: every path the engine left in the folder): a file or
+folder put into it afterwards is someone else's, refused the same way (a folder a killed run left, unsealed, is
+the engine's alone).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -18,6 +22,8 @@ from fusebench import DIRECTIONS, FusebenchError
 ENGINE_DIR = "engine_db"  # under the run dir: the engine's database while the run uses it
 MARKER = ".fusebench-engine-db"
 MARKER_TEXT = "fusebench engine database folder: fusebench made it and removes it (search.keep_db keeps it)\n"
+SEAL = ".fusebench-engine-files"  # in a kept direction folder: every path the engine left there, once it finished
+SEAL_FORMAT = "fusebench engine files"
 log = logging.getLogger(__name__)
 
 
@@ -29,6 +35,40 @@ def _marked(folder: Path) -> bool:
             and marker.read_text(encoding="utf-8") == MARKER_TEXT
     except (OSError, UnicodeDecodeError):
         return False
+
+
+def _listing(folder: Path) -> list[str]:
+    """Every path under ``folder`` (relative, '/'-separated), fusebench's own marker and seal aside."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.name not in (MARKER, SEAL)
+                  or p.parent != folder)
+
+
+def seal(folder: Path) -> None:
+    """Record what the engine left in its finished direction folder (``search.keep_db``)."""
+    (folder / SEAL).write_text(json.dumps({"format": SEAL_FORMAT, "paths": _listing(folder)}) + "\n",
+                               encoding="utf-8")
+
+
+def _sealed(folder: Path) -> set[str] | None:
+    """The paths the seal of ``folder`` records, or None when it has none (or one fusebench did not write)."""
+    try:
+        data = json.loads((folder / SEAL).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    paths = data.get("paths") if isinstance(data, dict) and data.get("format") == SEAL_FORMAT else None
+    return set(paths) if isinstance(paths, list) and all(isinstance(p, str) for p in paths) else None
+
+
+def _added(folder: Path) -> Path | None:
+    """The first path in a sealed direction folder that its engine did not leave there (a seal that is not
+    fusebench's counts as such a path), or None."""
+    if not os.path.lexists(folder / SEAL):
+        return None
+    sealed = _sealed(folder)
+    if sealed is None:
+        return folder / SEAL
+    extra = [p for p in _listing(folder) if p not in sealed]
+    return folder / extra[0] if extra else None
 
 
 def foreign_entry(out_dir: str | Path) -> Path | None:
@@ -45,6 +85,9 @@ def foreign_entry(out_dir: str | Path) -> Path | None:
             continue
         if entry.name not in DIRECTIONS or not _marked(entry):
             return entry
+        added = _added(entry)
+        if added is not None:
+            return added
     return None
 
 

@@ -111,6 +111,33 @@ def write_jobs(sweep_dir: str | Path, jobs: list[dict]) -> bool:
     return True
 
 
+def mark_failed(sweep_dir: str | Path, job_dir: str | Path) -> None:
+    """Record in the sweep's multirun_jobs.json that the job of ``job_dir`` failed in this sweep, so that any
+    report (the sweep's own, a later fusebench-report) lists it as failed, even when its dir still holds an
+    earlier run's results and no error.txt of fusebench's (a user's file of that name is never overwritten)."""
+    path = Path(sweep_dir) / JOBS_FILE
+    jobs = read_jobs(path)
+    if not jobs:
+        return
+    target = Path(job_dir).resolve()
+    changed = False
+    for job in jobs:
+        if (Path(sweep_dir) / job["dir"]).resolve() == target and not job.get("failed"):
+            job["failed"], changed = True, True
+    if changed:
+        write_jobs(sweep_dir, jobs)
+
+
+def failed_jobs(folder: Path) -> dict[Path, dict]:
+    """The job dirs (resolved) that the sweeps below ``folder`` recorded as failed, with their job entries."""
+    out = {}
+    for jobs_file in sorted(folder.rglob(JOBS_FILE)):
+        for job in read_jobs(jobs_file) or []:
+            if job.get("failed") is True:
+                out[(jobs_file.parent / job["dir"]).resolve()] = job
+    return out
+
+
 def missing_jobs(folder: Path, found: set[Path]) -> dict[str, str]:
     """Jobs that the sweeps below ``folder`` launched (their multirun_jobs.json) whose dir is not among ``found``
     (the run dirs scanned): deleted, moved, or not started yet; label -> why."""
@@ -213,9 +240,15 @@ def scan_runs(folder: str | Path) -> Scan:
     candidates = sorted({p.parent.parent for p in folder.rglob(".hydra/config.yaml")}
                         | {p.parent for p in folder.rglob("metrics.json")}
                         | {p.parent for p in folder.rglob("error.txt") if _failed_job(p.parent)})
+    failed_here = failed_jobs(folder)
     for path in candidates:
         label = str(path.relative_to(folder)) or "."
         metrics_path = path / "metrics.json"
+        if path.resolve() in failed_here:
+            failed[label] = (f"the sweep's job {failed_here[path.resolve()].get('job')} failed"
+                             + ("; its dir still holds an earlier run's results, not reported"
+                                if os.path.lexists(metrics_path) else ""))
+            continue
         if _failed_job(path) and os.path.lexists(metrics_path):
             failed[label] = ("the job failed (see error.txt); its dir still holds an earlier run's results, "
                              "not reported")

@@ -20,6 +20,7 @@ of the sweep share one (they would overwrite each other's results), or when one 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
@@ -105,6 +106,13 @@ def record_jobs(jobs: list[dict], batch: Sequence[Sequence[str]], first_job: int
         jobs.append({"job": first_job + i, "dir": os.path.relpath(path, base), "overrides": list(overrides)})
     if sweep_dir is None:
         return
+    if first_job > 0:  # the jobs of earlier batches that failed (report.runs.mark_failed) stay marked
+        from fusebench.report.runs import read_jobs
+
+        failed = {j["dir"] for j in read_jobs(Path(str(sweep_dir)) / JOBS_FILE) or [] if j.get("failed") is True}
+        for job in jobs:
+            if job["dir"] in failed:
+                job["failed"] = True
     try:
         if not write_jobs(sweep_dir, jobs):
             logging.getLogger(__name__).warning("%s in the sweep dir is not fusebench's: left as it is (a report "
