@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from fusebench import FusebenchError
+from fusebench.runtime.arguments import OneLineParser
 from fusebench.stores.embeddings import EmbeddingCache
 from fusebench.stores.entries import matching, remove_entry
 from fusebench.stores.indexes import IndexStore
@@ -88,6 +89,11 @@ def default_cache_dir() -> str:
     else:
         with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
             cfg = compose(config_name="config")
+    root = cfg.paths.output_dir
+    if isinstance(root, str) and not root.strip():  # as the fusebench command refuses it (app.callback.ROOTS)
+        raise FusebenchError("paths.output_dir is empty (FUSEBENCH_OUTPUT set to nothing), so the default cache "
+                             f"would be {cfg.embed.cache.dir} at the filesystem root; unset FUSEBENCH_OUTPUT or set it "
+                             "to a folder, or give --dir FOLDER")
     return str(cfg.embed.cache.dir)
 
 
@@ -102,7 +108,7 @@ def listed(stores, verify: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fusebench-cache", description=__doc__,
+    parser = OneLineParser(prog="fusebench-cache", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default=None, help="cache folder (default: embed.cache.dir, as runs use it)")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -190,11 +190,21 @@ class SweepReport(Callback):
 
     def __init__(self, draws: int = 2000, seed: int = 0, level: float = 0.95):
         self.draws, self.seed, self.level = draws, seed, level
+        self.bad_draws = None  # a report with unbounded draws would never end: refused when the sweep ends
+        try:
+            from fusebench.config.schema import check_draws
+
+            check_draws(draws, "eval.bootstrap.draws")
+        except Exception as err:  # noqa: BLE001 - each job refuses the same value on its own, in one line
+            self.bad_draws = str(err)
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         from fusebench.app import rundir
 
         _check_roots(config)
+        given = _value(config, "hydra.run.dir")
+        if isinstance(given, str) and given.strip():
+            rundir.note_if_fresh(given)  # before its check creates it: a refused config then leaves no run dir
         folder = _check_dir(config, "hydra.run.dir")
         if folder is not None:
             rundir.keep_earlier_config(folder, config.hydra.output_subdir)
@@ -205,6 +215,8 @@ class SweepReport(Callback):
         SweepReport.jobs_failed = []
         SweepReport.job_dirs = {}
         _check_roots(config)
+        if self.bad_draws and SweepReport.kind == "run":  # before any job: its report could not end
+            raise RunDirRefused(self.bad_draws)
         _check_subdir(config)
         _check_jobs(config)
         folder = SweepReport.sweep_dir = _check_dir(config, "hydra.sweep.dir")

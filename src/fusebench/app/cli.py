@@ -358,6 +358,7 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
             print(f"fusebench: job {hydra_cfg.job.num} failed: {shown} ({where})", file=sys.stderr)
             return
         if message is not None:  # handled here, so Hydra adds no "Error executing job" line of its own
+            rundir.remove_if_fresh(out_dir, hydra_cfg.output_subdir)  # a mistake leaves nothing behind
             _fail(message)
         raise
     finally:

@@ -358,3 +358,42 @@ def restore_earlier_config(run_dir: str | Path) -> bool:
 def forget(run_dir: str | Path) -> None:
     """The run in ``run_dir`` wrote its outputs: its earlier run's Hydra files are not needed."""
     _EARLIER.pop(Path(run_dir).resolve(), None)
+
+
+_FRESH: dict[Path, set[str] | None] = {}  # run dir -> what it held when this process's run started (None: absent)
+
+
+def note_if_fresh(run_dir: str | Path) -> None:
+    """Remember what ``run_dir`` holds before Hydra writes into it (nothing: it does not exist yet)."""
+    path = Path(run_dir).resolve()
+    try:
+        _FRESH[path] = {p.name for p in path.iterdir()} if path.is_dir() else None if not os.path.lexists(path) else set()
+    except OSError:
+        _FRESH.pop(path, None)
+
+
+def remove_if_fresh(run_dir: str | Path, subdir: str | None = ".hydra") -> bool:
+    """After a refused config: remove what this run put into ``run_dir`` when it is only what Hydra writes there
+    (its config folder and fusebench.log, neither there before), and the dir itself when the run created it,
+    so that a mistake leaves nothing behind. Returns whether it removed anything."""
+    path = Path(run_dir).resolve()
+    if path not in _FRESH or not path.is_dir():
+        return False
+    before = _FRESH.pop(path)
+    new = {p.name for p in path.iterdir()} - (before or set())
+    ours = {name for name in ("fusebench.log", subdir) if name}
+    if not new or not new <= ours:
+        return False
+    hydra = path / subdir if subdir else None
+    if hydra is not None and subdir in new:
+        if not hydra.is_dir() or {p.name for p in hydra.iterdir()} - set(HYDRA_FILES) or \
+                any(p.is_dir() for p in hydra.iterdir()):
+            return False
+        for name in HYDRA_FILES:
+            (hydra / name).unlink(missing_ok=True)
+        hydra.rmdir()
+    if "fusebench.log" in new and (path / "fusebench.log").is_file():
+        (path / "fusebench.log").unlink()
+    if before is None and not any(path.iterdir()):
+        path.rmdir()
+    return True

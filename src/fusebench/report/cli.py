@@ -4,9 +4,11 @@ that fusebench did not write is never replaced: exit 2, one line naming it."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+from fusebench import FusebenchError
+from fusebench.runtime.arguments import OneLineParser
 
 
 def _error(message: str) -> int:
@@ -15,7 +17,7 @@ def _error(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fusebench-report", description=__doc__)
+    parser = OneLineParser(prog="fusebench-report", description=__doc__)
     parser.add_argument("sweep_dir", help="a multirun dir, or any folder holding run dirs (a run dir too)")
     parser.add_argument("--out", default=None,
                         help="the folder to write the report into (default: the sweep dir itself); created if missing")
@@ -33,8 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     out = folder if args.out is None else Path(args.out)
     if not 0 < args.level < 1:
         return _error(f"--level={args.level} is not valid; valid: a number in (0, 1), e.g. 0.95")
-    if args.draws < 1:
-        return _error(f"--draws={args.draws} is not valid; valid: an integer >= 1")
+    from fusebench.config.schema import check_draws
+
+    try:
+        check_draws(args.draws, "--draws")
+    except FusebenchError as err:
+        return _error(str(err))
     if not folder.is_dir():
         return _error(f"{folder} is not a folder")
     if out.exists() and not out.is_dir():
@@ -49,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         return _error(f"{err}: move it away, or write the report into another folder with --out FOLDER")
     scan = scan_runs(folder)
     if not scan.runs:
+        first = next(iter(scan.failed.items()), None)
         return _error(f"no finished runs (a run dir with a readable metrics.json) below {folder}"
-                      + "".join(f"\n  {name}: {why}" for name, why in scan.failed.items()))
+                      + ("" if first is None else f"; {len(scan.failed)} not reported, the first {first[0]}: {first[1]}"))
     try:
         write_report(folder, draws=args.draws, seed=args.seed, level=args.level, scan=scan, out=out)
     except ReportBlocked as err:  # appeared while the report was drawn

@@ -72,7 +72,9 @@ def wilson(p_percent: float, n: int, level: float = 0.95) -> tuple[float, float]
     p = p_percent / 100
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return 100 * (centre - half), 100 * (centre + half)
+    # the interval holds p (and lies in [0, 100]); rounding put its end a hair inside p at p = 1 (R@k = 100%),
+    # which made the recall plot's error bar negative and lost every plot of the run
+    return float(min(100 * (centre - half), p_percent)), float(max(100 * (centre + half), p_percent))
 
 
 def recall_bars(record: RunRecord, path: Path) -> Path:

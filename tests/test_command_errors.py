@@ -1,0 +1,90 @@
+"""The commands' bad input (issue 29's second probe): one line, exit 2, nothing left behind, never a hang."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+SIM = ["dataset.n_images=100", "dataset.n_captions=300", "logger=none", "plots=false"]
+
+
+def command(name, *args, cwd, env=None, timeout=120):
+    return subprocess.run([str(BIN / name), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def one_line_error(done, *fragments):
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1, done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args,fragment", [
+    ([], "the following arguments are required: sweep_dir"),
+    (["S", "--bogus"], "unrecognized arguments: --bogus"),
+    (["S", "--draws", "abc"], "--draws: invalid int value: 'abc'"),
+    (["S", "--draws", "1000000000"], "valid: 1..100,000"),
+    (["S", "--draws", "0"], "--draws=0 is not valid"),
+])
+def test_report_argument_mistakes_are_one_line(tmp_path, args, fragment):
+    (tmp_path / "S").mkdir()
+    one_line_error(command("fusebench-report", *args, cwd=tmp_path, timeout=60), fragment)
+
+
+def test_a_report_of_no_finished_run_is_one_line(tmp_path):
+    (tmp_path / "S" / "0").mkdir(parents=True)
+    (tmp_path / "S" / "0" / "metrics.json").write_text("{")
+    one_line_error(command("fusebench-report", "S", cwd=tmp_path), "no finished runs", "1 not reported")
+
+
+def test_bootstrap_draws_are_bounded_before_any_work(tmp_path):
+    """eval.bootstrap.draws=1e9 ran for minutes on 200 images: refused, for a run and for a sweep (whose report
+    would draw as many), before any job."""
+    one_line_error(command("fusebench", *SIM, "eval.bootstrap.draws=1000000000", "hydra.run.dir=R", cwd=tmp_path),
+                   "eval.bootstrap.draws=1000000000", "1..100,000")
+    one_line_error(command("fusebench", "-m", *SIM, "eval.bootstrap.draws=1000000000", "fusion=dbsf,rrf",
+                           "hydra.sweep.dir=S", cwd=tmp_path), "eval.bootstrap.draws=1000000000")
+    assert not (tmp_path / "S").exists() and not (tmp_path / "R").exists()
+
+
+def test_an_empty_fusebench_output_is_refused_by_the_cache_command(tmp_path):
+    """FUSEBENCH_OUTPUT= put fusebench-cache's default at /cache, and clear --yes went there."""
+    for args in (["clear", "--yes"], ["list"]):
+        one_line_error(command("fusebench-cache", *args, cwd=tmp_path, env={"FUSEBENCH_OUTPUT": ""}),
+                       "paths.output_dir is empty", "--dir")
+
+
+def test_a_refused_config_leaves_nothing_behind(tmp_path):
+    one_line_error(command("fusebench", *SIM, "fusion.rrf_k=-1", "hydra.run.dir=fresh", cwd=tmp_path), "fusion.rrf_k")
+    assert not (tmp_path / "fresh").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    one_line_error(command("fusebench", *SIM, "search=faiss_flat", "search.nprobe=8", "hydra.run.dir=mine",
+                           cwd=tmp_path), "search.nprobe=8")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+def test_wilson_intervals_hold_the_recall_at_the_ends():
+    """At R@k = 100% rounding put the interval's end a hair below 100: the recall plot's error bar was negative
+    and every plot of the run was lost."""
+    from fusebench.report.plots import wilson
+
+    for n in range(1, 3000, 7):
+        low, high = wilson(100.0, n)
+        assert low <= 100.0 <= high <= 100.0 + 1e-9
+        low, high = wilson(0.0, n)
+        assert -1e-9 <= low <= 0.0 <= high
+
+
+@pytest.mark.slow
+def test_a_run_with_recall_100_draws_every_plot(tmp_path):
+    done = command("fusebench", "dataset.n_images=100", "dataset.n_captions=300", "logger=none", "plots=true",
+                   "eval.ks=[1,50]", "eval.bootstrap.draws=50", "hydra.run.dir=R", cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "could not draw plots" not in done.stderr
+    assert (tmp_path / "R" / "plots" / "recall_bars.png").is_file()
