@@ -55,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         return _error(f"{err}: move it away, or write the report into another folder with --out FOLDER")
     scan = scan_runs(folder)
     if not scan.runs:
-        first = next(iter(scan.failed.items()), None)
+        shown = [f"{name}: {why}" for name, why in list(scan.failed.items())[:3]]
+        more = f"; and {len(scan.failed) - 3} more" if len(scan.failed) > 3 else ""
         return _error(f"no finished runs (a run dir with a readable metrics.json) below {folder}"
-                      + ("" if first is None else f"; {len(scan.failed)} not reported, the first {first[0]}: {first[1]}"))
+                      + (f"; {len(scan.failed)} not reported ({'; '.join(shown)}{more})" if shown else ""))
     try:
         write_report(folder, draws=args.draws, seed=args.seed, level=args.level, scan=scan, out=out)
     except ReportBlocked as err:  # appeared while the report was drawn
