@@ -5,9 +5,30 @@ from helpers.reference import fuse_one_query
 from helpers.tiers import fast_first
 
 from fusebench import FusebenchError
-from fusebench.fusion.combine import fuse, fuse_in_blocks
+from fusebench.fusion.combine import fuse, fuse_in_blocks, plain_evidence
 from fusebench.fusion.config import COMBINES, FUSE_ON, MEANS, METHODS, FusionConfig
-from fusebench.fusion.normalisers import EVIDENCE, dbsf_evidence, minmax_evidence, rrf_evidence, zscore_evidence
+from fusebench.fusion.methods import REGISTRY
+
+
+def _evidence(method, scores, valid, **settings):
+    """A method's evidence for each list, through the path fusion runs (the registry's method, by its kind)."""
+    return plain_evidence(scores, valid, FusionConfig(method=method, **settings))
+
+
+def dbsf_evidence(scores, valid, ddof):
+    return _evidence("dbsf", scores, valid, ddof=ddof)
+
+
+def minmax_evidence(scores, valid):
+    return _evidence("minmax", scores, valid)
+
+
+def zscore_evidence(scores, valid, ddof):
+    return _evidence("zscore", scores, valid, ddof=ddof)
+
+
+def rrf_evidence(scores, valid, rrf_k):
+    return _evidence("rrf", scores, valid, rrf_k=rrf_k)
 
 FUSING = [m for m in METHODS if m != "none"]
 
@@ -153,11 +174,11 @@ def test_weights_scale_evidence():
 
 
 def test_every_method_has_evidence():
-    assert set(EVIDENCE) == set(FUSING)
+    assert set(REGISTRY) == set(FUSING)
 
 
 @pytest.mark.parametrize("kwargs,fragment", [
-    ({"method": "condorcet"}, "valid: none, rrf, dbsf, sum, minmax, zscore"),
+    ({"method": "condorcet"}, "valid: none, sum, minmax, zscore, isr, rrf, dbsf, l2, borda, rbc"),
     ({"score_map": "exp"}, "fusion.score_map"),
     ({"floor": "low"}, "fusion.floor"),
     ({"method": "borda", "combine": "max"}, "combine=sum"),

@@ -57,7 +57,7 @@ def test_sim_defaults_land_near_article_and_fusion_helps(compose_cfg, tmp_path):
 @pytest.mark.parametrize("overrides,fragment", [
     (["fusion.top_k=5"], "fusion.top_k=5 is below the largest eval.ks"),
     (["fusion.final_top_k=3"], "fusion.final_top_k=3 is below the largest eval.ks"),
-    (["fusion.method=condorcet"], "valid: none, rrf, dbsf, sum, minmax, zscore"),
+    (["fusion.method=condorcet"], "valid: none, sum, minmax, zscore, isr, rrf, dbsf, l2, borda, rbc"),
     (["fusion.fuse_on=pixel"], "valid: document, source_object"),
     (["+fusion.colour=red"], "fusion: unknown key"),
     (["models=[]"], "no models selected"),

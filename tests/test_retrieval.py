@@ -11,7 +11,7 @@ from fusebench.fusion.whole_rankings import _read_ahead
 from fusebench.search import model_lists
 
 N_IMAGES = 23
-METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore", "l2"]
+METHODS = ["rrf", "dbsf", "sum", "minmax", "zscore", "l2", "rbc"]
 
 
 def _case(seed: int, n_images: int, distractors: list[int]):

@@ -21,9 +21,9 @@ import torch
 from fusebench import DIRECTIONS, FUSED, FusebenchError
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
+from fusebench.fusion import methods as registry
 from fusebench.fusion.combine import fuse_in_blocks
 from fusebench.fusion.config import RANK_METHODS, FusionConfig
-from fusebench.fusion.normalisers import MOMENT_METHODS
 from fusebench.fusion.whole_rankings import DenseSide, RowBlocks, correct_items, dense_fuse
 from fusebench.search.exact import float_rows
 from fusebench.search.model_lists import ModelLists, compute_model_lists, full_rows, tiles
@@ -232,7 +232,7 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
                              "in memory: set fusion.top_k (e.g. 100).")
     i2t_correct = correct_items(caption_image, query_images.numpy())
     sorts = fusion.method in RANK_METHODS and fusion.fuse_on == "source_object"  # the whole-row order of each model
-    ddof = fusion.ddof if fusion.method in MOMENT_METHODS else None  # each row's mean and sd
+    ddof = fusion.ddof if fusion.method != "none" and registry.method(fusion.method).moments else None  # rows' mean, sd
     rows, beside = zip(*(score_rows(m, caption_image, query_images.numpy(), settings, source, sorts, ddof)
                          for m in models))
 

@@ -146,7 +146,7 @@ def spec_from_json(data, where: str) -> ModelRecord | FusionRecord:
     return FusionRecord.from_json(data, where) if data.get("kind") == "fusion" else ModelRecord(data)
 
 
-LATER_SETTINGS = {"ties": "first"}  # fusion settings added after records existed: written only when not the default
+LATER_SETTINGS = {"ties": "first", "params": {}}  # fusion settings added after records existed: written only when not the default
 
 
 def fusion_to_json(fusion: FusionConfig) -> dict:

@@ -17,9 +17,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from fusebench import FusebenchError
-from fusebench.fusion.config import FUSE_ON, HOLDER_MEANS, RANK_METHODS, FusionConfig
-from fusebench.fusion.normalisers import AFFINE, EVIDENCE, RowAffine, _ranks, affine_evidence, borda_absent_points, map_scores
+from fusebench.fusion import methods as registry
+from fusebench.fusion.config import HOLDER_MEANS, FusionConfig
+from fusebench.fusion.methods._ranks import absent_points
+from fusebench.fusion.normalisers import RowAffine, _ranks, affine_evidence, map_scores
 from fusebench.search import topk_kernels
 from fusebench.search.exact import sort_desc_with_tiebreak, sort_rows
 
@@ -28,7 +29,7 @@ def method_rows(scores: torch.Tensor, valid: torch.Tensor | None, config: Fusion
                 moments: torch.Tensor | None = None) -> RowAffine:
     """The method's per-row affine map, with ``config.flat_score`` for flat lists where set (``moments``: whole
     rows' stored mean and sd, for the methods that use them)."""
-    rows = AFFINE[config.method](scores, valid, ddof=config.ddof, moments=moments)
+    rows = registry.method(config.method).evidence(scores, valid, config, moments)
     return rows if config.flat_score is None else replace(rows, flat_value=float(config.flat_score))
 
 
@@ -131,17 +132,20 @@ def _rank_weighted_rrf(scores: torch.Tensor, config: FusionConfig, weight: float
 
 def plain_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig, offset: int = 0,
                    candidates: torch.Tensor | None = None) -> torch.Tensor:
-    """One model's unweighted evidence: the engine's score map, the method (its flat value as configured),
-    then the floor."""
-    method = config.method
+    """One model's unweighted evidence, by its method's kind (:mod:`fusebench.fusion.methods`): a rank method's
+    evidence at each list position; else the engine's score map, then the method's affine map (its flat value as
+    configured) or its general score map; then the floor."""
+    spec = registry.method(config.method)
     if valid is not None and scores.device.type == "cpu" and bool(valid.all()):
         valid = None  # full lists (the usual case): whole-row statistics, one numba pass per moment
-    if method in RANK_METHODS:
-        evidence = EVIDENCE[method](scores, valid, rrf_k=config.rrf_k, offset=_rank_offset(config, offset),
-                                    candidates=candidates)
-    else:
+    if spec.kind == "rank":  # Borda-like points count candidates, never the lists before (rrf_ranks)
+        ranks = _ranks(scores, 0 if spec.candidates else _rank_offset(config, offset))[None, :]  # (1, k)
+        evidence = spec.evidence(ranks, config, candidates).expand_as(scores).clone()
+    elif spec.kind == "affine":
         mapped = map_scores(scores, config.score_map)
-        evidence = mapped.clone() if method == "sum" else affine_evidence(mapped, method_rows(mapped, valid, config))
+        evidence = affine_evidence(mapped, method_rows(mapped, valid, config))
+    else:
+        evidence = spec.evidence(map_scores(scores, config.score_map), valid, config)
     if config.floor is not None:
         evidence = torch.where(evidence <= 0, torch.tensor(float(config.floor), dtype=evidence.dtype), evidence)
     return evidence
@@ -151,8 +155,8 @@ _KERNEL_COMBINES = {"sum": topk_kernels.COMBINE_SUM, "max": topk_kernels.COMBINE
 
 
 def _kernel_combines(config: FusionConfig, all_ids: torch.Tensor) -> bool:
-    return (all_ids.device.type == "cpu" and config.combine in _KERNEL_COMBINES and config.method != "borda"
-            and all_ids.numel() > 0)
+    return (all_ids.device.type == "cpu" and config.combine in _KERNEL_COMBINES
+            and not registry.method(config.method).candidates and all_ids.numel() > 0)
 
 
 def _weighted_lists(ids, scores, weights, offsets, config: FusionConfig) -> torch.Tensor:
@@ -191,10 +195,7 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConf
     if config.ties == "id":
         every = fuse(ids, scores, replace(config, ties="first"), sum(t.shape[1] for t in ids), weights)
         return ties_by_id(every, final_k)
-    if method not in EVIDENCE:
-        raise FusebenchError(f"fusion method {method!r} cannot fuse; valid: {', '.join(EVIDENCE)}.")
-    if fuse_on not in FUSE_ON:
-        raise FusebenchError(f"fuse_on={fuse_on!r} is not valid; valid: {', '.join(FUSE_ON)}.")
+    counts = registry.method(method).candidates  # FusionConfig checked the method and the key
     weights = [1.0] * n_models if weights is None else list(weights)
     all_ids = torch.cat(ids, dim=1)
     offsets = [sum(t.shape[1] for t in ids[:m]) for m in range(n_models)]
@@ -206,7 +207,7 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConf
         out_scores, out_positions = sort_desc_with_tiebreak(fused)
     else:
         sorted_ids, positions, first, pad = _group_by_id(all_ids)
-        candidates = (first & (sorted_ids != pad)).sum(dim=1, keepdim=True) if method == "borda" else None
+        candidates = (first & (sorted_ids != pad)).sum(dim=1, keepdim=True) if counts else None
         plain = torch.cat([plain_evidence(s.to(torch.float32), i >= 0, config, o, candidates)
                            for i, s, o in zip(ids, scores, offsets)], dim=1)
         entry_weights = torch.cat([torch.full_like(s, w, dtype=torch.float32) for s, w in zip(scores, weights)], dim=1)
@@ -214,9 +215,9 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConf
         weighted = _weighted_lists(ids, scores, weights, offsets, config) if rank_weighted else plain * entry_weights
         total, by_id = _combine_by_id(sorted_ids, lambda t: t.gather(1, positions), weighted, plain, entry_weights,
                                       bits, n_models, config)
-        if method == "borda":  # the points of the lists that lack the id
+        if counts:  # the points of the lists that lack the id
             for m, (i, w) in enumerate(zip(ids, weights)):
-                total += ((by_id >> m) & 1 == 0).to(total.dtype) * (w * borda_absent_points(i >= 0, candidates))
+                total += ((by_id >> m) & 1 == 0).to(total.dtype) * (w * absent_points(i >= 0, candidates))
         if config.combine == "mean":  # OpenSearch's arithmetic mean: a list lacking the id counts as 0
             total /= sum(weights) if sum(weights) > 0 else 1.0
         total = total.masked_fill_(~first | (sorted_ids == pad), float("-inf"))

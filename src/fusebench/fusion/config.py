@@ -1,22 +1,26 @@
 """The ``fusion`` config group's schema: :class:`FusionConfig` (its defaults, and every range and combination check)
-and the names each setting takes. Light on purpose (no torch, numpy or numba): the CLI registers it with Hydra and
-converts a run's config before any heavy import, so a config mistake is one line within the start-up time."""
+and the names each setting takes. The methods and what each reads come from their registry
+(:mod:`fusebench.fusion.methods`, one module per method). Light on purpose (no torch, numpy or numba): the CLI
+registers it with Hydra and converts a run's config before any heavy import, so a config mistake is one line
+within the start-up time."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from fusebench import FusebenchError
 from fusebench.config import checks
+from fusebench.fusion import methods as registry
 
-METHODS = ("none", "rrf", "dbsf", "sum", "minmax", "zscore", "isr", "l2", "borda")
+METHODS = ("none", *registry.names())  # none: no fusion (the single models alone)
 FUSE_ON = ("document", "source_object")
 RRF_WEIGHTINGS = ("multiply", "rank")
 # how an image's evidence from several lists adds up (source_object); the last three are OpenSearch's
 COMBINES = ("sum", "max", "mnz", "mean", "geometric", "harmonic")
 MEANS = ("mean", "geometric", "harmonic")  # weighted means: per image, never per (model, hit) entry
 HOLDER_MEANS = MEANS[1:]  # means over the lists that hold the image (evidence > 0), not over every list
-RANK_METHODS = ("rrf", "isr", "borda")  # evidence from the rank alone
+RANK_METHODS = registry.names("rank")  # evidence from the rank alone
 SCORE_MAPS = ("none", "cosine01", "atan")  # an engine's own score for a cosine s, before normalising
 TIES = ("first", "id")  # equal fused scores: first appearance (lists read model by model) | smaller item id (Milvus)
 RRF_RANKS = ("own", "concatenated")  # concatenated: ranks run on through the models' lists (older LanceDB)
@@ -26,7 +30,8 @@ RRF_RANKS = ("own", "concatenated")  # concatenated: ranks run on through the mo
 class FusionConfig:
     """The ``fusion`` config group's schema and defaults (registered with Hydra by :mod:`fusebench.config.schema`)."""
 
-    method: str = "dbsf"  # none | rrf | isr | borda | dbsf | sum | minmax | zscore | l2
+    method: str = "dbsf"  # none, or a method of fusebench.fusion.methods (rrf, isr, borda, rbc, dbsf, sum, minmax,
+    #   zscore, l2)
     fuse_on: str = "source_object"  # source_object: one entry per image; document: each model's hit its own entry
     top_k: int | None = 100  # per-model list length; null = all items
     final_top_k: int | None = None  # fused list length; null = top_k
@@ -41,9 +46,12 @@ class FusionConfig:
     rrf_ranks: str = "own"  # rank methods: own list's rank | concatenated: model m's ranks start after the lists before it
     ties: str = "first"  # equal fused scores: first appearance in the lists | id: the smaller item id first (Milvus)
     preset: str | None = None  # the engine preset this is (conf/fusion/ENGINE_METHOD.yaml), for labels
+    params: dict[str, Any] = field(default_factory=dict)  # the method's own settings (fusion.params.phi for rbc):
+    #   its parameters dataclass in fusebench/fusion/methods/METHOD.py; every one recorded as it ran
 
     def __post_init__(self):
-        checks.choice(self.method, "fusion.method", METHODS)
+        checks.choice(self.method, "fusion.method", ("none", *registry.names()))  # the registry as it is now
+        self.params = self._checked_params()
         checks.choice(self.fuse_on, "fusion.fuse_on", FUSE_ON)
         for key in ("top_k", "final_top_k"):
             checks.optional_integer(getattr(self, key), f"fusion.{key}", 1, "null = all items")
@@ -63,26 +71,42 @@ class FusionConfig:
             if getattr(self, key) is not None:
                 checks.number(getattr(self, key), f"fusion.{key}", hint="null = none")
         checks.text(self.preset, "fusion.preset", allow_none=True)
-        if self.fuse_on == "document" and (self.combine in MEANS or self.method == "borda"):
-            what = f"fusion.combine={self.combine}" if self.combine in MEANS else "fusion.method=borda"
+        counts_candidates = self.method != "none" and registry.method(self.method).candidates  # Borda
+        if self.fuse_on == "document" and (self.combine in MEANS or counts_candidates):
+            what = f"fusion.combine={self.combine}" if self.combine in MEANS else f"fusion.method={self.method}"
             raise FusebenchError(f"{what} combines an image's entries across lists, so it needs "
                                  "fusion.fuse_on=source_object (fuse_on=document keeps each model's hit apart).")
-        if self.method == "borda" and self.combine != "sum":
-            raise FusebenchError(f"fusion.combine={self.combine} is not valid with fusion.method=borda: Borda adds "
-                                 "every list's points (fusion.combine=sum).")
+        if counts_candidates and self.combine != "sum":
+            raise FusebenchError(f"fusion.combine={self.combine} is not valid with fusion.method={self.method}: it "
+                                 "adds every list's points, a lacking list's too (fusion.combine=sum).")
         self._check_method_settings()
         if self.combine in MEANS and self.rrf_weighting == "rank":
             raise FusebenchError(f"fusion.combine={self.combine} weighs each list's evidence by its weight: use "
                                  "fusion.rrf_weighting=multiply with it.")
 
+    def _checked_params(self) -> dict:
+        """The method's own settings (``fusion.params``) through its parameters dataclass, every one filled in
+        (what ran is recorded); a method without parameters takes none."""
+        given = checks.mapping(self.params or {}, "fusion.params")
+        spec = registry.method(self.method) if self.method != "none" else None
+        if spec is None or spec.params is None:
+            if given:
+                raise FusebenchError(f"fusion.params.{next(iter(given))} is not a setting of fusion.method="
+                                     f"{self.method}, which has no parameters of its own; methods with parameters: "
+                                     f"{', '.join(m for m in registry.names() if registry.method(m).params)}.")
+            return {}
+        return asdict(checks.typed(spec.params, given, "fusion.params", every_key=False))
+
     def _check_method_settings(self) -> None:
         """A setting the method never reads is refused, not recorded as if it had changed the result."""
-        ignored = [(self.score_map != "none" and self.method in RANK_METHODS, "score_map", self.score_map,
+        kind = registry.method(self.method).kind if self.method != "none" else None
+        reads = registry.method(self.method).reads if self.method != "none" else ()
+        ignored = [(self.score_map != "none" and kind == "rank", "score_map", self.score_map,
                     "maps scores, but this method reads only ranks", "none"),
-                   (self.rrf_ranks != "own" and self.method not in RANK_METHODS, "rrf_ranks", self.rrf_ranks,
+                   (self.rrf_ranks != "own" and kind != "rank", "rrf_ranks", self.rrf_ranks,
                     f"numbers ranks for the rank methods ({', '.join(RANK_METHODS)}) only", "own"),
-                   (self.rrf_weighting != "multiply" and self.method != "rrf", "rrf_weighting", self.rrf_weighting,
-                    "applies to rrf only", "multiply")]
+                   (self.rrf_weighting != "multiply" and "rrf_weighting" not in reads, "rrf_weighting",
+                    self.rrf_weighting, "applies to rrf only", "multiply")]
         for unused, key, value, why, default in ignored:
             if unused and self.method != "none":
                 raise FusebenchError(f"fusion.{key}={value} has no effect with fusion.method={self.method}: it {why}. "

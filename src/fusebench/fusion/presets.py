@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from fusebench import FusebenchError
-from fusebench.config import CONFIG_DIR
+from fusebench.config import CONFIG_DIR, checks
 from fusebench.fusion.config import FusionConfig
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,8 @@ def definition(name: str, folders: list[Path]) -> dict:
                              f"preset: NAME); valid: {', '.join(sorted(files))}, or null (no preset label). "
                              f"Pick a preset with fusion=NAME.")
     values = {k: v for k, v in _read(files[name]).items() if k != "defaults"}
-    return {f.name: values.get(f.name, f.default) for f in fields(FusionConfig) if f.name not in RUN_SETTINGS}
+    return {f.name: values.get(f.name, checks.default_of(FusionConfig, f.name)) for f in fields(FusionConfig)
+            if f.name not in RUN_SETTINGS}
 
 
 def changes(fusion: FusionConfig, preset: dict) -> list[str]:

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from fusebench.fusion import methods as registry
 from fusebench.fusion.combine import (
     FusedLists,
     mean_parts,
@@ -30,7 +31,7 @@ from fusebench.fusion.combine import (
     weighted_evidence,
 )
 from fusebench.fusion.config import HOLDER_MEANS, RANK_METHODS, FusionConfig
-from fusebench.fusion.normalisers import MOMENT_METHODS, RowAffine
+from fusebench.fusion.normalisers import RowAffine
 from fusebench.search import row_kernels, topk_kernels
 from fusebench.search.exact import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable
 from fusebench.search.model_lists import tiles
@@ -150,7 +151,8 @@ def _evidence(scores: torch.Tensor, method: str, weight: float, config: FusionCo
 def _numba_affine(scores: torch.Tensor, config: FusionConfig) -> bool:
     """A plain score normaliser on the CPU: its evidence is one numba pass (an engine's score map or floor,
     or another device, takes the torch path)."""
-    return scores.device.type == "cpu" and config.score_map == "none" and config.floor is None
+    return (scores.device.type == "cpu" and config.score_map == "none" and config.floor is None
+            and registry.method(config.method).kind == "affine")
 
 
 def _weighted_mean(scores, weights, config: FusionConfig, aux):
@@ -367,7 +369,7 @@ def dense_fuse(side: DenseSide, weights: list[float], config: FusionConfig, keep
                                     + (8 if side.stored else 0))  # the next block's scores and order, read ahead
     block = max(1, min(n_queries, budget_bytes // per_row))
     uses_orders = side.orders is not None and config.method in RANK_METHODS and config.fuse_on == "source_object"
-    uses_moments = side.moments is not None and config.method in MOMENT_METHODS
+    uses_moments = side.moments is not None and registry.method(config.method).moments
     keep = min(keep, final_k)
     outs, ranks = [], []
 

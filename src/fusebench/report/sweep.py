@@ -22,6 +22,7 @@ from fusebench import DIRECTIONS
 from fusebench.evaluation.comparisons import compare
 from fusebench.evaluation.search_record import EXACT_FUSED
 from fusebench.evaluation.stats import holm_adjust
+from fusebench.fusion.config import METHODS
 from fusebench.report.article import beside_article
 from fusebench.report.index_effects import EXACT, IndexEffects, index_effects_report, search_cost
 from fusebench.report.labels import dataset_labels
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from fusebench.report.scaling import ScalingReport
 
 FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines
-    "method": ["none", "sum", "minmax", "zscore", "isr", "rrf", "dbsf"],
+    "method": list(METHODS),  # from the methods' registry: its order attribute (fusebench.fusion.methods)
     "fuse_on": ["document", "source_object"],
     "text": ["as_typed", "canonicalize", "lowercase"],
 }

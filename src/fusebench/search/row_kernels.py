@@ -22,7 +22,7 @@ from fusebench.search.topk_kernels import FAST, _floor_of_kth, _offer
 @kernel(parallel=True, cache=True)
 def row_mean_std(block, ddof):
     """Per row: mean and standard deviation (``ddof`` 0 or 1; 0 when undefined) of every entry, accumulated in
-    float64 and rounded once to float32, as ``evidence._row_mean_std`` does for lists."""
+    float64 and rounded once to float32, as ``fusion.normalisers.row_moments`` does for lists."""
     rows, width = block.shape
     mean = np.empty(rows, dtype=np.float32)
     std = np.empty(rows, dtype=np.float32)

@@ -1,0 +1,150 @@
+"""The fusion methods' registry (fusebench.fusion.methods): one module per method, every list of methods derived
+from it, and each kind running on every fusion path. RBC (rank-biased centroids), the method added as a user
+would add one, against a slow reference and against ranx itself; a general score map, registered here, runs on
+the list path and the whole-rankings path with no code of its own."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers.reference import integer_embeddings
+
+from fusebench import FusebenchError
+from fusebench.app.retrieval import SearchSettings, retrieve
+from fusebench.encoders.base import ModelEmbeddings
+from fusebench.fusion import methods as registry
+from fusebench.fusion.combine import fuse
+from fusebench.fusion.config import METHODS, RANK_METHODS, FusionConfig
+from fusebench.fusion.methods import Method, register
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_list_of_methods_comes_from_the_registry():
+    from fusebench.report.sweep import FACTOR_ORDER
+
+    assert METHODS == ("none", *registry.names()) and FACTOR_ORDER["method"] == list(METHODS)
+    assert set(RANK_METHODS) == {m for m in registry.REGISTRY if registry.method(m).kind == "rank"}
+    assert FACTOR_ORDER["method"][:7] == ["none", "sum", "minmax", "zscore", "isr", "rrf", "dbsf"]  # as before
+    formulas = (ROOT / "docs" / "formulas.md").read_text()
+    for name, method in registry.REGISTRY.items():
+        assert method.source and method.formula and method.kind in registry.KINDS
+        assert re.search(rf"^\| `{name}` \|", formulas, re.M), f"docs/formulas.md has no row for {name}"
+        yaml = (ROOT / "conf" / "fusion" / f"{name}.yaml").read_text()
+        assert re.search(rf"^method: {name}$", yaml, re.M)
+        assert (ROOT / "src" / "fusebench" / "fusion" / "methods" / f"{name}.py").is_file()  # one module each
+
+
+def _lists(seed=0, queries=6, k=8, models=3, items=20):
+    rng = np.random.default_rng(seed)
+    ids = [torch.from_numpy(np.stack([rng.permutation(items)[:k] for _ in range(queries)])) for _ in range(models)]
+    scores = [torch.from_numpy(np.sort(rng.random((queries, k)).astype(np.float32), axis=1)[:, ::-1].copy())
+              for _ in range(models)]
+    return ids, scores
+
+
+def _slow_rbc(ids, phi, weights):
+    """RBC written out: for each query, sum over lists of w (1 - phi) phi^(r - 1), r the 1-based position."""
+    out = []
+    for q in range(ids[0].shape[0]):
+        total: dict[int, float] = {}
+        for m, lists in enumerate(ids):
+            for r, item in enumerate(lists[q].tolist(), start=1):
+                total[item] = total.get(item, 0.0) + weights[m] * (1 - phi) * phi ** (r - 1)
+        out.append(total)
+    return out
+
+
+@pytest.mark.parametrize("phi", [0.5, 0.8, 0.95])
+def test_rbc_equals_the_obvious_sum(phi):
+    ids, scores = _lists()
+    weights = [1.0, 0.5, 2.0]
+    config = FusionConfig(method="rbc", params={"phi": phi}, top_k=8)
+    fused = fuse(ids, scores, config, final_k=24, weights=weights)
+    for q, expected in enumerate(_slow_rbc(ids, phi, weights)):
+        got = {int(i): float(s) for i, s in zip(fused.ids[q], fused.scores[q]) if i >= 0}
+        assert got.keys() == expected.keys()
+        assert all(abs(got[i] - expected[i]) <= 1e-6 * max(1.0, expected[i]) for i in got)
+        order = [int(i) for i in fused.ids[q] if i >= 0]
+        assert [got[i] for i in order] == sorted(got.values(), reverse=True)
+
+
+def test_rbc_equals_ranx():
+    ranx = pytest.importorskip("ranx")
+    from ranx.fusion import rbc
+
+    ids, scores = _lists(seed=3, queries=5, k=6, models=2, items=15)
+    runs = [ranx.Run({f"q{q}": {f"d{int(i)}": float(s) for i, s in zip(ids[m][q].tolist(), scores[m][q].tolist())}
+                      for q in range(5)}) for m in range(2)]
+    theirs = rbc(runs, phi=0.7).to_dict()
+    fused = fuse(ids, scores, FusionConfig(method="rbc", params={"phi": 0.7}, top_k=6), final_k=12)
+    for q in range(5):
+        ours = {f"d{int(i)}": float(s) for i, s in zip(fused.ids[q], fused.scores[q]) if i >= 0}
+        assert ours.keys() == theirs[f"q{q}"].keys()
+        assert all(abs(ours[d] - theirs[f"q{q}"][d]) < 1e-6 for d in ours)
+
+
+@pytest.mark.parametrize("given,fragment", [
+    ({"params": {"phi": 1.0}}, "fusion.params.phi=1.0 is not valid"),
+    ({"params": {"phi": "x"}}, "fusion.params.phi='x'"),
+    ({"params": {"psi": 0.5}}, "unknown key(s) psi; valid keys: phi"),
+    ({"method": "rrf", "params": {"phi": 0.5}}, "fusion.params.phi is not a setting of fusion.method=rrf"),
+    ({"score_map": "atan"}, "fusion.score_map=atan has no effect with fusion.method=rbc"),
+])
+def test_rbc_settings_are_checked(given, fragment):
+    with pytest.raises(FusebenchError) as err:
+        FusionConfig(**{"method": "rbc", **given})
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rbc_records_what_ran():
+    assert FusionConfig(method="rbc").params == {"phi": 0.8}
+    assert FusionConfig(method="rrf").params == {}
+
+
+def _cube(scores, valid, config):
+    """A score map that is no affine map: s^3 (a method users could add; not shipped)."""
+    return scores**3
+
+
+@pytest.fixture
+def cube():
+    method = register(Method("cube_test", "score", "s^3", "tests/test_fusion_methods.py", _cube))
+    yield method
+    registry.REGISTRY.pop("cube_test")
+
+
+def _models(seed=5, n=30, captions=45, d=6):
+    rng = np.random.default_rng(seed)
+    caption_image = np.sort(rng.integers(0, n, captions))
+    return [ModelEmbeddings(name, integer_embeddings(rng, n, d), integer_embeddings(rng, captions, d))
+            for name in "ab"], caption_image
+
+
+@pytest.mark.parametrize("top_k", [None, 7])
+def test_a_general_score_map_runs_on_every_path(cube, top_k):
+    """Registered, it is a valid fusion.method; its evidence is its own map on the list path and over whole
+    rankings (top_k: null), with no kernel code: each fused t2i list equals the obvious sum of s^3."""
+    models, caption_image = _models()
+    config = FusionConfig(method="cube_test", top_k=top_k, final_top_k=10)
+    out = retrieve(models, caption_image, config, keep_k=10, settings=SearchSettings(chunk_size=8, item_chunk_size=9))
+    scores = [(m.text @ m.image.T).astype(np.float64) for m in models]
+    for q in range(len(caption_image)):
+        depth = scores[0].shape[1] if top_k is None else top_k
+        total: dict[int, float] = {}
+        for s in scores:
+            for item in sorted(range(s.shape[1]), key=lambda j: (-s[q, j], j))[:depth]:
+                total[item] = total.get(item, 0.0) + s[q, item] ** 3
+        expected = sorted(total.values(), reverse=True)[:10]
+        got = out["fused"]["t2i"].scores[q].tolist()
+        assert np.allclose(got[:len(expected)], expected, rtol=1e-5)
+
+
+def test_an_unregistered_method_is_refused():
+    with pytest.raises(FusebenchError, match="fusion.method='cube_test' is not valid"):
+        FusionConfig(method="cube_test")
+    assert "cube_test" not in METHODS
