@@ -97,10 +97,18 @@ def default_cache_dir() -> str:
     return str(cfg.embed.cache.dir)
 
 
+BAR_BYTES = 256 << 20  # hashing more than this shows a progress bar (a few seconds of reading)
+
+
 def listed(stores, verify: bool) -> list[dict]:
-    """Every store's entries; with ``verify``, each data file's checksum read (a bar on stderr while hashing)."""
-    if not verify:
-        return [e for store in stores for e in store.entries(verify=False)]
+    """Every store's entries; with ``verify``, each data file's checksum read, as a run reads it (a bar on
+    stderr when there is much to hash; an empty or small cache lists without importing tqdm)."""
+    stores = list(stores)
+    quick = [e for store in stores for e in store.entries(verify=False)]
+    if not verify or not any(e["complete"] for e in quick):
+        return quick
+    if sum(e["bytes"] for e in quick if e["complete"]) < BAR_BYTES:
+        return [e for store in stores for e in store.entries(verify=True)]
     from fusebench.runtime.progress import bar
 
     with bar(desc="verifying checksums", unit="B", unit_scale=True, leave=False, file=sys.stderr) as progress:
