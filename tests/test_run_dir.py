@@ -143,13 +143,13 @@ def test_a_finished_rerun_replaces_the_earlier_outputs(tmp_path):
 def test_a_failed_sweep_rerun_keeps_the_earlier_jobs(tmp_path):
     assert fusebench("-m", *SMALL, "fusion=rrf,dbsf", "hydra.sweep.dir=S", cwd=tmp_path).returncode == 0
     jobs = {job: without_logs(snapshot(tmp_path / "S" / job)) for job in ("0", "1")}
-    result = fusebench("-m", *SMALL, "fusion=rrf,dbsf", "eval.bootstrap.draws=0", "hydra.sweep.dir=S", cwd=tmp_path)
+    result = fusebench("-m", *SMALL, "fusion=rrf,dbsf", "fusion.rrf_k=-1", "hydra.sweep.dir=S", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "2 job(s) of the sweep failed: 0, 1" in result.stderr
     for job, files in jobs.items():
         now = without_logs(snapshot(tmp_path / "S" / job))
         error = now.pop("error.txt").decode()  # a user's mistake: its one line, not a traceback
-        assert error.startswith("fusebench: error: ") and "eval.bootstrap.draws" in error and error.count("\n") == 1
+        assert error.startswith("fusebench: error: ") and "fusion.rrf_k" in error and error.count("\n") == 1
         assert now == files
     scan = scan_runs(tmp_path / "S")  # the earlier results are kept, but not reported as this sweep's
     assert not scan.runs and sorted(scan.failed) == ["0", "1"]

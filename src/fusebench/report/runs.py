@@ -244,10 +244,10 @@ def scan_runs(folder: str | Path) -> Scan:
     for path in candidates:
         label = str(path.relative_to(folder)) or "."
         metrics_path = path / "metrics.json"
-        if path.resolve() in failed_here:
-            failed[label] = (f"the sweep's job {failed_here[path.resolve()].get('job')} failed"
-                             + ("; its dir still holds an earlier run's results, not reported"
-                                if os.path.lexists(metrics_path) else ""))
+        if path.resolve() in failed_here and not _failed_job(path):  # its error.txt is a user's (left as it is)
+            failed[label] = (f"the sweep's job {failed_here[path.resolve()].get('job')} failed (its error.txt is not "
+                             "fusebench's)" + ("; its dir still holds an earlier run's results, not reported"
+                                               if os.path.lexists(metrics_path) else ""))
             continue
         if _failed_job(path) and os.path.lexists(metrics_path):
             failed[label] = ("the job failed (see error.txt); its dir still holds an earlier run's results, "
