@@ -88,3 +88,36 @@ def test_a_run_with_recall_100_draws_every_plot(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "could not draw plots" not in done.stderr
     assert (tmp_path / "R" / "plots" / "recall_bars.png").is_file()
+
+
+def test_an_error_txt_with_more_than_fusebenchs_line_is_the_users(tmp_path):
+    from fusebench.runtime.layout import is_error_file
+
+    path = tmp_path / "error.txt"
+    path.write_text("fusebench: error: x\n")
+    assert is_error_file(path)
+    path.write_text("fusebench: error: x\nmy notes\n")
+    assert not is_error_file(path)
+    path.write_text("Traceback (most recent call last):\n  File ...\nValueError: x\n")
+    assert is_error_file(path)
+
+
+def test_ctrl_c_after_a_run_wrote_its_results_says_so(capsys):
+    """Ctrl-C while the plots were drawn said 'no outputs were written' over a run dir holding the new results."""
+    from fusebench.app import cli
+    from fusebench.runtime import state
+
+    def app():
+        state.current().written.append("/tmp/R")
+        raise KeyboardInterrupt
+
+    fresh = state.start()
+    try:
+        with pytest.raises(SystemExit) as code:
+            cli.run_command(app)
+        assert code.value.code == 130
+        err = capsys.readouterr().err
+        assert "were written before it (/tmp/R" in err and "no outputs were written" not in err
+    finally:
+        assert fresh is state.current()
+        state.start()

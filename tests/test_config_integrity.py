@@ -31,7 +31,7 @@ def _refused(compose_cfg, tmp_path: Path, overrides: list[str], *fragments: str)
 # -- presets: the name labels a fusion only while it is that preset ---------------------------------------------
 
 @pytest.mark.parametrize("preset, change", [
-    ("qdrant_dbsf", {"method": "rrf"}),  # the issue's case
+    ("qdrant_dbsf", {"method": "zscore"}),  # another method (rrf would not read ddof=1: refused)
     ("qdrant_dbsf", {"ddof": 0}),  # another field of the same preset
     ("qdrant_rrf", {"rrf_k": 60.0}),
     ("opensearch_minmax", {"floor": None}),  # a field the preset sets to non-default, put back to the default

@@ -148,3 +148,22 @@ def test_an_unregistered_method_is_refused():
     with pytest.raises(FusebenchError, match="fusion.method='cube_test' is not valid"):
         FusionConfig(method="cube_test")
     assert "cube_test" not in METHODS
+
+
+@pytest.mark.parametrize("given,fragment", [
+    ({"method": "dbsf", "rrf_k": 5}, "fusion.rrf_k=5 has no effect with fusion.method=dbsf: it is read only by rrf"),
+    ({"method": "rrf", "ddof": 1}, "fusion.ddof=1 has no effect with fusion.method=rrf"),
+    ({"method": "rbc", "rrf_k": 10}, "fusion.rrf_k=10 has no effect with fusion.method=rbc"),
+])
+def test_a_setting_the_method_never_reads_is_refused(given, fragment):
+    with pytest.raises(FusebenchError) as err:
+        FusionConfig(**given)
+    assert fragment in str(err.value)
+
+
+def test_a_preset_turned_into_another_method_drops_what_that_method_never_reads():
+    from fusebench.fusion.presets import definition, package_conf, true_label
+
+    preset = FusionConfig(**{**definition("qdrant_dbsf", [package_conf()]), "method": "rrf", "preset": "qdrant_dbsf"})
+    ran = true_label(preset, [package_conf()])
+    assert ran.preset is None and ran.method == "rrf" and ran.ddof == 0  # rrf never read the preset's ddof=1

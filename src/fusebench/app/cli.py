@@ -278,6 +278,13 @@ def run_command(hydra_app: Callable[[], None], kind: str = "run",
         hydra_app()
         interrupts.check()  # a Ctrl-C whose exception Python dropped (see fusebench.app.interrupts)
     except KeyboardInterrupt:
+        from fusebench.runtime import state
+
+        written = state.current().written
+        if written and kind == "run":  # after a run's results were swapped in: say so, never "nothing written"
+            interrupted = (f"the results of {len(written)} run(s) were written before it ({written[-1]}: "
+                           "metrics.json, ranks/, topk/), whose plots may be incomplete (a rerun draws them); "
+                           "an unfinished run wrote nothing")
         print(f"\nfusebench: interrupted; {interrupted}", file=sys.stderr)
         raise SystemExit(130) from None
     except RunDirRefused as err:  # raised in Hydra's callback (or sweeper), before Hydra creates the dirs

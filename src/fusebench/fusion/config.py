@@ -106,7 +106,13 @@ class FusionConfig:
                    (self.rrf_ranks != "own" and kind != "rank", "rrf_ranks", self.rrf_ranks,
                     f"numbers ranks for the rank methods ({', '.join(RANK_METHODS)}) only", "own"),
                    (self.rrf_weighting != "multiply" and "rrf_weighting" not in reads, "rrf_weighting",
-                    self.rrf_weighting, "applies to rrf only", "multiply")]
+                    self.rrf_weighting, "applies to rrf only", "multiply"),
+                   # a preset's own value (fusion=qdrant_dbsf fusion.method=rrf: ddof=1) is the preset's; the run
+                   # then loses the preset's label (presets.true_label)
+                   *[(getattr(self, key) != checks.default_of(FusionConfig, key) and key not in reads
+                      and self.preset is None, key,
+                      getattr(self, key), f"is read only by {' and '.join(m for m in registry.names() if key in registry.method(m).reads)}",
+                      checks.default_of(FusionConfig, key)) for key in ("rrf_k", "ddof")]]
         for unused, key, value, why, default in ignored:
             if unused and self.method != "none":
                 raise FusebenchError(f"fusion.{key}={value} has no effect with fusion.method={self.method}: it {why}. "

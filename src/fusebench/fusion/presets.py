@@ -94,4 +94,8 @@ def true_label(fusion: FusionConfig, folders: list[Path] | None = None,
         return fusion
     log.warning("fusion.preset=%s dropped: this fusion changes the preset's own settings (%s), so it is labelled "
                 "by its method, %s, and its settings", fusion.preset, ", ".join(changed), fusion.method)
-    return replace(fusion, preset=None)
+    from fusebench.fusion import methods as registry
+
+    reads = registry.method(fusion.method).reads if fusion.method != "none" else ()
+    unread = {key: checks.default_of(FusionConfig, key) for key in ("rrf_k", "ddof") if key not in reads}
+    return replace(fusion, preset=None, **unread)  # the preset's values the method never reads: not recorded

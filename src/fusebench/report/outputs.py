@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fusebench.evaluation.record import RunRecord
+from fusebench.runtime import state
 from fusebench.runtime.layout import OUTPUTS
 from fusebench.stores.files import atomic_write_text, remembered_checksum
 
@@ -91,5 +92,6 @@ def write_run_outputs(out_dir: str | Path, lists: dict, record: RunRecord, save_
         record.files = files  # checksums: a report never trusts a rank file changed after the run
         atomic_write_text(staging / "metrics.json", json.dumps(_clean(record.to_json()), indent=2) + "\n")
         _swap_in(out_dir, staging)
+        state.current().written.append(str(out_dir))  # what a Ctrl-C after this point must not call unwritten
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -185,7 +185,14 @@ def _metrics_problem(record: RunRecord, name: str, direction: str, ranks: np.nda
 
 def _run_problem(path: Path, record: RunRecord) -> str | None:
     """Why a finished run's files cannot be reported (rank files missing, changed since the run, unreadable or
-    of the wrong shape), or None."""
+    of the wrong shape; a record that names retrievers it does not hold), or None."""
+    for name, result in record.retrievers.items():
+        unknown = [m for m in result.members if m not in record.retrievers]
+        if unknown:
+            return f"metrics.json: fusion {name!r} names models it does not hold ({', '.join(unknown)})"
+    for c in [*record.comparisons, *record.positive_comparisons]:
+        if c.candidate not in record.retrievers or c.baseline not in record.retrievers:
+            return f"metrics.json: a comparison names a retriever it does not hold ({c.candidate} vs {c.baseline})"
     for relative, digest in record.files.items():
         file = path / relative
         if not file.is_file():

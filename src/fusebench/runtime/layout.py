@@ -18,11 +18,13 @@ ERROR_FILE_STARTS = (b"Traceback (most recent call last):", b"fusebench: error: 
 
 
 def is_error_file(path: Path) -> bool:
-    """Whether ``path`` is an error.txt fusebench wrote (a failed sweep job's traceback, or the one line
-    ``fusebench: error: ...`` of a user's mistake)."""
+    """Whether ``path`` is an error.txt fusebench wrote: a failed sweep job's traceback, or exactly the one line
+    ``fusebench: error: ...`` of a user's mistake (a file with more after that line is someone else's)."""
     with Path(path).open("rb") as fh:
-        start = fh.read(max(len(s) for s in ERROR_FILE_STARTS))
-    return start.startswith(ERROR_FILE_STARTS)
+        data = fh.read(1 << 20)
+    if data.startswith(ERROR_FILE_STARTS[1]):
+        return data.count(b"\n") == 1 and data.endswith(b"\n")
+    return data.startswith(ERROR_FILE_STARTS[0])
 
 
 def error_text(message: str | None, trace: str) -> str:

@@ -90,6 +90,7 @@ class SharedArrays:
 class ProcessState:
     similarity_blocks: int = 0  # similarity blocks computed in this process (search.exact.similarity)
     ctrl_c: bool = False  # Ctrl-C was pressed (app.interrupts): no further job starts, no outputs are written
+    written: list[str] = field(default_factory=list)  # run dirs whose results this process swapped in (report.outputs)
     # plots drawn: digest of a plot's inputs -> (a PNG this process drew, its file identity) (report.plots)
     drawn: dict[str, tuple[Path, tuple]] = field(default_factory=dict)
     # file checksums computed or written: (kind, device, inode, size, mtime_ns) -> checksum (stores.files)
