@@ -682,3 +682,24 @@ def test_a_job_refused_for_a_users_error_txt_is_reported_as_failed(tmp_path):
     (tmp_path / "S" / "1" / "error.txt").unlink()
     assert fusebench("-m", *SMALL, "fusion=dbsf,sum", "hydra.sweep.dir=S", cwd=tmp_path).returncode == 0
     assert "fused sum" in (tmp_path / "S" / "summary.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("jobs_file", ["cut short", "a user's"])
+def test_a_failed_job_is_never_reported_whatever_multirun_jobs_json_holds(tmp_path, jobs_file):
+    """With the sweep's multirun_jobs.json cut short (rebuilt) or a user's (left alone), the sweep's own report
+    still lists the job it saw fail and leaves the earlier results in its dir out."""
+    from fusebench.report.runs import read_jobs
+
+    assert fusebench("-m", *SMALL, "fusion=dbsf,rrf", "hydra.sweep.dir=S", cwd=tmp_path).returncode == 0
+    jobs = tmp_path / "S" / "multirun_jobs.json"
+    jobs.write_bytes(jobs.read_bytes()[:40] if jobs_file == "cut short" else b"my own list\n")
+    (tmp_path / "S" / "1" / "error.txt").write_text("my notes")
+    result = fusebench("-m", *SMALL, "fusion=dbsf,sum", "hydra.sweep.dir=S", cwd=tmp_path)
+    assert result.returncode == 1
+    summary = (tmp_path / "S" / "summary.md").read_text()
+    assert "fused rrf" not in summary and "fused sum" not in summary and "- 1: the sweep's job" in summary, summary
+    if jobs_file == "cut short":
+        assert read_jobs(jobs) is not None  # fusebench's own file, damaged: rebuilt
+    else:
+        assert jobs.read_bytes() == b"my own list\n"

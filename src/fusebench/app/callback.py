@@ -169,6 +169,19 @@ def job_ended(out_dir: str, job: int, output_subdir: str | None) -> None:
     SweepReport.job_dirs[path] = (job, kept)
 
 
+def _without_failed_jobs(folder: Path, failed: list[str]):
+    """The sweep dir's runs, less the job dirs whose job failed in this process (their dirs may still hold an
+    earlier run's results, which are not this sweep's: listed as failed, whatever multirun_jobs.json says)."""
+    from fusebench.report.runs import Scan, scan_runs
+
+    scan = scan_runs(folder)
+    gone = {(folder / d).resolve(): d for d in failed}
+    held = [r for r in scan.runs if r.path.resolve() in gone]
+    reasons = {**scan.failed, **{gone[r.path.resolve()]: "the sweep's job failed; its dir still holds an earlier "
+                                 "run's results, not reported" for r in held}}
+    return Scan([r for r in scan.runs if r not in held], reasons)
+
+
 def _check_report_files(folder: Path) -> None:
     """Refuse a sweep (before any job runs) whose report would replace a file in its sweep dir that fusebench did
     not write (``report_files.check``: a user's summary.md, gains.csv, plots/...)."""
@@ -239,7 +252,8 @@ class SweepReport(Callback):
             from fusebench.report.sweep import write_report
 
             try:
-                report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level)
+                report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level,
+                                      scan=_without_failed_jobs(folder, SweepReport.jobs_failed))
             except ReportBlocked as err:  # a file put there while the jobs ran: they are finished, kept
                 from fusebench.report.runs import scan_runs
 

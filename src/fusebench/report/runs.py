@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +99,17 @@ def read_jobs(path: Path) -> list[dict] | None:
     return jobs if len(jobs) == len(data["jobs"]) else None
 
 
+def _damaged_jobs_file(path: Path) -> bool:
+    """A multirun_jobs.json fusebench wrote that was cut short or changed since (it begins as every one does):
+    rewritten, never a dead end; any other file of that name is someone else's."""
+    try:
+        with Path(path).open("rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        return False
+    return Path(path).is_file() and re.match(rb'\{\s*"format":\s*"' + JOBS_FORMAT.encode() + rb'"', head) is not None
+
+
 def write_jobs(sweep_dir: str | Path, jobs: list[dict]) -> bool:
     """Record the sweep's jobs (``{"job", "dir" (relative to the sweep dir), "overrides"}`` each) so that a
     report can name a job whose dir is gone; False (nothing written) when a file of that name is not
@@ -105,7 +117,7 @@ def write_jobs(sweep_dir: str | Path, jobs: list[dict]) -> bool:
     from fusebench.stores.files import atomic_write_text
 
     path = Path(sweep_dir) / JOBS_FILE
-    if os.path.lexists(path) and read_jobs(path) is None:
+    if os.path.lexists(path) and read_jobs(path) is None and not _damaged_jobs_file(path):
         return False
     atomic_write_text(path, json.dumps({"format": JOBS_FORMAT, "jobs": jobs}, indent=1) + "\n")
     return True
