@@ -164,3 +164,15 @@ def test_a_sealed_database_left_as_the_engine_left_it_is_removed_and_rebuilt(tmp
     check_engine_dir(out)  # only what the engine left: fusebench's to remove
     again = fresh_workdir(out, "t2i")
     assert again == folder and not (folder / "collection").exists()
+
+
+def test_a_cut_short_seal_of_fusebenchs_leaves_the_database_the_engines(tmp_path):
+    from fusebench.app.engine_dirs import SEAL, check_engine_dir, fresh_workdir, seal
+
+    out = tmp_path / "run"
+    folder = fresh_workdir(out, "t2i")
+    (folder / "data.bin").write_text("the engine's")
+    seal(folder)
+    (folder / SEAL).write_bytes((folder / SEAL).read_bytes()[:40])  # killed while sealing: fusebench's, damaged
+    check_engine_dir(out)
+    assert not (fresh_workdir(out, "t2i") / "data.bin").exists()  # removed, rebuilt: never a dead end

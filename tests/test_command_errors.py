@@ -62,6 +62,10 @@ def test_an_empty_fusebench_output_is_refused_by_the_cache_command(tmp_path):
 def test_a_refused_config_leaves_nothing_behind(tmp_path):
     one_line_error(command("fusebench", *SIM, "fusion.rrf_k=-1", "hydra.run.dir=fresh", cwd=tmp_path), "fusion.rrf_k")
     assert not (tmp_path / "fresh").exists()
+    (tmp_path / "kept").mkdir()
+    one_line_error(command("fusebench", *SIM, "fusion.rrf_k=-1", "hydra.run.dir=kept/a/b/c", cwd=tmp_path),
+                   "fusion.rrf_k")
+    assert list((tmp_path / "kept").iterdir()) == []  # the folders it created above the run dir too
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("the user's")
     one_line_error(command("fusebench", *SIM, "search=faiss_flat", "search.nprobe=8", "hydra.run.dir=mine",
@@ -121,3 +125,19 @@ def test_ctrl_c_after_a_run_wrote_its_results_says_so(capsys):
     finally:
         assert fresh is state.current()
         state.start()
+
+
+@pytest.mark.parametrize("name,module", [("fusebench-report", "fusebench.report.cli"),
+                                         ("fusebench-cache", "fusebench.app.cache_cli")])
+def test_ctrl_c_in_the_small_commands_is_one_line(monkeypatch, capsys, name, module):
+    import importlib
+
+    cli = importlib.import_module(module)
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_report" if name == "fusebench-report" else "_cache", interrupted)
+    assert cli.main([]) == 130
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith(f"{name}: interrupted")

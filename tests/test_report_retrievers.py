@@ -136,3 +136,17 @@ def test_a_record_naming_a_model_it_lacks_is_damaged_not_a_crash(compose_cfg, tm
     scan = scan_runs(tmp_path / "s")
     assert [r.path.name for r in scan.runs] == ["1"] and "names models it does not hold (nosuch)" in scan.failed["0"]
     assert build_report(tmp_path / "s", draws=100).runs[0].path.name == "1"
+
+
+def test_runs_of_one_retriever_at_other_ks_fill_every_column(compose_cfg, tmp_path):
+    """One retriever in runs with different eval.ks: each recall any run measured is shown (the first run's ks
+    alone were, the others' columns blank)."""
+    small = [s for s in SMALL if not s.startswith("eval.ks")]
+    records = _jobs(compose_cfg, tmp_path / "s", [["eval.ks=[1,50]"], ["eval.ks=[1,5,10]"]], small)
+    report = build_report(tmp_path / "s", draws=100)
+    fused = _fused_rows(report)
+    assert len(fused) == 1
+    row = fused[0]
+    for k, record in ((50, records[0]), (5, records[1]), (10, records[1])):
+        column = next(c for c in row if c.endswith(f"t2i R@{k}"))
+        assert row[column] == record.retrievers["fused"].recall("t2i", k)

@@ -116,6 +116,15 @@ def listed(stores, verify: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; Ctrl-C is one line and exit 130 (each entry is removed whole, under its lock)."""
+    try:
+        return _cache(argv)
+    except KeyboardInterrupt:
+        print("\nfusebench-cache: interrupted; entries already removed are gone, the others untouched", file=sys.stderr)
+        return 130
+
+
+def _cache(argv: list[str] | None) -> int:
     parser = OneLineParser(prog="fusebench-cache", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default=None, help="cache folder (default: embed.cache.dir, as runs use it)")

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from fusebench import DIRECTIONS, FusebenchError
+from fusebench.runtime.layout import begins_as
 
 ENGINE_DIR = "engine_db"  # under the run dir: the engine's database while the run uses it
 MARKER = ".fusebench-engine-db"
@@ -65,8 +66,8 @@ def _added(folder: Path) -> Path | None:
     if not os.path.lexists(folder / SEAL):
         return None
     sealed = _sealed(folder)
-    if sealed is None:
-        return folder / SEAL
+    if sealed is None:  # a seal of fusebench's, damaged, leaves the folder the engine's (removed, rebuilt)
+        return None if begins_as(folder / SEAL, SEAL_FORMAT) else folder / SEAL
     extra = [p for p in _listing(folder) if p not in sealed]
     return folder / extra[0] if extra else None
 

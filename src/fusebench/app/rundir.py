@@ -18,7 +18,15 @@ import tempfile
 from pathlib import Path
 
 from fusebench import FusebenchError
-from fusebench.runtime.layout import OUTPUTS, PLOTS, PLOTS_MANIFEST, is_error_file, read_plots_manifest
+from fusebench.runtime.layout import (
+    OUTPUTS,
+    PLOTS,
+    PLOTS_FORMAT,
+    PLOTS_MANIFEST,
+    begins_as,
+    is_error_file,
+    read_plots_manifest,
+)
 from fusebench.stores.files import atomic_save, file_identity, file_sha256
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into hydra.output_subdir
@@ -194,6 +202,7 @@ def foreign(out_dir: str | Path) -> list[str]:
     checksums = record["files"] if record else {}
     reported = report_files.read_manifest(out_dir) or {}
     drawn = read_plots_manifest(out_dir / "plots")
+    damaged_manifest = drawn is None and begins_as(out_dir / "plots" / PLOTS_MANIFEST, PLOTS_FORMAT)
     found = []
     for name in OUTPUTS:
         path = out_dir / name
@@ -208,7 +217,8 @@ def foreign(out_dir: str | Path) -> list[str]:
             for file in sorted(path.iterdir()):
                 relative = f"{name}/{file.name}"
                 if name == "plots":
-                    mine = _own_plot(file, drawn) and not report_files.written(out_dir, relative, reported)
+                    mine = (file.name == PLOTS_MANIFEST or file.name in PLOTS if damaged_manifest  # by names, rebuilt
+                            else _own_plot(file, drawn)) and not report_files.written(out_dir, relative, reported)
                 else:
                     mine = relative in checksums or damaged and bool(RUN_FILE_NAMES[name].fullmatch(file.name))
                 found += [] if mine and file.is_file() else [relative]
@@ -361,6 +371,7 @@ def forget(run_dir: str | Path) -> None:
 
 
 _FRESH: dict[Path, set[str] | None] = {}  # run dir -> what it held when this process's run started (None: absent)
+_CREATED_FROM: dict[Path, Path] = {}  # run dir -> the highest of it and its parents that did not exist then
 
 
 def note_if_fresh(run_dir: str | Path) -> None:
@@ -370,6 +381,11 @@ def note_if_fresh(run_dir: str | Path) -> None:
         _FRESH[path] = {p.name for p in path.iterdir()} if path.is_dir() else None if not os.path.lexists(path) else set()
     except OSError:
         _FRESH.pop(path, None)
+        return
+    top = path
+    while not os.path.lexists(top.parent) and top.parent != top:  # the folders above it this run creates too
+        top = top.parent
+    _CREATED_FROM[path] = top
 
 
 def remove_if_fresh(run_dir: str | Path, subdir: str | None = ".hydra") -> bool:
@@ -396,4 +412,11 @@ def remove_if_fresh(run_dir: str | Path, subdir: str | None = ".hydra") -> bool:
         (path / "fusebench.log").unlink()
     if before is None and not any(path.iterdir()):
         path.rmdir()
+        top = _CREATED_FROM.pop(path, path)
+        parent = path.parent
+        while top != path and parent.is_relative_to(top) and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()  # the empty folders above it that this run created
+            if parent == top:
+                break
+            parent = parent.parent
     return True

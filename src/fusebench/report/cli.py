@@ -17,6 +17,17 @@ def _error(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; Ctrl-C is one line and exit 130 (a report is drawn into staging and moved into place at the
+    end; an interrupted one is run again)."""
+    try:
+        return _report(argv)
+    except KeyboardInterrupt:
+        print("\nfusebench-report: interrupted; run it again for a whole report (a file fusebench did not write is "
+              "never touched)", file=sys.stderr)
+        return 130
+
+
+def _report(argv: list[str] | None) -> int:
     parser = OneLineParser(prog="fusebench-report", description=__doc__)
     parser.add_argument("sweep_dir", help="a multirun dir, or any folder holding run dirs (a run dir too)")
     parser.add_argument("--out", default=None,

@@ -26,7 +26,13 @@ from fusebench.fusion.config import METHODS
 from fusebench.report.article import beside_article
 from fusebench.report.index_effects import EXACT, IndexEffects, index_effects_report, search_cost
 from fusebench.report.labels import dataset_labels
-from fusebench.report.retrievers import describe, retriever_factors, retriever_labels, unique_retrievers  # noqa: F401
+from fusebench.report.retrievers import (  # noqa: F401 - describe, retriever_factors: the report's names
+    describe,
+    retriever_factors,
+    retriever_key,
+    retriever_labels,
+    unique_retrievers,
+)
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
 from fusebench.report.sweep_markdown import csv_text, markdown
 from fusebench.stores.files import atomic_write_text
@@ -48,14 +54,19 @@ def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
     R@k (one column group per corpus: two corpora of one name are labelled apart)."""
     rows: dict[str, dict] = {}
     labels, names = dataset_labels(runs), retriever_labels(runs)
-    for run, name in unique_retrievers(runs):
+    order = {retriever_key(run, name): i for i, (run, name) in enumerate(unique_retrievers(runs))}
+    held = sorted(((run, name) for run in runs for name in run.record.retrievers),
+                  key=lambda rn: order[retriever_key(*rn)])
+    for run, name in held:  # every run holding the retriever: one may have measured a k another did not
         result = run.record.retrievers[name]
         label = names[(run.path, name)]
         row = rows.setdefault(label, {"retriever": label})
         dataset = labels[run.dataset_key]
         for direction in DIRECTIONS:
             for k in ks:
-                row[f"{dataset} {direction} R@{k}"] = result.recall(direction, k)
+                cell = f"{dataset} {direction} R@{k}"
+                if row.get(cell) is None:
+                    row[cell] = result.recall(direction, k)
     columns = sorted({c for r in rows.values() for c in r if c != "retriever"},
                      key=lambda c: (c.rsplit(" ", 2)[0], c.rsplit(" ", 2)[1] != "t2i", int(c.rsplit("@", 1)[1])))
     return [{"retriever": r["retriever"], **{c: r.get(c) for c in columns}} for r in rows.values()]

@@ -5,6 +5,7 @@ told from anyone else's file."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 OUTPUTS = ("metrics.json", "ranks", "topk", "plots", "error.txt")  # what a run writes into its dir
@@ -45,6 +46,17 @@ def read_plots_manifest(plots_dir: Path) -> dict[str, str | None] | None:
                                               for k, v in plots.items()):
         return None
     return plots
+
+
+def begins_as(path: Path, fmt: str) -> bool:
+    """Whether the file at ``path`` begins as fusebench writes a JSON file of format ``fmt`` (``{"format": fmt``):
+    one of its own, cut short or changed since, which is rebuilt, never a dead end."""
+    try:
+        with Path(path).open("rb") as fh:
+            head = fh.read(256)
+    except OSError:
+        return False
+    return re.match(rb'\{\s*"format":\s*"' + re.escape(fmt.encode()) + rb'"', head) is not None
 
 
 def plots_manifest_text(plots: dict[str, str | None]) -> str:
