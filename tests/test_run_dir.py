@@ -706,3 +706,13 @@ def test_a_failed_job_is_never_reported_whatever_multirun_jobs_json_holds(tmp_pa
         assert read_jobs(jobs) is not None  # fusebench's own file, damaged: rebuilt
     else:
         assert jobs.read_bytes() == b"my own list\n"
+
+
+@pytest.mark.slow
+def test_a_file_where_a_job_dir_goes_stops_the_sweep_before_any_job(tmp_path):
+    (tmp_path / "S").mkdir()
+    (tmp_path / "S" / "1").write_text("mine")
+    result = fusebench("-m", *SMALL, "fusion=rrf,sum", "hydra.sweep.dir=S", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "job 1's dir" in result.stderr and "is a file" in result.stderr
+    assert (tmp_path / "S" / "1").read_text() == "mine" and not (tmp_path / "S" / "0").exists()

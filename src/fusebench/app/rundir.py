@@ -181,6 +181,11 @@ def check_job_dir(sweep_dir: str | Path, subdir, job: int, taken: dict[str, int]
         raise FusebenchError(f"{key} gives job {job} the dir {path}, which job {taken[path]} of this sweep writes "
                              "too: the jobs would overwrite each other's results; make it differ per job, e.g. "
                              f"{key}='${{hydra.job.num}}' (the default).")
+    blocked = next((p for p in [Path(path), *Path(path).parents] if Path(p).is_relative_to(base) and p != Path(base)
+                    and os.path.lexists(p) and not Path(p).is_dir()), None)
+    if blocked is not None:  # Hydra's mkdir would fail with a traceback after the jobs before it ran
+        raise FusebenchError(f"job {job}'s dir {path} cannot be made: {blocked} is a file (fusebench never removes "
+                             "it): move it away, or choose another hydra.sweep.dir=...")
     check_hydra_files(path, "hydra.sweep.dir", output_subdir, what=f"job dir (job {job})")
     taken[path] = job
     return path
