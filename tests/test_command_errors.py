@@ -141,3 +141,9 @@ def test_ctrl_c_in_the_small_commands_is_one_line(monkeypatch, capsys, name, mod
     assert cli.main([]) == 130
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith(f"{name}: interrupted")
+
+
+def test_a_folder_where_the_log_goes_is_one_line(tmp_path):
+    (tmp_path / "R" / "fusebench.log").mkdir(parents=True)
+    one_line_error(command("fusebench", *SIM, "hydra.run.dir=R", cwd=tmp_path), "fusebench.log is not a file")
+    assert (tmp_path / "R" / "fusebench.log").is_dir()

@@ -164,6 +164,15 @@ def check_subdir(raw, key: str = "hydra.sweep.subdir") -> None:
                              f"${{hydra.job.override_dirname}}, {example}.")
 
 
+def check_log(run_dir: Path, key: str) -> None:
+    """Refuse a run dir whose fusebench.log (where Hydra's log handler writes) is anything but a file: Hydra
+    would fail with a traceback opening it."""
+    log_path = Path(run_dir) / "fusebench.log"
+    if os.path.lexists(log_path) and not log_path.is_file():
+        raise FusebenchError(f"{log_path} is not a file (the run logs there; fusebench never removes what it did not "
+                             f"write): move it away, or choose another {key}=...")
+
+
 def check_job_dir(sweep_dir: str | Path, subdir, job: int, taken: dict[str, int],
                   output_subdir: str | None = ".hydra", key: str = "hydra.sweep.subdir") -> str:
     """The job dir of sweep job ``job`` (``subdir``: hydra.sweep.subdir resolved for it), refused when it does not
@@ -186,6 +195,7 @@ def check_job_dir(sweep_dir: str | Path, subdir, job: int, taken: dict[str, int]
     if blocked is not None:  # Hydra's mkdir would fail with a traceback after the jobs before it ran
         raise FusebenchError(f"job {job}'s dir {path} cannot be made: {blocked} is a file (fusebench never removes "
                              "it): move it away, or choose another hydra.sweep.dir=...")
+    check_log(Path(path), "hydra.sweep.dir")
     check_hydra_files(path, "hydra.sweep.dir", output_subdir, what=f"job dir (job {job})")
     taken[path] = job
     return path
@@ -320,6 +330,7 @@ def check_dir(value, key: str, own: tuple[str, ...] = (), subdir: str | None = "
                                  f"({', '.join(theirs[:4])}{', ...' if len(theirs) > 4 else ''}); give the outputs "
                                  f"a folder of their own, e.g. {key}=outputs/run1.")
     if path.is_dir() and key != "hydra.sweep.dir":
+        check_log(path, key)
         check_outputs(path, key)
         check_hydra_files(path, key, subdir)
     check_writable(path, key)
