@@ -147,3 +147,23 @@ def test_a_folder_where_the_log_goes_is_one_line(tmp_path):
     (tmp_path / "R" / "fusebench.log").mkdir(parents=True)
     one_line_error(command("fusebench", *SIM, "hydra.run.dir=R", cwd=tmp_path), "fusebench.log is not a file")
     assert (tmp_path / "R" / "fusebench.log").is_dir()
+
+
+def test_a_sweep_refused_before_its_jobs_leaves_the_sweep_dir_as_it_was(tmp_path):
+    (tmp_path / "S").mkdir()
+    (tmp_path / "S" / "multirun.yaml").write_text("an earlier sweep's record\n")
+    for folder in ("S", "fresh"):
+        done = command("fusebench", "-m", *SIM, "eval.bogus=1,2", f"hydra.sweep.dir={folder}", cwd=tmp_path)
+        assert done.returncode == 2 and "eval.bogus" in done.stderr
+    assert (tmp_path / "S" / "multirun.yaml").read_text() == "an earlier sweep's record\n"
+    assert not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.slow
+def test_a_failed_rerun_leaves_the_earlier_runs_log_as_it_was(tmp_path):
+    assert command("fusebench", *SIM, "eval.bootstrap.draws=50", "hydra.run.dir=R", cwd=tmp_path).returncode == 0
+    log = (tmp_path / "R" / "fusebench.log").read_bytes()
+    done = command("fusebench", *SIM, "gallery=sim", "gallery.size=200", "gallery.near_duplicate=0.1",
+                   "hydra.run.dir=R", cwd=tmp_path)
+    assert done.returncode == 2 and "gallery.near_duplicate=0.1 drops all" in done.stderr
+    assert (tmp_path / "R" / "fusebench.log").read_bytes() == log

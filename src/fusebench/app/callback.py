@@ -232,6 +232,9 @@ class SweepReport(Callback):
             raise RunDirRefused(self.bad_draws)
         _check_subdir(config)
         _check_jobs(config)
+        given = _value(config, "hydra.sweep.dir")
+        if isinstance(given, str) and given.strip():
+            rundir.note_if_fresh(given)  # before its check creates it (a sweep refused at once leaves none)
         folder = SweepReport.sweep_dir = _check_dir(config, "hydra.sweep.dir")
         if folder is not None:
             if SweepReport.kind == "run":

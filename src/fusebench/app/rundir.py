@@ -37,6 +37,7 @@ WHAT = {"hydra.run.dir": "run dir", "hydra.sweep.dir": "sweep dir", "embed.cache
 PER_JOB = re.compile(r"hydra\s*[.:]\s*job\s*\.\s*(num|id|override_dirname)\b")
 # resolved run dir -> (its metrics.json's identity, its .hydra folder, the earlier .hydra files: None = absent)
 _EARLIER: dict[Path, tuple[tuple, Path, dict[str, bytes | None]]] = {}
+_EARLIER_LOG: dict[Path, int | None] = {}  # run dir -> its fusebench.log's size before the rerun
 # how every metrics.json fusebench writes begins (report.outputs: json.dumps(record, indent=2)), the version's
 # digits between the two parts
 RECORD_OPENING = (b'{\n  "version": ', b',\n  "dataset": {\n')
@@ -345,6 +346,8 @@ def keep_earlier_config(run_dir: str | Path, subdir: str | None = ".hydra") -> N
     folder = run_dir / subdir
     try:
         _EARLIER[run_dir] = (file_identity(run_dir / "metrics.json"), folder, read_hydra_files(folder))
+        log_file = run_dir / "fusebench.log"
+        _EARLIER_LOG[run_dir] = log_file.stat().st_size if log_file.is_file() else None
     except OSError:  # unreadable: nothing kept, the rerun goes on as before
         pass
 
@@ -372,10 +375,14 @@ def restore_earlier_config(run_dir: str | Path) -> bool:
     if entry is None:
         return False
     identity, folder, kept = entry
+    size = _EARLIER_LOG.pop(Path(run_dir).resolve(), None)
     try:
         if file_identity(Path(run_dir) / "metrics.json") != identity:
             return False
         put_back_hydra_files(folder, kept)
+        log_file = Path(run_dir) / "fusebench.log"
+        if size is not None and log_file.is_file() and log_file.stat().st_size > size:
+            os.truncate(log_file, size)  # the earlier run's log as it was (the failure was printed)
     except OSError:
         return False
     return True
@@ -402,6 +409,12 @@ def note_if_fresh(run_dir: str | Path) -> None:
     while not os.path.lexists(top.parent) and top.parent != top:  # the folders above it this run creates too
         top = top.parent
     _CREATED_FROM[path] = top
+
+
+def created_here(folder: str | Path) -> bool:
+    """Whether ``folder`` did not exist when this process's run or sweep started (``note_if_fresh``)."""
+    path = Path(folder).resolve()
+    return path in _FRESH and _FRESH[path] is None
 
 
 def remove_if_fresh(run_dir: str | Path, subdir: str | None = ".hydra") -> bool:

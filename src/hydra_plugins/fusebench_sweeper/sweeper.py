@@ -134,6 +134,30 @@ class ComposeOnceSweeper(BasicSweeper):
             self.launcher.hydra_context = HydraContext(config_loader=self.composed,
                                                        callbacks=hydra_context.callbacks)
 
+    def sweep(self, arguments: list[str]) -> Any:
+        """Hydra's sweep; when it is refused before its first job starts (a job's config, its dir), the sweep
+        dir is left as it was: Hydra's multirun.yaml, written first, is put back (an earlier sweep's record) or
+        removed, and a sweep dir this sweep created is removed when it is left empty."""
+        from fusebench.app import rundir
+
+        folder = Path(str(self.config.hydra.sweep.dir))
+        existed, record = folder.exists() and not rundir.created_here(folder), folder / "multirun.yaml"
+        earlier = record.read_bytes() if record.is_file() else None
+        try:
+            return super().sweep(arguments)
+        except BaseException:
+            if self.next_job == 0:  # no job ran: nothing of this sweep stays
+                try:
+                    if earlier is not None:
+                        record.write_bytes(earlier)
+                    else:
+                        record.unlink(missing_ok=True)
+                    if not existed and folder.is_dir() and not any(folder.iterdir()):
+                        folder.rmdir()
+                except OSError:
+                    pass
+            raise
+
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         if self.job_dirs is None:
             self.job_dirs, self.jobs = {}, []
