@@ -61,7 +61,7 @@ def test_an_empty_fusebench_output_is_refused_by_the_cache_command(tmp_path):
 
 def test_a_refused_config_leaves_nothing_behind(tmp_path):
     one_line_error(command("fusebench", *SIM, "fusion.rrf_k=-1", "hydra.run.dir=fresh", cwd=tmp_path), "fusion.rrf_k")
-    assert not (tmp_path / "fresh").exists()
+    assert not (tmp_path / "fresh").exists() and not (tmp_path / "nested").exists()
     (tmp_path / "kept").mkdir()
     one_line_error(command("fusebench", *SIM, "fusion.rrf_k=-1", "hydra.run.dir=kept/a/b/c", cwd=tmp_path),
                    "fusion.rrf_k")
@@ -152,11 +152,11 @@ def test_a_folder_where_the_log_goes_is_one_line(tmp_path):
 def test_a_sweep_refused_before_its_jobs_leaves_the_sweep_dir_as_it_was(tmp_path):
     (tmp_path / "S").mkdir()
     (tmp_path / "S" / "multirun.yaml").write_text("an earlier sweep's record\n")
-    for folder in ("S", "fresh"):
+    for folder in ("S", "fresh", "nested/a/b"):
         done = command("fusebench", "-m", *SIM, "eval.bogus=1,2", f"hydra.sweep.dir={folder}", cwd=tmp_path)
         assert done.returncode == 2 and "eval.bogus" in done.stderr
     assert (tmp_path / "S" / "multirun.yaml").read_text() == "an earlier sweep's record\n"
-    assert not (tmp_path / "fresh").exists()
+    assert not (tmp_path / "fresh").exists() and not (tmp_path / "nested").exists()
 
 
 @pytest.mark.slow

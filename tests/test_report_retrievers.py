@@ -124,17 +124,19 @@ def test_a_number_changed_in_metrics_json_is_caught_against_the_ranks(compose_cf
     assert all(r.path.name == "1" for r in report.runs)
 
 
-def test_a_record_naming_a_model_it_lacks_is_damaged_not_a_crash(compose_cfg, tmp_path):
-    """A fused member renamed in metrics.json crashed fusebench-report with a KeyError."""
+@pytest.mark.parametrize("members,why", [(["nosuch"], "names models it does not hold (nosuch)"),
+                                         ([], "names no models"), (["fused"], "names a fusion as one of its models")])
+def test_a_record_naming_a_model_it_lacks_is_damaged_not_a_crash(compose_cfg, tmp_path, members, why):
+    """A fused member renamed in metrics.json crashed fusebench-report (KeyError; AttributeError for [])."""
     from fusebench.report.runs import scan_runs
 
     _jobs(compose_cfg, tmp_path / "s", [["fusion=dbsf"], ["fusion=rrf"]])
     path = tmp_path / "s" / "0" / "metrics.json"
     data = json.loads(path.read_text())
-    data["retrievers"]["fused"]["spec"]["members"] = ["nosuch"]
+    data["retrievers"]["fused"]["spec"]["members"] = members
     path.write_text(json.dumps(data, indent=2) + "\n")
     scan = scan_runs(tmp_path / "s")
-    assert [r.path.name for r in scan.runs] == ["1"] and "names models it does not hold (nosuch)" in scan.failed["0"]
+    assert [r.path.name for r in scan.runs] == ["1"] and why in scan.failed["0"]
     assert build_report(tmp_path / "s", draws=100).runs[0].path.name == "1"
 
 

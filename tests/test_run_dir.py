@@ -283,8 +283,9 @@ def test_a_users_file_under_a_plots_name_is_refused_never_overwritten(tmp_path):
     (plots / PLOTS_MANIFEST).write_text(plots_manifest_text({"paired_gains.png": None}))  # stopped while drawing
     assert rundir.foreign(tmp_path) == []
     whole = (plots / PLOTS_MANIFEST).read_bytes()
-    (plots / PLOTS_MANIFEST).write_bytes(whole[:len(whole) // 2])  # fusebench's, cut short: its plots by name, never a dead end
-    assert rundir.foreign(tmp_path) == []
+    for cut in (len(whole) // 2, 30, 0):  # fusebench's, cut short (to empty): its plots by name, never a dead end
+        (plots / PLOTS_MANIFEST).write_bytes(whole[:cut])
+        assert rundir.foreign(tmp_path) == []
     (plots / PLOTS_MANIFEST).write_text("{}")  # a manifest that is not fusebench's is someone else's file
     assert PLOTS_MANIFEST in " ".join(rundir.foreign(tmp_path)) and read_plots_manifest(plots) is None
 

@@ -67,7 +67,7 @@ def test_cfg_job_prints_config_without_running(tmp_path):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    ([*SMALL_SIM, "fusion.method=condorcet"], "valid: none, rrf, dbsf, sum, minmax, zscore"),
+    ([*SMALL_SIM, "fusion.method=condorcet"], "valid: none, sum, minmax, zscore, isr, rrf, dbsf, l2, borda, rbc"),
     ([*SMALL_SIM, "fusion.fuse_on=pixels"], "valid: document, source_object"),
     ([*SMALL_SIM, "fusion.top_k=5"], "fusion.top_k=5 is below the largest eval.ks (10)"),
     (["dataset=manifest"], "dataset.manifest is not set"),

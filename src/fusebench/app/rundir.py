@@ -441,11 +441,18 @@ def remove_if_fresh(run_dir: str | Path, subdir: str | None = ".hydra") -> bool:
         (path / "fusebench.log").unlink()
     if before is None and not any(path.iterdir()):
         path.rmdir()
-        top = _CREATED_FROM.pop(path, path)
-        parent = path.parent
-        while top != path and parent.is_relative_to(top) and parent.is_dir() and not any(parent.iterdir()):
-            parent.rmdir()  # the empty folders above it that this run created
-            if parent == top:
-                break
-            parent = parent.parent
+        remove_created_parents(path)
     return True
+
+
+def remove_created_parents(folder: str | Path) -> None:
+    """After ``folder`` (a run or sweep dir this process created) was removed: the empty folders above it that
+    this process created too (``note_if_fresh``)."""
+    path = Path(folder).resolve()
+    top = _CREATED_FROM.pop(path, path)
+    parent = path.parent
+    while top != path and parent.is_relative_to(top) and parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+        if parent == top:
+            break
+        parent = parent.parent

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,12 +101,9 @@ def read_jobs(path: Path) -> list[dict] | None:
 def _damaged_jobs_file(path: Path) -> bool:
     """A multirun_jobs.json fusebench wrote that was cut short or changed since (it begins as every one does):
     rewritten, never a dead end; any other file of that name is someone else's."""
-    try:
-        with Path(path).open("rb") as fh:
-            head = fh.read(64)
-    except OSError:
-        return False
-    return Path(path).is_file() and re.match(rb'\{\s*"format":\s*"' + JOBS_FORMAT.encode() + rb'"', head) is not None
+    from fusebench.runtime.layout import begins_as
+
+    return Path(path).is_file() and begins_as(path, JOBS_FORMAT)
 
 
 def write_jobs(sweep_dir: str | Path, jobs: list[dict]) -> bool:
@@ -199,6 +195,10 @@ def _run_problem(path: Path, record: RunRecord) -> str | None:
     """Why a finished run's files cannot be reported (rank files missing, changed since the run, unreadable or
     of the wrong shape; a record that names retrievers it does not hold), or None."""
     for name, result in record.retrievers.items():
+        if result.is_fusion and not result.members:
+            return f"metrics.json: fusion {name!r} names no models"
+        if any(record.retrievers[m].is_fusion for m in result.members if m in record.retrievers):
+            return f"metrics.json: fusion {name!r} names a fusion as one of its models"
         unknown = [m for m in result.members if m not in record.retrievers]
         if unknown:
             return f"metrics.json: fusion {name!r} names models it does not hold ({', '.join(unknown)})"

@@ -49,14 +49,18 @@ def read_plots_manifest(plots_dir: Path) -> dict[str, str | None] | None:
 
 
 def begins_as(path: Path, fmt: str) -> bool:
-    """Whether the file at ``path`` begins as fusebench writes a JSON file of format ``fmt`` (``{"format": fmt``):
-    one of its own, cut short or changed since, which is rebuilt, never a dead end."""
+    """Whether the file at ``path`` begins as fusebench writes a JSON file of format ``fmt`` (``{"format": fmt``,
+    compact or indented), or is a beginning of that (cut short, down to empty): one of its own, damaged, which is
+    rebuilt, never a dead end."""
     try:
         with Path(path).open("rb") as fh:
             head = fh.read(256)
     except OSError:
         return False
-    return re.match(rb'\{\s*"format":\s*"' + re.escape(fmt.encode()) + rb'"', head) is not None
+    if re.match(rb'\{\s*"format":\s*"' + re.escape(fmt.encode()) + rb'"', head) is not None:
+        return True
+    openings = [json.dumps({"format": fmt}, indent=i)[:-1].rstrip().encode() for i in (None, 1)]
+    return any(opening.startswith(head) for opening in openings)
 
 
 def plots_manifest_text(plots: dict[str, str | None]) -> str:

@@ -154,6 +154,7 @@ class ComposeOnceSweeper(BasicSweeper):
                         record.unlink(missing_ok=True)
                     if not existed and folder.is_dir() and not any(folder.iterdir()):
                         folder.rmdir()
+                        rundir.remove_created_parents(folder)
                 except OSError:
                     pass
             raise
