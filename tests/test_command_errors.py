@@ -106,10 +106,14 @@ def test_an_error_txt_with_more_than_fusebenchs_line_is_the_users(tmp_path):
     assert is_error_file(path)
 
 
-def test_ctrl_c_after_a_run_wrote_its_results_says_so(capsys):
+def test_ctrl_c_after_a_run_wrote_its_results_says_so(capsys, monkeypatch):
     """Ctrl-C while the plots were drawn said 'no outputs were written' over a run dir holding the new results."""
     from fusebench.app import cli
     from fusebench.runtime import state
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # run_command sets it for its process: undone after this test
+    monkeypatch.setattr(cli, "SHOW_TRACEBACKS", dict(cli.SHOW_TRACEBACKS))
+    monkeypatch.setattr(cli.interrupts, "watch", lambda: None)  # no Ctrl-C handler of the run left behind
 
     def app():
         state.current().written.append("/tmp/R")
