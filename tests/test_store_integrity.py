@@ -274,13 +274,19 @@ def _listing(tmp_path, capsys, *flags: str) -> dict[str, str]:
     return {line.split()[0]: line.split("  ")[-1].strip() for line in lines}
 
 
-def test_list_shows_damaged_entries_as_partial(twins, tmp_path, capsys):
+def _six_entries(twins, tmp_path):
+    """Two embedding entries, and each model's score and list entries: the cache, the embedding keys, and the
+    score and list entries by model."""
     models, caption_image = twins
     cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
     keys = {"emb": cache.get_or_compute(A, 10, rows_of).key, "emb_b": cache.get_or_compute(B, 10, rows_of).key}
     run_lists(models, caption_image, ORDERS, str(tmp_path), keep_k=10)
     run_lists(models, caption_image, LISTS, str(tmp_path))
-    scores, lists = _entries(ScoreStore(tmp_path)), _entries(ListStore(tmp_path))
+    return cache, keys, _entries(ScoreStore(tmp_path)), _entries(ListStore(tmp_path))
+
+
+def test_list_shows_damaged_entries_as_partial(twins, tmp_path, capsys):
+    cache, keys, scores, lists = _six_entries(twins, tmp_path)
     state = _listing(tmp_path, capsys)
     assert len(state) == 6 and set(state.values()) == {"complete"}
     data = cache.entry_dir(keys["emb"]) / "embeddings.npy"
@@ -310,12 +316,7 @@ def _flip_a_bit(path: Path) -> None:
 def test_list_verifies_checksums_so_a_flipped_bit_is_never_complete(twins, tmp_path, capsys):
     """A bit flipped in place (size unchanged) was listed as complete; a run would find it and rebuild. The list
     reads every checksum as a run does; --quick skips them and says its 'complete' is from sizes alone."""
-    models, caption_image = twins
-    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
-    keys = {"emb": cache.get_or_compute(A, 10, rows_of).key, "emb_b": cache.get_or_compute(B, 10, rows_of).key}
-    run_lists(models, caption_image, ORDERS, str(tmp_path), keep_k=10)
-    run_lists(models, caption_image, LISTS, str(tmp_path))
-    scores, lists = _entries(ScoreStore(tmp_path)), _entries(ListStore(tmp_path))
+    cache, keys, scores, lists = _six_entries(twins, tmp_path)
     _flip_a_bit(cache.entry_dir(keys["emb"]) / "embeddings.npy")
     _flip_a_bit(lists["a"] / "lists.npz")
     _flip_a_bit(scores["b"] / "t2i.npy")
