@@ -23,13 +23,14 @@ import torch
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError
 from fusebench.app.engine_dirs import ENGINE_DIR, fresh_workdir, remove_engine_dir, remove_workdir, seal
-from fusebench.app.retrieval import ListSource, RankedLists, SearchSettings, exact_lists, list_depth, retrieve
+from fusebench.app.retrieval import ListSource, SearchSettings, exact_lists, list_depth, retrieve
 from fusebench.config.search import SearchConfig
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.evaluation.parity import difference_rows, parity
 from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
 from fusebench.fusion.config import FusionConfig
+from fusebench.search.ranked import RankedLists
 
 log = logging.getLogger(__name__)
 PARITY_K = 10
@@ -45,14 +46,6 @@ class BackendResult:
 def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
     array = array if length is None else array[:, :length]
     return torch.from_numpy(np.ascontiguousarray(array.astype(np.int64 if array.dtype.kind == "i" else np.float32)))
-
-
-def _cut_lists(ranked: RankedLists, keep_k: int | None) -> RankedLists:
-    """``ranked`` with its lists cut to ``keep_k`` entries (its ranks, computed on the whole list, kept)."""
-    if keep_k is None:
-        return ranked
-    return RankedLists(ranked.ranks, ranked.ids[:, :keep_k], ranked.scores[:, :keep_k],
-                       None if ranked.contributors is None else ranked.contributors[:, :keep_k])
 
 
 def _list_ranks(ids: np.ndarray, direction: str, caption_image: np.ndarray) -> np.ndarray:
@@ -133,7 +126,7 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
     n_items = {"t2i": models[0].n_items, "i2t": len(caption_image)}
     results: dict[str, dict[str, RankedLists]] = {m.name: {} for m in models}
     results[FUSED] = {}
-    results[EXACT_FUSED] = {d: _cut_lists(r, keep_k) for d, r in exact_results[FUSED].items()}
+    results[EXACT_FUSED] = {d: r.cut(keep_k) for d, r in exact_results[FUSED].items()}
     qualities: dict[str, dict[str, IndexQuality]] = {m.name: {} for m in models}
     costs, parities, differences, notes = {}, {}, [], []
     root = Path(out_dir) / ENGINE_DIR
@@ -157,8 +150,8 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
         notes += [n for n in out.notes if n not in notes]
         for m in models:
             ids, scores = out.singles[m.name]
-            results[m.name][direction] = RankedLists(_list_ranks(ids, direction, caption_image), _cut(ids, keep_k),
-                                                     _cut(scores, keep_k))
+            results[m.name][direction] = RankedLists(ranks=_list_ranks(ids, direction, caption_image),
+                                                     ids=_cut(ids, keep_k), scores=_cut(scores, keep_k))
             recall, top1 = quality(ids, exact[m.name].ids(direction), request.per_model_k)
             qualities[m.name][direction] = IndexQuality(neighbour_recall=recall, top1_agreement=top1,
                                                         depth=request.per_model_k)
@@ -168,8 +161,8 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
         else:
             contributors = _contributors(out.fused_ids, [out.singles[m.name][0] for m in models])
         cut = slice(None) if keep_k is None else slice(0, keep_k)
-        results[FUSED][direction] = RankedLists(fused_ranks, _cut(out.fused_ids, keep_k), _cut(out.fused_scores, keep_k),
-                                                contributors[:, cut])
+        results[FUSED][direction] = RankedLists(ranks=fused_ranks, ids=_cut(out.fused_ids, keep_k),
+                                                scores=_cut(out.fused_scores, keep_k), contributors=contributors[:, cut])
         latency = np.asarray(out.latency_ms, dtype=np.float64)
         costs[direction] = EngineCost(ingest_seconds=round(out.ingest_seconds, 3), build_seconds=round(out.build_seconds, 3),
                                       search_seconds=round(out.search_seconds, 3),

@@ -25,22 +25,12 @@ from fusebench.fusion import methods as registry
 from fusebench.fusion.combine import fuse_in_blocks
 from fusebench.fusion.config import RANK_METHODS, FusionConfig
 from fusebench.fusion.whole_rankings import DenseSide, RowBlocks, correct_items, dense_fuse
+from fusebench.runtime.progress import Progress
 from fusebench.search.exact import float_rows
 from fusebench.search.model_lists import ModelLists, compute_model_lists, full_rows, tiles
+from fusebench.search.ranked import RankedLists
 from fusebench.stores.lists import ListStore, list_materials
 from fusebench.stores.scores import ScoreStore
-
-Progress = Callable[[str, int], Callable[[int], None]]  # (description, total) -> update(n)
-
-
-@dataclass
-class RankedLists:
-    """One retriever in one direction: per-query exact ranks and its (possibly truncated) ranked list."""
-
-    ranks: np.ndarray  # (queries,) 1-based rank of the first correct item, 0 when absent from the list
-    ids: torch.Tensor  # (queries, L) int64 item index per position, -1 padding
-    scores: torch.Tensor  # (queries, L) float32
-    contributors: torch.Tensor | None = None  # fused only: bitmask of models holding each entry
 
 
 @dataclass
@@ -207,7 +197,8 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
     if stored is None:
         stored = exact_lists(models, caption_image, depth, settings, source)
     single_len = keep_k if keep_k is not None else (fusion.top_k or depth)
-    results = {name: {d: RankedLists(lists.ranks(d), _cut(lists.ids(d), single_len), _cut(lists.scores(d), single_len))
+    results = {name: {d: RankedLists(ranks=lists.ranks(d), ids=_cut(lists.ids(d), single_len),
+                                 scores=_cut(lists.scores(d), single_len))
                       for d in DIRECTIONS} for name, lists in stored.items()}
     if not fusing:
         return results
@@ -224,8 +215,7 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
             fused = fuse_in_blocks(ids, scores, fusion, fusion.final_k(n_items[d], len(models)), weights)
             ranks = (t2i_list_ranks(fused.ids, cap_img) if d == "t2i"
                      else i2t_list_ranks(fused.ids, query_images, cap_img))
-            cut = slice(None) if keep_k is None else slice(0, keep_k)
-            results[FUSED][d] = RankedLists(ranks, fused.ids[:, cut], fused.scores[:, cut], fused.contributors[:, cut])
+            results[FUSED][d] = fused.cut(keep_k).with_ranks(ranks)
         return results
     if any(m.distractors is not None for m in models):
         raise FusebenchError("fusion.top_k=null fuses whole rankings, which a gallery with distractors does not hold "
@@ -249,5 +239,5 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
         final_k = fusion.final_k(n_items[d], len(models))
         fused, ranks = dense_fuse(sides[d], weights, fusion, keep, final_k, 2 * settings.tile_bytes,
                                   progress(f"fuse {d} (whole rankings)", len(sides[d].correct)))
-        results[FUSED][d] = RankedLists(ranks, fused.ids, fused.scores, fused.contributors)
+        results[FUSED][d] = fused.with_ranks(ranks)
     return results

@@ -12,7 +12,7 @@ are read model by model in config order, each from rank 1 down (``ties: first``)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from fusebench.fusion.methods._ranks import absent_points
 from fusebench.fusion.normalisers import RowAffine, _ranks, affine_evidence, map_scores
 from fusebench.search import topk_kernels
 from fusebench.search.exact import sort_desc_with_tiebreak, sort_rows
+from fusebench.search.ranked import RankedLists
 
 
 def method_rows(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig,
@@ -32,12 +33,6 @@ def method_rows(scores: torch.Tensor, valid: torch.Tensor | None, config: Fusion
     rows = registry.method(config.method).evidence(scores, valid, config, moments)
     return rows if config.flat_score is None else replace(rows, flat_value=float(config.flat_score))
 
-
-@dataclass
-class FusedLists:
-    ids: torch.Tensor  # (B, L) int64, -1 padding
-    scores: torch.Tensor  # (B, L) float32, -inf padding
-    contributors: torch.Tensor  # (B, L) int64 bitmask of the models whose lists hold this entry
 
 
 def _group_by_id(all_ids: torch.Tensor):
@@ -165,7 +160,7 @@ def _weighted_lists(ids, scores, weights, offsets, config: FusionConfig) -> torc
                       for i, s, w, o in zip(ids, scores, weights, offsets)], dim=1)
 
 
-def _fuse_by_id_kernel(all_ids, ids, scores, weights, offsets, config, final_k) -> FusedLists:
+def _fuse_by_id_kernel(all_ids, ids, scores, weights, offsets, config, final_k) -> RankedLists:
     """source_object fusion by :func:`fusebench.search.topk_kernels.fuse_by_id` (the same rule as the torch path below)."""
     evidence = _weighted_lists(ids, scores, weights, offsets, config)
     rows = all_ids.shape[0]
@@ -175,20 +170,21 @@ def _fuse_by_id_kernel(all_ids, ids, scores, weights, offsets, config, final_k) 
     column_bits = np.concatenate([np.full(t.shape[1], 1 << m, dtype=np.int64) for m, t in enumerate(ids)])
     topk_kernels.fuse_by_id(all_ids.contiguous().numpy(), evidence.contiguous().numpy(), column_bits,
                        int(all_ids.max()) + 1, final_k, _KERNEL_COMBINES[config.combine], out_ids, out_scores, out_bits)
-    return FusedLists(torch.from_numpy(out_ids), torch.from_numpy(out_scores), torch.from_numpy(out_bits))
+    return RankedLists(ids=torch.from_numpy(out_ids), scores=torch.from_numpy(out_scores),
+                       contributors=torch.from_numpy(out_bits))
 
 
-def ties_by_id(fused: FusedLists, final_k: int) -> FusedLists:
+def ties_by_id(fused: RankedLists, final_k: int) -> RankedLists:
     """``fused`` (every entry, best first) ordered by fused score with equal scores by smaller item id, cut to
     ``final_k``: Milvus' order (``internal/util/function/rerank/util.go`` ``newIDScores``). Padding stays last."""
     ids, scores = fused.ids.numpy(), fused.scores.numpy()
     order = torch.from_numpy(np.lexsort((ids, -scores.astype(np.float64)), axis=1)[:, :final_k])
-    return FusedLists(ids=fused.ids.gather(1, order), scores=fused.scores.gather(1, order),
-                      contributors=fused.contributors.gather(1, order))
+    return RankedLists(ids=fused.ids.gather(1, order), scores=fused.scores.gather(1, order),
+                       contributors=fused.contributors.gather(1, order))
 
 
 def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
-         weights: list[float] | None = None) -> FusedLists:
+         weights: list[float] | None = None) -> RankedLists:
     """Fuse per-model ranked lists for one batch of queries into one list of length ``final_k`` with
     ``config``'s method, key, rrf_k and ddof (``weights``: per model, None = equal)."""
     method, fuse_on, n_models = config.method, config.fuse_on, len(ids)
@@ -225,12 +221,12 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConf
         bits = torch.zeros_like(bits).scatter_(1, positions, by_id)
     out_scores, out_positions = out_scores[:, :final_k], out_positions[:, :final_k]
     pad_out = out_scores == float("-inf")
-    return FusedLists(ids=all_ids.gather(1, out_positions).masked_fill_(pad_out, -1), scores=out_scores,
+    return RankedLists(ids=all_ids.gather(1, out_positions).masked_fill_(pad_out, -1), scores=out_scores,
                       contributors=bits.gather(1, out_positions).masked_fill_(pad_out, 0))
 
 
 def fuse_in_blocks(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
-                   weights: list[float] | None = None, max_entries: int = 1 << 17) -> FusedLists:
+                   weights: list[float] | None = None, max_entries: int = 1 << 17) -> RankedLists:
     """``fuse`` over row blocks so that long lists (top_k = all) never hold more than ``max_entries`` at once."""
     rows = ids[0].shape[0]
     width = sum(t.shape[1] for t in ids)
@@ -239,4 +235,4 @@ def fuse_in_blocks(ids: list[torch.Tensor], scores: list[torch.Tensor], config: 
               for r in range(0, rows, step)]
     if len(blocks) == 1:
         return blocks[0]
-    return FusedLists(*(torch.cat([getattr(b, f) for b in blocks]) for f in ("ids", "scores", "contributors")))
+    return RankedLists(**{f: torch.cat([getattr(b, f) for b in blocks]) for f in ("ids", "scores", "contributors")})

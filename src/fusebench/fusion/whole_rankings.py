@@ -23,7 +23,6 @@ import torch
 
 from fusebench.fusion import methods as registry
 from fusebench.fusion.combine import (
-    FusedLists,
     mean_parts,
     mean_total,
     method_rows,
@@ -35,6 +34,7 @@ from fusebench.fusion.normalisers import RowAffine
 from fusebench.search import row_kernels, topk_kernels
 from fusebench.search.exact import descending_keys, sort_desc_with_tiebreak, sort_rows, topk_stable
 from fusebench.search.model_lists import tiles
+from fusebench.search.ranked import RankedLists
 
 # (r0, r1, into=None) -> that block of a model's score rows (r1-r0, items); ``into``: a CPU array of at least
 # r1-r0 rows to read or compute the block into (a buffer dense_fuse reuses), None: a fresh one
@@ -220,7 +220,7 @@ def _source_object_block(scores, weights, config, correct, keep, aux):
             values[tie_rows], position = _top(fused[tie_rows].gather(1, order), keep)
             ids[tie_rows] = order.gather(1, position)
     contributors = torch.full_like(ids, (1 << len(scores)) - 1)
-    return FusedLists(ids, values, contributors), ranks
+    return RankedLists(ids=ids, scores=values, contributors=contributors), ranks
 
 
 def _rank_evidence(n_items: int, weight: float, config: FusionConfig, device, offset: int = 0) -> torch.Tensor:
@@ -260,14 +260,15 @@ def _equal_evidence_tiebreak(winner: torch.Tensor, m: int, s_best: torch.Tensor)
     return torch.where(winner > m, -inf, torch.where(winner == m, s_best, inf))
 
 
-def _merge_heads(ids: list[torch.Tensor], values: list[torch.Tensor], keep: int) -> FusedLists:
+def _merge_heads(ids: list[torch.Tensor], values: list[torch.Tensor], keep: int) -> RankedLists:
     """The fused list's head: each model's own top entries (ids, evidence) merged by evidence, then model,
     then rank (evidence is monotone in a model's score, so its top entries are its best evidence)."""
     bits = [torch.full_like(top, 1 << m) for m, top in enumerate(ids)]
     all_ids, all_values, all_bits = torch.cat(ids, 1), torch.cat(values, 1), torch.cat(bits, 1)
     out_values, position = sort_desc_with_tiebreak(all_values.contiguous())
     position = position[:, :keep]
-    return FusedLists(all_ids.gather(1, position), out_values[:, :keep], all_bits.gather(1, position))
+    return RankedLists(ids=all_ids.gather(1, position), scores=out_values[:, :keep],
+                       contributors=all_bits.gather(1, position))
 
 
 def _document_block_affine(scores, weights, config, correct, keep, aux):
@@ -362,7 +363,7 @@ class BlockBuffers:
 
 def dense_fuse(side: DenseSide, weights: list[float], config: FusionConfig, keep: int, final_k: int,
                budget_bytes: int,
-               progress: Callable[[int], None] | None = None) -> tuple[FusedLists, np.ndarray]:
+               progress: Callable[[int], None] | None = None) -> tuple[RankedLists, np.ndarray]:
     """Fused lists (first ``keep`` entries) and exact ranks of the first correct entry for every query."""
     n_models, n_queries, n_items = len(side.rows), side.correct.shape[0], side.n_items
     per_row = n_items * n_models * ((24 if config.method in RANK_METHODS else 12)  # scores, evidence, ranks
@@ -386,9 +387,9 @@ def dense_fuse(side: DenseSide, weights: list[float], config: FusionConfig, keep
         block_fn = _source_object_block if config.fuse_on == "source_object" else _document_block
         fused, block_ranks = block_fn(scores, weights, config, side.correct[r0:r1], keep, aux)
         block_ranks = torch.where(block_ranks <= final_k, block_ranks, 0)
-        outs.append(FusedLists(fused.ids.cpu(), fused.scores.cpu(), fused.contributors.cpu()))
+        outs.append(RankedLists(ids=fused.ids.cpu(), scores=fused.scores.cpu(), contributors=fused.contributors.cpu()))
         ranks.append(block_ranks.cpu().numpy())
         if progress is not None:
             progress(r1 - r0)
-    fused = FusedLists(*(torch.cat([getattr(o, f) for o in outs]) for f in ("ids", "scores", "contributors")))
+    fused = RankedLists(**{f: torch.cat([getattr(o, f) for o in outs]) for f in ("ids", "scores", "contributors")})
     return fused, np.concatenate(ranks).astype(np.int64)

@@ -5,9 +5,11 @@ refresh is a line's worth of text that a log keeps (a 2 s job wrote hundreds of 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from tqdm.auto import tqdm
 
+Progress = Callable[[str, int], Callable[[int], None]]  # (description, total) -> update(n): a bar's factory
 LOG_INTERVAL = 30.0  # seconds between refreshes when the bar does not go to a terminal
 
 
