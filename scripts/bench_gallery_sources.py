@@ -34,8 +34,8 @@ from bench_common import cpu_model  # noqa: E402
 from fusebench.data.distractor_sources import webdataset_items  # noqa: E402
 from fusebench.data.tar_shards import _tarfile_members, tar_members  # noqa: E402
 from fusebench.encoders.distractors import normalised  # noqa: E402
+from fusebench.encoders.duplicate_scan import distractor_max_cosine  # noqa: E402
 from fusebench.encoders.vector_dumps import ClipRetrievalDump, VectorDumpRows  # noqa: E402
-from fusebench.search.near_duplicates import distractor_max_cosine  # noqa: E402
 
 
 def best_of(fn, repeats=3) -> float:

@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from fusebench.evaluation.comparisons import retriever_result
-from fusebench.evaluation.metrics import hits_at_k, i2t_list_ranks, median_rank, recall_at_k, t2i_list_ranks
+from fusebench.evaluation.metrics import hits_at_k, median_rank, recall_at_k
 from fusebench.evaluation.record import ModelRecord
+from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks
 
 
 def test_recall_and_median_exact_numbers():

@@ -11,13 +11,13 @@ import pytest
 from fusebench import FusebenchError
 from fusebench.app import cache_cli
 from fusebench.config.gallery import GalleryConfig
-from fusebench.data.gallery import seeded_order
+from fusebench.data.distractor_items import seeded_order
+from fusebench.encoders import duplicate_scan as near_duplicates
 from fusebench.encoders import vector_dumps
 from fusebench.encoders.distractors import ArrayRows, normalised
+from fusebench.encoders.duplicate_scan import distractor_max_cosine, near_duplicate_drops, stored_max_cosine
 from fusebench.encoders.vector_dumps import VectorDumpRows, dump_ids, dump_rows
 from fusebench.runtime import state
-from fusebench.search import near_duplicates
-from fusebench.search.near_duplicates import distractor_max_cosine, near_duplicate_drops, stored_max_cosine
 from fusebench.stores.near_duplicates import NearDuplicateStore
 
 pq = pytest.importorskip("pyarrow.parquet")

@@ -25,8 +25,7 @@ from fusebench.data.simulated import (
 )
 from fusebench.encoders.simulated import sim_distractor_rows
 from fusebench.evaluation.comparisons import paired_comparisons, retriever_result
-from fusebench.evaluation.record import RunRecord
-from fusebench.evaluation.scaling import (
+from fusebench.evaluation.extrapolation import (
     JEFFREYS,
     ScalingError,
     beta_binomial_cdf,
@@ -34,6 +33,7 @@ from fusebench.evaluation.scaling import (
     predicted_recall,
     survival,
 )
+from fusebench.evaluation.record import RunRecord
 from fusebench.evaluation.subrecords import DatasetSummary, GalleryModelCost, GalleryRecord, ModelRecord, RunInfo
 from fusebench.fusion.config import FusionConfig
 from fusebench.report.sweep import build_report, write_report
@@ -197,7 +197,7 @@ def test_the_fitted_prior_is_the_most_likely_one_on_its_ridge():
     """Beta-binomial likelihood over (alpha, beta) has a long curved ridge: the fit beats a dense grid over it."""
     from scipy.special import betaln
 
-    from fusebench.evaluation.scaling import fit_prior
+    from fusebench.evaluation.extrapolation import fit_prior
 
     rng = np.random.default_rng(3)
     n = 100_000

@@ -26,11 +26,10 @@ from fusebench.app.engine_dirs import ENGINE_DIR, fresh_workdir, remove_engine_d
 from fusebench.app.retrieval import ListSource, SearchSettings, exact_lists, list_depth, retrieve
 from fusebench.config.search import SearchConfig
 from fusebench.encoders.base import ModelEmbeddings
-from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.evaluation.parity import difference_rows, parity
 from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
 from fusebench.fusion.config import FusionConfig
-from fusebench.search.ranked import RankedLists
+from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
 
 log = logging.getLogger(__name__)
 PARITY_K = 10

@@ -17,7 +17,7 @@ from fusebench.config.gallery import FILE_KINDS, NEAR_DUPLICATE, GalleryConfig
 from fusebench.config.run import RunConfig
 from fusebench.config.specs import RealModel
 from fusebench.data.corpus import Corpus
-from fusebench.data.gallery import with_distractors
+from fusebench.data.distractor_items import with_distractors
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.encoders.distractors import DistractorRows, KeptRows
 from fusebench.evaluation.subrecords import GalleryModelCost, GalleryRecord
@@ -78,8 +78,8 @@ def near_duplicate_drops(gallery: GalleryConfig, embeddings: list[ModelEmbedding
     n = next(iter(rows.values())).n
     if gallery.near_duplicate is None or n == 0:
         return np.zeros(n, dtype=bool)
-    from fusebench.search.near_duplicates import near_duplicate_drops as drops
-    from fusebench.search.near_duplicates import stored_max_cosine
+    from fusebench.encoders.duplicate_scan import near_duplicate_drops as drops
+    from fusebench.encoders.duplicate_scan import stored_max_cosine
 
     maxima = []
     for m in embeddings:

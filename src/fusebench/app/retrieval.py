@@ -20,7 +20,6 @@ import torch
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError
 from fusebench.encoders.base import ModelEmbeddings
-from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.fusion import methods as registry
 from fusebench.fusion.combine import fuse_in_blocks
 from fusebench.fusion.config import RANK_METHODS, FusionConfig
@@ -28,7 +27,7 @@ from fusebench.fusion.whole_rankings import DenseSide, RowBlocks, correct_items,
 from fusebench.runtime.progress import Progress
 from fusebench.search.exact import float_rows
 from fusebench.search.model_lists import ModelLists, compute_model_lists, full_rows, tiles
-from fusebench.search.ranked import RankedLists
+from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
 from fusebench.stores.lists import ListStore, list_materials
 from fusebench.stores.scores import ScoreStore
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fusebench import FusebenchError
-from fusebench.config import checks
+from fusebench.runtime import checks
 
 GALLERY_KINDS = ("none", "sim", "folder", "webdataset", "paths", "vectors")
 FILE_KINDS = ("folder", "webdataset", "paths")  # image files a real model embeds (in shards, fusebench-embed)

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from fusebench import FusebenchError
-from fusebench.config import checks
 from fusebench.config.gallery import GalleryConfig, SimDistractorConfig
 from fusebench.config.schema import (
     DATASETS,
@@ -34,6 +33,7 @@ from fusebench.config.schema import (
 from fusebench.config.search import ENGINE_PRESETS, MILVUS_MAX_NQ, MILVUS_MAX_TOPK, SearchConfig
 from fusebench.config.specs import ModelSpec, model_specs, registry
 from fusebench.fusion.config import FusionConfig
+from fusebench.runtime import checks
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Each class is one group (``EvalConfig`` is ``eval``; a dataset kind is one class of ``DATASETS``; the fusion group
 is :class:`fusebench.fusion.config.FusionConfig`; model specs, free-form per kind, are
 :mod:`fusebench.config.specs`). Its ``__post_init__`` checks every value, through the typed reads of
-:mod:`fusebench.config.checks`, and the conversion of a whole composed config into these types happens once,
+:mod:`fusebench.runtime.checks`, and the conversion of a whole composed config into these types happens once,
 in :func:`fusebench.config.run.run_config`; past the CLI, code reads these objects, never the config's dicts.
 
 Registered with Hydra's ConfigStore as ``schema_GROUP`` (``schema_fusion`` is ``FusionConfig``), and each YAML
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from fusebench import FusebenchError
-from fusebench.config import checks
+from fusebench.runtime import checks
 
 POSITIVE_SETS = ("eccv", "cxc")  # extra positives (COCO 5k): fusebench.evaluation.positives
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from fusebench import FusebenchError
-from fusebench.config import checks
+from fusebench.runtime import checks
 
 BACKENDS = ("exact", "faiss", "milvus", "lancedb", "qdrant")
 ENGINES = ("milvus", "lancedb", "qdrant")

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fusebench import FUSED, FusebenchError
-from fusebench.config import checks
-from fusebench.config.checks import INTERNAL
+from fusebench.runtime import checks
+from fusebench.runtime.checks import INTERNAL
 
 DEFAULT_WEIGHT = 1.0  # a model's weight in the fused score when its spec sets none
 TEXT_CASES = ("as_typed", "lowercase", "canonicalize")

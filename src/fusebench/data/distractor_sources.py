@@ -27,7 +27,7 @@ from pathlib import Path
 
 from fusebench import FusebenchError
 from fusebench.config.gallery import GalleryConfig
-from fusebench.data.gallery import DistractorItems, check_no_overlap, check_size, seeded_order
+from fusebench.data.distractor_items import DistractorItems, check_no_overlap, check_size, seeded_order
 from fusebench.data.input_files import not_a_directory, utf8_lines
 from fusebench.data.tar_shards import IMAGE_EXTENSIONS, expand_braces, sample_key, tar_members
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fusebench import FusebenchError
-from fusebench.config.checks import device_name
+from fusebench.runtime.checks import device_name
 
 
 def resolve_device(name: str | None, key: str = "device") -> torch.device:

@@ -35,8 +35,8 @@ import numpy as np
 
 from fusebench import FusebenchError
 from fusebench.config.gallery import GalleryConfig
+from fusebench.data.distractor_items import DistractorItems
 from fusebench.data.distractor_sources import listing_digest
-from fusebench.data.gallery import DistractorItems
 from fusebench.encoders.distractors import KeptRows, normalised
 from fusebench.encoders.fingerprint import refs_fingerprint
 from fusebench.encoders.images import BadImageError, open_rgb

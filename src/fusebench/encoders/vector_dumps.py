@@ -37,8 +37,8 @@ import numpy as np
 
 from fusebench import FusebenchError
 from fusebench.config.gallery import GalleryConfig
+from fusebench.data.distractor_items import check_no_overlap, check_size, seeded_order
 from fusebench.data.distractor_sources import check_unique_ids, listing_digest, parquet_module
-from fusebench.data.gallery import check_no_overlap, check_size, seeded_order
 from fusebench.encoders.distractors import DistractorRows, normalised
 from fusebench.stores.files import array_digest, remembered_checksum
 

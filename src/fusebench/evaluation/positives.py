@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from fusebench import DIRECTIONS, FusebenchError
-from fusebench.config.checks import config_keys
 from fusebench.config.schema import DATASETS, POSITIVE_SETS
 from fusebench.data.corpus import Corpus
 from fusebench.evaluation.comparisons import compare_values
 from fusebench.evaluation.subrecords import PositiveCounts
+from fusebench.runtime.checks import config_keys
 
 WHY_IDS = ("needs COCO ids: Karpathy's dataset_coco.json gives them (cocoid per image, sentids per caption; "
            "CLIP_benchmark's coco_test_karpathy.json has no caption ids), or a manifest with integer image ids and "

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fusebench import FusebenchError
-from fusebench.config import checks
 from fusebench.fusion import methods as registry
+from fusebench.runtime import checks
 
 METHODS = ("none", *registry.names())  # none: no fusion (the single models alone)
 FUSE_ON = ("document", "source_object")

@@ -18,8 +18,9 @@ from pathlib import Path
 import yaml
 
 from fusebench import FusebenchError
-from fusebench.config import CONFIG_DIR, checks
 from fusebench.fusion.config import FusionConfig
+from fusebench.runtime import checks
+from fusebench.runtime.layout import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 RUN_SETTINGS = ("fuse_on", "top_k", "final_top_k", "preset")  # chosen per run, not part of a preset

@@ -2,7 +2,7 @@
 ``experiment=distractor_scaling``), each retriever's t2i recall at every size, each fusion's gain over its best
 single model at every size (each run's own comparison), each retriever's paired change from the smallest gallery
 (query by query, from the runs' rank files), and each single model's R@1 extrapolated to larger galleries
-(:mod:`fusebench.evaluation.scaling`), checked against the sizes measured.
+(:mod:`fusebench.evaluation.extrapolation`), checked against the sizes measured.
 
 Only t2i changes: distractors carry no captions, so they ask no i2t query and are no i2t item. Runs compare when
 their test split is the same (dataset name, counts and settings) and their distractors come from one source and
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fusebench.evaluation.comparisons import compare
+from fusebench.evaluation.extrapolation import JEFFREYS, ScalingError, predicted_recall
 from fusebench.evaluation.metrics import recall_at_k
-from fusebench.evaluation.scaling import JEFFREYS, ScalingError, predicted_recall
 from fusebench.report.labels import distinct, study_labels
 from fusebench.report.retrievers import describe, retriever_factors, settings_of
 from fusebench.report.runs import Run

@@ -1,6 +1,6 @@
-"""What a run writes into its dir, by name: the one list the run dir's checks (``app.rundir``), its outputs
-(``report.outputs``) and the sweep report's scan (``report.runs``) share; and how an error.txt fusebench wrote is
-told from anyone else's file."""
+"""Where things are on disk, by name: the config groups' folder (``CONFIG_DIR``); what a run writes into its dir, the
+one list the run dir's checks (``app.rundir``), its outputs (``report.outputs``) and the sweep report's scan
+(``report.runs``) share; and how an error.txt fusebench wrote is told from anyone else's file."""
 
 from __future__ import annotations
 
@@ -8,6 +8,19 @@ import json
 import re
 from pathlib import Path
 
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _config_dir() -> Path:
+    """The YAML config groups: the repository's top-level ``conf/``, the only copy. A wheel ships them as
+    ``fusebench/conf`` (``pyproject.toml`` maps ``conf/`` there); a checkout or an editable install reads ``conf/``."""
+    packaged = _PACKAGE / "conf"  # a wheel or a regular install: fusebench/conf
+    if (packaged / "config.yaml").is_file():
+        return packaged
+    return _PACKAGE.parents[1] / "conf"  # a checkout (editable install): <repo>/src/fusebench -> <repo>/conf
+
+
+CONFIG_DIR = str(_config_dir())
 OUTPUTS = ("metrics.json", "ranks", "topk", "plots", "error.txt")  # what a run writes into its dir
 # the PNGs a run's plots/ holds (fusebench.report.plots.run_plots)
 PLOTS = frozenset({"recall_bars.png", "recall_at_k.png", "wins_losses.png", "paired_gains.png",

@@ -31,9 +31,9 @@ from fusebench.config import search as search_config
 from fusebench.config.search import SearchConfig
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.engines.base import Progress, require
-from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.evaluation.search_record import IndexQuality
 from fusebench.search.model_lists import ModelLists
+from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks
 from fusebench.stores.indexes import IndexStore, StoredIndex, build_unstored, index_material
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fusebench.evaluation.metrics import i2t_list_ranks, t2i_list_ranks
 from fusebench.search.exact import column_target_ranks, float_rows, merge_topk, similarity, target_ranks, topk_stable
+from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks
 from fusebench.search.topk_kernels import Heaps
 
 

@@ -6,6 +6,9 @@ shorter than ``L``; ``scores`` float32, the retriever's own (higher is better), 
 known) is the 1-based rank of each query's first correct item, exact in the retriever's full ranking for exact
 search and within the list for an index or an engine (0: not in the list, a miss). ``contributors`` (fused lists
 only) is the bitmask of the models whose own lists hold each entry (bit m = the run's m-th model).
+
+:func:`t2i_list_ranks` and :func:`i2t_list_ranks` find a list's ``ranks``: the 1-based position of each query's
+first correct item, 0 when the list does not hold it.
 """
 
 from __future__ import annotations
@@ -33,3 +36,22 @@ class RankedLists:
 
     def with_ranks(self, ranks) -> RankedLists:
         return replace(self, ranks=ranks)
+
+
+def first_hit_ranks(correct: torch.Tensor) -> np.ndarray:
+    """1-based position of the first ``True`` in each row of ``correct`` (queries x list positions); 0 if none."""
+    width = correct.shape[1]
+    pos = torch.where(correct, torch.arange(width, device=correct.device)[None, :], torch.full_like(correct, width, dtype=torch.int64))
+    first = pos.min(dim=1).values if width else torch.zeros(correct.shape[0], dtype=torch.int64)
+    return torch.where(first < width, first + 1, torch.zeros_like(first)).cpu().numpy().astype(np.int64)
+
+
+def t2i_list_ranks(ids: torch.Tensor, caption_image: torch.Tensor) -> np.ndarray:
+    """Ranks for caption queries: the correct item is the caption's one image."""
+    return first_hit_ranks(ids == caption_image[:, None])
+
+
+def i2t_list_ranks(ids: torch.Tensor, query_images: torch.Tensor, caption_image: torch.Tensor) -> np.ndarray:
+    """Ranks for image queries: any caption of the image is correct."""
+    owner = torch.where(ids >= 0, caption_image[ids.clamp(min=0)], torch.full_like(ids, -1))
+    return first_hit_ranks(owner == query_images[:, None])

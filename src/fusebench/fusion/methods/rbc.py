@@ -5,8 +5,8 @@ an item). ranx takes phi without a default; 0.8 here, the value the paper's exam
 
 from dataclasses import dataclass
 
-from fusebench.config import checks
 from fusebench.fusion.methods import Method, register
+from fusebench.runtime import checks
 
 
 @dataclass
