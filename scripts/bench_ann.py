@@ -48,10 +48,10 @@ def flat_agreement(ann, exact, direction: str) -> dict:
     position holds the same score in both lists within TIE (items tied up to float rounding, which FAISS's BLAS
     and torch's matmul order differently, a boundary tie with an item past the list included), and the largest
     score difference at any position."""
-    ids, scores = ann.lists.ids(direction), ann.lists.scores(direction)
-    ex_ids, ex_scores = exact.ids(direction)[:, :ids.shape[1]], exact.scores(direction)[:, :ids.shape[1]]
-    ex_ranks = exact.ranks(direction)
-    same = (ids == ex_ids).all(axis=1) & (ann.lists.ranks(direction) == np.where(ex_ranks <= ids.shape[1], ex_ranks, 0))
+    ids, scores = ann.lists[direction].ids.numpy(), ann.lists[direction].scores.numpy()
+    ex_ids, ex_scores = exact[direction].ids.numpy()[:, :ids.shape[1]], exact[direction].scores.numpy()[:, :ids.shape[1]]
+    ex_ranks = exact[direction].ranks
+    same = (ids == ex_ids).all(axis=1) & (ann.lists[direction].ranks == np.where(ex_ranks <= ids.shape[1], ex_ranks, 0))
     tied = ~same & ((ids == ex_ids) | (np.abs(scores - ex_scores) <= TIE)).all(axis=1)
     return {"identical": float(same.mean()), "differ": int((~same).sum()), "differ_within_ties": int(tied.sum()),
             "max_score_diff": float(np.abs(scores - ex_scores).max())}
@@ -67,7 +67,7 @@ def index_runs(model, caption_image, depth: int, config: SearchConfig, repeats: 
     """The first run's lists (the index built and stored), its build seconds, and the least query seconds per
     direction over ``repeats`` runs (the later ones read the index from the store)."""
     runs = [faiss_lists(model, caption_image, depth, config, torch.device("cpu"), store) for _ in range(repeats)]
-    query_s = {d: min(r.costs[d].query_ms * len(r.lists.ids(d)) / 1000 for r in runs) for d in runs[0].costs}
+    query_s = {d: min(r.costs[d].query_ms * len(r.lists[d].ids.numpy()) / 1000 for r in runs) for d in runs[0].costs}
     return runs[0], query_s
 
 
@@ -84,7 +84,7 @@ def bench_model(model, caption_image, depth: int, indexes: list[str], overrides:
         rows = {}
         for direction, q in quality.items():
             rows[direction] = {**asdict(q), "query_s": query_s[direction],
-                               "query_ms": 1000 * query_s[direction] / len(ann.lists.ids(direction)),
+                               "query_ms": 1000 * query_s[direction] / len(ann.lists[direction].ids.numpy()),
                                "params": ann.params[direction]}
             if kind == "flat":
                 rows[direction]["flat_vs_exact"] = flat_agreement(ann, exact, direction)

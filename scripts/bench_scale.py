@@ -137,7 +137,7 @@ def sampled_check(lists, text, image, caption_image, distractors, item_chunk: in
     q64 = q32.double()
     target = torch.as_tensor(caption_image[rows], dtype=torch.int64)
     gallery = GalleryTiles(np.asarray(image, dtype=np.float32), distractors, min(item_chunk, len(image) + distractors.n))
-    k = lists.ids("t2i").shape[1]
+    k = lists["t2i"].ids.numpy().shape[1]
     score32 = torch.full((len(rows),), math.nan)
     score64 = torch.full((len(rows),), math.nan, dtype=torch.float64)
     for t, (c0, _) in enumerate(gallery.tiles):  # the targets' scores first, from their own tiles' blocks
@@ -163,19 +163,19 @@ def sampled_check(lists, text, image, caption_image, distractors, item_chunk: in
         del items
         gallery.release(t)
     near -= 1  # the target itself
-    ours = lists.ranks("t2i")[rows]
+    ours = lists["t2i"].ranks[rows]
     certain = near.numpy() == 0
     query_images = np.unique(caption_image)
     alone = compute_model_lists(text, image, caption_image, lists.depth)
     return {
         "sampled": len(rows),
-        "fp32_lists_equal": bool(np.array_equal(ids.numpy(), lists.ids("t2i")[rows])
-                                 and np.array_equal(vals.numpy(), lists.scores("t2i")[rows])),
+        "fp32_lists_equal": bool(np.array_equal(ids.numpy(), lists["t2i"].ids.numpy()[rows])
+                                 and np.array_equal(vals.numpy(), lists["t2i"].scores.numpy()[rows])),
         "fp32_ranks_equal": bool(np.array_equal(ahead32.numpy() + 1, ours)),
         "fp64_checked": int(certain.sum()),
         "fp64_ranks_equal": int((ahead64.numpy()[certain] + 1 == ours[certain]).sum()),
         "fp64_equal_where_near_ties": int((ahead64.numpy()[~certain] + 1 == ours[~certain]).sum()),
-        "i2t_equal_test_only": all(np.array_equal(alone.arrays[f"i2t_{a}"], lists.arrays[f"i2t_{a}"])
+        "i2t_equal_test_only": all(np.array_equal(alone.arrays()[f"i2t_{a}"], lists.arrays()[f"i2t_{a}"])
                                    for a in ("ids", "scores", "ranks")) and len(query_images) > 0,
         "t2i_r1": float((ours == 1).mean()),
     }

@@ -80,17 +80,17 @@ def test_flat_lists_and_ranks_equal_exact_search(case, exact):
     result = faiss_lists(model, caption_image, 20, config(), CPU, None)
     query_images = np.unique(caption_image)
     for direction in ("t2i", "i2t"):
-        ids, ex_ids = result.lists.ids(direction), exact.ids(direction)
-        assert ids.dtype == np.int32 and result.lists.scores(direction).dtype == np.float32
-        assert result.lists.ranks(direction).dtype == np.int64 and ids.shape == ex_ids.shape
-        assert_same_up_to_ties(ids, result.lists.scores(direction), ex_ids, exact.scores(direction), least_identical=1.0)
-        ex_ranks = exact.ranks(direction)  # exact ranks in the whole ranking; the index's are list ranks
-        np.testing.assert_array_equal(result.lists.ranks(direction), np.where(ex_ranks <= ids.shape[1], ex_ranks, 0))
+        ids, ex_ids = result.lists[direction].ids.numpy(), exact[direction].ids.numpy()
+        assert ids.dtype == np.int32 and result.lists[direction].scores.numpy().dtype == np.float32
+        assert result.lists[direction].ranks.dtype == np.int64 and ids.shape == ex_ids.shape
+        assert_same_up_to_ties(ids, result.lists[direction].scores.numpy(), ex_ids, exact[direction].scores.numpy(), least_identical=1.0)
+        ex_ranks = exact[direction].ranks  # exact ranks in the whole ranking; the index's are list ranks
+        np.testing.assert_array_equal(result.lists[direction].ranks, np.where(ex_ranks <= ids.shape[1], ex_ranks, 0))
     correct = {"t2i": lambda q: {caption_image[q]},
                "i2t": lambda q: set(np.flatnonzero(caption_image == query_images[q]).tolist())}
     for direction in ("t2i", "i2t"):
-        np.testing.assert_array_equal(result.lists.ranks(direction),
-                                      reference_list_ranks(result.lists.ids(direction), correct[direction]))
+        np.testing.assert_array_equal(result.lists[direction].ranks,
+                                      reference_list_ranks(result.lists[direction].ids.numpy(), correct[direction]))
     quality = with_quality(result, exact)
     assert all(q.neighbour_recall == 1.0 and q.top1_agreement == 1.0 for q in quality.values())
     assert all(q.where == "cpu" and not q.stored and q.key is None and q.index_bytes > 0 and q.query_ms > 0
@@ -104,9 +104,9 @@ def test_lists_shorter_than_the_depth_hold_every_item(case):
     cap = caption_image[caption_image < 30]
     result = faiss_lists(small, cap, 50, config(), CPU, None)
     exact = compute_model_lists(small.text, small.image, cap, 50)
-    assert result.lists.ids("t2i").shape == (len(cap), 30) and result.lists.depth == 50
-    np.testing.assert_array_equal(result.lists.ranks("t2i"), exact.ranks("t2i"))  # all listed: ranks are exact
-    np.testing.assert_array_equal(result.lists.ranks("i2t"), exact.ranks("i2t"))
+    assert result.lists["t2i"].ids.numpy().shape == (len(cap), 30) and result.lists.depth == 50
+    np.testing.assert_array_equal(result.lists["t2i"].ranks, exact["t2i"].ranks)  # all listed: ranks are exact
+    np.testing.assert_array_equal(result.lists["i2t"].ranks, exact["i2t"].ranks)
     assert result.costs["t2i"].depth == 30 and result.costs["i2t"].depth == len(cap)
 
 
@@ -116,8 +116,8 @@ def test_ivf_flat_visiting_every_list_equals_flat(case):
     ivf = faiss_lists(model, caption_image, 20, config("ivf_flat", nlist=6, nprobe=6), CPU, None)
     assert ivf.params["t2i"] == {"nlist": 6, "seed": 1234, "nprobe": 6}
     for direction in ("t2i", "i2t"):
-        assert_same_up_to_ties(ivf.lists.ids(direction), ivf.lists.scores(direction), flat.lists.ids(direction),
-                               flat.lists.scores(direction))
+        assert_same_up_to_ties(ivf.lists[direction].ids.numpy(), ivf.lists[direction].scores.numpy(), flat.lists[direction].ids.numpy(),
+                               flat.lists[direction].scores.numpy())
 
 
 def slow_recall(index_ids, exact_ids, depth):
@@ -167,7 +167,7 @@ def test_recall_of_the_approximate_indexes_is_computed_right_and_sane():
         result = faiss_lists(model, caption_image, 10, search, CPU, None)
         quality = with_quality(result, exact)
         for direction in ("t2i", "i2t"):
-            ids, ex_ids = result.lists.ids(direction), exact.ids(direction)
+            ids, ex_ids = result.lists[direction].ids.numpy(), exact[direction].ids.numpy()
             recall = slow_recall(ids, ex_ids, 10).mean()
             assert quality[direction].neighbour_recall == pytest.approx(recall, abs=1e-12)
             assert quality[direction].top1_agreement == pytest.approx(slow_top1(ids, ex_ids).mean(), abs=1e-12)
@@ -180,7 +180,7 @@ def test_recall_of_the_approximate_indexes_is_computed_right_and_sane():
 def test_index_scores_are_the_inner_products_of_the_listed_items(case):
     model, caption_image = case
     result = faiss_lists(model, caption_image, 10, config("hnsw", ef_search=32), CPU, None)
-    ids, scores = result.lists.ids("t2i"), result.lists.scores("t2i")
+    ids, scores = result.lists["t2i"].ids.numpy(), result.lists["t2i"].scores.numpy()
     recomputed = np.einsum("qd,qkd->qk", model.text.astype(np.float64), model.image[ids].astype(np.float64))
     np.testing.assert_allclose(scores, recomputed, atol=1e-5)
     assert (np.diff(scores, axis=1) <= 1e-6).all()  # best first

@@ -49,10 +49,10 @@ def tie_case(seed: int, n_test: int, n_distractors: int, n_captions: int, dim: i
 
 
 def assert_same(got, want):
-    assert got.arrays.keys() == want.arrays.keys()
-    for name in want.arrays:
-        assert got.arrays[name].dtype == want.arrays[name].dtype, name
-        assert np.array_equal(got.arrays[name], want.arrays[name]), name
+    assert got.arrays().keys() == want.arrays().keys()
+    for name in want.arrays():
+        assert got.arrays()[name].dtype == want.arrays()[name].dtype, name
+        assert np.array_equal(got.arrays()[name], want.arrays()[name]), name
 
 
 SHAPES = [  # n_test, n_distractors, captions, depth, chunk, item_chunk
@@ -73,8 +73,8 @@ def test_gallery_lists_equal_the_in_memory_search_of_the_stacked_gallery(shape):
     want = compute_model_lists(text, np.vstack([image, distractors]), caption_image, depth, "cpu", chunk, item_chunk)
     assert_same(got, want)
     if n_distractors:
-        assert got.ranks("t2i")[0] > 10  # caption 0's target is behind its ten scaled copies
-        assert got.ids("t2i").max() >= n_test  # distractors do make the lists
+        assert got["t2i"].ranks[0] > 10  # caption 0's target is behind its ten scaled copies
+        assert got["t2i"].ids.numpy().max() >= n_test  # distractors do make the lists
 
 
 def test_normalised_rows_through_array_rows_with_near_copies():
@@ -180,7 +180,7 @@ def test_the_margin_matters_on_near_ties(monkeypatch):
     want = gallery_lists(text, image, caption_image, rows, 20, "cpu", 32, 256)
     monkeypatch.setattr(margin, "margin", lambda q, v, dim, out_unit: torch.zeros_like(q.norm))
     got = gallery_lists(text, image, caption_image, rows, 20, "cpu", 32, 256, precision="bf16")
-    assert not all(np.array_equal(got.arrays[n], want.arrays[n]) for n in ("t2i_ids", "t2i_scores", "t2i_ranks"))
+    assert not all(np.array_equal(got.arrays()[n], want.arrays()[n]) for n in ("t2i_ids", "t2i_scores", "t2i_ranks"))
 
 
 @pytest.mark.parametrize("precision,unit", [("bf16", 2.0**-8), ("tf32", 2.0**-10)])
@@ -250,13 +250,13 @@ def test_compute_model_lists_skips_captionless_tiles_and_strips_with_unchanged_r
     assert len(offered) == 3 * 5  # tiles [0, 128), [384, 512), [640, 700) x five caption chunks
     scores = similarity(torch.from_numpy(text), torch.from_numpy(image))
     values, ids = topk_stable(scores, 15)
-    assert np.array_equal(got.ids("t2i"), ids.numpy()) and np.array_equal(got.scores("t2i"), values.numpy())
+    assert np.array_equal(got["t2i"].ids.numpy(), ids.numpy()) and np.array_equal(got["t2i"].scores.numpy(), values.numpy())
     cap = torch.from_numpy(caption_image)
-    assert np.array_equal(got.ranks("t2i"), target_ranks(scores, cap).numpy())
+    assert np.array_equal(got["t2i"].ranks, target_ranks(scores, cap).numpy())
     query = torch.unique(cap)
     values, ids = topk_stable(scores[:, query].T.contiguous(), 15)
-    assert np.array_equal(got.ids("i2t"), ids.numpy()) and np.array_equal(got.scores("i2t"), values.numpy())
-    assert np.array_equal(got.ranks("i2t"), column_target_ranks(scores[:, query], cap, query).numpy())
+    assert np.array_equal(got["i2t"].ids.numpy(), ids.numpy()) and np.array_equal(got["i2t"].scores.numpy(), values.numpy())
+    assert np.array_equal(got["i2t"].ranks, column_target_ranks(scores[:, query], cap, query).numpy())
 
 
 def test_bad_inputs_are_refused_with_what_is_valid():
@@ -296,8 +296,8 @@ def test_200k_distractors_against_full_rows_counted_the_obvious_way():
     for i, q in enumerate(sample):
         row, target = full[i], caption_image[q]
         order = np.argsort(-row, kind="stable")[:50]
-        assert np.array_equal(got.ids("t2i")[q], order)
-        assert np.array_equal(got.scores("t2i")[q], row[order])
+        assert np.array_equal(got["t2i"].ids.numpy()[q], order)
+        assert np.array_equal(got["t2i"].scores.numpy()[q], row[order])
         ahead = np.count_nonzero(row > row[target]) + np.count_nonzero(row[:target] == row[target])
-        assert got.ranks("t2i")[q] == ahead + 1
-    assert (got.ranks("t2i") > 1).mean() > 0.2  # the distractors do outrank targets
+        assert got["t2i"].ranks[q] == ahead + 1
+    assert (got["t2i"].ranks > 1).mean() > 0.2  # the distractors do outrank targets

@@ -50,8 +50,8 @@ def run(case, store, search=None, depth=10):
 
 
 def assert_same(one, other):
-    for name, array in one.lists.arrays.items():
-        np.testing.assert_array_equal(array, other.lists.arrays[name], err_msg=name)
+    for name, array in one.lists.arrays().items():
+        np.testing.assert_array_equal(array, other.lists.arrays()[name], err_msg=name)
 
 
 def no_build(monkeypatch):
@@ -77,7 +77,7 @@ def test_a_stored_index_is_read_back_for_any_search_time_parameter(case, tmp_pat
         assert_same(again, fresh)
         wider = run(case, tmp_path, config(nprobe=4))  # nprobe is a search-time parameter: the same index
         assert all(c.hit for c in wider.costs.values()) and wider.params["t2i"]["nprobe"] == 4
-    np.testing.assert_array_equal(wider.lists.ids("t2i"), run(case, None, config(nprobe=4)).lists.ids("t2i"))
+    np.testing.assert_array_equal(wider.lists["t2i"].ids.numpy(), run(case, None, config(nprobe=4)).lists["t2i"].ids.numpy())
     with monkeypatch.context() as patch:
         run(case, tmp_path, config("hnsw", ef_search=40))
         no_build(patch)

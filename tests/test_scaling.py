@@ -139,7 +139,7 @@ def test_recall_falls_with_gallery_size():
     recall = []
     for n in (0, 2000, 20000):
         lists = compute_model_lists(unit(text), np.vstack([unit(image), rows.read(0, n)]), CORPUS.caption_image, 1)
-        recall.append(np.mean(lists.ranks("t2i") == 1))
+        recall.append(np.mean(lists["t2i"].ranks == 1))
     assert recall[0] > recall[1] > recall[2]
 
 
@@ -150,8 +150,8 @@ def test_a_rank_with_distractors_is_the_test_split_rank_plus_the_distractors_abo
     text = rng.integers(-2, 3, (300, 6)).astype(np.float32)
     images, distractors_ = rng.integers(-2, 3, (50, 6)).astype(np.float32), rng.integers(-2, 3, (900, 6)).astype(np.float32)
     caption_image = rng.integers(0, 50, 300)
-    rank_0 = compute_model_lists(text, images, caption_image, 5).ranks("t2i")
-    rank_n = compute_model_lists(text, np.vstack([images, distractors_]), caption_image, 5).ranks("t2i")
+    rank_0 = compute_model_lists(text, images, caption_image, 5)["t2i"].ranks
+    rank_n = compute_model_lists(text, np.vstack([images, distractors_]), caption_image, 5)["t2i"].ranks
     target = np.einsum("ij,ij->i", text, images[caption_image])
     above = (text @ distractors_.T > target[:, None]).sum(axis=1)
     assert (text @ distractors_.T == target[:, None]).any()  # ties happen, and distractors rank after them

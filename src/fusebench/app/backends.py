@@ -151,7 +151,7 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
             ids, scores = out.singles[m.name]
             results[m.name][direction] = RankedLists(ranks=_list_ranks(ids, direction, caption_image),
                                                      ids=_cut(ids, keep_k), scores=_cut(scores, keep_k))
-            recall, top1 = quality(ids, exact[m.name].ids(direction), request.per_model_k)
+            recall, top1 = quality(ids, exact[m.name][direction].ids.numpy(), request.per_model_k)
             qualities[m.name][direction] = IndexQuality(neighbour_recall=recall, top1_agreement=top1,
                                                         depth=request.per_model_k)
         fused_ranks = _list_ranks(out.fused_ids, direction, caption_image)

@@ -159,8 +159,9 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
             for d in DIRECTIONS}, beside
 
 
-def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
-    return torch.from_numpy(array[:, :length].astype(np.int64 if array.dtype.kind == "i" else np.float32))
+def _cut(values: torch.Tensor, length: int | None) -> torch.Tensor:
+    """The first ``length`` columns (None = all) as a new int64 (ids) or float32 (scores) tensor."""
+    return values[:, :length].to(torch.int64 if not values.is_floating_point() else torch.float32, copy=True)
 
 
 def list_depth(fusion: FusionConfig, keep_k: int | None, settings: SearchSettings) -> int:
@@ -196,8 +197,8 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
     if stored is None:
         stored = exact_lists(models, caption_image, depth, settings, source)
     single_len = keep_k if keep_k is not None else (fusion.top_k or depth)
-    results = {name: {d: RankedLists(ranks=lists.ranks(d), ids=_cut(lists.ids(d), single_len),
-                                 scores=_cut(lists.scores(d), single_len))
+    results = {name: {d: RankedLists(ranks=lists[d].ranks, ids=_cut(lists[d].ids, single_len),
+                                 scores=_cut(lists[d].scores, single_len))
                       for d in DIRECTIONS} for name, lists in stored.items()}
     if not fusing:
         return results
@@ -209,8 +210,8 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
     if fusion.top_k is not None:
         for d in DIRECTIONS:
             k = fusion.per_model_k(n_items[d])
-            ids = [_cut(stored[m.name].ids(d), k) for m in models]
-            scores = [_cut(stored[m.name].scores(d), k) for m in models]
+            ids = [_cut(stored[m.name][d].ids, k) for m in models]
+            scores = [_cut(stored[m.name][d].scores, k) for m in models]
             fused = fuse_in_blocks(ids, scores, fusion, fusion.final_k(n_items[d], len(models)), weights)
             ranks = (t2i_list_ranks(fused.ids, cap_img) if d == "t2i"
                      else i2t_list_ranks(fused.ids, query_images, cap_img))

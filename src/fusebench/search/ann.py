@@ -224,4 +224,4 @@ def faiss_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, c
     for d, (ids, scores, _cost, _params) in out.items():
         arrays.update({f"{d}_ids": ids.astype(np.int32), f"{d}_scores": scores,
                        f"{d}_ranks": np.asarray(ranks[d], dtype=np.int64)})
-    return AnnLists(ModelLists(depth, arrays), {d: o[2] for d, o in out.items()}, {d: o[3] for d, o in out.items()})
+    return AnnLists(ModelLists.from_arrays(depth, arrays), {d: o[2] for d, o in out.items()}, {d: o[3] for d, o in out.items()})

@@ -51,7 +51,7 @@ def with_quality(ann: AnnLists, exact: ModelLists) -> dict[str, IndexQuality]:
     agreement against ``exact``'s lists (the same queries, at least as deep)."""
     out = {}
     for direction, cost in ann.costs.items():
-        index_ids, exact_ids = ann.lists.ids(direction), exact.ids(direction)
+        index_ids, exact_ids = ann.lists[direction].ids.numpy(), exact[direction].ids.numpy()
         depth = cost.depth or index_ids.shape[1]
         recall = neighbour_recall(index_ids, exact_ids, depth)
         agree = top1_agreement(index_ids, exact_ids)

@@ -233,7 +233,7 @@ def gallery_lists(text, image, caption_image: np.ndarray, distractors, depth: in
     query_images = torch.as_tensor(query_images_np, device=device)
     if stats is not None:
         stats.update(precision=precision, entries=n_captions * n_items, rescored=int(getattr(rows, "rescored", 0)))
-    return ModelLists(depth, {
+    return ModelLists.from_arrays(depth, {
         "t2i_ids": t2i_ids.astype(np.int32), "t2i_scores": t2i_scores.astype(np.float32),
         "t2i_ranks": (ahead + 1).cpu().numpy(),
         "i2t_ids": i2t_ids.astype(np.int32), "i2t_scores": i2t_scores.astype(np.float32),

@@ -19,32 +19,40 @@ import numpy as np
 import torch
 
 from fusebench.search.exact import column_target_ranks, float_rows, merge_topk, similarity, target_ranks, topk_stable
-from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks
+from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
 from fusebench.search.topk_kernels import Heaps
 
 
 @dataclass
 class ModelLists:
-    """Per direction: ``ids`` (queries, L) int32 item indices best first, ``scores`` (queries, L) float32,
-    ``ranks`` (queries,) int64 exact 1-based rank of the first correct item in the model's full ranking.
+    """One model's :class:`~fusebench.search.ranked.RankedLists` in each direction (``self["t2i"]``): ``ids``
+    (queries, L) int32 item indices best first, ``scores`` (queries, L) float32, ``ranks`` (queries,) int64 exact
+    1-based rank of the first correct item in the model's full ranking (an index's: in its list, 0 past it).
     t2i queries are captions in corpus order; i2t queries the images that have captions, in index order."""
 
     depth: int  # the depth asked for; each direction holds min(depth, items) entries per query
-    arrays: dict[str, np.ndarray]  # "t2i_ids", "t2i_scores", "t2i_ranks", "i2t_ids", ...
+    lists: dict[str, RankedLists]  # direction -> its lists
 
-    def ids(self, direction: str) -> np.ndarray:
-        return self.arrays[f"{direction}_ids"]
+    @classmethod
+    def from_arrays(cls, depth: int, arrays: dict[str, np.ndarray]) -> ModelLists:
+        """From the list store's arrays (``t2i_ids``, ``t2i_scores``, ``t2i_ranks``, ``i2t_ids``, ...), without a
+        copy."""
+        return cls(depth, {d: RankedLists(ids=torch.from_numpy(arrays[f"{d}_ids"]),
+                                          scores=torch.from_numpy(arrays[f"{d}_scores"]),
+                                          ranks=arrays[f"{d}_ranks"]) for d in ("t2i", "i2t")})
 
-    def scores(self, direction: str) -> np.ndarray:
-        return self.arrays[f"{direction}_scores"]
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The list store's arrays (views, no copy)."""
+        return {f"{d}_{field}": (np.asarray(lists.ranks) if field == "ranks" else getattr(lists, field).numpy())
+                for d, lists in self.lists.items() for field in ("ids", "scores", "ranks")}
 
-    def ranks(self, direction: str) -> np.ndarray:
-        return self.arrays[f"{direction}_ranks"]
+    def __getitem__(self, direction: str) -> RankedLists:
+        return self.lists[direction]
 
     def covers(self, depth: int, n_images: int, n_captions: int) -> bool:
         """True when these lists are at least ``depth`` long (or already hold every item)."""
-        return (self.ids("t2i").shape[1] >= min(depth, n_images)
-                and self.ids("i2t").shape[1] >= min(depth, n_captions))
+        return (self["t2i"].ids.shape[1] >= min(depth, n_images)
+                and self["i2t"].ids.shape[1] >= min(depth, n_captions))
 
 
 class _TorchLists:
@@ -161,7 +169,7 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
     i2t_scores, i2t_ids = columns.lists()
     query_images = torch.as_tensor(query_images_np, device=device)
     tile_entries = chunk * item_chunk
-    return ModelLists(depth, {
+    return ModelLists.from_arrays(depth, {
         "t2i_ids": t2i_ids, "t2i_scores": t2i_scores,
         "t2i_ranks": t2i_ranks(t2i_ids, text, image, cap_img, tile_entries, item_chunk),
         "i2t_ids": i2t_ids.astype(np.int32), "i2t_scores": i2t_scores.astype(np.float32),

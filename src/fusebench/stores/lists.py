@@ -152,15 +152,16 @@ class ListStore:
             return None
         from fusebench.search.model_lists import ModelLists
 
-        return ModelLists(int(meta["depth"]), arrays)
+        return ModelLists.from_arrays(int(meta["depth"]), arrays)
 
     def _write(self, folder: Path, key: str, material: dict, lists: ModelLists, info: dict) -> None:
         clear_path(folder)
         folder.mkdir(parents=True)
         data_path = folder / "lists.npz"
-        atomic_save(data_path, lambda tmp: _save_npz(tmp, lists.arrays))
+        arrays = lists.arrays()
+        atomic_save(data_path, lambda tmp: _save_npz(tmp, arrays))
         meta = {"key": key, "format": FORMAT, "info": info, "material": material, "depth": lists.depth,
-                "shapes": {name: list(lists.arrays[name].shape) for name in FIELDS},
+                "shapes": {name: list(arrays[name].shape) for name in FIELDS},
                 "bytes": data_path.stat().st_size, "sha256": file_sha256(data_path),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
