@@ -1,7 +1,7 @@
-"""Layers point one way: nothing below ``app/`` imports it, the bottom layer (``runtime/``, the package's
-``__init__``) imports no other fusebench package, and the package graph's cycles are exactly the ones still
-listed here to be broken (a new cycle fails; so does a listed one that is gone, so that the list stays true).
-Every import counts, a lazy one inside a function as much as one at the top."""
+"""Layers point one way: every package has its place in ``LAYERS`` and imports only packages placed below it
+(so the package graph has no cycle), nothing below ``app/`` imports it, and the bottom layer (``runtime/``, the
+package's ``__init__``) imports no other fusebench package. Every import counts, a lazy one inside a function as
+much as one at the top."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ import fusebench
 
 PACKAGE = Path(fusebench.__file__).resolve().parent
 TOP = "(top)"  # fusebench/__init__.py and any module directly in fusebench/
-# the package cycle not yet broken (issue 30): one component of eight packages, closed by config -> fusion
-# (FusionConfig and the presets live in fusion/ and read config.checks), fusion -> search (the numba kernels and
-# sorts), search -> evaluation (ranks from lists) with evaluation -> fusion (FusionConfig in records), and
-# stores -> search (the list store builds ModelLists; the score store runs row kernels)
+# bottom to top: a package may import the ones before it, never one after it. search is the pure kernels and the
+# ranked-list type; fusion is math over lists; config holds every group's typed form (FusionConfig is fusion's);
+# stores, data and encoders turn files into embeddings; evaluation scores lists; backends answer queries through an
+# index or an engine; report reads run dirs; app orchestrates (the CLI, the Python API, the pipeline).
+LAYERS = ("runtime", "search", "fusion", "config", "stores", "data", "encoders", "evaluation", "engines", "report", "app")
+# imports that still point up (to be moved: issue 30), file -> the packages above it that it imports
+NOT_YET = {"search/ann.py": {"config", "encoders", "engines", "evaluation", "stores"},
+           "search/ann_quality.py": {"evaluation"}}
 KNOWN_CYCLES = {frozenset({"config", "fusion", "search", "stores", "encoders", "engines", "evaluation", "data"})}
 
 
@@ -107,6 +111,20 @@ def test_the_bottom_layer_imports_no_other_package():
     for bottom in ("runtime", TOP):
         above = {t: f for t, f in targets.get(bottom, {}).items() if t not in ("runtime", TOP)}
         assert above == {}, f"{bottom} imports {above}"
+
+
+def test_every_package_imports_only_the_layers_below_it():
+    placed = set(LAYERS) | {TOP}
+    packages = {package_of(p) for p in PACKAGE.rglob("*.py")}
+    assert packages <= placed, f"packages with no place in LAYERS: {sorted(packages - placed)}"
+    level = {name: i for i, name in enumerate(LAYERS)} | {TOP: 0}
+    upward, still = {}, {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source, rel = package_of(path), str(path.relative_to(PACKAGE))
+        above = {t for t in imported_packages(path) if level[t] > level[source]}
+        (still if rel in NOT_YET else upward).update({rel: above} if above else {})
+    assert upward == {}, f"imports that point up the layers: {upward}"
+    assert still == NOT_YET, f"NOT_YET is out of date: the files' upward imports are now {still}"
 
 
 def test_package_cycles_are_exactly_the_known_ones():
