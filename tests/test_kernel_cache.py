@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fusebench.runtime import jit
+from fusebench.runtime import jit, numba_internals
 from fusebench.search import warmup
 
 PACKAGE = Path(jit.__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def test_every_cached_kernel_uses_the_full_key_and_the_warm_up_names_them_all():
             if getattr(value, "_cache", None) is not None and getattr(value, "py_func", None) is not None \
                     and value.py_func.__module__ == module.__name__ and type(value._cache).__name__ != "NullCache":
                 cached[f"{module.__name__}.{attr}"] = value
-    assert cached and all(isinstance(d._cache, jit.KernelCache) for d in cached.values())
+    assert cached and all(numba_internals.keyed(d) for d in cached.values())
     assert set(warmup.SIGNATURES) == set(cached)  # the warm-up compiles every cached kernel
 
 
@@ -61,10 +61,10 @@ def test_the_cache_key_holds_the_digest_of_every_kernel_source(monkeypatch):
 
     codegen = finish.targetctx.codegen()
     signature = tuple(warmup.numba_type(code) for code in warmup.SIGNATURES["fusebench.search.topk_kernels.finish"][0])
-    key = finish._cache._index_key(signature, codegen)
+    key = numba_internals.index_key(finish, signature, codegen)
     assert key[-1] == jit.sources_digest()
     monkeypatch.setattr(jit, "sources_digest", lambda: "another")
-    assert finish._cache._index_key(signature, codegen) != key
+    assert numba_internals.index_key(finish, signature, codegen) != key
 
 
 @pytest.mark.slow

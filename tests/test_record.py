@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from fusebench.evaluation.record import RECORD_VERSION, RecordError, RunRecord
+from fusebench.evaluation.record import RECORD_VERSION, RecordError, RunRecord, migrate
+from fusebench.fusion.config import FusionConfig
 
 
 def _record_json(**changes) -> dict:
@@ -37,13 +38,22 @@ def _record_json(**changes) -> dict:
 FIXTURE = Path(__file__).parent / "fixtures" / "metrics_v2_tuned.json"  # written by fusebench before the typed record
 
 
-def test_a_file_written_before_the_typed_record_reads_and_writes_back_byte_for_byte():
+def test_a_file_written_before_the_typed_record_reads_and_writes_back_as_todays_form():
     """Every sub-record (dataset, eval, run, fusion, tune, each retriever's spec) serialises as metrics.json held it:
-    the same keys, values and order; without its version and files (record version 1) it still reads."""
+    the same keys, values and order, at today's record version, with the settings it lacked filled in
+    (record_versions.migrate); without its version and files (record version 1) it still reads."""
     text = FIXTURE.read_text()
     record = RunRecord.from_json(json.loads(text))
-    assert json.dumps(record.to_json(), indent=2) + "\n" == text
-    assert record.version == 2 and record.dataset.simulated and record.dataset.n_images == 4000
+    written, held = record.to_json(), json.loads(text)
+    assert written == migrate(held)
+    assert written["version"] == RECORD_VERSION == 3 and held["version"] == 2
+    assert list(written) == list(held) and list(written["eval"]) == [*held["eval"], "search_precision"]
+    assert list(written["fusion"]) == list(FusionConfig.__dataclass_fields__)  # in the schema's order
+    for key in set(held) - {"version", "fusion", "eval", "retrievers"}:
+        assert written[key] == held[key], key
+    assert {n: {k: v for k, v in r.items() if k != "spec"} for n, r in written["retrievers"].items()} \
+        == {n: {k: v for k, v in r.items() if k != "spec"} for n, r in held["retrievers"].items()}
+    assert record.version == RECORD_VERSION and record.dataset.simulated and record.dataset.n_images == 4000
     assert record.eval.bootstrap.draws == 2000 and record.eval.lists.depth == 100 and record.fusion.method == "dbsf"
     assert record.tune.chosen.weights == {"sim_siglip2_like": 1.0, "sim_dfn5b_like": 0.75}
     assert record.tune.curve[record.tune.chosen_index].weights == record.tune.chosen.weights
@@ -52,7 +62,8 @@ def test_a_file_written_before_the_typed_record_reads_and_writes_back_byte_for_b
     old = json.loads(text)
     del old["version"], old["files"]
     older = RunRecord.from_json(old)
-    assert older.version == 1 and older.tune == record.tune and older.retrievers == record.retrievers
+    assert older.version == RECORD_VERSION and older.files == {}
+    assert older.tune == record.tune and older.retrievers == record.retrievers
 
 
 def test_round_trip_is_exact_and_fusions_are_a_field():
@@ -81,8 +92,9 @@ def test_a_version_1_file_reads_and_a_newer_one_says_its_version():
     for c in old["comparisons"]:
         del c["level"], c["draws"]
     record = RunRecord.from_json(old)
-    assert record.version == 1 and record.files == {} and record.comparisons[0].level == 0.95
-    with pytest.raises(RecordError, match="record version 9; this fusebench reads versions 1 to"):
+    assert record.version == RECORD_VERSION and record.files == {}
+    assert record.comparisons[0].level == 0.9 and record.comparisons[0].draws == 2000  # the record's eval block's
+    with pytest.raises(RecordError, match="record version 9; this fusebench reads record versions 1 to"):
         RunRecord.from_json(_record_json(version=9))
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from fusebench.app.pipeline import run
-from fusebench.app.tracking import read_wandb_file, summary_metrics
+from fusebench.app.tracking import summary_metrics
+from fusebench.app.wandb_files import read_wandb_file
 from fusebench.evaluation.record import RunRecord
 
 pytestmark = pytest.mark.slow  # whole jobs and subprocesses: not in the fast tier

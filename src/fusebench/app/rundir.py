@@ -49,15 +49,26 @@ log = logging.getLogger(__name__)
 
 def run_record(path: Path) -> dict | None:
     """The content of ``path`` (a metrics.json) when it is a run record fusebench wrote, with the sha256 of
-    the run's files; else None (not JSON, not a record, damaged, unreadable)."""
+    the run's files, read as today's record version (``record_versions.migrate``); else None (not JSON, not a
+    record, damaged, unreadable; a version 1 record, which holds no ``version`` and may hold no checksums, is not
+    known to be fusebench's). A record a newer fusebench wrote is refused (:class:`RecordTooNew`, naming it)."""
+    from fusebench.evaluation.record_versions import RecordVersionError, migrate
+
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if isinstance(data, dict) and {"version", "dataset", "retrievers", "run"} <= data.keys() \
             and isinstance(data.get("files"), dict):
-        return data
+        try:
+            return migrate(data)
+        except RecordVersionError as err:
+            raise RecordTooNew(f"{path}: {err}; or choose another run dir") from None
     return None
+
+
+class RecordTooNew(FusebenchError):
+    """A run dir's metrics.json that a newer fusebench wrote: this one neither reads nor replaces it."""
 
 
 def _begins_like_a_record(data: bytes) -> bool:
@@ -341,7 +352,10 @@ def check_dir(value, key: str, own: tuple[str, ...] = (), subdir: str | None = "
 def keep_earlier_config(run_dir: str | Path, subdir: str | None = ".hydra") -> None:
     """Read the Hydra files of the finished run in ``run_dir`` (if it holds one), before Hydra rewrites them."""
     run_dir = Path(run_dir).resolve()
-    if subdir is None or run_record(run_dir / "metrics.json") is None:
+    try:
+        if subdir is None or run_record(run_dir / "metrics.json") is None:
+            return
+    except RecordTooNew:  # refused when the dir is checked (check_outputs)
         return
     folder = run_dir / subdir
     try:

@@ -5,14 +5,14 @@ preprocessing, fusion, dataset, library versions, git commit) as run config; sum
 names (``t2i/R@1``, ``i2t/R@5``, ``mean/R@1`` for the headline retriever, the fusion when there is one;
 ``gain/t2i/R@1`` for it over its best single model; ``retrievers/NAME/t2i/R@1`` for every retriever);
 a Table of retrievers and one of comparisons; the plots as images; metrics.json and ranks/ as an artifact.
-Offline runs are written under the run dir (``wandb/``); ``wandb sync`` uploads them later.
+Offline runs are written under the run dir (``wandb/``); ``wandb sync`` uploads them later; reading one back
+(W&B's file layout, no public API) is :mod:`fusebench.app.wandb_files`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import struct
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
@@ -192,33 +192,3 @@ def log_sweep(cfg: LoggerConfig | None, folder: str | Path, report: SweepSummary
     except Exception as err:  # noqa: BLE001
         log.warning("W&B sweep summary failed (%s); %s/summary.md holds the report", err, folder)
 
-
-def read_wandb_file(path: str | Path) -> list:
-    """The protobuf records of an offline ``.wandb`` file (W&B's leveldb-style log), for checking what was logged."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = Path(path).read_bytes()
-    if data[:4] != b":W&B":
-        raise ValueError(f"{path} is not a W&B run file")
-    pos, block, records, pending = 7, 32768, [], b""
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:
-            pos += left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        pos += 7
-        if kind == 0 and length == 0:
-            pos += left - 7
-            continue
-        chunk = data[pos:pos + length]
-        pos += length
-        if kind == 1:
-            records.append(chunk)
-        elif kind == 2:
-            pending = chunk
-        elif kind == 3:
-            pending += chunk
-        elif kind == 4:
-            records.append(pending + chunk)
-    return [pb.Record.FromString(r) for r in records]

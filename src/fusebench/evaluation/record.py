@@ -3,9 +3,10 @@
 (dataset, run, each retriever's spec, tuning, extra positives' counts, eval and fusion settings) are
 :mod:`fusebench.evaluation.subrecords`.
 
-Layout of metrics.json (record version 2; version 1 lacked ``version`` and ``files``, and both are read)::
+Layout of metrics.json (record version 3, ``RECORD_VERSION``; every version fusebench wrote is read through
+:func:`fusebench.evaluation.record_versions.migrate`, the one place that knows what each lacked)::
 
-    {"version": 2, "dataset": {...}, "retrievers": {NAME: {"t2i": {"R@1": .., "median_rank": .., "n_queries": ..},
+    {"version": 3, "dataset": {...}, "retrievers": {NAME: {"t2i": {"R@1": .., "median_rank": .., "n_queries": ..},
      "i2t": {...}, "mean": {"R@1": ..}, "spec": {...}, "embedding": {...}?}}, "comparisons": [{...}],
      "oracle": {...} | null, "fusion": {...}, "eval": {...}, "run": {...}, "files": {"ranks/x.npy": sha256}}
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field, fields
 
 from fusebench.config.schema import POSITIVE_SETS, EvalConfig
 from fusebench.config.specs import DEFAULT_WEIGHT
+from fusebench.evaluation.record_versions import RECORD_VERSION, RecordVersionError, migrate
 from fusebench.evaluation.search_record import SearchRecord
 from fusebench.evaluation.subrecords import (
     DatasetSummary,
@@ -37,10 +39,10 @@ from fusebench.evaluation.subrecords import (
 )
 from fusebench.fusion.config import FusionConfig
 
-RECORD_VERSION = 2
 POSITIVE_BLOCKS = POSITIVE_SETS  # extra-positive metric blocks a retriever may carry (fusebench.evaluation.positives)
 __all__ = ["DEFAULT_WEIGHT", "Comparison", "DatasetSummary", "DirectionMetrics", "FusionRecord", "ModelRecord", "PositiveCounts",
-           "GalleryRecord", "RecordError", "RetrieverResult", "RunInfo", "RunRecord", "TuneRecord"]
+           "GalleryRecord", "RECORD_VERSION", "RecordError", "RecordVersionError", "RetrieverResult", "RunInfo", "RunRecord",
+           "TuneRecord", "migrate"]
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ class Comparison:
         if not isinstance(data, dict):
             raise RecordError("a comparison is not an object")
         known = {f.name for f in fields(cls)}
-        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in ("level", "draws", "metric")]
+        missing = [f.name for f in fields(cls) if f.name not in data and f.name != "metric"]
         if missing:
             raise RecordError(f"a comparison lacks {', '.join(missing)}")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -233,13 +235,9 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, data) -> RunRecord:
-        """The record in a parsed metrics.json; RecordError says what is missing, or which version it is."""
-        if not isinstance(data, dict):
-            raise RecordError(f"metrics.json holds a JSON {type(data).__name__}, not an object")
-        version = data.get("version", 1)
-        if not isinstance(version, int) or not 1 <= version <= RECORD_VERSION:
-            raise RecordError(f"metrics.json is record version {version!r}; this fusebench reads versions 1 to "
-                              f"{RECORD_VERSION} (upgrade fusebench to read it)")
+        """The record in a parsed metrics.json of any version fusebench wrote (read as today's, :func:`migrate`);
+        RecordError says what is missing, RecordVersionError that a newer fusebench wrote it."""
+        data = migrate(data)
         dataset = DatasetSummary.from_json(need(data, "dataset", "metrics.json"))
         retrievers = need(data, "retrievers", "metrics.json")
         if not isinstance(retrievers, dict) or not retrievers:
@@ -262,5 +260,4 @@ class RunRecord:
                    positive_comparisons=[Comparison.from_json(c) for c in data.get("positive_comparisons") or []],
                    tune=TuneRecord.from_json(data["tune"]) if isinstance(data.get("tune"), dict) else None,
                    gallery=GalleryRecord.from_json(data["gallery"]) if isinstance(data.get("gallery"), dict) else None,
-                   search=SearchRecord.from_json(data["search"]) if isinstance(data.get("search"), dict) else None,
-                   version=version)
+                   search=SearchRecord.from_json(data["search"]) if isinstance(data.get("search"), dict) else None)

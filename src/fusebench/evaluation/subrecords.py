@@ -1,7 +1,8 @@
 """The run record's parts, as types: the dataset it ran on, how it ran, each retriever's spec, the tuning and the
 extra positives' counts, and the eval and fusion settings (the config's own types). Each has ``to_json`` (what
-metrics.json holds, key for key and in order) and ``from_json`` (any record version; a key a version lacks gets
-its default). :mod:`fusebench.evaluation.record` puts them together.
+metrics.json holds, key for key and in order) and ``from_json`` (a record of today's version: what an older
+version lacks is filled in before, by :func:`fusebench.evaluation.record_versions.migrate`, and nowhere else).
+:mod:`fusebench.evaluation.record` puts them together.
 """
 
 from __future__ import annotations
@@ -146,17 +147,14 @@ def spec_from_json(data, where: str) -> ModelRecord | FusionRecord:
     return FusionRecord.from_json(data, where) if data.get("kind") == "fusion" else ModelRecord(data)
 
 
-LATER_SETTINGS = {"ties": "first", "params": {}}  # fusion settings added after records existed: written only when not the default
-
-
 def fusion_to_json(fusion: FusionConfig) -> dict:
-    """A fusion's settings as a record holds them: a setting added later is left out at its default, so that a
-    record written before it existed reads and writes back byte for byte (and reads back as what ran)."""
-    return {k: v for k, v in asdict(fusion).items() if not (k in LATER_SETTINGS and v == LATER_SETTINGS[k])}
+    """A fusion's settings as a record holds them: every one, at its value."""
+    return asdict(fusion)
 
 
 def fusion_from_json(data: dict, where: str) -> FusionConfig:
-    """A recorded fusion's settings; a setting an older record lacks is the default it ran with."""
+    """A recorded fusion's settings (a record of today's version: ``record_versions.migrate`` filled in those an
+    older record lacks)."""
     try:
         return FusionConfig(**{f.name: data[f.name] for f in fields(FusionConfig) if f.name in data})
     except (FusebenchError, TypeError) as err:
@@ -169,22 +167,20 @@ def eval_to_json(settings: EvalConfig) -> dict:
     out = {"ks": settings.ks, "draws": boot.draws, "level": boot.level, "seed": boot.seed,
            "save_topk": settings.save_topk, "chunk_size": settings.chunk_size,
            "item_chunk_size": settings.item_chunk_size, "lists": asdict(settings.lists), "device": settings.device,
-           "positives": settings.positives}
-    if settings.search_precision != "auto":  # absent: auto (so records written before the key read back the same)
-        out["search_precision"] = settings.search_precision
+           "positives": settings.positives, "search_precision": settings.search_precision}
     return out
 
 
 def eval_from_json(data) -> EvalConfig:
-    """A record's eval settings; a key an older record lacks is the default."""
+    """A record's eval settings (of today's version: ``record_versions.migrate`` filled in those an older record
+    lacks)."""
     data = _object(data or {}, "metrics.json: 'eval'")
     default = EvalConfig()
     boot = {k: data.get(k, getattr(default.bootstrap, k)) for k in ("draws", "seed", "level")}
     try:
         return EvalConfig(**{k: data[k] for k in ("ks", "device", "chunk_size", "item_chunk_size", "save_topk",
                                                       "positives", "search_precision") if k in data},
-                          bootstrap=BootstrapConfig(**boot), lists=ListsConfig(**{**asdict(default.lists),
-                                                                                  **(data.get("lists") or {})}))
+                          bootstrap=BootstrapConfig(**boot), lists=ListsConfig(**(data.get("lists") or {})))
     except (FusebenchError, TypeError) as err:
         raise RecordError(f"metrics.json: 'eval' cannot be read ({err})") from None
 

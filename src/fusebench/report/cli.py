@@ -65,6 +65,9 @@ def _report(argv: list[str] | None) -> int:
     except ReportBlocked as err:
         return _error(f"{err}: move it away, or write the report into another folder with --out FOLDER")
     scan = scan_runs(folder)
+    if scan.newer:  # a report without them would leave out runs only because this fusebench is older
+        more = f" (and {len(scan.newer) - 1} more)" if len(scan.newer) > 1 else ""
+        return _error(f"{scan.newer[0]}{more}")
     if not scan.runs:
         shown = [f"{name}: {why}" for name, why in list(scan.failed.items())[:3]]
         more = f"; and {len(scan.failed) - 3} more" if len(scan.failed) > 3 else ""

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import DIRECTIONS
-from fusebench.evaluation.record import RecordError, RunRecord
+from fusebench.evaluation.record import RecordError, RecordVersionError, RunRecord
 from fusebench.runtime.layout import is_error_file
 from fusebench.stores.files import remembered_checksum
 
@@ -168,6 +168,7 @@ def missing_jobs(folder: Path, found: set[Path]) -> dict[str, str]:
 class Scan:
     runs: list[Run]
     failed: dict[str, str]  # run dir (relative) -> why it is not reported: unfinished, or which file is damaged
+    newer: list[str] = field(default_factory=list)  # metrics.json files a newer fusebench wrote (fusebench-report refuses)
 
 
 def _finite(value):
@@ -255,7 +256,7 @@ def scan_runs(folder: str | Path) -> Scan:
     others with the reason (no metrics.json: failed or killed; error.txt: the latest job there failed, its
     earlier run's metrics.json not reported; or which file is damaged and how)."""
     folder = Path(folder)
-    runs, failed = [], {}
+    runs, failed, newer = [], {}, []
     candidates = sorted({p.parent.parent for p in folder.rglob(".hydra/config.yaml")}
                         | {p.parent for p in folder.rglob("metrics.json")}
                         | {p.parent for p in folder.rglob("error.txt") if _failed_job(p.parent)})
@@ -278,6 +279,10 @@ def scan_runs(folder: str | Path) -> Scan:
             continue
         try:
             record = RunRecord.from_json(json.loads(metrics_path.read_text(encoding="utf-8")))
+        except RecordVersionError as err:
+            failed[label] = f"{metrics_path}: {err}"
+            newer.append(failed[label])
+            continue
         except RecordError as err:
             failed[label] = str(err)
             continue
@@ -296,7 +301,7 @@ def scan_runs(folder: str | Path) -> Scan:
         name = " ".join(overrides) if overrides else (str(path.relative_to(folder)) or path.name)
         runs.append(Run(path, name, record, overrides))
     failed.update(missing_jobs(folder, {p.resolve() for p in candidates}))
-    return Scan(runs, failed)
+    return Scan(runs, failed, newer)
 
 
 def load_runs(folder: str | Path) -> tuple[list[Run], list[str]]:

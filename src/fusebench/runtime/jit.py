@@ -9,7 +9,8 @@ numba keys a cached kernel on the content of the file that defines it, its bytec
 numba's version, but not on the helpers it inlines from other files (``row_kernels`` inlines ``topk_kernels``'
 heap functions) nor on settings imported from them (``FAST``): after such a change numba would load the stale
 machine code and give other numbers. ``kernel`` therefore adds a digest of every kernel source file
-(``KERNEL_SOURCES``) to the cache key: any change to any of them compiles every kernel again.
+(``KERNEL_SOURCES``) to the cache key: any change to any of them compiles every kernel again. numba offers no
+public way to do that; the private names it takes are in :mod:`fusebench.runtime.numba_internals`, and only there.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import hashlib
 from pathlib import Path
 
 from numba import njit
-from numba.core.caching import FunctionCache
+
+from fusebench.runtime.numba_internals import cache_with_key
 
 PACKAGE = Path(__file__).resolve().parents[1]
-# every file of the package that defines or inlines a compiled kernel (tests/test_kernels.py checks the list)
-KERNEL_SOURCES = ("runtime/jit.py", "search/topk_kernels.py", "search/row_kernels.py", "encoders/rownorm.py")
+# every file of the package that defines or inlines a compiled kernel, or makes its cache key (tests/test_kernel_cache.py
+# checks the list)
+KERNEL_SOURCES = ("runtime/jit.py", "runtime/numba_internals.py", "search/topk_kernels.py", "search/row_kernels.py",
+                  "encoders/rownorm.py")
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,18 +39,10 @@ def sources_digest() -> str:
     return digest.hexdigest()
 
 
-class KernelCache(FunctionCache):
-    """numba's per-function disk cache, with the digest of every kernel source in each entry's key."""
-
-    def _index_key(self, sig, codegen):
-        return (*super()._index_key(sig, codegen), sources_digest())
-
-
 def kernel(*, cache: bool = False, **options):
-    """``numba.njit(**options)``; with ``cache=True``, cached on disk under :class:`KernelCache`'s key."""
+    """``numba.njit(**options)``; with ``cache=True``, cached on disk under numba's key plus
+    :func:`sources_digest` (:mod:`fusebench.runtime.numba_internals`: numba has no public way to extend the key)."""
     def decorate(function):
         dispatcher = njit(**options)(function)
-        if cache:
-            dispatcher._cache = KernelCache(function)  # what numba's enable_caching sets, with the fuller key
-        return dispatcher
+        return cache_with_key(dispatcher, function, lambda: sources_digest()) if cache else dispatcher
     return decorate

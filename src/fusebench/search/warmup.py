@@ -90,7 +90,7 @@ def cache_dir() -> str:
     """Where numba keeps the kernels (the first locator that applies, as numba picks it)."""
     from fusebench.search.topk_kernels import offer_rows
 
-    return offer_rows._cache._cache_path
+    return offer_rows.stats.cache_path  # numba's public compile stats
 
 
 def main(argv: list[str] | None = None) -> int:
