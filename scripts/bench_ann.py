@@ -30,13 +30,14 @@ import torch
 from bench_common import cpu_model
 from omegaconf import OmegaConf
 
+from fusebench.backends import base as backends
+from fusebench.backends.faiss_index import faiss_lists, faiss_version
+from fusebench.backends.quality import with_quality
 from fusebench.config import CONFIG_DIR
 from fusebench.config.schema import SimDatasetConfig
-from fusebench.config.search import BACKEND_READS, INDEX_READS, INDEXES, SearchConfig
+from fusebench.config.search import INDEX_READS, INDEXES, SearchConfig
 from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders import embed
-from fusebench.search.ann import faiss_lists, faiss_version
-from fusebench.search.ann_quality import with_quality
 from fusebench.search.model_lists import compute_model_lists
 
 MODELS = ("sim_siglip2_like", "sim_dfn5b_like")
@@ -76,7 +77,7 @@ def bench_model(model, caption_image, depth: int, indexes: list[str], overrides:
     exact, exact_s = timed[0][0], min(seconds for _, seconds in timed)
     out = {"exact_s": exact_s, "indexes": {}}
     for kind in indexes:
-        reads = {*INDEX_READS[kind], *BACKEND_READS["faiss"]}  # an index is given only the settings it reads
+        reads = {*INDEX_READS[kind], *backends.get("faiss").reads}  # an index is given only the settings it reads
         config = SearchConfig(backend="faiss", index=kind, **{k: v for k, v in overrides.items() if k in reads})
         with tempfile.TemporaryDirectory() as store:
             ann, query_s = index_runs(model, caption_image, depth, config, repeats, store)

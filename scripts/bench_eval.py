@@ -36,7 +36,7 @@ from bench_common import cpu_model, run_fusebench
 from omegaconf import OmegaConf
 
 from fusebench import FUSED
-from fusebench.app.retrieval import SearchSettings, retrieve
+from fusebench.backends.retrieval import SearchSettings, retrieve
 from fusebench.config import CONFIG_DIR
 from fusebench.config.schema import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus

@@ -1,4 +1,4 @@
-"""The FAISS backend (fusebench.search.ann) and index quality (search.ann_quality): flat equals exact search, every
+"""The FAISS backend (fusebench.backends.faiss_index) and index quality (search.ann_quality): flat equals exact search, every
 index's lists and list ranks are what its own search returns, neighbour recall and top-1 agreement equal a slow
 reference, and bad parameters or a missing faiss are one-line errors."""
 
@@ -11,11 +11,11 @@ import torch
 faiss = pytest.importorskip("faiss")
 
 from fusebench import FusebenchError  # noqa: E402
-from fusebench.config.search import SearchConfig  # noqa: E402
+from fusebench.backends import faiss_index as ann  # noqa: E402
+from fusebench.backends.faiss_index import faiss_lists, faiss_version  # noqa: E402
+from fusebench.backends.quality import neighbour_recall, top1_agreement, with_quality  # noqa: E402
+from fusebench.config.search import SearchConfig, check_depth, check_sizes  # noqa: E402
 from fusebench.encoders.base import ModelEmbeddings  # noqa: E402
-from fusebench.search import ann  # noqa: E402
-from fusebench.search.ann import faiss_lists, faiss_version  # noqa: E402
-from fusebench.search.ann_quality import neighbour_recall, top1_agreement, with_quality  # noqa: E402
 from fusebench.search.model_lists import compute_model_lists  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -192,15 +192,17 @@ def test_pq_m_that_does_not_divide_the_width_names_the_key_and_the_divisors(case
         faiss_lists(model, caption_image, 10, config("ivf_pq", nlist=4, nprobe=2, pq_m=5), CPU, None)
 
 
-def test_parameters_the_index_cannot_take_are_refused_before_any_work(case, monkeypatch):
+def test_parameters_the_index_cannot_take_are_refused_before_any_work(case):
+    """The index rules are config.search's, checked once per run before any embedding work (the pipeline calls
+    check_sizes with the corpus's sizes; check_depth runs when the config is checked)."""
     model, caption_image = case
-    monkeypatch.setattr(ann, "build_index", lambda *a, **k: pytest.fail("built an index for refused parameters"))
+    sizes = {"t2i": len(model.image), "i2t": len(caption_image)}
     with pytest.raises(FusebenchError, match=r"search\.nbits=9 needs at least 512 items.*valid search\.nbits is 4\.\.8"):
-        faiss_lists(model, caption_image, 10, config("ivf_pq", nlist=4, nprobe=2, nbits=9), CPU, None)
+        check_sizes(config("ivf_pq", nlist=4, nprobe=2, nbits=9), sizes, 10)
     with pytest.raises(FusebenchError, match=r"search\.ef_search=16 is below the list depth 20"):
-        faiss_lists(model, caption_image, 20, config("hnsw", ef_search=16), CPU, None)
+        check_depth(config("hnsw", ef_search=16), 20)
     with pytest.raises(FusebenchError, match=r"search\.nprobe=40 is more than the \d+ lists"):
-        faiss_lists(model, caption_image, 20, config("ivf_flat", nlist=None, nprobe=40), CPU, None)
+        check_sizes(config("ivf_flat", nlist=None, nprobe=40), sizes, 20)
 
 
 def test_threads_are_set_for_the_search_and_restored(case, monkeypatch):

@@ -51,7 +51,7 @@ def test_faiss_flat_gives_exact_search_numbers(compose_cfg, tmp_path):
 def test_an_engine_run_records_parity_and_leaves_no_database(compose_cfg, tmp_path, caplog):
     pytest.importorskip("qdrant_client")
     out = tmp_path / "qdrant"
-    from fusebench.app.engine_dirs import fresh_workdir
+    from fusebench.backends.engine_dirs import fresh_workdir
 
     leftover = fresh_workdir(out, "t2i")  # as a killed run leaves it: fusebench's marked folder
     (leftover / "half-written").write_text("a killed run's database")
@@ -74,7 +74,7 @@ def test_a_users_file_in_engine_db_is_refused_and_kept(compose_cfg, tmp_path, pu
     """fusebench removes only the engine folders it marked; anything else there stops the run before any work."""
     from fusebench import FusebenchError
     from fusebench.app import pipeline
-    from fusebench.app.engine_dirs import fresh_workdir
+    from fusebench.backends.engine_dirs import fresh_workdir
 
     out = tmp_path / "run"
     root = out / "engine_db"
@@ -90,7 +90,7 @@ def test_a_users_file_in_engine_db_is_refused_and_kept(compose_cfg, tmp_path, pu
         (root / "i2t").mkdir()  # a direction's name, but not a folder fusebench made
         mine = root / "i2t" / "keep.txt"
     elif put in ("in kept t2i", "folder in kept i2t", "seal"):  # a database kept by search.keep_db, sealed
-        from fusebench.app.engine_dirs import SEAL, seal
+        from fusebench.backends.engine_dirs import SEAL, seal
 
         for direction in ("t2i", "i2t"):
             folder = fresh_workdir(out, direction)
@@ -106,7 +106,7 @@ def test_a_users_file_in_engine_db_is_refused_and_kept(compose_cfg, tmp_path, pu
     mine.write_text("the user's")
     embedded = []
     monkeypatch.setattr(pipeline, "_embeddings", lambda *a: embedded.append(1))
-    monkeypatch.setattr("fusebench.engines.base.require", lambda backend: None)  # no engine needed to refuse
+    monkeypatch.setattr("fusebench.backends.engine_steps.require", lambda backend: None)  # no engine needed to refuse
     cfg = compose_cfg([*SMALL, "search=qdrant", "logger=none", "plots=false", f"embed.cache.dir={tmp_path / 'c'}"])
     with pytest.raises(FusebenchError, match="engine_db") as err:
         pipeline.run(cfg, str(out))
@@ -154,7 +154,7 @@ def test_an_engine_keyed_by_document_marks_each_entry_with_its_model(compose_cfg
 
 
 def test_a_sealed_database_left_as_the_engine_left_it_is_removed_and_rebuilt(tmp_path):
-    from fusebench.app.engine_dirs import check_engine_dir, fresh_workdir, seal
+    from fusebench.backends.engine_dirs import check_engine_dir, fresh_workdir, seal
 
     out = tmp_path / "run"
     folder = fresh_workdir(out, "t2i")
@@ -167,7 +167,7 @@ def test_a_sealed_database_left_as_the_engine_left_it_is_removed_and_rebuilt(tmp
 
 
 def test_a_cut_short_seal_of_fusebenchs_leaves_the_database_the_engines(tmp_path):
-    from fusebench.app.engine_dirs import SEAL, check_engine_dir, fresh_workdir, seal
+    from fusebench.backends.engine_dirs import SEAL, check_engine_dir, fresh_workdir, seal
 
     out = tmp_path / "run"
     folder = fresh_workdir(out, "t2i")

@@ -126,7 +126,8 @@ def _plain_config(compose_cfg, overrides: list[str] | None = None) -> dict:
 
 
 def test_the_composed_config_converts_once_into_its_types(compose_cfg):
-    from fusebench.config.run import RunConfig, run_config
+    from fusebench.app.run_config import run_config
+    from fusebench.config.run import RunConfig
     from fusebench.config.schema import NoLoggerConfig, SimDatasetConfig
     from fusebench.config.specs import HFModel, OpenClipModel, SimModel
 
@@ -177,7 +178,7 @@ def test_a_config_mistake_is_one_line_naming_the_key(compose_cfg, change, messag
     """Every key nothing reads, at any level, and every bad value: one FusebenchError naming it, from the one
     conversion (the dataclasses' fields are the valid keys)."""
     from fusebench import FusebenchError
-    from fusebench.config.run import run_config
+    from fusebench.app.run_config import run_config
 
     config = _plain_config(compose_cfg, ["logger=wandb", "fusion.top_k=100"])
     change(config)
@@ -192,7 +193,7 @@ def test_converting_a_config_imports_nothing_heavy():
     import sys
 
     code = ("import sys\nfrom hydra import compose, initialize_config_dir\nfrom fusebench.config import CONFIG_DIR, schema\n"
-            "from fusebench.config.run import run_config\nschema.register()\n"
+            "from fusebench.app.run_config import run_config\nschema.register()\n"
             "with initialize_config_dir(version_base='1.3', config_dir=CONFIG_DIR):\n"
             "    cfg = compose(config_name='config', overrides=['experiment=article_coco', 'study=pair_rrf_document',"
             " 'dataset=sim', 'tune=weights'])\n"

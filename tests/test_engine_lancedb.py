@@ -1,4 +1,4 @@
-"""LanceDB as an embedded engine (fusebench.engines.lancedb): its lists on a small corpus against exact search and
+"""LanceDB as an embedded engine (fusebench.backends.lancedb): its lists on a small corpus against exact search and
 fusebench's exact preset ``lancedb_rrf``, its own fusion rule against a slow reference written the obvious way,
 the approximate indexes' neighbour recall, the requests it refuses, and that it writes nothing outside workdir."""
 
@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,8 @@ pytest.importorskip("lancedb")
 from helpers import engine_case as case  # noqa: E402
 
 from fusebench import FusebenchError  # noqa: E402
+from fusebench.backends import lancedb as engine  # noqa: E402
 from fusebench.config.search import SearchConfig  # noqa: E402
-from fusebench.engines import lancedb as engine  # noqa: E402
 
 TOP_K, FINAL_K = 20, 30  # the fused list is longer than one model's list: LanceDB returns every distinct hit
 TIE = 1e-6  # exact cosines within this are ties (float32 dot products summed in another order)
@@ -145,33 +144,16 @@ def test_indexes_return_lists_with_sane_neighbour_recall(tmp_path, index, settin
     assert any(("IVF_PQ" if index == "ivf_pq" else "IVF_HNSW_SQ") in note for note in out.notes)
 
 
-def _refused(tmp_path, match: str, weights=None, fuse_on=None, n_items=400, **search):
-    req = _request(tmp_path, n_items=n_items, n_queries=5, **search)
-    if weights:
-        req.weights = weights
-    if fuse_on:
-        req.fusion = replace(req.fusion, fuse_on=fuse_on)
-    with pytest.raises(FusebenchError, match=match) as err:
-        engine.run(req)
-    assert "\n" not in str(err.value)
-    assert not any(tmp_path.iterdir())  # refused before any work
+def test_ivf_pq_with_too_few_items_refused(compose_cfg, tmp_path):
+    """Under 2^nbits rows LanceDB would leave every row unindexed (a silent flat search): the run is refused before
+    any embedding work (config.search.check_sizes, which every index's backend shares)."""
+    from fusebench.app.pipeline import run
 
-
-def test_unequal_weights_refused(tmp_path):
-    _refused(tmp_path, r"lancedb_rrf takes no weights.*valid: equal weights", weights={"a": 1.0, "b": 0.5})
-
-
-def test_document_form_refused(tmp_path):
-    _refused(tmp_path, r"fusion.fuse_on=document.*valid fusion.fuse_on=source_object", fuse_on="document")
-
-
-def test_ivf_pq_with_too_few_items_refused(tmp_path):
-    """Under 2^nbits rows LanceDB would leave every row unindexed (a silent flat search): refused instead."""
-    _refused(tmp_path, r"search.index=ivf_pq needs at least 256 items.*holds 200", n_items=200, index="ivf_pq", nprobe=2)
-
-
-def test_pq_width_lancedb_does_not_build_refused(tmp_path):
-    _refused(tmp_path, r"search.nbits=6 .*valid search.nbits is 4 or 8", index="ivf_pq", nbits=6, nprobe=4)
+    cfg = compose_cfg(["search=lancedb", "search.index=ivf_pq", "search.nprobe=2", "search.nlist=4", "dataset.n_images=200",
+                       "dataset.n_captions=400", "logger=none", "plots=false", f"paths.output_dir={tmp_path}"])
+    with pytest.raises(FusebenchError, match=r"search.nbits=8 needs at least 256 items.*holds 200") as err:
+        run(cfg, str(tmp_path / "run"))
+    assert "\n" not in str(err.value) and not list(tmp_path.rglob("*.npy"))  # nothing was embedded
 
 
 WATCHED_RUN = """
@@ -179,8 +161,8 @@ import json, sys
 from pathlib import Path
 import numpy as np
 from fusebench.config.search import SearchConfig
-from fusebench.engines.base import EngineRequest
-from fusebench.engines import lancedb as engine
+from fusebench.backends.engine_steps import EngineRequest
+from fusebench.backends import lancedb as engine
 from fusebench.fusion.config import FusionConfig
 
 rng = np.random.default_rng(3)

@@ -1,4 +1,4 @@
-"""Milvus Lite as an embedded engine (fusebench.engines.milvus): its lists on a small corpus against exact search and
+"""Milvus Lite as an embedded engine (fusebench.backends.milvus): its lists on a small corpus against exact search and
 fusebench's exact presets (milvus_rrf, milvus_weighted, milvus_weighted_ip), its fusion against a slow reference of
 Milvus Lite's MergeOp written the obvious way, the FAISS indexes it builds, the requests it refuses, that the lite
 server is stopped even on error, and that it writes nothing outside workdir."""
@@ -23,8 +23,8 @@ pytest.importorskip("milvus_lite")
 from helpers import engine_case as case  # noqa: E402
 
 from fusebench import FusebenchError  # noqa: E402
+from fusebench.backends import milvus as engine  # noqa: E402
 from fusebench.config.search import SearchConfig  # noqa: E402
-from fusebench.engines import milvus as engine  # noqa: E402
 
 PRESETS = ("milvus_rrf", "milvus_weighted", "milvus_weighted_ip")
 TOP_K = 20
@@ -209,27 +209,6 @@ def _refused(tmp_path, match: str, preset="milvus_rrf", weights=None, fuse_on=No
     assert not any(tmp_path.iterdir())  # refused before the server started
 
 
-def test_unequal_weights_with_rrf_refused(tmp_path):
-    _refused(tmp_path, r"milvus_rrf takes no weights.*valid: equal weights or fusion=milvus_weighted",
-             weights={"a": 1.0, "b": 0.5})
-
-
-def test_document_form_refused(tmp_path):
-    _refused(tmp_path, r"fusion.fuse_on=document.*valid fusion.fuse_on=source_object", fuse_on="document")
-
-
-def test_weights_past_one_refused(tmp_path):
-    _refused(tmp_path, r"WeightedRanker takes weights in \[0, 1\]", "milvus_weighted", weights={"a": 2.0, "b": 1.0})
-
-
-def test_lists_past_milvus_topk_limit_refused(tmp_path):
-    _refused(tmp_path, r"fusion.top_k gives lists 20,000 deep.*valid fusion.top_k is 1..16384", per_model_k=20000)
-
-
-def test_batches_past_milvus_nq_limit_refused(tmp_path):
-    _refused(tmp_path, r"search.batch_size=20000 .*valid search.batch_size is 1..16384", batch_size=20000)
-
-
 def test_milvus_lite_2_refused(tmp_path, monkeypatch):
     """The rules here are Milvus Lite 3's (pure Python); 2.x is another engine (a C++ server)."""
     import milvus_lite
@@ -264,8 +243,8 @@ import json, sys
 from pathlib import Path
 import numpy as np
 from fusebench.config.search import SearchConfig
-from fusebench.engines.base import EngineRequest
-from fusebench.engines import milvus as engine
+from fusebench.backends.engine_steps import EngineRequest
+from fusebench.backends import milvus as engine
 from fusebench.fusion.config import FusionConfig
 from milvus_lite.server_manager import server_manager_instance
 

@@ -14,7 +14,7 @@ import torch
 from helpers.reference import integer_embeddings
 
 from fusebench import FusebenchError
-from fusebench.app.retrieval import SearchSettings, retrieve
+from fusebench.backends.retrieval import SearchSettings, retrieve
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.fusion import methods as registry
 from fusebench.fusion.combine import fuse

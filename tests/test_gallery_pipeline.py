@@ -6,7 +6,7 @@ import pytest
 from helpers.reference import t2i_rank
 
 from fusebench.app.pipeline import run
-from fusebench.config.run import run_config
+from fusebench.app.run_config import run_config
 from fusebench.data import load_corpus
 from fusebench.encoders import embed
 

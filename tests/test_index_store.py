@@ -16,10 +16,10 @@ import torch
 faiss = pytest.importorskip("faiss")
 
 from fusebench.app import cache_cli  # noqa: E402
+from fusebench.backends import faiss_index as ann  # noqa: E402
+from fusebench.backends.faiss_index import faiss_lists  # noqa: E402
 from fusebench.config.search import SearchConfig  # noqa: E402
 from fusebench.encoders.base import ModelEmbeddings  # noqa: E402
-from fusebench.search import ann  # noqa: E402
-from fusebench.search.ann import faiss_lists  # noqa: E402
 from fusebench.stores.indexes import DATA, IndexStore, index_material, index_problem  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -13,7 +13,7 @@ from helpers.reference import integer_embeddings
 from helpers.tiers import fast_first
 
 from fusebench.app.cache_cli import main as cache_main
-from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
+from fusebench.backends.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.fusion.config import FUSE_ON, FusionConfig
 from fusebench.runtime import state
@@ -144,7 +144,7 @@ def test_two_processes_compute_one_entry_once(case, tmp_path):
     script = textwrap.dedent(f"""
         import json, numpy as np
         from fusebench.encoders.base import ModelEmbeddings
-        from fusebench.app.retrieval import ListSource, SearchSettings, model_lists
+        from fusebench.backends.retrieval import ListSource, SearchSettings, model_lists
         d = {str(tmp_path)!r}
         model = ModelEmbeddings("a", np.load(d + "/image.npy"), np.load(d + "/text.npy"))
         source = ListSource()
@@ -210,7 +210,7 @@ def test_transposed_rows_of_a_stored_matrix(tmp_path, tile_bytes):
 def test_stored_i2t_is_the_transposed_t2i_from_one_similarity_pass(tmp_path, monkeypatch):
     """A model's score entry costs one similarity pass (its t2i rows): the i2t matrix is the t2i matrix's
     transpose for the images with captions, bit for bit, so a pair has one score in both directions."""
-    from fusebench.app import retrieval
+    from fusebench.backends import retrieval
 
     rng = np.random.default_rng(8)
     caption_image = np.repeat(np.arange(30), rng.integers(0, 3, size=30))  # some images have no caption

@@ -4,7 +4,7 @@ import torch
 from helpers.reference import fuse_one_query, i2t_rank, integer_embeddings, stable_order, t2i_rank
 from helpers.tiers import fast_first
 
-from fusebench.app.retrieval import SearchSettings, retrieve
+from fusebench.backends.retrieval import SearchSettings, retrieve
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.fusion.config import FUSE_ON, FusionConfig
 from fusebench.fusion.whole_rankings import _read_ahead

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from fusebench import FusebenchError
-from fusebench.config.run import run_config
-from fusebench.config.search import SearchConfig, auto_nlist, check_sizes, resolve_pq_m
+from fusebench.app.run_config import run_config
+from fusebench.config.search import SearchConfig, auto_nlist, check_depth, check_sizes, resolve_pq_m
 from fusebench.evaluation.parity import identical_at, parity, tie_explained
 
 
@@ -66,6 +66,18 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     (["search=milvus", "fusion.top_k=20000"], ("fusion.top_k=20000", "1..16384")),
     (["search=milvus", "fusion.final_top_k=16385"], ("fusion.final_top_k=16385", "1..16384")),
     (["search=milvus", "search.batch_size=20000"], ("search.batch_size=20000", "1..16384")),
+    # each engine's own rules, checked once, by its backend module, when the config is checked
+    (["search=milvus", "fusion=milvus_weighted", "models.sim_dfn5b_like.weight=2"], ("WeightedRanker", "[0, 1]")),
+    (["search=milvus", "fusion.fuse_on=document"], ("fusion.fuse_on=document", "source_object")),
+    (["search=lancedb", "models.sim_dfn5b_like.weight=2"], ("fusion=lancedb_rrf takes no per-model weights",
+                                                            "valid: equal weights.")),
+    (["search=lancedb", "search.index=ivf_pq", "search.nbits=6"], ("search.nbits=6", "4 or 8")),
+    (["search=qdrant", "fusion=qdrant_dbsf", "models.sim_dfn5b_like.weight=2"],
+     ("fusion=qdrant_dbsf takes no per-model weights", "qdrant-client")),
+    (["search=qdrant", "fusion=qdrant_rrf", "fusion.rrf_k=1.5"], ("must be one of its presets, unchanged",)),
+    (["search=qdrant", "fusion=qdrant_dbsf", "fusion.ddof=0"], ("must be one of its presets, unchanged",)),
+    (["search=qdrant", "fusion=dbsf"], ("valid: fusion=qdrant_rrf | fusion=qdrant_dbsf",)),
+    (["search=faiss_flat", "search.milvus_lean_rows=true"], ("search.milvus_lean_rows=True", "search.backend=milvus")),
 ])
 def test_bad_search_settings_are_one_line(compose_cfg, overrides, fragments):
     _refused(compose_cfg, overrides, *fragments)
@@ -76,6 +88,7 @@ def test_bad_search_settings_are_one_line(compose_cfg, overrides, fragments):
     ["search=faiss_ivf_pq", "search.pq_m=8", "search.nbits=6"],
     ["search=faiss_hnsw_fast"],  # its YAML sets ef_search: 100
     ["search=lancedb", "search.threads=1", "search.batch_size=64", "search.keep_db=true"],
+    ["search=milvus", "search.milvus_lean_rows=true"],
 ])
 def test_settings_the_index_reads_are_accepted(compose_cfg, overrides):
     run_config(compose_cfg(overrides))
@@ -90,7 +103,7 @@ def test_index_sizes_are_checked_against_the_corpus():
     with pytest.raises(FusebenchError, match=r"search.nlist=600 is more than the 500 items"):
         check_sizes(SearchConfig(backend="faiss", index="ivf_flat", nlist=600, nprobe=1), {"t2i": 500, "i2t": 900}, 10)
     with pytest.raises(FusebenchError, match="search.ef_search=120 is below the list depth 200"):
-        check_sizes(SearchConfig(backend="faiss", index="hnsw", ef_search=120), {"t2i": 500, "i2t": 900}, 200)
+        check_depth(SearchConfig(backend="faiss", index="hnsw", ef_search=120), 200)
     # ef_search past every item only costs time (1e8 ran for minutes on 300 images): bounded by the largest index
     check_sizes(SearchConfig(backend="faiss", index="hnsw", ef_search=900), {"t2i": 500, "i2t": 900}, 100)
     with pytest.raises(FusebenchError, match=r"search.ef_search=100000000 is more than the 900 items.*100..900"):
@@ -145,3 +158,29 @@ def test_parity_against_the_obvious_loops():
     assert tie_explained(np.array([2, 1, 3]), np.array([1, 2, 3]), np.array([0.3, 0.3 + 1e-9, 0.1]), 3)
     assert not tie_explained(np.array([2, 1, 3]), np.array([1, 2, 3]), np.array([0.3, 0.2, 0.1]), 3)
     assert not tie_explained(np.array([9, 2, 3]), np.array([1, 2, 3]), np.array([0.3, 0.3, 0.1]), 3)
+
+
+def test_a_patched_engine_is_said_in_its_label(compose_cfg):
+    """Milvus Lite's times are stock unless search.milvus_lean_rows patches it; then every label says so."""
+    assert "lean_rows" not in run_config(compose_cfg(["search=milvus"])).search.label()
+    assert run_config(compose_cfg(["search=milvus", "search.milvus_lean_rows=true"])).search.label().endswith(" lean_rows")
+
+
+def test_the_backend_table_in_the_docs_is_the_registry():
+    """docs/search.md's table of backends says what each registered backend builds, reads and fuses by."""
+    from pathlib import Path
+
+    from fusebench.backends import base
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "search.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.split("## Adding a backend", 1)[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`") and cells[0] != "backend":
+            rows[cells[0].strip("`")] = cells
+    assert set(rows) == set(base.names())
+    for name, (_, _, indexes, reads, fuses) in rows.items():
+        backend = base.get(name)
+        assert [i.strip() for i in indexes.split(",")] == list(backend.indexes), name
+        assert [r.strip() for r in reads.split(",") if r.strip()] == list(backend.reads), name
+        assert [p.strip(" `") for p in fuses.split(",")] == (list(backend.presets) or ["fusebench"]), name

@@ -38,7 +38,7 @@ def test_importing_the_commands_and_composing_configs_imports_nothing_heavy(tmp_
         import fusebench.app.cli, fusebench.app.cache_cli, fusebench.app.callback, fusebench.report.cli
         import hydra_plugins.fusebench_sweeper.sweeper
         import fusebench.config as config
-        from fusebench.config.run import run_config
+        from fusebench.app.run_config import run_config
         from hydra import compose, initialize_config_dir
 
         result = {"composed": 0}

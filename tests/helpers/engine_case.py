@@ -12,9 +12,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from fusebench.backends.engine_steps import EngineRequest
 from fusebench.config import CONFIG_DIR
 from fusebench.config.search import SearchConfig
-from fusebench.engines.base import EngineRequest
 from fusebench.fusion.combine import fuse_in_blocks
 from fusebench.fusion.config import FusionConfig
 

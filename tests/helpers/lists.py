@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
+from fusebench.backends.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.runtime import state
 
 

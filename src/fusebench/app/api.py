@@ -157,7 +157,7 @@ def _execute(cfg, out_dir, corpus=None, rows: Mapping[str, tuple] | None = None)
     from fusebench.app import rundir
     from fusebench.app.pipeline import Inputs
     from fusebench.app.pipeline import run as run_pipeline
-    from fusebench.config.run import run_config
+    from fusebench.app.run_config import run_config
     from fusebench.encoders.base import RawEmbeddings
 
     config = run_config(cfg)  # a mistake in the config is refused here, before any work

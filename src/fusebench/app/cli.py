@@ -336,7 +336,7 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
     interrupts.check()  # Ctrl-C during the previous job: no further job starts
     from fusebench.app import rundir
     from fusebench.app.callback import SweepReport, job_ended, job_started
-    from fusebench.config.run import run_config
+    from fusebench.app.run_config import run_config
     from fusebench.report.runs import mark_failed
     from fusebench.runtime import layout
     hydra_cfg = HydraConfig.get()

@@ -1,7 +1,7 @@
 """One run, as data flowing through it: config -> corpus -> embeddings -> lists -> fusion -> metrics -> files.
 
 ``run(config, out_dir)`` is the whole flow, over one typed :class:`~fusebench.config.run.RunConfig` (the CLI
-converts the composed config with :func:`~fusebench.config.run.run_config` first); every stage is a call into a
+converts the composed config with :func:`~fusebench.app.run_config.run_config` first); every stage is a call into a
 pure module except the two edges (loading inputs, writing outputs).
 """
 
@@ -18,12 +18,13 @@ from omegaconf import DictConfig
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError, __version__
 from fusebench.app import interrupts
-from fusebench.app.backends import approximate
 from fusebench.app.gallery_stage import attach_gallery, distractor_sources
-from fusebench.app.retrieval import ListSource, SearchSettings, retrieve
+from fusebench.app.run_config import run_config
 from fusebench.app.rundir import check_writable
 from fusebench.app.tracking import log_run
-from fusebench.config.run import RunConfig, run_config
+from fusebench.backends import base as backends
+from fusebench.backends.retrieval import ListSource, SearchSettings, retrieve
+from fusebench.config.run import RunConfig
 from fusebench.config.schema import EvalConfig, TuneConfig
 from fusebench.config.search import check_sizes
 from fusebench.config.specs import RealModel
@@ -150,12 +151,11 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
     extra = [load_positives(name, corpus) for name in settings.positives]  # refused before any embedding work
     keep_k = _list_length(settings, fusion, extra, corpus, len(config.models))
+    backend = backends.get(config.search.backend)
     if config.search.approximate:  # the backend's package and its index sizes, before any embedding work
-        from fusebench.engines.base import require
-
-        require(config.search.backend)
-        if config.search.engine:  # a user's file in RUN_DIR/engine_db is never removed: refused now
-            from fusebench.app.engine_dirs import check_engine_dir
+        backends.require(backend.name)
+        if backend.engine:  # a user's file in RUN_DIR/engine_db is never removed: refused now
+            from fusebench.backends.engine_dirs import check_engine_dir
 
             check_engine_dir(out_dir)
         check_sizes(config.search, {"t2i": corpus.n_images, "i2t": corpus.n_captions},
@@ -182,16 +182,12 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
             extra = [load_positives(name, corpus) for name in settings.positives]
     search_started = time.perf_counter()
     source, matmuls_before = ListSource(), state.current().similarity_blocks
-    backend, differences = None, {}
-    if config.search.approximate:
-        backend = approximate(embeddings, corpus.caption_image, fusion, keep_k, config.search, search, source, out_dir)
-        lists = backend.lists
-        if backend.differences:
-            differences = {"topk/engine_differences.jsonl": "".join(json.dumps(r) + "\n" for r in backend.differences)}
-            for block in backend.record.parity.values():
-                block.file = "topk/engine_differences.jsonl"
-    else:
-        lists = retrieve(embeddings, corpus.caption_image, fusion, keep_k=keep_k, settings=search, source=source)
+    answered = backend.run(embeddings, corpus.caption_image, fusion, keep_k, config.search, search, source, out_dir)
+    lists, differences = answered.lists, {}
+    if answered.differences:
+        differences = {"topk/engine_differences.jsonl": "".join(json.dumps(r) + "\n" for r in answered.differences)}
+        for block in answered.record.parity.values():
+            block.file = "topk/engine_differences.jsonl"
     search_seconds = time.perf_counter() - search_started
     ranks = {name: {d: lists[name][d].ranks for d in DIRECTIONS} for name in lists}
     singles = [e.name for e in embeddings]
@@ -226,7 +222,7 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
         reference=config.reference,
         tune=tuned,
         gallery=gallery,
-        search=None if backend is None else backend.record,
+        search=answered.record,
     )
     if gallery is not None:  # each model's search time over the whole gallery, when it was computed in this run
         for name, seconds in source.search_seconds.items():

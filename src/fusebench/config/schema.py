@@ -4,7 +4,7 @@ Each class is one group (``EvalConfig`` is ``eval``; a dataset kind is one class
 is :class:`fusebench.fusion.config.FusionConfig`; model specs, free-form per kind, are
 :mod:`fusebench.config.specs`). Its ``__post_init__`` checks every value, through the typed reads of
 :mod:`fusebench.runtime.checks`, and the conversion of a whole composed config into these types happens once,
-in :func:`fusebench.config.run.run_config`; past the CLI, code reads these objects, never the config's dicts.
+in :func:`fusebench.app.run_config.run_config`; past the CLI, code reads these objects, never the config's dicts.
 
 Registered with Hydra's ConfigStore as ``schema_GROUP`` (``schema_fusion`` is ``FusionConfig``), and each YAML
 option of those groups starts from it (``defaults: [/schema_fusion@_here_, _self_]``), so the YAML files only say

@@ -13,7 +13,8 @@
 Every backend but ``exact`` returns lists ``fusion.top_k`` deep per model: a query whose first correct item is not
 in its list counts as missed (rank past the list). Each such run also evaluates the same fusion on exact lists
 (``exact_fused``) and compares query by query. Parameter names follow FAISS (docs/search.md maps them to each
-engine's). Light on purpose: no numpy, torch or faiss.
+engine's). Light on purpose: no numpy, torch or faiss. What is a backend's own (the indexes it builds, the settings
+it reads, an engine's presets and limits) is checked by the backend (:mod:`fusebench.backends`).
 """
 
 from __future__ import annotations
@@ -24,36 +25,19 @@ from dataclasses import dataclass
 from fusebench import FusebenchError
 from fusebench.runtime import checks
 
-BACKENDS = ("exact", "faiss", "milvus", "lancedb", "qdrant")
-ENGINES = ("milvus", "lancedb", "qdrant")
 INDEXES = ("flat", "ivf_flat", "hnsw", "ivf_pq")
-# what each backend builds (Qdrant's local mode searches exactly, whatever the collection's HNSW settings say)
-BACKEND_INDEXES = {"exact": ("flat",), "faiss": INDEXES, "milvus": ("flat", "ivf_flat", "hnsw"),
-                   "lancedb": ("flat", "ivf_pq", "hnsw"), "qdrant": ("flat",)}
-# the engine presets each engine runs (conf/fusion/NAME.yaml): an engine fuses by its own rule only
-ENGINE_PRESETS = {"milvus": ("milvus_rrf", "milvus_weighted", "milvus_weighted_ip"), "lancedb": ("lancedb_rrf",),
-                  "qdrant": ("qdrant_rrf", "qdrant_dbsf")}
-EXTRAS = {"faiss": ("faiss", "faiss"), "milvus": ("milvus", "pymilvus"), "lancedb": ("lancedb", "lancedb"),
-          "qdrant": ("qdrant", "qdrant_client")}  # backend -> (pip extra, module imported)
-# The settings each index type and backend reads (a setting no chosen one reads must keep its default: refused
-# otherwise, as checks.unread says); the k-means seed is FAISS's (the engines train their own)
+# The settings each index type reads (a setting the chosen index does not read must keep its default: refused
+# otherwise, as checks.unread says); the k-means seed is FAISS's (the engines train their own). Which backend builds
+# which index, and the settings each backend reads, are the backends' own (fusebench.backends: their registry).
 INDEX_READS = {"flat": (), "ivf_flat": ("nlist", "nprobe", "seed"), "hnsw": ("hnsw_m", "ef_construction", "ef_search"),
                "ivf_pq": ("nlist", "nprobe", "pq_m", "nbits", "seed")}
-BACKEND_READS = {"exact": (), "faiss": ("threads",), "milvus": ("latency_queries", "batch_size", "keep_db"),
-                 "lancedb": ("threads", "latency_queries", "batch_size", "keep_db"),
-                 "qdrant": ("threads", "latency_queries", "batch_size", "keep_db")}
 IVF_MIN_POINTS = 39  # FAISS k-means wants at least 39 training points per list (it warns below that)
-
-# Milvus' per-request limits (quotaAndLimits.limits.topK and .nq, both 16384: pkg/util/paramtable/quota_param.go; a
-# search past them is refused). Milvus Lite 3.2.2 checks neither, but a real Milvus would refuse the run.
-MILVUS_MAX_TOPK = 16384
-MILVUS_MAX_NQ = 16384
 
 
 @dataclass
 class SearchConfig:
-    backend: str = "exact"  # exact | faiss | milvus | lancedb | qdrant
-    index: str = "flat"  # flat | ivf_flat | hnsw | ivf_pq (BACKEND_INDEXES says which backend builds which)
+    backend: str = "exact"  # exact | faiss | milvus | lancedb | qdrant (fusebench.backends registers them)
+    index: str = "flat"  # flat | ivf_flat | hnsw | ivf_pq (each backend says which it builds)
     nlist: int | None = 64  # ivf_*: inverted lists; null = min(4 sqrt(n), n / 39) for an index of n items
     nprobe: int = 52  # ivf_*: lists visited per query (1..nlist); 52 of 64 reaches neighbour recall@100 0.97 on the
     #   COCO-size sim, whose isotropic embeddings have no clusters (real embeddings need far fewer: docs/search.md)
@@ -67,17 +51,12 @@ class SearchConfig:
     latency_queries: int = 100  # engines: queries sent again one request at a time (median and p95 latency); 0 = none
     batch_size: int = 256  # engines: queries per request for the lists themselves
     keep_db: bool = False  # engines: keep the engine's database in the run dir (engine_db/); false = removed after
+    milvus_lean_rows: bool = False  # milvus: skip Lite's copy of each hit's vectors while searching (patches the engine:
+    #   its times are then not stock Milvus Lite's, and every figure says so); false = stock Milvus Lite
 
     def __post_init__(self):
-        checks.choice(self.backend, "search.backend", BACKENDS)
+        checks.text(self.backend, "search.backend")
         checks.choice(self.index, "search.index", INDEXES)
-        valid = BACKEND_INDEXES[self.backend]
-        if self.index not in valid:
-            why = (" (Qdrant's local mode searches every point exactly)" if self.backend == "qdrant" else
-                   " (exact search has no index: pick search=faiss_* or an engine for an index)"
-                   if self.backend == "exact" else "")
-            raise FusebenchError(f"search.index={self.index} is not an index search.backend={self.backend} builds; "
-                                 f"valid: {', '.join(valid)}{why}.")
         checks.optional_integer(self.nlist, "search.nlist", 1, "null = min(4 sqrt(n), n / 39)")
         checks.integer(self.nprobe, "search.nprobe", 1, "inverted lists visited per query")
         checks.integer(self.hnsw_m, "search.hnsw_m", 2, "links per node; 16-64 usual")
@@ -92,22 +71,14 @@ class SearchConfig:
         checks.integer(self.latency_queries, "search.latency_queries", 0)
         checks.integer(self.batch_size, "search.batch_size", 1)
         checks.boolean(self.keep_db, "search.keep_db")
-        checks.unread(self, "search", "index", INDEX_READS, " (a flat index compares every item)"
-                      if self.index == "flat" else "")
-        checks.unread(self, "search", "backend", BACKEND_READS, " (brute force in torch, in this process)"
-                      if self.backend == "exact" else "")
-        if self.nlist is not None and self.nprobe > self.nlist:
-            raise FusebenchError(f"search.nprobe={self.nprobe} is more than search.nlist={self.nlist}: valid "
-                                 f"search.nprobe is 1..{self.nlist} (nprobe = nlist visits every list).")
+        checks.boolean(self.milvus_lean_rows, "search.milvus_lean_rows")
+        if self.nlist is not None and self.index in ("ivf_flat", "ivf_pq"):  # a set nlist: known now
+            check_nprobe(self, self.nlist, f"search.nlist={self.nlist}")
 
     @property
     def approximate(self) -> bool:
         """True for every backend but ``exact``: lists from an index, ranks past the list missed."""
         return self.backend != "exact"
-
-    @property
-    def engine(self) -> bool:
-        return self.backend in ENGINES
 
     def label(self) -> str:
         """The backend and the parameters that ran, for tables and plots: 'faiss hnsw M=32 efSearch=256'."""
@@ -116,7 +87,8 @@ class SearchConfig:
         params = self.index_params()
         if self.index.startswith("ivf") and self.seed != SearchConfig.seed:  # another k-means: another index
             params["seed"] = self.seed
-        return " ".join([self.backend, self.index, *(f"{k}={v}" for k, v in params.items())])
+        lean = ["lean_rows"] if self.milvus_lean_rows else []  # a patched engine's times: said in every label
+        return " ".join([self.backend, self.index, *(f"{k}={v}" for k, v in params.items()), *lean])
 
     def index_params(self) -> dict:
         """The parameters the index type reads (FAISS names), as set (nlist/pq_m may be null = automatic)."""
@@ -139,28 +111,47 @@ def resolved_nlist(config: SearchConfig, n_items: int) -> int:
     return config.nlist if config.nlist is not None else auto_nlist(n_items)
 
 
+def check_nprobe(config: SearchConfig, nlist: int, lists: str) -> None:
+    """An IVF index visits at most its ``nlist`` lists (``lists`` says which, for the message)."""
+    if config.nprobe > nlist:
+        raise FusebenchError(f"search.nprobe={config.nprobe} is more than the {nlist} lists of {lists}: valid "
+                             f"search.nprobe is 1..{nlist} (nprobe = nlist visits every list).")
+
+
+def check_depth(config: SearchConfig, depth: int) -> None:
+    """HNSW returns at most ``ef_search`` neighbours: refused below the list depth the run needs (``fusion.top_k``,
+    ``eval.lists.depth``, ``eval.save_topk``), when the config is checked."""
+    if config.index == "hnsw" and config.ef_search < depth:
+        raise FusebenchError(f"search.ef_search={config.ef_search} is below the list depth {depth} (fusion.top_k, "
+                             f"eval.lists.depth, eval.save_topk): HNSW returns at most ef_search neighbours; valid "
+                             f"search.ef_search >= {depth}.")
+
+
 def check_sizes(config: SearchConfig, n_items: dict[str, int], depth: int) -> None:
-    """What the index cannot do for this corpus, refused before any work: ``nprobe`` over the lists an index of
-    each direction's items gets, ``nlist`` over the items, ``ef_search`` below the list depth."""
+    """What the index cannot do for this corpus, refused once its size is known and before any embedding work
+    (every backend's index: FAISS's and the engines'): ``nlist`` over the items an index of each direction holds,
+    ``nprobe`` over its lists, IVF-PQ's codebooks over the items they train on, ``ef_search`` over the largest
+    index's items (``depth``: the list depth, for the message)."""
     if config.index in ("ivf_flat", "ivf_pq"):
         for direction, n in n_items.items():
             nlist = resolved_nlist(config, n)
             if nlist > n:
                 raise FusebenchError(f"search.nlist={config.nlist} is more than the {n:,} items a {direction} index "
                                      f"holds: valid search.nlist is 1..{n} (or null = {auto_nlist(n)}).")
-            if config.nprobe > nlist:
-                raise FusebenchError(f"search.nprobe={config.nprobe} is more than the {nlist} lists of the {direction} "
-                                     f"index ({n:,} items, search.nlist={config.nlist if config.nlist else 'null = auto'}"
-                                     f"): valid search.nprobe is 1..{nlist}.")
+            check_nprobe(config, nlist, f"the {direction} index ({n:,} items, search.nlist="
+                                        f"{config.nlist if config.nlist else 'null = auto'})")
+    if config.index == "ivf_pq":  # k-means on 2^nbits centroids per sub-quantizer (FAISS refuses fewer rows;
+        for direction, n in n_items.items():  # LanceDB silently leaves every row unindexed)
+            if n < 2 ** config.nbits:
+                top = max(4, n.bit_length() - 1)
+                raise FusebenchError(f"search.nbits={config.nbits} needs at least {2 ** config.nbits:,} items to train its "
+                                     f"PQ codebooks, and the {direction} index holds {n:,}: valid search.nbits is 4..{top} "
+                                     f"here (or search.index=flat | hnsw).")
     largest = max(n_items.values())
     if config.index == "hnsw" and config.ef_search > largest:
         raise FusebenchError(f"search.ef_search={config.ef_search} is more than the {largest:,} items the largest "
                              f"index holds: HNSW never visits more than every item, and a larger value only costs "
                              f"time; valid search.ef_search is {depth}..{largest}.")
-    if config.index == "hnsw" and config.ef_search < depth:
-        raise FusebenchError(f"search.ef_search={config.ef_search} is below the list depth {depth} (fusion.top_k or "
-                             f"eval.lists.depth): HNSW returns at most ef_search neighbours; valid search.ef_search "
-                             f">= {depth}.")
 
 
 def resolve_pq_m(config: SearchConfig, dim: int, model: str) -> int:

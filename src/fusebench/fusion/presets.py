@@ -24,9 +24,12 @@ from fusebench.runtime.layout import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 RUN_SETTINGS = ("fuse_on", "top_k", "final_top_k", "preset")  # chosen per run, not part of a preset
-# presets whose engine takes no per-model weights (checked in the engine's source): unequal weights leave them
+# presets whose engine takes no per-model weights (checked in the engine's source): unequal weights leave them (the
+# one place this is said: an engine runs only its presets unchanged, fusebench.backends.base.check_engine)
 UNWEIGHTED = {"qdrant_dbsf": "qdrant_client.hybrid.fusion.distribution_based_score_fusion takes no weights "
-                             "(qdrant-client 1.20.0)"}
+                             "(qdrant-client 1.20.0)",
+              "milvus_rrf": "Milvus' RRFRanker takes no weights (pymilvus 3.0.2 RRFRanker(k))",
+              "lancedb_rrf": "LanceDB's RRFReranker takes no weights (lancedb 0.40.0 RRFReranker(K))"}
 
 
 def package_conf() -> Path:

@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
-from fusebench.config.search import ENGINE_PRESETS, check_sizes, resolve_pq_m, resolved_nlist
-from fusebench.engines.base import EngineLists, EngineRequest, folder_bytes, pad, require
+from fusebench.backends.base import Backend, register, require
+from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
+from fusebench.config.search import SearchConfig, resolve_pq_m, resolved_nlist
+from fusebench.fusion.config import FusionConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+
 
 TABLE = "fusebench"
 DISTANCE = "dot"  # 1 - q.x (lance-linalg): on unit vectors the cosine order, with no re-normalisation
@@ -65,41 +70,19 @@ def columns(request: EngineRequest) -> dict[str, str]:
     return {m: f"v{i}" for i, m in enumerate(request.models)}
 
 
-def minimum_items(request: EngineRequest) -> int:
-    """The fewest items the requested index trains on: IVF_PQ's codebooks need 2^nbits rows (with fewer, LanceDB
-    builds an empty index and searches every row flat, silently). search.nlist over the items is check_sizes'."""
-    return 2 ** request.search.nbits if request.search.index == "ivf_pq" else 1
+def check(search: SearchConfig, fusion: FusionConfig, weights: list[float]) -> None:
+    """What LanceDB cannot build, refused when the config is checked: a PQ code width other than its own."""
+    if search.index == "ivf_pq" and search.nbits not in PQ_BITS:
+        raise FusebenchError(f"search.nbits={search.nbits} is not a PQ code width LanceDB builds: valid "
+                             f"search.nbits is {' or '.join(map(str, PQ_BITS))}.")
 
 
-def check_request(request: EngineRequest) -> None:
-    """What LanceDB cannot run, refused before any work (one line naming the key and what is valid)."""
-    fusion, search = request.fusion, request.search
-    if fusion.preset not in ENGINE_PRESETS["lancedb"] or fusion.method != "rrf":
-        raise FusebenchError(f"search=lancedb fuses with LanceDB's RRFReranker only: fusion={fusion.preset or fusion.method} "
-                             f"is not valid; valid: {' | '.join(f'fusion={p}' for p in ENGINE_PRESETS['lancedb'])}.")
-    if fusion.fuse_on == "document":
-        raise FusebenchError("fusion.fuse_on=document needs one entry per model's hit, which a LanceDB table does not "
-                             "hold (one row per image with every model's vector): valid fusion.fuse_on=source_object.")
-    weights = [float(request.weights[m]) for m in request.models]
-    if len(set(weights)) > 1:
-        raise FusebenchError(f"fusion=lancedb_rrf takes no weights (LanceDB's RRFReranker has none), but the models' "
-                             f"weights differ ({'/'.join(f'{w:g}' for w in weights)}): valid: equal weights.")
-    check_sizes(search, {request.direction: request.n_items}, request.per_model_k)
-    if search.index == "ivf_pq":
-        if search.nbits not in PQ_BITS:
-            raise FusebenchError(f"search.nbits={search.nbits} is not a PQ code width LanceDB builds: valid "
-                                 f"search.nbits is {' or '.join(map(str, PQ_BITS))}.")
+def check_items(request: EngineRequest) -> None:
+    """What LanceDB cannot build from these rows, refused before any is written: PQ sub-vectors that do not divide a
+    model's width (the corpus-size rules, such as IVF_PQ's training rows, are config.search.check_sizes')."""
+    if request.search.index == "ivf_pq":
         for m in request.models:
-            resolve_pq_m(search, request.items[m].shape[1], m)
-    need = minimum_items(request)
-    if request.n_items < need:
-        raise FusebenchError(f"search.index=ivf_pq needs at least {need} items (2^search.nbits PQ training rows), but "
-                             f"the {request.direction} index holds {request.n_items}: valid: search.index=flat or hnsw, "
-                             f"or search.nbits=4 (at least 16 items).")
-
-
-def _ticker(request: EngineRequest, what: str, total: int) -> Callable[[int], None]:
-    return request.progress(what, total) if request.progress else (lambda n: None)
+            resolve_pq_m(request.search, request.items[m].shape[1], m)
 
 
 @contextmanager
@@ -126,7 +109,9 @@ def _environment(request: EngineRequest) -> Iterator[None]:
 
 
 def _batches(pa, request: EngineRequest, schema) -> Iterator:
-    tick = _ticker(request, "lancedb: writing items", request.n_items)
+    import numpy as np
+
+    tick = ticker(request, "lancedb: writing items", request.n_items)
     for start in range(0, request.n_items, WRITE_ROWS):
         stop = min(start + WRITE_ROWS, request.n_items)
         arrays = [pa.array(np.arange(start, stop, dtype=np.int64))]
@@ -191,6 +176,8 @@ def _query(table, request: EngineRequest, column: str, vectors: np.ndarray):
 def _split(result, count: int) -> list:
     """A multi-vector result as one table per query (query_index 0..count-1), each best first. A one-row batch
     comes back without query_index (LanceDB adds it for two or more vectors only)."""
+    import numpy as np
+
     if "query_index" not in result.column_names:
         return [result]
     qi = result["query_index"].to_numpy()
@@ -203,6 +190,8 @@ def _split(result, count: int) -> list:
 
 def _hits(table) -> list[tuple[int, float]]:
     """(id, 1 - _distance) per row of one query's single-model result."""
+    import numpy as np
+
     scores = 1.0 - table["_distance"].to_numpy().astype(np.float64)
     return list(zip(table["id"].to_numpy().tolist(), scores.tolist()))
 
@@ -217,7 +206,7 @@ def _search_all(table, reranker, request: EngineRequest) -> tuple[dict, list]:
     names = columns(request)
     singles: dict[str, list] = {m: [] for m in request.models}
     fused = []
-    tick = _ticker(request, "lancedb: searching", request.n_queries)
+    tick = ticker(request, "lancedb: searching", request.n_queries)
     for start in range(0, request.n_queries, request.search.batch_size):
         stop = min(start + request.search.batch_size, request.n_queries)
         per_model = [_split(_query(table, request, names[m], request.queries[m][start:stop]).to_arrow(), stop - start)
@@ -231,6 +220,8 @@ def _search_all(table, reranker, request: EngineRequest) -> tuple[dict, list]:
 
 def _latency(table, reranker, request: EngineRequest) -> np.ndarray:
     """One fused request at a time (each model's search, then the rerank), for the first latency_queries queries."""
+    import numpy as np
+
     names, times = columns(request), []
     for q in range(min(request.search.latency_queries, request.n_queries)):
         began = time.perf_counter()
@@ -248,7 +239,7 @@ def rrf_reranker(request: EngineRequest):
 
 
 def run(request: EngineRequest) -> EngineLists:
-    check_request(request)
+    check_items(request)
     lancedb = require("lancedb")
     import pyarrow as pa
 
@@ -282,3 +273,9 @@ def notes(request: EngineRequest) -> list[str]:
         out.append(f"lancedb: IVF_HNSW_SQ with one partition (m={search.hnsw_m}, ef_construction={search.ef_construction}, "
                    f"ef={search.ef_search}): the singles' scores are 8-bit scalar-quantised distances")
     return out
+
+
+BACKEND = register(Backend(name="lancedb", indexes=("flat", "ivf_pq", "hnsw"),
+                           reads=("threads", "latency_queries", "batch_size", "keep_db"), presets=("lancedb_rrf",),
+                           extra="lancedb", module="lancedb", check=check, run=engine_runner(run, version),
+                           version=version))

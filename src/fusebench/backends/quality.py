@@ -1,6 +1,6 @@
 """How close an index's lists are to exact search, per query: neighbour recall at the list depth (the share of
 exact search's top items the index returned) and top-1 agreement. Pure functions over id arrays (-1 = no item:
-it never counts), and :func:`with_quality`, which fills both into an :class:`~fusebench.search.ann.AnnLists`'s
+it never counts), and :func:`with_quality`, which fills both into an :class:`~fusebench.backends.faiss_index.AnnLists`'s
 costs (means over each direction's queries).
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 from fusebench.evaluation.search_record import IndexQuality
 
 if TYPE_CHECKING:
-    from fusebench.search.ann import AnnLists
+    from fusebench.backends.faiss_index import AnnLists
     from fusebench.search.model_lists import ModelLists
 
 BLOCK = 1024  # query rows compared at once (a block x depth x depth boolean array)

@@ -27,11 +27,12 @@ import numpy as np
 import torch
 
 from fusebench import FusebenchError
+from fusebench.backends.base import require
 from fusebench.config import search as search_config
 from fusebench.config.search import SearchConfig
 from fusebench.encoders.base import ModelEmbeddings
-from fusebench.engines.base import Progress, require
 from fusebench.evaluation.search_record import IndexQuality
+from fusebench.runtime.progress import Progress
 from fusebench.search.model_lists import ModelLists
 from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks
 from fusebench.stores.indexes import IndexStore, StoredIndex, build_unstored, index_material
@@ -71,17 +72,6 @@ def search_params(config: SearchConfig) -> dict:
     if config.index == "hnsw":
         return {"efSearch": config.ef_search}
     return {"nprobe": config.nprobe} if config.index in ("ivf_flat", "ivf_pq") else {}
-
-
-def check_trainable(config: SearchConfig, n_items: dict[str, int]) -> None:
-    """What FAISS's training would refuse, before any work: IVF-PQ's codebooks need 2^nbits items to train on."""
-    if config.index != "ivf_pq":
-        return
-    for direction, n in n_items.items():
-        if n < 2 ** config.nbits:
-            top = max(4, int(np.log2(max(n, 1))))
-            raise FusebenchError(f"search.nbits={config.nbits} needs at least {2 ** config.nbits:,} items to train its "
-                                 f"codebooks, and the {direction} index holds {n:,}: valid search.nbits is 4..{top} here.")
 
 
 def new_index(faiss, kind: str, dim: int, build: dict):
@@ -206,8 +196,6 @@ def faiss_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, c
     caption_image = np.asarray(caption_image, dtype=np.int64)
     query_images = np.unique(caption_image)
     sides = {"t2i": (model.image, model.text), "i2t": (model.text, model.image[query_images])}
-    search_config.check_sizes(config, {d: len(items) for d, (items, _) in sides.items()}, depth)
-    check_trainable(config, {d: len(items) for d, (items, _) in sides.items()})
     progress = progress or _no_progress
     threads = faiss.omp_get_max_threads()
     if config.threads:

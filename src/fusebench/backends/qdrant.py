@@ -31,15 +31,18 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from importlib import metadata
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
-from fusebench.config.search import ENGINE_PRESETS
-from fusebench.engines.base import EngineLists, EngineRequest, folder_bytes, pad, require
+from fusebench.backends.base import Backend, register, require
+from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
+
+if TYPE_CHECKING:
+    import numpy as np
+
 
 COLLECTION = "fusebench"
 UPLOAD_POINTS = 1024  # points per upload_points call
@@ -74,33 +77,6 @@ def vector_names(request: EngineRequest) -> dict[str, str]:
     return {m: f"v{i}" for i, m in enumerate(request.models)}
 
 
-def check_request(request: EngineRequest) -> None:
-    """What Qdrant's local mode cannot run, refused before any work (one line naming the key and what is valid)."""
-    fusion, search = request.fusion, request.search
-    valid = " | ".join(f"fusion={p}" for p in ENGINE_PRESETS["qdrant"])
-    if fusion.preset not in ENGINE_PRESETS["qdrant"]:
-        raise FusebenchError(f"search=qdrant fuses with Qdrant's own RRF or DBSF only: fusion={fusion.preset or fusion.method} "
-                             f"is not valid; valid: {valid}.")
-    if fusion.method not in ("rrf", "dbsf"):
-        raise FusebenchError(f"search=qdrant fuses with Qdrant's RRF or DBSF only: fusion.method={fusion.method} is not "
-                             f"valid; valid: {valid}.")
-    if search.index != "flat":
-        raise FusebenchError(f"search.index={search.index}: Qdrant's local mode searches every point exactly; valid: "
-                             f"search.index=flat.")
-    weights = [float(request.weights[m]) for m in request.models]
-    if fusion.method == "dbsf":
-        if len(set(weights)) > 1:
-            raise FusebenchError(f"fusion=qdrant_dbsf takes no weights (Qdrant's DBSF has none), but the models' weights "
-                                 f"differ ({'/'.join(f'{w:g}' for w in weights)}): valid: equal weights, or fusion=qdrant_rrf.")
-        if fusion.ddof != 1:
-            raise FusebenchError(f"fusion.ddof={fusion.ddof}: Qdrant's DBSF uses the sample sd; valid: fusion.ddof=1.")
-        return
-    rrf_k(request)
-    if fusion.rrf_weighting != "rank" and any(w != 1.0 for w in weights):
-        raise FusebenchError(f"fusion.rrf_weighting={fusion.rrf_weighting}: Qdrant's RRF divides the rank by the weight; "
-                             f"valid: fusion.rrf_weighting=rank (or weights all 1).")
-
-
 def rrf_k(request: EngineRequest) -> int:
     """Qdrant's ``Rrf.k`` (ranking_constant_k, an integer): fusebench's rrf_k + 1 (qdrant_rrf.yaml)."""
     k = float(request.fusion.rrf_k) + 1.0
@@ -111,6 +87,8 @@ def rrf_k(request: EngineRequest) -> int:
 
 
 def _check_unit(request: EngineRequest) -> None:
+    import numpy as np
+
     for m in request.models:
         for rows in (request.items[m], request.queries[m]):
             norms = np.linalg.norm(rows, axis=1) if len(rows) else np.ones(1)
@@ -134,12 +112,10 @@ def _environment(request: EngineRequest) -> Iterator[None]:
         yield
 
 
-def _ticker(request: EngineRequest, what: str, total: int) -> Callable[[int], None]:
-    return request.progress(what, total) if request.progress else (lambda n: None)
-
-
 def point_ids(request: EngineRequest) -> list[np.ndarray]:
     """Per model, its items' point ids: the item id (source_object) or m * n_items + item (document)."""
+    import numpy as np
+
     ids = np.arange(request.n_items, dtype=np.int64)
     if request.fusion.fuse_on == "source_object":
         return [ids for _ in request.models]
@@ -171,7 +147,7 @@ def _ingest(client, models, request: EngineRequest) -> None:
     client.create_collection(COLLECTION, vectors_config=config)
     _skip_fsync(client)
     ids = point_ids(request)
-    tick = _ticker(request, "qdrant: loading points", request.n_items)
+    tick = ticker(request, "qdrant: loading points", request.n_items)
     for start in range(0, request.n_items, UPLOAD_POINTS):
         stop = min(start + UPLOAD_POINTS, request.n_items)
         if request.fusion.fuse_on == "source_object":
@@ -188,6 +164,7 @@ class _Searcher:
     """The collection's exact search and Qdrant's fusion, one query at a time (the route in the module docstring)."""
 
     def __init__(self, client, models, request: EngineRequest):
+        import numpy as np
         from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
 
         self.models, self.request = models, request
@@ -225,7 +202,7 @@ def _hits(points: list, n_items: int) -> list[tuple[int, float]]:
 def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list, list]:
     """Each model's list and the fused list per query; and the model of each fused entry (its point id // n)."""
     n, singles, fused, owners = request.n_items, {m: [] for m in request.models}, [], []
-    tick = _ticker(request, "qdrant: searching", request.n_queries)
+    tick = ticker(request, "qdrant: searching", request.n_queries)
     for start in range(0, request.n_queries, request.search.batch_size):
         stop = min(start + request.search.batch_size, request.n_queries)
         for q in range(start, stop):
@@ -242,6 +219,8 @@ def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list
 def _latency(searcher: _Searcher, request: EngineRequest, fused: list) -> tuple[np.ndarray, int, int]:
     """Milliseconds per hybrid request for the first latency_queries queries, and how many of them returned the
     route's fused list (ids exactly, scores to 1e-9)."""
+    import numpy as np
+
     times, same = [], 0
     count = min(request.search.latency_queries, request.n_queries)
     for q in range(count):
@@ -255,7 +234,6 @@ def _latency(searcher: _Searcher, request: EngineRequest, fused: list) -> tuple[
 
 
 def run(request: EngineRequest) -> EngineLists:
-    check_request(request)
     _check_unit(request)
     qdrant_client = require("qdrant")
     from qdrant_client import models
@@ -297,3 +275,9 @@ def notes(request: EngineRequest, same: int, timed: int) -> list[str]:
         out.append(f"qdrant: {points:,} points; local mode warns above {LARGE:,} (its searches are numpy brute force: "
                    f"exact, slow); the warning was silenced")
     return out
+
+
+BACKEND = register(Backend(name="qdrant", indexes=("flat",), reads=("threads", "latency_queries", "batch_size", "keep_db"),
+                           presets=("qdrant_rrf", "qdrant_dbsf"), extra="qdrant", module="qdrant_client", document=True,
+                           index_note=" (Qdrant's local mode searches every point exactly)",
+                           run=engine_runner(run, version), version=version))

@@ -1,54 +1,125 @@
-"""Retrieval through an approximate backend (``search=faiss_* | milvus | lancedb | qdrant``): every retriever's
-lists, the same fusion over exact lists beside them, and what the index or engine cost.
+"""What every embedded engine shares: :class:`EngineRequest` in, :class:`EngineLists` out, and the steps around
+the engine (:func:`engine_backend`: the request rows per direction, the engine's database folder, its lists as
+:class:`~fusebench.search.ranked.RankedLists`, their neighbour recall against exact lists, its costs, and its fused
+lists compared query by query with fusebench's preset over exact lists).
 
-* FAISS: each model's lists come from its index (built once, stored beside the list store); fusebench fuses them
-  with the run's fusion, exactly as it fuses exact lists.
-* An engine: the cached embeddings are loaded into the engine (in ``RUN_DIR/engine_db/DIRECTION``), and it answers
-  each model's search and the hybrid search with its own fusion; its fused lists are compared query by query with
-  fusebench's preset over exact lists.
-
-Every backend's single-model lists are ``depth`` deep: a rank past the list is 0 (missed). ``exact_fused`` is the
-run's fusion over exact lists (its ranks exact within its fused list, as for ``search=exact``).
+An engine module (``fusebench.backends.milvus``, ``lancedb``, ``qdrant``) registers its
+:class:`~fusebench.backends.base.Backend` with ``run=engine_runner(run, version)``, where ``run(request) ->
+EngineLists`` and ``version() -> str`` are its own. ``run`` loads ``request.items`` into its engine (item id = row index), builds the index
+``request.search`` names, and sends every query through the engine's own search: each model alone (``singles``,
+``per_model_k`` deep) and the engine's hybrid search over all models with its own fusion of the preset
+``request.fusion`` (``fused``, ``final_k`` deep, the same limits the preset has in fusebench). It writes only
+under ``request.workdir`` (an empty folder the caller made and removes). Importing an engine's package happens
+inside ``run``/``version``, through :func:`~fusebench.backends.base.require`, so that a missing extra is one line
+(exit 2). Nothing here imports torch at the top: the registry is read when a config is checked.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
-from fusebench import DIRECTIONS, FUSED, FusebenchError
-from fusebench.app.engine_dirs import ENGINE_DIR, fresh_workdir, remove_engine_dir, remove_workdir, seal
-from fusebench.app.retrieval import ListSource, SearchSettings, exact_lists, list_depth, retrieve
+from fusebench import DIRECTIONS, FUSED
+from fusebench.backends.base import BackendResult
 from fusebench.config.search import SearchConfig
-from fusebench.encoders.base import ModelEmbeddings
-from fusebench.evaluation.parity import difference_rows, parity
-from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
 from fusebench.fusion.config import FusionConfig
-from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
+from fusebench.runtime.progress import Progress
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from fusebench.backends.retrieval import ListSource, SearchSettings
+    from fusebench.encoders.base import ModelEmbeddings
 
 log = logging.getLogger(__name__)
-PARITY_K = 10
+
+@dataclass
+class EngineRequest:
+    direction: str  # "t2i": items are images, queries captions | "i2t": items are captions, queries images
+    items: dict[str, np.ndarray]  # model -> (n_items, dim) float32 L2-normalised rows; item id = row index
+    queries: dict[str, np.ndarray]  # model -> (n_queries, dim) float32 L2-normalised rows (same models, same order)
+    weights: dict[str, float]  # model -> its weight (engines that take weights pass them on)
+    fusion: FusionConfig  # the engine preset (fusion.preset names it; fuse_on says source_object or document)
+    per_model_k: int  # each model's search limit (the preset's top_k, at most n_items)
+    final_k: int  # the fused list's length (the preset's final_top_k)
+    search: SearchConfig  # index type and parameters, threads, batch size, latency_queries
+    workdir: Path  # the only folder the engine may write: empty, made by the caller, removed by it
+    progress: Progress | None = None
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.items)
+
+    @property
+    def n_items(self) -> int:
+        return len(next(iter(self.items.values())))
+
+    @property
+    def n_queries(self) -> int:
+        return len(next(iter(self.queries.values())))
 
 
 @dataclass
-class BackendResult:
-    lists: dict[str, dict[str, RankedLists]]  # models, fused, exact_fused
-    record: SearchRecord
-    differences: list[dict] = field(default_factory=list)  # engines: the queries whose top 10 differ from the preset
+class EngineLists:
+    """What the engine returned. Ids are item ids (row indices; -1 pads a list the engine returned short),
+    scores are the engine's own (a distance turned into "higher is better" where the engine returns distances,
+    and said so in ``notes``)."""
+
+    singles: dict[str, tuple[np.ndarray, np.ndarray]]  # model -> (ids (q, per_model_k) int64, scores float32)
+    fused_ids: np.ndarray  # (q, final_k) int64, best first, -1 padding
+    fused_scores: np.ndarray  # (q, final_k) float32, the engine's fused scores
+    ingest_seconds: float  # loading the items (inserts, flush)
+    build_seconds: float  # building the index (0 for a flat search with no index)
+    search_seconds: float  # every query's fused answer (the hybrid search, with the per-model searches it runs), batched
+    latency_ms: np.ndarray  # one fused (hybrid) request at a time, for the first latency_queries queries
+    disk_bytes: int  # the engine's files under workdir after ingestion and index build
+    version: str  # "pymilvus 3.0.2, milvus-lite 3.2.2"
+    notes: list[str] = field(default_factory=list)  # what the engine does its own way (ties, score forms, limits)
+    fused_models: np.ndarray | None = None  # fuse_on=document: (q, final_k) the model whose hit each entry is, -1 pad
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every regular file under ``folder`` (the engine's on-disk size)."""
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def pad(rows: list[list[tuple[int, float]]], length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-query (id, score) hits, best first, as (ids int64, scores float32) arrays ``length`` wide, -1/-inf
+    padded: the form every engine module returns."""
+    import numpy as np
+
+    ids = np.full((len(rows), length), -1, dtype=np.int64)
+    scores = np.full((len(rows), length), -np.inf, dtype=np.float32)
+    for q, hits in enumerate(rows):
+        hits = hits[:length]
+        if hits:
+            ids[q, :len(hits)] = [h[0] for h in hits]
+            scores[q, :len(hits)] = [h[1] for h in hits]
+    return ids, scores
+
+
+PARITY_K = 10
 
 
 def _cut(array: np.ndarray, length: int | None) -> torch.Tensor:
+    import numpy as np
+    import torch
+
     array = array if length is None else array[:, :length]
     return torch.from_numpy(np.ascontiguousarray(array.astype(np.int64 if array.dtype.kind == "i" else np.float32)))
 
 
 def _list_ranks(ids: np.ndarray, direction: str, caption_image: np.ndarray) -> np.ndarray:
     """1-based position of the first correct item in each list; 0 when it is not in the list (missed)."""
+    import numpy as np
+    import torch
+
+    from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks
+
     cap = torch.as_tensor(caption_image)
     ids_t = torch.from_numpy(np.asarray(ids, dtype=np.int64))
     return t2i_list_ranks(ids_t, cap) if direction == "t2i" else i2t_list_ranks(ids_t, torch.unique(cap), cap)
@@ -56,44 +127,20 @@ def _list_ranks(ids: np.ndarray, direction: str, caption_image: np.ndarray) -> n
 
 def quality(index_ids: np.ndarray, exact: np.ndarray, depth: int) -> tuple[float, float]:
     """Mean neighbour recall at ``depth`` and top-1 agreement of one model's index lists against exact lists."""
-    from fusebench.search.ann_quality import neighbour_recall, top1_agreement
+    import numpy as np
+
+    from fusebench.backends.quality import neighbour_recall, top1_agreement
 
     return (float(np.mean(neighbour_recall(index_ids, exact, depth))),
             float(np.mean(top1_agreement(index_ids, exact))))
-
-
-def faiss_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig,
-                  keep_k: int | None, config: SearchConfig, settings: SearchSettings, source: ListSource
-                  ) -> BackendResult:
-    """Each model's lists from its FAISS index, fused by fusebench; exact lists beside them for the comparison."""
-    from fusebench.search.ann import faiss_lists, faiss_version
-    from fusebench.search.ann_quality import with_quality
-
-    depth = list_depth(fusion, keep_k, settings)
-    exact = exact_lists(models, caption_image, depth, settings, source)
-    exact_results = retrieve(models, caption_image, fusion, keep_k, settings, source, stored=exact)
-    device = torch.device(settings.device)
-    ann = {m.name: faiss_lists(m, caption_image, depth, config, device, settings.store_dir, settings.progress)
-           for m in models}
-    results = retrieve(models, caption_image, fusion, keep_k, settings, source,
-                       stored={name: a.lists for name, a in ann.items()})
-    if FUSED in exact_results:
-        results[EXACT_FUSED] = exact_results[FUSED]
-    qualities = {name: with_quality(a, exact[name]) for name, a in ann.items()}
-    params = {}
-    for d in DIRECTIONS:  # one block per direction, or per model when the models' resolved parameters differ (pq_m)
-        by_model = {name: a.params.get(d, {}) for name, a in ann.items()}
-        same = all(p == next(iter(by_model.values())) for p in by_model.values())
-        params[d] = next(iter(by_model.values())) if same else by_model
-    record = SearchRecord(backend="faiss", index=config.index, params=params, label=config.label(),
-                          version=faiss_version(), depth=depth, models=qualities)
-    return BackendResult(results, record)
 
 
 def engine_request_rows(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, direction: str
                         ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(items, queries) per model for one direction: t2i searches images with captions, i2t captions with the
     images that have captions (in index order)."""
+    import numpy as np
+
     query_images = np.unique(np.asarray(caption_image, dtype=np.int64))
     if direction == "t2i":
         return ({m.name: np.asarray(m.image, dtype=np.float32) for m in models},
@@ -104,6 +151,9 @@ def engine_request_rows(models: Sequence[ModelEmbeddings], caption_image: np.nda
 
 def _contributors(fused_ids: np.ndarray, singles: list[np.ndarray]) -> torch.Tensor:
     """Bit m set where model m's own list holds the fused entry's item (what fused lists carry)."""
+    import numpy as np
+    import torch
+
     bits = np.zeros(fused_ids.shape, dtype=np.int64)
     for m, ids in enumerate(singles):
         for q in range(len(fused_ids)):
@@ -111,14 +161,33 @@ def _contributors(fused_ids: np.ndarray, singles: list[np.ndarray]) -> torch.Ten
     return torch.from_numpy(np.where(fused_ids >= 0, bits, 0))
 
 
-def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig,
+def engine_runner(lists: Callable[[EngineRequest], EngineLists], version: Callable[[], str]) -> Callable[..., BackendResult]:
+    """An engine's ``Backend.run``: :func:`engine_backend` around its own ``run(request)`` and ``version()``."""
+    def run(models, caption_image, fusion, keep_k, config, settings, source, out_dir) -> BackendResult:
+        return engine_backend(lists, version, models, caption_image, fusion, keep_k, config, settings, source, out_dir)
+    return run
+
+
+def ticker(request: EngineRequest, what: str, total: int) -> Callable[[int], None]:
+    """The request's progress bar for ``what`` (``total`` steps), or a no-op without one."""
+    return request.progress(what, total) if request.progress is not None else (lambda _n: None)
+
+
+def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Callable[[], str],
+                   models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig,
                    keep_k: int | None, config: SearchConfig, settings: SearchSettings, source: ListSource,
                    out_dir: str) -> BackendResult:
     """The engine's own lists (each model alone, and its hybrid search) in both directions; the exact preset
     beside them, compared query by query."""
-    from fusebench.engines.base import EngineRequest, engine_module
+    import numpy as np
+    import torch
 
-    engine = engine_module(config.backend)
+    from fusebench.backends.engine_dirs import ENGINE_DIR, fresh_workdir, remove_engine_dir, remove_workdir, seal
+    from fusebench.backends.retrieval import exact_lists, list_depth, retrieve
+    from fusebench.evaluation.parity import difference_rows, parity
+    from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
+    from fusebench.search.ranked import RankedLists
+
     depth = list_depth(fusion, keep_k, settings)
     exact = exact_lists(models, caption_image, depth, settings, source)
     exact_results = retrieve(models, caption_image, fusion, None, settings, source, stored=exact)  # whole final_k
@@ -140,7 +209,7 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
         log.info("%s %s: loading %d items x %d models, %d queries", config.backend, direction, request.n_items,
                  len(models), request.n_queries)
         try:
-            out = engine.run(request)
+            out = lists(request)
         finally:
             if not config.keep_db:
                 remove_workdir(workdir)
@@ -178,18 +247,9 @@ def engine_backend(models: Sequence[ModelEmbeddings], caption_image: np.ndarray,
     else:
         remove_engine_dir(out_dir)
     record = SearchRecord(backend=config.backend, index=config.index, params=config.index_params(),
-                          label=config.label(), version=engine.version(), depth=fusion.per_model_k(n_items["t2i"]),
+                          label=config.label(), version=version(), depth=fusion.per_model_k(n_items["t2i"]),
                           models=qualities,
                           engine=costs, parity=parities, notes=notes)
     return BackendResult(results, record, differences)
 
 
-def approximate(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig,
-                keep_k: int | None, config: SearchConfig, settings: SearchSettings, source: ListSource,
-                out_dir: str) -> BackendResult:
-    """The run's lists through ``config``'s backend (never ``exact``)."""
-    if config.backend == "faiss":
-        return faiss_backend(models, caption_image, fusion, keep_k, config, settings, source)
-    if config.engine:
-        return engine_backend(models, caption_image, fusion, keep_k, config, settings, source, out_dir)
-    raise FusebenchError(f"search.backend={config.backend} is not an approximate backend")

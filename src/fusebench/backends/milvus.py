@@ -19,18 +19,25 @@ port (no socket or lock file elsewhere) and is stopped in ``finally``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-
-import numpy as np
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
-from fusebench.config.search import ENGINE_PRESETS, MILVUS_MAX_NQ, MILVUS_MAX_TOPK, resolved_nlist
-from fusebench.engines.base import EngineLists, EngineRequest, folder_bytes, pad, require
+from fusebench.backends.base import Backend, register, require
+from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
+from fusebench.config.search import SearchConfig, resolved_nlist
+from fusebench.fusion.config import FusionConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+
 
 COLLECTION = "fusebench"
 PK = "id"
-MAX_TOPK, MAX_NQ = MILVUS_MAX_TOPK, MILVUS_MAX_NQ  # Milvus' per-request limits (config.search)
+# Milvus' per-request limits (quotaAndLimits.limits.topK and .nq, both 16384: pkg/util/paramtable/quota_param.go; a
+# search past them is refused). Milvus Lite 3.2.2 checks neither, but a real Milvus would refuse the run.
+MAX_TOPK = MAX_NQ = 16384
 INSERT_ROWS = 2048  # rows per insert call (a 2 x 1152-float batch is ~20 MB of protobuf, under the 256 MB cap)
 METRICS = {"milvus_rrf": "IP", "milvus_weighted": "COSINE", "milvus_weighted_ip": "IP"}
 NOTES = [
@@ -43,9 +50,11 @@ NOTES = [
     "scores above 0.5 are exact float32 cosines, lower ones lose up to one float32 ulp of 1",
     "milvus: equal distances are ordered by (segment, row) = lower item id, but a segment's own top-k cut is "
     "numpy argpartition (milvus_lite index/brute_force.py), which keeps any of the items tied at the cut",
-    "milvus: search times skip Milvus Lite's copy of each hit's vectors (lean_rows: storage/segment.py "
-    "Segment.row_to_dict); the lists are unchanged",
 ]
+# search.milvus_lean_rows=true: what every figure of the run then says (its times are not stock Milvus Lite's)
+LEAN_NOTE = ("milvus: search.milvus_lean_rows=true: search times skip Milvus Lite's copy of each hit's vectors "
+             "(fusebench patches storage/segment.py Segment.row_to_dict while it searches): not stock Milvus Lite's "
+             "times; the lists are unchanged")
 
 
 def version() -> str:
@@ -58,33 +67,24 @@ def version() -> str:
     return f"pymilvus {pymilvus.__version__}, milvus-lite {lite}"
 
 
-def check_request(request: EngineRequest) -> None:
-    """What Milvus cannot run, refused before the server starts (one line naming the key)."""
-    fusion = request.fusion
-    if fusion.fuse_on == "document":
-        raise FusebenchError("fusion.fuse_on=document needs one entry per model's hit, which a Milvus collection does "
-                             "not hold (one row per image with every model's vector): valid fusion.fuse_on=source_object.")
-    if fusion.preset not in METRICS:
-        raise FusebenchError(f"search=milvus fuses by Milvus' own rankers: fusion={fusion.preset} is not one of them; "
-                             f"valid: {' | '.join(f'fusion={p}' for p in ENGINE_PRESETS['milvus'])}.")
-    weights = [float(request.weights[m]) for m in request.models]
-    if fusion.preset == "milvus_rrf" and len(set(weights)) > 1:
-        raise FusebenchError(f"fusion=milvus_rrf takes no weights (Milvus' RRFRanker has none), but the models' weights "
-                             f"differ ({'/'.join(f'{w:g}' for w in weights)}): valid: equal weights or fusion=milvus_weighted.")
-    if fusion.preset != "milvus_rrf" and any(not 0 <= w <= 1 for w in weights):
-        raise FusebenchError(f"Milvus' WeightedRanker takes weights in [0, 1] (the models' weights are "
-                             f"{'/'.join(f'{w:g}' for w in weights)}): valid: weights within [0, 1] (divide them by "
-                             f"the largest: only their ratios change the ranking).")
+def check(search: SearchConfig, fusion: FusionConfig, weights: list[float]) -> None:
+    """What Milvus cannot run, refused when the config is checked (one line naming the key): its rankers' weights and
+    constant, and its per-request limits (whatever the corpus: a real Milvus refuses them)."""
+    if fusion.preset in ("milvus_weighted", "milvus_weighted_ip") and not all(0 <= w <= 1 for w in weights):
+        raise FusebenchError(f"fusion={fusion.preset} runs Milvus' WeightedRanker, which takes weights in [0, 1]; the "
+                             f"models' weights are {'/'.join(f'{w:g}' for w in weights)}: scale them into [0, 1] "
+                             "(only their ratios matter).")
     if fusion.preset == "milvus_rrf" and not 0 < fusion.rrf_k < MAX_TOPK:
         raise FusebenchError(f"fusion.rrf_k={fusion.rrf_k:g} is out of Milvus' RRFRanker range: valid fusion.rrf_k is "
                              f"in (0, {MAX_TOPK}).")
-    for key, value in (("fusion.top_k", request.per_model_k), ("fusion.final_top_k", request.final_k)):
-        if value > MAX_TOPK:
-            raise FusebenchError(f"{key} gives lists {value:,} deep, past Milvus' limit of {MAX_TOPK} per search: valid "
-                                 f"{key} is 1..{MAX_TOPK}.")
-    if request.search.batch_size > MAX_NQ:
-        raise FusebenchError(f"search.batch_size={request.search.batch_size} is more queries per request than Milvus "
-                             f"takes: valid search.batch_size is 1..{MAX_NQ}.")
+    for key in ("top_k", "final_top_k"):
+        value = getattr(fusion, key)
+        if value is not None and value > MAX_TOPK:
+            raise FusebenchError(f"fusion.{key}={value} is past Milvus' limit of {MAX_TOPK} results per search (Milvus "
+                                 f"refuses such a request): valid fusion.{key} is 1..{MAX_TOPK}.")
+    if search.batch_size > MAX_NQ:
+        raise FusebenchError(f"search.batch_size={search.batch_size} is more queries per request than Milvus takes: "
+                             f"valid search.batch_size is 1..{MAX_NQ}.")
 
 
 def fields(request: EngineRequest) -> dict[str, str]:
@@ -102,10 +102,6 @@ def index_params(request: EngineRequest) -> tuple[str, dict, dict]:
     return "FLAT", {}, {}
 
 
-def _ticker(request: EngineRequest, what: str, total: int) -> Callable[[int], None]:
-    return request.progress(what, total) if request.progress else (lambda n: None)
-
-
 def _create(client, pymilvus, request: EngineRequest) -> None:
     schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field(PK, pymilvus.DataType.INT64, is_primary=True)
@@ -116,7 +112,7 @@ def _create(client, pymilvus, request: EngineRequest) -> None:
 
 def _insert(client, request: EngineRequest) -> None:
     names = fields(request)
-    tick = _ticker(request, "milvus: inserting items", request.n_items)
+    tick = ticker(request, "milvus: inserting items", request.n_items)
     for start in range(0, request.n_items, INSERT_ROWS):
         stop = min(start + INSERT_ROWS, request.n_items)
         columns = {name: request.items[m][start:stop] for m, name in names.items()}
@@ -177,7 +173,7 @@ def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list
     the other engines' search time also measures: one fused answer per query)."""
     singles = {m: [] for m in request.models}
     fused, hybrid = [], 0.0
-    tick = _ticker(request, "milvus: searching", request.n_queries)
+    tick = ticker(request, "milvus: searching", request.n_queries)
     for start in range(0, request.n_queries, request.search.batch_size):
         stop = min(start + request.search.batch_size, request.n_queries)
         for m in request.models:
@@ -190,6 +186,8 @@ def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list
 
 
 def _latency(searcher: _Searcher, request: EngineRequest) -> np.ndarray:
+    import numpy as np
+
     times = []
     for q in range(min(request.search.latency_queries, request.n_queries)):
         began = time.perf_counter()
@@ -258,7 +256,6 @@ def require_lite() -> None:
 
 
 def run(request: EngineRequest) -> EngineLists:
-    check_request(request)
     pymilvus = require("milvus")
     require_lite()
     metric = METRICS[request.fusion.preset]
@@ -275,7 +272,7 @@ def run(request: EngineRequest) -> EngineLists:
         build = time.perf_counter() - began
         disk = folder_bytes(request.workdir)
         searcher = _Searcher(client, pymilvus, request, metric)
-        with lean_rows(set(fields(request).values())):
+        with lean_rows(set(fields(request).values())) if request.search.milvus_lean_rows else nullcontext():
             singles, fused, seconds = _search_all(searcher, request)
             latency = _latency(searcher, request)
     finally:
@@ -289,7 +286,7 @@ def run(request: EngineRequest) -> EngineLists:
 
 def notes(request: EngineRequest) -> list[str]:
     """What this run's engine does its own way (NOTES, plus the index it really built)."""
-    out = list(NOTES)
+    out = list(NOTES) + ([LEAN_NOTE] if request.search.milvus_lean_rows else [])
     kind, build, extra = index_params(request)
     if kind != "FLAT":
         out.append(f"milvus: {kind} {build} {extra} is a FAISS index per flushed segment (milvus_lite index/factory.py); "
@@ -300,3 +297,9 @@ def notes(request: EngineRequest) -> list[str]:
     return out
 
 
+
+
+BACKEND = register(Backend(name="milvus", indexes=("flat", "ivf_flat", "hnsw"),
+                           reads=("latency_queries", "batch_size", "keep_db", "milvus_lean_rows"),
+                           presets=("milvus_rrf", "milvus_weighted", "milvus_weighted_ip"), extra="milvus",
+                           module="pymilvus", check=check, run=engine_runner(run, version), version=version))

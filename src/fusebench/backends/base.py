@@ -1,0 +1,164 @@
+"""The one interface every search backend implements, and the registry that holds them.
+
+A backend is a module of this package that registers one :class:`Backend`: what it is (its name, the index types it
+builds, the ``search.*`` settings it reads, for an engine the fusion presets it runs, the pip extra it needs), its own
+rules, checked once when the config is checked and before any work (``check``), and its run (``run``: every
+retriever's :class:`~fusebench.search.ranked.RankedLists` and, for an approximate backend, the record's ``search``
+block). ``fusebench.backends`` imports every built-in backend, so that the registry is whole; a module's top level
+imports nothing heavy (no torch, faiss or engine package: those are imported when it runs), so that checking a
+config stays fast. Adding a backend: one module here, one ``conf/search/NAME.yaml``, one line in docs/search.md.
+
+Every table the config layer reads about backends (the valid backends, the indexes each builds, the settings each
+reads, the engines' presets and extras) is derived from the registry here, never written beside it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fusebench import FusebenchError
+from fusebench.config.search import INDEX_READS, SearchConfig
+from fusebench.fusion import presets
+from fusebench.runtime import checks
+
+if TYPE_CHECKING:
+    from fusebench.evaluation.search_record import SearchRecord
+    from fusebench.fusion.config import FusionConfig
+    from fusebench.search.ranked import RankedLists
+
+BUILT_IN = ("exact", "faiss", "milvus", "lancedb", "qdrant")  # the modules fusebench.backends imports
+
+
+@dataclass
+class BackendResult:
+    lists: dict[str, dict[str, RankedLists]]  # retriever (models, fused, exact_fused) -> direction -> its lists
+    record: SearchRecord | None = None  # the record's search block (None: exact search)
+    differences: list[dict] = field(default_factory=list)  # engines: the queries whose top 10 differ from the preset
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # search.backend
+    indexes: tuple[str, ...]  # the search.index values it builds (the first is what it builds by default)
+    reads: tuple[str, ...] = ()  # the search.* settings it reads beside its index's own (INDEX_READS)
+    presets: tuple[str, ...] = ()  # an engine: the fusion presets it fuses by (conf/fusion/NAME.yaml); none: fusebench fuses
+    extra: str | None = None  # the pip extra it needs ('fusebench[EXTRA]')
+    module: str | None = None  # the library it imports, through require()
+    document: bool = False  # an engine: whether it holds one entry per model's hit (fusion.fuse_on=document)
+    index_note: str = ""  # why an index outside ``indexes`` is not one it builds, for the message
+    reads_note: str = ""  # what it does instead of reading another backend's settings, for the message
+    check: Callable[[SearchConfig, FusionConfig, list[float]], None] | None = None  # its own rules (config time)
+    run: Callable[..., BackendResult] | None = None  # (models, caption_image, fusion, keep_k, search, settings,
+    #   source, out_dir) -> BackendResult
+    version: Callable[[], str] | None = None  # the library's version, for the record
+
+    @property
+    def engine(self) -> bool:
+        """An embedded engine: it answers with its own hybrid search and its own fusion of a preset."""
+        return bool(self.presets)
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    """Add ``backend`` (a name registered twice is a bug, not a user's mistake)."""
+    if backend.name in _REGISTRY:
+        raise RuntimeError(f"search backend {backend.name!r} is registered twice")
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def _loaded() -> dict[str, Backend]:
+    """Every registered backend, the built-in ones first in ``BUILT_IN``'s order (what messages list)."""
+    for name in BUILT_IN:
+        importlib.import_module(f"fusebench.backends.{name}")
+    return {**{name: _REGISTRY[name] for name in BUILT_IN}, **_REGISTRY}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_loaded())
+
+
+def get(name: str) -> Backend:
+    """The backend ``search.backend`` names (a name no backend registered is refused, naming the valid ones)."""
+    backends = _loaded()
+    checks.choice(name, "search.backend", tuple(backends))
+    return backends[name]
+
+
+def engines() -> tuple[str, ...]:
+    return tuple(n for n, b in _loaded().items() if b.engine)
+
+
+def engine_presets() -> dict[str, tuple[str, ...]]:
+    """engine -> the fusion presets it runs."""
+    return {n: b.presets for n, b in _loaded().items() if b.engine}
+
+
+def require(name: str):
+    """Import the library backend ``name`` needs, or a FusebenchError naming the extra to install (exit 2)."""
+    backend = get(name)
+    if backend.module is None:
+        return None
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its INFO lines list the CPU builds it tried
+    try:
+        return importlib.import_module(backend.module)
+    except ImportError as err:
+        raise FusebenchError(f"search={name} needs {backend.module}, which is not installed ({err}): pip install "
+                             f"'fusebench[{backend.extra}]'.") from None
+
+
+def check_search(search: SearchConfig, fusion: FusionConfig, weights: list[float]) -> Backend:
+    """The search group against its backend, once, when the config is checked: the index is one the backend builds,
+    no setting is set that neither the index nor the backend reads, and the backend's own rules hold."""
+    backend = get(search.backend)
+    if search.index not in backend.indexes:
+        raise FusebenchError(f"search.index={search.index} is not an index search.backend={search.backend} builds; "
+                             f"valid: {', '.join(backend.indexes)}{backend.index_note}.")
+    checks.unread(search, "search", "index", INDEX_READS, " (a flat index compares every item)"
+                  if search.index == "flat" else "")
+    checks.unread(search, "search", "backend", {n: b.reads for n, b in _loaded().items()}, backend.reads_note)
+    if backend.engine:
+        check_engine(backend, search, fusion, weights)
+    if backend.check is not None:
+        backend.check(search, fusion, weights)
+    return backend
+
+
+def _unweighted_preset(backend: Backend, fusion: FusionConfig, weights: list[float]) -> str | None:
+    """The engine's preset this fusion is but for unequal weights, which its ranker does not take (its label was
+    dropped for them: ``fusion.presets.true_label``); None otherwise."""
+    if fusion.preset is not None or len(set(weights)) < 2:
+        return None
+    for name in backend.presets:
+        if name in presets.UNWEIGHTED and not presets.changes(fusion, presets.definition(name, presets.config_folders())):
+            return name
+    return None
+
+
+def check_engine(backend: Backend, search: SearchConfig, fusion: FusionConfig, weights: list[float]) -> None:
+    """What every engine needs: two or more models, one of its presets unchanged (a preset whose settings or
+    weights the engine's ranker would not take is no longer that preset: ``fusion.presets.true_label``), and one
+    entry per model's hit for ``fuse_on=document``."""
+    what = f"search={backend.name}"
+    if len(weights) < 2 or fusion.method == "none":
+        raise FusebenchError(f"{what} runs the engine's hybrid search over two or more models: select two or more "
+                             "models and one of the engine's presets (fusion=...).")
+    unweighted = _unweighted_preset(backend, fusion, weights)
+    if unweighted is not None:
+        raise FusebenchError(f"fusion={unweighted} takes no per-model weights ({presets.UNWEIGHTED[unweighted]}), but the "
+                             f"models' weights differ ({'/'.join(f'{w:g}' for w in weights)}): valid: equal weights"
+                             + (", or fusion=milvus_weighted" if backend.name == "milvus" else "") + ".")
+    if fusion.preset not in backend.presets:
+        why = ("this fusion is no preset: a plain method, or a preset whose settings or weights the engine's ranker "
+               "does not take" if fusion.preset is None else f"fusion={fusion.preset} is another engine's")
+        raise FusebenchError(f"{what} fuses by the engine's own rule, so the fusion must be one of its presets, "
+                             f"unchanged ({why}); valid: {' | '.join(f'fusion={p}' for p in backend.presets)}.")
+    if fusion.fuse_on == "document" and not backend.document:
+        raise FusebenchError(f"fusion.fuse_on=document needs one entry per model's hit, which {what} does not hold "
+                             "(one row per image with every model's vector): valid fusion.fuse_on=source_object.")

@@ -1,0 +1,62 @@
+"""``search=faiss``: each model's lists from its FAISS index (``search.index``: flat, ivf_flat, hnsw, ivf_pq; built
+once per model and direction, stored content-addressed beside the list store: :mod:`.faiss_index`), fused by
+fusebench with the run's fusion exactly as it fuses exact lists; exact lists beside them, for the index's neighbour
+recall and for the same fusion over exact lists (``exact_fused``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from fusebench import DIRECTIONS, FUSED
+from fusebench.backends.base import Backend, BackendResult, register
+from fusebench.config.search import INDEXES, SearchConfig
+from fusebench.fusion.config import FusionConfig
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from fusebench.backends.retrieval import ListSource, SearchSettings
+    from fusebench.encoders.base import ModelEmbeddings
+
+
+def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig, keep_k: int | None,
+        config: SearchConfig, settings: SearchSettings, source: ListSource, out_dir: str) -> BackendResult:
+    """Each model's lists from its FAISS index, fused by fusebench; exact lists beside them for the comparison."""
+    import torch
+
+    from fusebench.backends.faiss_index import faiss_lists, faiss_version
+    from fusebench.backends.quality import with_quality
+    from fusebench.backends.retrieval import exact_lists, list_depth, retrieve
+    from fusebench.evaluation.search_record import EXACT_FUSED, SearchRecord
+    depth = list_depth(fusion, keep_k, settings)
+    exact = exact_lists(models, caption_image, depth, settings, source)
+    exact_results = retrieve(models, caption_image, fusion, keep_k, settings, source, stored=exact)
+    device = torch.device(settings.device)
+    ann = {m.name: faiss_lists(m, caption_image, depth, config, device, settings.store_dir, settings.progress)
+           for m in models}
+    results = retrieve(models, caption_image, fusion, keep_k, settings, source,
+                       stored={name: a.lists for name, a in ann.items()})
+    if FUSED in exact_results:
+        results[EXACT_FUSED] = exact_results[FUSED]
+    qualities = {name: with_quality(a, exact[name]) for name, a in ann.items()}
+    params = {}
+    for d in DIRECTIONS:  # one block per direction, or per model when the models' resolved parameters differ (pq_m)
+        by_model = {name: a.params.get(d, {}) for name, a in ann.items()}
+        same = all(p == next(iter(by_model.values())) for p in by_model.values())
+        params[d] = next(iter(by_model.values())) if same else by_model
+    record = SearchRecord(backend="faiss", index=config.index, params=params, label=config.label(),
+                          version=faiss_version(), depth=depth, models=qualities)
+    return BackendResult(results, record)
+
+
+
+
+def version() -> str:
+    from fusebench.backends.faiss_index import faiss_version
+
+    return faiss_version()
+
+
+BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads",), extra="faiss", module="faiss", run=run,
+                           version=version))
