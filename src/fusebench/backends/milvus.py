@@ -19,13 +19,13 @@ port (no socket or lock file elsewhere) and is stopped in ``finally``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
 from fusebench.backends.base import Backend, register, require
 from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
+from fusebench.backends.milvus_internals import lean_rows
 from fusebench.config.search import SearchConfig, resolved_nlist
 from fusebench.fusion.config import FusionConfig
 
@@ -194,38 +194,6 @@ def _latency(searcher: _Searcher, request: EngineRequest) -> np.ndarray:
         searcher.fused(q, q + 1)
         times.append((time.perf_counter() - began) * 1000.0)
     return np.asarray(times, dtype=np.float64)
-
-
-@contextmanager
-def lean_rows(vector_fields: set[str]) -> Iterator[None]:
-    """While searching, a hit's row is read without its vector columns.
-
-    Milvus Lite reads every column of every hit's row (``milvus_lite/storage/segment.py`` ``Segment.row_to_dict``,
-    called by ``search/executor_indexed.py`` ``execute_search_with_index`` for each of the top-k), including each
-    model's ~1,000-float vector as a Python list, even when only the primary key is asked for: that was two thirds of
-    its search time. The hits, their order and scores do not depend on it (the ids and distances come from the index;
-    the row only gives the pk and the output fields, here the pk alone), so the lists are Milvus Lite's own; the
-    timings are those of a Milvus Lite that skips the copy. Restored on exit.
-    """
-    from milvus_lite.storage import segment
-
-    original = getattr(segment.Segment, "row_to_dict", None)
-    if original is None:  # another Milvus Lite: search as it is
-        yield
-        return
-
-    def row_to_dict(self, row_idx: int) -> dict:
-        names = self.table.schema.names
-        if "$meta" in names or not vector_fields.intersection(names):
-            return original(self, row_idx)
-        return {name: self.table.column(name)[row_idx].as_py() for name in names
-                if name != "_seq" and name not in vector_fields}
-
-    segment.Segment.row_to_dict = row_to_dict
-    try:
-        yield
-    finally:
-        segment.Segment.row_to_dict = original
 
 
 def _release(client, path: str) -> None:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from fusebench import FusebenchError
 from fusebench.backends.base import Backend, register, require
 from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
+from fusebench.backends.qdrant_internals import local_collection, unsynced
 
 if TYPE_CHECKING:
     import numpy as np
@@ -122,30 +123,13 @@ def point_ids(request: EngineRequest) -> list[np.ndarray]:
     return [m * request.n_items + ids for m in range(len(request.models))]
 
 
-def local_collection(client):
-    """The collection's local-mode object (qdrant_client/local/qdrant_local.py QdrantLocal.collections)."""
-    collection = getattr(getattr(client, "_client", None), "collections", {}).get(COLLECTION)
-    if collection is None:
-        raise FusebenchError(f"search=qdrant drives qdrant-client's local mode (QdrantLocal.collections, as in 1.20), which "
-                             f"{version()} does not have: pip install 'qdrant-client>=1.20'.")
-    return collection
-
-
-def _skip_fsync(client) -> None:
-    """Local mode commits each point to SQLite on its own (persistence.py CollectionPersistence.persist), and every
-    commit waits for the disk (~16 ms here): PRAGMA synchronous=OFF keeps the same file, unsynced. The workdir is
-    new and removed after the run, so a torn file is never read. Left alone if the internals differ."""
-    storage = getattr(getattr(local_collection(client), "storage", None), "storage", None)
-    if storage is not None:
-        storage.execute("PRAGMA synchronous=OFF")
-
-
 def _ingest(client, models, request: EngineRequest) -> None:
     names = vector_names(request)
     config = {names[m]: models.VectorParams(size=int(request.items[m].shape[1]), distance=models.Distance.DOT)
               for m in request.models}
     client.create_collection(COLLECTION, vectors_config=config)
-    _skip_fsync(client)
+    if request.search.qdrant_unsynced:
+        unsynced(local_collection(client, COLLECTION))
     ids = point_ids(request)
     tick = ticker(request, "qdrant: loading points", request.n_items)
     for start in range(0, request.n_items, UPLOAD_POINTS):
@@ -169,7 +153,7 @@ class _Searcher:
 
         self.models, self.request = models, request
         self.names = [vector_names(request)[m] for m in request.models]
-        self.collection = local_collection(client)
+        self.collection = local_collection(client, COLLECTION)
         self.queries = [np.ascontiguousarray(request.queries[m], dtype=np.float32) for m in request.models]
         weights = [float(request.weights[m]) for m in request.models]
         if request.fusion.method == "rrf":
@@ -267,6 +251,9 @@ def run(request: EngineRequest) -> EngineLists:
 def notes(request: EngineRequest, same: int, timed: int) -> list[str]:
     """What this run's engine does its own way (NOTES, the hybrid requests' check, the collection's size)."""
     out = list(NOTES)
+    if request.search.qdrant_unsynced:
+        out.append("qdrant: search.qdrant_unsynced=true: local mode's SQLite commits skipped their wait for the disk "
+                   "(PRAGMA synchronous=OFF): not stock local mode's ingest times; the lists are unchanged")
     if timed:
         out.append(f"qdrant: {same} of {timed} whole hybrid requests (prefetch + fusion query) returned the same fused "
                    f"list as the per-model searches fused by qdrant_client.hybrid.fusion")
@@ -277,7 +264,8 @@ def notes(request: EngineRequest, same: int, timed: int) -> list[str]:
     return out
 
 
-BACKEND = register(Backend(name="qdrant", indexes=("flat",), reads=("threads", "latency_queries", "batch_size", "keep_db"),
+BACKEND = register(Backend(name="qdrant", indexes=("flat",),
+                           reads=("threads", "latency_queries", "batch_size", "keep_db", "qdrant_unsynced"),
                            presets=("qdrant_rrf", "qdrant_dbsf"), extra="qdrant", module="qdrant_client", document=True,
                            index_note=" (Qdrant's local mode searches every point exactly)",
                            run=engine_runner(run, version), version=version))

@@ -53,6 +53,8 @@ class SearchConfig:
     keep_db: bool = False  # engines: keep the engine's database in the run dir (engine_db/); false = removed after
     milvus_lean_rows: bool = False  # milvus: skip Lite's copy of each hit's vectors while searching (patches the engine:
     #   its times are then not stock Milvus Lite's, and every figure says so); false = stock Milvus Lite
+    qdrant_unsynced: bool = False  # qdrant: local mode's SQLite commits without waiting for the disk (a patch of its
+    #   storage: faster ingest, labelled in every figure); false = stock local mode
 
     def __post_init__(self):
         checks.text(self.backend, "search.backend")
@@ -72,6 +74,7 @@ class SearchConfig:
         checks.integer(self.batch_size, "search.batch_size", 1)
         checks.boolean(self.keep_db, "search.keep_db")
         checks.boolean(self.milvus_lean_rows, "search.milvus_lean_rows")
+        checks.boolean(self.qdrant_unsynced, "search.qdrant_unsynced")
         if self.nlist is not None and self.index in ("ivf_flat", "ivf_pq"):  # a set nlist: known now
             check_nprobe(self, self.nlist, f"search.nlist={self.nlist}")
 
@@ -87,7 +90,8 @@ class SearchConfig:
         params = self.index_params()
         if self.index.startswith("ivf") and self.seed != SearchConfig.seed:  # another k-means: another index
             params["seed"] = self.seed
-        lean = ["lean_rows"] if self.milvus_lean_rows else []  # a patched engine's times: said in every label
+        lean = [name for name, on in (("lean_rows", self.milvus_lean_rows), ("unsynced", self.qdrant_unsynced)) if on]
+        # a patched engine's times: said in every label
         return " ".join([self.backend, self.index, *(f"{k}={v}" for k, v in params.items()), *lean])
 
     def index_params(self) -> dict:
