@@ -106,7 +106,7 @@ def test_a_users_file_in_engine_db_is_refused_and_kept(compose_cfg, tmp_path, pu
     mine.write_text("the user's")
     embedded = []
     monkeypatch.setattr(pipeline, "_embeddings", lambda *a: embedded.append(1))
-    monkeypatch.setattr("fusebench.backends.engine_steps.require", lambda backend: None)  # no engine needed to refuse
+    monkeypatch.setattr("fusebench.backends.base.require", lambda backend: None)  # no engine needed to refuse
     cfg = compose_cfg([*SMALL, "search=qdrant", "logger=none", "plots=false", f"embed.cache.dir={tmp_path / 'c'}"])
     with pytest.raises(FusebenchError, match="engine_db") as err:
         pipeline.run(cfg, str(out))
