@@ -45,7 +45,7 @@ from fusebench.encoders.devices import resolve_device
 from fusebench.evaluation.comparisons import paired_comparisons, retriever_result
 from fusebench.evaluation.metrics import hits_at_k
 from fusebench.evaluation.stats import paired_bootstrap
-from fusebench.fusion.combine import EVIDENCE, fuse_in_blocks
+from fusebench.fusion.combine import fuse_in_blocks
 from fusebench.fusion.config import FusionConfig
 from fusebench.search.exact import float_rows
 
@@ -134,7 +134,7 @@ def vectors_command(models, corpus, folder: Path, method: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--method", default="dbsf", choices=[m for m in EVIDENCE if m in ("dbsf", "rrf")])
+    parser.add_argument("--method", default="dbsf", choices=("dbsf", "rrf"))
     parser.add_argument("--chunk-size", type=int, default=4096)
     parser.add_argument("--python-sample", type=int, default=3000)
     parser.add_argument("--cli", action="store_true", help="also time the vectors command through the CLI")

@@ -153,7 +153,7 @@ def test_keys_added_to_logger_none_are_errors(compose_cfg, tmp_path):
     ("dbsf", "rrf_weighting", "rank"), ("borda", "rrf_weighting", "rank"),
 ])
 def test_settings_the_method_never_reads_are_refused(method, key, value):
-    with pytest.raises(FusebenchError, match=rf"fusion.{key}={value} has no effect with fusion.method={method}"):
+    with pytest.raises(FusebenchError, match=rf"fusion.{key}='{value}' is never read with fusion.method={method}"):
         FusionConfig(method=method, **{key: value})
 
 

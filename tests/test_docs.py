@@ -225,3 +225,31 @@ def test_readme_names_every_extra_pyproject_has():
     named = set(re.findall(r"`\[(\w+)\]`", readme))
     assert named <= extras, f"README names extras pyproject.toml lacks: {sorted(named - extras)}"
     assert extras <= named, f"README does not name the extras {sorted(extras - named)}"
+
+
+# Module names two packages share: the same job for different stages, each said here (issue 30: names that
+# explain themselves). A new shared name fails test_layout_names_every_module until it is added with its reason.
+SHARED_NAMES = {
+    "base.py": "a contract: encoders/ (a model backend) and backends/ (a search backend)",
+    "cli.py": "a command: app/ (fusebench) and report/ (fusebench-report)",
+    "exact.py": "exact search: search/ (the math) and backends/ (search=exact, the backend over it)",
+    "simulated.py": "the simulator: data/ (the sim corpus) and encoders/ (the sim models' embeddings)",
+}
+
+
+def test_layout_names_every_module_and_shared_names_are_explained():
+    """docs/layout.md names every module of the package (fusion methods as their folder), and a module name two
+    packages share is one the table above explains."""
+    package = SRC / "fusebench"
+    layout = (DOCS / "layout.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([\w/]+\.py)`", layout))
+    modules = [p for p in package.rglob("*.py") if p.name != "__init__.py" and p.parent.name != "methods"]
+    missing = sorted(str(p.relative_to(package)) for p in modules if p.name not in named)
+    assert not missing, f"docs/layout.md does not name {missing}"
+    by_name: dict[str, list[str]] = {}
+    for path in modules:
+        by_name.setdefault(path.name, []).append(path.parent.name)
+    shared = {name for name, owners in by_name.items() if len(owners) > 1}
+    assert shared == set(SHARED_NAMES), (f"modules of one name in two packages: {sorted(shared - set(SHARED_NAMES))} "
+                                         f"(say why in SHARED_NAMES or rename); no longer shared: "
+                                         f"{sorted(set(SHARED_NAMES) - shared)}")

@@ -93,7 +93,7 @@ def test_rbc_equals_ranx():
     ({"params": {"phi": "x"}}, "fusion.params.phi='x'"),
     ({"params": {"psi": 0.5}}, "unknown key(s) psi; valid keys: phi"),
     ({"method": "rrf", "params": {"phi": 0.5}}, "fusion.params.phi is not a setting of fusion.method=rrf"),
-    ({"score_map": "atan"}, "fusion.score_map=atan has no effect with fusion.method=rbc"),
+    ({"score_map": "atan"}, "fusion.score_map='atan' is never read with fusion.method=rbc (it reads only ranks)"),
 ])
 def test_rbc_settings_are_checked(given, fragment):
     with pytest.raises(FusebenchError) as err:
@@ -151,9 +151,10 @@ def test_an_unregistered_method_is_refused():
 
 
 @pytest.mark.parametrize("given,fragment", [
-    ({"method": "dbsf", "rrf_k": 5}, "fusion.rrf_k=5 has no effect with fusion.method=dbsf: it is read only by rrf"),
-    ({"method": "rrf", "ddof": 1}, "fusion.ddof=1 has no effect with fusion.method=rrf"),
-    ({"method": "rbc", "rrf_k": 10}, "fusion.rrf_k=10 has no effect with fusion.method=rbc"),
+    ({"method": "dbsf", "rrf_k": 5},
+     "fusion.rrf_k=5 is never read with fusion.method=dbsf; fusion.rrf_k is read only with fusion.method=rrf"),
+    ({"method": "rrf", "ddof": 1}, "fusion.ddof=1 is never read with fusion.method=rrf"),
+    ({"method": "rbc", "rrf_k": 10}, "fusion.rrf_k=10 is never read with fusion.method=rbc"),
 ])
 def test_a_setting_the_method_never_reads_is_refused(given, fragment):
     with pytest.raises(FusebenchError) as err:

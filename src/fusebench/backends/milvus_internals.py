@@ -1,5 +1,5 @@
 """The private part of Milvus Lite that ``backends/milvus.py`` can use, in one place, checked against the release
-named in ``CHECKED`` (``tests/test_milvus_internals.py`` fails, naming the release and the attribute, when the
+named in ``CHECKED`` (``tests/test_engine_internals.py`` fails, naming the release and the attribute, when the
 installed one differs in shape).
 
 * ``milvus_lite.storage.segment.Segment.row_to_dict``, replaced while searching by :func:`lean_rows`, only with

@@ -1,5 +1,5 @@
 """The private parts of qdrant-client's local mode that ``backends/qdrant.py`` uses, in one place, each checked
-against the release named in ``CHECKED`` (``tests/test_qdrant_internals.py`` fails, naming the release and the
+against the release named in ``CHECKED`` (``tests/test_engine_internals.py`` fails, naming the release and the
 attribute, when the installed one differs in shape).
 
 * ``QdrantClient._client.collections`` (``qdrant_client/local/qdrant_local.py`` ``QdrantLocal.collections``): the

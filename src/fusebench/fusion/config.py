@@ -98,25 +98,22 @@ class FusionConfig:
         return asdict(checks.typed(spec.params, given, "fusion.params", every_key=False))
 
     def _check_method_settings(self) -> None:
-        """A setting the method never reads is refused, not recorded as if it had changed the result."""
-        kind = registry.method(self.method).kind if self.method != "none" else None
-        reads = registry.method(self.method).reads if self.method != "none" else ()
-        ignored = [(self.score_map != "none" and kind == "rank", "score_map", self.score_map,
-                    "maps scores, but this method reads only ranks", "none"),
-                   (self.rrf_ranks != "own" and kind != "rank", "rrf_ranks", self.rrf_ranks,
-                    f"numbers ranks for the rank methods ({', '.join(RANK_METHODS)}) only", "own"),
-                   (self.rrf_weighting != "multiply" and "rrf_weighting" not in reads, "rrf_weighting",
-                    self.rrf_weighting, "applies to rrf only", "multiply"),
-                   # a preset's own value (fusion=qdrant_dbsf fusion.method=rrf: ddof=1) is the preset's; the run
-                   # then loses the preset's label (presets.true_label)
-                   *[(getattr(self, key) != checks.default_of(FusionConfig, key) and key not in reads
-                      and self.preset is None, key,
-                      getattr(self, key), f"is read only by {' and '.join(m for m in registry.names() if key in registry.method(m).reads)}",
-                      checks.default_of(FusionConfig, key)) for key in ("rrf_k", "ddof")]]
-        for unused, key, value, why, default in ignored:
-            if unused and self.method != "none":
-                raise FusebenchError(f"fusion.{key}={value} has no effect with fusion.method={self.method}: it {why}. "
-                                     f"Drop it (fusion.{key}={default}) or pick a method that uses it.")
+        """A setting the method never reads is refused, not recorded as if it had changed the result: the one rule
+        (``checks.unread``) every group's kind-dependent settings go through, over what each method reads."""
+        if self.method == "none":
+            return
+        kind = registry.method(self.method).kind
+        checks.unread(self, "fusion", "method", self.method_reads(),
+                      " (it reads only ranks)" if kind == "rank" else "")
+
+    def method_reads(self) -> dict[str, tuple[str, ...]]:
+        """Each method's settings among those only some methods read: its own (``Method.reads``: rrf_k, ddof,
+        rrf_weighting), ``rrf_ranks`` for the rank methods and ``score_map`` for the others. An engine preset's
+        rrf_k and ddof are the preset's (``fusion=qdrant_dbsf fusion.method=rrf`` keeps ddof=1; the run then loses
+        the preset's label: ``presets.true_label``)."""
+        kept = ("rrf_k", "ddof") if self.preset is not None else ()
+        return {name: (*spec.reads, "rrf_ranks" if spec.kind == "rank" else "score_map", *kept)
+                for name, spec in registry.REGISTRY.items()}
 
     def per_model_k(self, n_items: int) -> int:
         return n_items if self.top_k is None else min(self.top_k, n_items)
