@@ -10,7 +10,9 @@ for real bugs, and shown for everything with ``HYDRA_FULL_ERROR=1``.
 
 from __future__ import annotations
 
+import atexit
 import errno
+import gc
 import os
 import re
 import sys
@@ -254,7 +256,19 @@ def _fail(message: str, code: int = 2) -> None:
 
 def main() -> None:
     """Console entry: check model names against the registry, run the Hydra app, turn mistakes into exit 2."""
+    atexit.unregister(freeze_at_exit)  # once, however often main runs in one process
+    atexit.register(freeze_at_exit)  # the first handler to run at exit (they run last in, first out)
     run_command(app)
+
+
+def freeze_at_exit() -> None:
+    """At the interpreter's exit: collect what is garbage now (every cycle's finalisers run, open files are
+    flushed), then move what is left, all still reachable, into the GC's permanent generation, so that the
+    shutdown does not walk once more everything torch and numba built (a COCO-size job's exit took 0.8-1.0 s,
+    about 0.6 s less with this: scripts/bench_cli.py). The other atexit handlers, log flushes and destructors
+    run as before; a process that calls ``main`` and goes on (a test) is frozen only when it ends."""
+    gc.collect()
+    gc.freeze()
 
 
 def run_command(hydra_app: Callable[[], None], kind: str = "run",

@@ -226,8 +226,11 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConf
 
 
 def fuse_in_blocks(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
-                   weights: list[float] | None = None, max_entries: int = 1 << 17) -> RankedLists:
-    """``fuse`` over row blocks so that long lists (top_k = all) never hold more than ``max_entries`` at once."""
+                   weights: list[float] | None = None, max_entries: int = 1 << 20) -> RankedLists:
+    """``fuse`` over row blocks of at most ``max_entries`` list entries (about 40 bytes each while a block is
+    fused: ~40 MB). Each block is a few parallel steps (torch's and numba's threads), so blocks are large: on a
+    machine another process keeps busy, COCO's 25,010 x 2 x 100 entries took 2.5-11 s in 2^17-entry blocks and
+    0.3-2 s in 2^20-entry ones (0.1 s either way on an idle one); fusion is row by row, so the result is the same."""
     rows = ids[0].shape[0]
     width = sum(t.shape[1] for t in ids)
     step = max(1, max_entries // width)
