@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import re
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,21 @@ from hydra.core.global_hydra import GlobalHydra
 from fusebench.config import CONFIG_DIR, schema
 
 schema.register()  # as the CLI does on import: every test that composes the config tree finds the groups' schemas
+
+# a module whose every test is slow says so at its top: pytestmark = pytest.mark.slow (or a list holding it)
+ALL_SLOW = re.compile(r"^pytestmark = (pytest\.mark\.slow\b|\[[^\]\n]*\bpytest\.mark\.slow\b)", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """The fast tier (``-m "not slow"``, make test-fast) does not import the modules whose every test is slow: all
+    their tests would be deselected anyway, and importing what they test (an engine's library, the notebook's
+    kernel) takes seconds. Any other selection, and the full suite, collects them as usual."""
+    if " ".join(config.getoption("markexpr").split()) != "not slow":
+        return None
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_") and collection_path.is_file() \
+            and ALL_SLOW.search(collection_path.read_text(encoding="utf-8")):
+        return True
+    return None
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,7 @@ def one_line_error(done, *fragments):
         assert fragment in lines[0], lines[0]
 
 
+@pytest.mark.slow  # runs a fusebench command in a subprocess
 @pytest.mark.parametrize("args,fragment", [
     ([], "the following arguments are required: sweep_dir"),
     (["S", "--bogus"], "unrecognized arguments: --bogus"),
@@ -36,12 +37,14 @@ def test_report_argument_mistakes_are_one_line(tmp_path, args, fragment):
     one_line_error(command("fusebench-report", *args, cwd=tmp_path, timeout=60), fragment)
 
 
+@pytest.mark.slow  # runs a fusebench command in a subprocess
 def test_a_report_of_no_finished_run_is_one_line(tmp_path):
     (tmp_path / "S" / "0").mkdir(parents=True)
     (tmp_path / "S" / "0" / "metrics.json").write_text("{")
     one_line_error(command("fusebench-report", "S", cwd=tmp_path), "no finished runs", "1 not reported")
 
 
+@pytest.mark.slow  # runs a fusebench command in a subprocess
 def test_bootstrap_draws_are_bounded_before_any_work(tmp_path):
     """eval.bootstrap.draws=1e9 ran for minutes on 200 images: refused, for a run and for a sweep (whose report
     would draw as many), before any job."""
@@ -52,6 +55,7 @@ def test_bootstrap_draws_are_bounded_before_any_work(tmp_path):
     assert not (tmp_path / "S").exists() and not (tmp_path / "R").exists()
 
 
+@pytest.mark.slow  # runs a fusebench command in a subprocess
 def test_an_empty_fusebench_output_is_refused_by_the_cache_command(tmp_path):
     """FUSEBENCH_OUTPUT= put fusebench-cache's default at /cache, and clear --yes went there."""
     for args in (["clear", "--yes"], ["list"]):
@@ -59,6 +63,7 @@ def test_an_empty_fusebench_output_is_refused_by_the_cache_command(tmp_path):
                        "paths.output_dir is empty", "--dir")
 
 
+@pytest.mark.slow  # runs a fusebench command in a subprocess
 def test_a_refused_config_leaves_nothing_behind(tmp_path):
     one_line_error(command("fusebench", *SIM, "fusion.rrf_k=-1", "hydra.run.dir=fresh", cwd=tmp_path), "fusion.rrf_k")
     assert not (tmp_path / "fresh").exists() and not (tmp_path / "nested").exists()
@@ -147,12 +152,14 @@ def test_ctrl_c_in_the_small_commands_is_one_line(monkeypatch, capsys, name, mod
     assert len(err) == 1 and err[0].startswith(f"{name}: interrupted")
 
 
+@pytest.mark.slow  # runs a fusebench command in a subprocess
 def test_a_folder_where_the_log_goes_is_one_line(tmp_path):
     (tmp_path / "R" / "fusebench.log").mkdir(parents=True)
     one_line_error(command("fusebench", *SIM, "hydra.run.dir=R", cwd=tmp_path), "fusebench.log is not a file")
     assert (tmp_path / "R" / "fusebench.log").is_dir()
 
 
+@pytest.mark.slow  # runs a fusebench command in a subprocess
 def test_a_sweep_refused_before_its_jobs_leaves_the_sweep_dir_as_it_was(tmp_path):
     (tmp_path / "S").mkdir()
     (tmp_path / "S" / "multirun.yaml").write_text("an earlier sweep's record\n")

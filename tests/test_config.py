@@ -1,7 +1,9 @@
+import copy
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from helpers.tiers import fast_first
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
@@ -37,7 +39,7 @@ def test_models_multi_select_and_by_hand(compose_cfg):
                                                    "b": {"kind": "vectors", "image_embeddings": "B.npy"}}
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", fast_first(METHODS, 2))  # a composition each ("none", then a fusion)
 def test_every_fusion_method_has_a_config(compose_cfg, method):
     cfg = compose_cfg([f"fusion={method}"])
     assert cfg.fusion.method == method
@@ -61,7 +63,7 @@ def test_hydra_dirs_under_output_dir(compose_cfg, monkeypatch):
 FUSED_STUDIES = ("pair_dbsf_source", "pair_rrf_document", "pair_rrf_source", "four_dbsf_source")
 
 
-@pytest.mark.parametrize("study", FUSED_STUDIES)
+@pytest.mark.parametrize("study", fast_first(FUSED_STUDIES))
 def test_fused_article_jobs_use_lowercased_siglip2_as_published(compose_cfg, study):
     """The article fused lowercased SigLIP 2 queries (its gains are over lowercased SigLIP 2)."""
     cfg = compose_cfg(["experiment=article_coco", f"study={study}"])
@@ -109,7 +111,7 @@ def test_article_reference_rows_point_at_real_study_jobs():
 ENGINE_PRESETS = ["qdrant_rrf", "qdrant_dbsf", "elasticsearch_rrf", "ranx_combmnz", "ranx_combmax", "ranx_isr"]
 
 
-@pytest.mark.parametrize("name", ENGINE_PRESETS)
+@pytest.mark.parametrize("name", fast_first(ENGINE_PRESETS))
 def test_engine_presets_compose(compose_cfg, name):
     cfg = compose_cfg([f"fusion={name}"])
     assert cfg.fusion.preset == name and FusionConfig(**OmegaConf.to_container(cfg.fusion)).method in METHODS
@@ -120,9 +122,20 @@ def test_engines_sweep_runs_every_engine_preset(compose_cfg):
     assert set(ENGINE_PRESETS) <= set(sweep.hydra.sweeper.params["fusion"].split(","))
 
 
-def _plain_config(compose_cfg, overrides: list[str] | None = None) -> dict:
-    """A composed config as plain data, to change by hand (what Hydra's own checks would refuse first)."""
-    return OmegaConf.to_container(compose_cfg(overrides), resolve=True)
+@pytest.fixture(scope="module")
+def plain_wandb_config() -> dict:
+    """A composed config as plain data, to change by hand (what Hydra's own checks would refuse first): composed
+    once for the module, each case below changes a deep copy."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fusebench.config import CONFIG_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+        cfg = compose(config_name="config", overrides=["logger=wandb", "fusion.top_k=100"])
+    GlobalHydra.instance().clear()
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def test_the_composed_config_converts_once_into_its_types(compose_cfg):
@@ -174,19 +187,20 @@ def test_the_composed_config_converts_once_into_its_types(compose_cfg):
     (lambda c: c.update(reference={"dataset": "coco5k"}), "reference.study is missing"),
     (lambda c: c["paths"].update(cache="x"), "paths: unknown key(s) cache; valid keys: data_root, output_dir."),
 ])
-def test_a_config_mistake_is_one_line_naming_the_key(compose_cfg, change, message):
+def test_a_config_mistake_is_one_line_naming_the_key(plain_wandb_config, change, message):
     """Every key nothing reads, at any level, and every bad value: one FusebenchError naming it, from the one
     conversion (the dataclasses' fields are the valid keys)."""
     from fusebench import FusebenchError
     from fusebench.app.run_config import run_config
 
-    config = _plain_config(compose_cfg, ["logger=wandb", "fusion.top_k=100"])
+    config = copy.deepcopy(plain_wandb_config)
     change(config)
     with pytest.raises(FusebenchError) as err:
         run_config(config)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # a fresh interpreter (the fast tier keeps test_api's test_the_api_is_imported_on_first_use)
 def test_converting_a_config_imports_nothing_heavy():
     """The CLI converts the config before any run starts: a mistake is reported without torch and the rest."""
     import subprocess

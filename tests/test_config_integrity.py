@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers.tiers import fast_first
 from hydra.errors import ConfigCompositionException
 
 from fusebench import FusebenchError
@@ -45,6 +46,7 @@ def test_a_changed_preset_loses_its_label(preset, change):
     assert true_label(FusionConfig(**{**base, "preset": preset}), [package_conf()]).preset == preset
 
 
+@pytest.mark.slow  # composes every fusion option (the fast tier composes presets in test_config.py)
 def test_every_preset_file_composes_to_its_own_definition(compose_cfg):
     """The YAML read by hand (presets.definition) is what Hydra composes: each preset keeps its label, with
     either fuse_on and any list length (run settings, not part of a preset)."""
@@ -67,6 +69,7 @@ def test_unequal_weights_leave_a_preset_whose_engine_takes_none():
     assert true_label(rrf, [package_conf()], weights=[1.0, 2.0]).preset == "qdrant_rrf"
 
 
+@pytest.mark.slow  # whole jobs
 def test_a_weighted_or_tuned_run_of_an_unweighted_preset_loses_its_label(compose_cfg, tmp_path):
     base = SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "fusion=qdrant_dbsf"]
     weighted = run(compose_cfg(base + ["models.sim_dfn5b_like.weight=2"]), str(tmp_path / "w"))
@@ -81,6 +84,7 @@ def test_an_unknown_preset_name_is_refused():
         true_label(FusionConfig(preset="qdrant_dbfs"), [package_conf()])
 
 
+@pytest.mark.slow  # whole jobs
 def test_a_run_of_a_changed_preset_is_recorded_without_it(compose_cfg, tmp_path, caplog):
     record = run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "fusion=qdrant_dbsf",
                                       "fusion.method=rrf"]), str(tmp_path / "r"))
@@ -94,7 +98,7 @@ def test_a_run_of_a_changed_preset_is_recorded_without_it(compose_cfg, tmp_path,
 
 # -- keys nothing reads ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("override, fragments", [
+@pytest.mark.parametrize("override, fragments", fast_first([  # a composition each
     ("+bogus=1", ["unknown top-level key(s) bogus", "valid: paths, dataset"]),
     ("+evals.ks=[1]", ["unknown top-level key(s) evals"]),
     ("+models.sim_dfn5b_like.wieght=0", ["models.sim_dfn5b_like (kind sim): unknown key(s) wieght", "weight"]),
@@ -102,7 +106,7 @@ def test_a_run_of_a_changed_preset_is_recorded_without_it(compose_cfg, tmp_path,
     ("+models.sim_third.dim=8", ["models.sim_third.dim was set but model 'sim_third' is not selected",
                                  "models=[...,sim_third]"]),
     ("+models.mine.dim=8", ["models.mine has no kind", "+models.mine.kind="]),
-])
+], unpack=True))
 def test_keys_nothing_reads_are_errors(compose_cfg, tmp_path, override, fragments):
     _refused(compose_cfg, tmp_path, [override], *fragments)
 
@@ -126,17 +130,18 @@ def test_all_zero_weights_are_refused(compose_cfg, tmp_path):
              "every model weight is 0")
 
 
-@pytest.mark.parametrize("overrides, key", [
+@pytest.mark.parametrize("overrides, key", fast_first([
     (["models.sim_siglip2_like.weight=1e39", "models.sim_dfn5b_like.weight=1e39"], "models.sim_siglip2_like.weight"),
     (["models.sim_dfn5b_like.weight=1e-300"], "models.sim_dfn5b_like.weight"),
     (["models.sim_dfn5b_like.weight=2e6"], "models.sim_dfn5b_like.weight"),
     (["tune=weights", "tune.weights=[1,1e300]"], "tune.weights"),
-])
+], unpack=True))
 def test_weights_whose_float32_products_overflow_are_refused(compose_cfg, tmp_path, overrides, key):
     """Equal weights of 1e39 became inf in float32 and the fusion collapsed to the first model's ranking."""
     _refused(compose_cfg, tmp_path, overrides, f"{key}=", "valid: 0 or a number between 1e-06 and 1e+06")
 
 
+@pytest.mark.slow  # a whole job
 def test_weights_at_the_ends_of_the_range_run(compose_cfg, tmp_path):
     record = run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "models.sim_siglip2_like.weight=1e6",
                                       "models.sim_dfn5b_like.weight=1e-6"]), str(tmp_path / "r"))
@@ -157,6 +162,7 @@ def test_settings_the_method_never_reads_are_refused(method, key, value):
         FusionConfig(method=method, **{key: value})
 
 
+@pytest.mark.slow  # a whole job
 def test_one_model_with_a_fusion_says_the_fusion_is_skipped(compose_cfg, tmp_path, caplog):
     record = run(compose_cfg(SMALL + [f"embed.cache.dir={tmp_path / 'c'}", "models=[sim_third]", "fusion=rrf"]),
                  str(tmp_path / "r"))
@@ -164,12 +170,12 @@ def test_one_model_with_a_fusion_says_the_fusion_is_skipped(compose_cfg, tmp_pat
     assert "fusion.method=rrf is skipped: one model is selected (sim_third)" in caplog.text
 
 
-@pytest.mark.parametrize("overrides, fragment", [
+@pytest.mark.parametrize("overrides, fragment", fast_first([
     (["tune.weights=[]"], "tune.weights=[] is not valid"),
     (["tune.weights=[2.0]"], "the tuning grid has 1 setting"),
     (["tune.criterion='mean R@1000'"], "fusion.top_k=100 is below the largest tune.criterion (1000)"),
     (["tune.criterion='t2i R@101'", "fusion.top_k=100"], "below the largest tune.criterion (101)"),
-])
+], unpack=True))
 def test_tuning_that_cannot_choose_is_refused(compose_cfg, tmp_path, overrides, fragment):
     _refused(compose_cfg, tmp_path, ["tune=weights", *overrides], fragment)
 

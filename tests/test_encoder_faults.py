@@ -150,6 +150,7 @@ def _to_tensor(image):  # module level: DataLoader workers unpickle it
     return torch.from_numpy(np.asarray(image, dtype=np.float32).copy())
 
 
+@pytest.mark.slow  # DataLoader worker processes
 @pytest.mark.parametrize("workers", [1, 2])
 def test_bad_image_in_a_worker_is_the_same_one_line_error(tmp_path, workers):
     corpus = load_manifest(bad_manifest(tmp_path, n=7, bad=4))
@@ -267,6 +268,7 @@ def _registry_spec(name):
     return yaml.safe_load((Path(CONFIG_DIR) / "models" / f"{name}.yaml").read_text())
 
 
+@pytest.mark.slow  # imports transformers and open_clip (~5 s)
 @pytest.mark.parametrize("model_spec,repo", [
     ({"kind": "hf", "checkpoint": "nobody/no-such-model"}, "nobody/no-such-model"),
     ({"kind": "open_clip", "model": "ViT-B-32", "pretrained": "laion2b_s34b_b79k"}, "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"),
@@ -285,6 +287,7 @@ def test_missing_weights_without_network_fail_fast(no_network, tmp_path, caplog,
         assert fragment in message, (fragment, message)
 
 
+@pytest.mark.slow  # imports transformers and open_clip (~5 s)
 @pytest.mark.parametrize("model_spec,repo", [
     ({"kind": "open_clip", "model": "ViT-B-32", "pretrained": "laion2b_s34b_b79k"}, "laion/CLIP-ViT-B-32-laion2B-s34B-b79K"),
     ({"kind": "open_clip", "model": "hf-hub:nobody/no-such-open-clip"}, "nobody/no-such-open-clip"),
@@ -320,6 +323,7 @@ def test_cached_weights_load_without_network(no_network, checkpoints, tmp_path):
     assert got.info["model"]["commit"] == commit and np.allclose(got.image, direct.image, atol=1e-5)
 
 
+@pytest.mark.slow  # imports open_clip (~4 s)
 def test_open_clip_names_its_repo():
     assert OpenClipEncoder("m", {"model": "ViT-H-14-quickgelu", "pretrained": "dfn5b"}).hub_repo() == \
         "apple/DFN5B-CLIP-ViT-H-14"

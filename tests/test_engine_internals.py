@@ -8,6 +8,7 @@ from importlib import metadata
 import pytest
 
 
+@pytest.mark.slow  # runs Qdrant's local mode
 def test_qdrant_local_mode_has_the_parts_the_adapter_reads(tmp_path):
     pytest.importorskip("qdrant_client")
     from qdrant_client import QdrantClient, models

@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("lancedb")
+# every test runs LanceDB but test_ivf_pq_with_too_few_items_refused, and that one needs lancedb imported (two
+# seconds): the fast tier leaves the module out (tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 from helpers import engine_case as case  # noqa: E402
 

@@ -103,6 +103,7 @@ def _milvus_merge(req, singles: dict, final_k: int | None = None) -> tuple[np.nd
     return np.asarray(out_ids, dtype=np.int64), np.asarray(out_scores, dtype=np.float32)
 
 
+@pytest.mark.slow  # starts Milvus Lite
 @pytest.mark.parametrize("preset", PRESETS)
 def test_lists_have_the_contract_shapes(flat, preset):
     req, out = flat[preset]
@@ -119,6 +120,7 @@ def test_lists_have_the_contract_shapes(flat, preset):
     assert any("merge_op.py" in note for note in out.notes)
 
 
+@pytest.mark.slow  # starts Milvus Lite
 @pytest.mark.parametrize("preset", PRESETS)
 def test_flat_singles_are_the_exact_top_k(flat, preset):
     """Each model's list is the exact top-k; COSINE's score is 1 - (1 - cos) in float32, IP's the dot product."""
@@ -129,6 +131,7 @@ def test_flat_singles_are_the_exact_top_k(flat, preset):
         assert_same_up_to_ties(ids, scores.astype(np.float64), ref_ids, ref_scores, tol=TIE)
 
 
+@pytest.mark.slow  # starts Milvus Lite
 @pytest.mark.parametrize("preset, tol", [("milvus_rrf", 1e-8), ("milvus_weighted", 1e-6), ("milvus_weighted_ip", 1e-6)])
 def test_flat_fused_lists_equal_the_exact_preset(flat, preset, tol):
     """fusebench's preset over exact lists gives Milvus' fused list: the same ids where fused scores are not tied,
@@ -140,6 +143,7 @@ def test_flat_fused_lists_equal_the_exact_preset(flat, preset, tol):
     assert_same_up_to_ties(out.fused_ids, out.fused_scores, ref_ids, ref_scores, tol=tol)
 
 
+@pytest.mark.slow  # starts Milvus Lite
 @pytest.mark.parametrize("preset", PRESETS)
 def test_fused_list_is_milvus_merge_of_the_engines_own_lists(flat, preset):
     """The fused list is MergeOp over the engine's per-model lists: to the bit for RRF (ranks) and IP (the dot
@@ -155,6 +159,7 @@ def test_fused_list_is_milvus_merge_of_the_engines_own_lists(flat, preset):
         np.testing.assert_array_equal(out.fused_scores, scores)
 
 
+@pytest.mark.slow  # starts Milvus Lite
 def test_fused_ties_go_to_the_smaller_id(flat):
     """Milvus' rule (Lite: FuncChain.sort tie_break_col=$id; Milvus: rerank/util.go newIDScores): equal fused
     scores in ascending id order; RRF on this corpus has such ties (one list's rank r against another's)."""
@@ -167,6 +172,7 @@ def test_fused_ties_go_to_the_smaller_id(flat):
     assert tied > 50
 
 
+@pytest.mark.slow  # starts Milvus Lite
 @pytest.mark.parametrize("index, settings, floor", [("hnsw", {"ef_search": 48, "hnsw_m": 8, "ef_construction": 40}, 0.95),
                                                     ("ivf_flat", {"nprobe": 8, "nlist": None}, 0.7)])
 def test_indexes_are_built_and_return_lists_with_high_neighbour_recall(tmp_path, index, settings, floor):
@@ -217,6 +223,7 @@ def test_milvus_lite_2_refused(tmp_path, monkeypatch):
     _refused(tmp_path, r"needs milvus-lite 3 \(found 2.4.10\): pip install 'milvus-lite>=3.2,<4'")
 
 
+@pytest.mark.slow  # starts Milvus Lite
 def test_server_stopped_and_lock_released_on_error(tmp_path, monkeypatch):
     """A failure mid-search still closes the client, stops the lite server (its LOCK free again) and puts back
     Milvus Lite's own row reader."""
@@ -267,6 +274,7 @@ print(json.dumps(sizes))
 """
 
 
+@pytest.mark.slow  # starts Milvus Lite in a subprocess
 def test_writes_nothing_outside_workdir(tmp_path):
     """HOME, TMPDIR, XDG_CACHE_HOME and the working folder are empty folders the run must leave empty (the lite
     server listens on 127.0.0.1; its data, LOCK and WAL are in workdir/milvus.db)."""

@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 
 qdrant_client = pytest.importorskip("qdrant_client")
+# every test runs Qdrant's local mode but test_non_unit_vectors_refused, and that one needs qdrant-client imported
+# (over a second): the fast tier leaves the module out (tests/conftest.py)
+pytestmark = pytest.mark.slow
 
 from helpers import engine_case as case  # noqa: E402
 from qdrant_client import models  # noqa: E402

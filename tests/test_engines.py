@@ -22,9 +22,6 @@ from fusebench.config import CONFIG_DIR
 from fusebench.fusion.combine import fuse
 from fusebench.fusion.config import FusionConfig
 
-qdrant = pytest.importorskip("qdrant_client", reason="qdrant-client is a dev dependency (pip install -e '.[dev]')")
-from qdrant_client import models  # noqa: E402
-
 N_IMAGES, N_QUERIES, DEPTH = 300, 200, 20
 
 
@@ -36,6 +33,12 @@ def preset(name: str, fuse_on: str) -> FusionConfig:
                                                        f"fusion.top_k={DEPTH}"])
     GlobalHydra.instance().clear()
     return FusionConfig(**OmegaConf.to_container(cfg.fusion))
+
+
+def _qdrant():
+    """qdrant-client, imported by the tests that run it (over a second to import: the hand-computed and transcribed
+    engines' tests below need only fusebench)."""
+    return pytest.importorskip("qdrant_client", reason="qdrant-client is a dev dependency (pip install -e '.[dev]')")
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -58,6 +61,9 @@ def case():
 def _client(images: dict, fuse_on: str):
     """source_object: one point per image with a named vector per model; document: one point per model's
     entry (ids N*m + image), so the same image found by both models is two entries."""
+    qdrant = _qdrant()
+    from qdrant_client import models
+
     client = qdrant.QdrantClient(":memory:")
     config = {m: models.VectorParams(size=v.shape[1], distance=models.Distance.COSINE) for m, v in images.items()}
     client.create_collection("c", vectors_config=config)
@@ -82,6 +88,7 @@ def _qdrant_lists(client, texts: dict, fuse_on: str):
     return ids, scores
 
 
+@pytest.mark.slow  # runs Qdrant's local mode
 def test_qdrant_lists_are_the_exact_top_k(case):
     """Qdrant's per-model lists are the cosine top k fusebench computes (up to near-tied neighbours)."""
     images, texts = case
@@ -116,10 +123,14 @@ def _groups(entries: list[tuple[object, float]], tol: float) -> list[tuple[float
     return out
 
 
-@pytest.mark.parametrize("name,fusion,fuse_on", fast_first([
-    ("qdrant_dbsf", models.Fusion.DBSF, "document"), ("qdrant_rrf", models.Fusion.RRF, "source_object"),
-    ("qdrant_rrf", models.Fusion.RRF, "document"), ("qdrant_dbsf", models.Fusion.DBSF, "source_object")], unpack=True))
+@pytest.mark.slow  # runs Qdrant's local mode
+@pytest.mark.parametrize("name,fusion,fuse_on", [("qdrant_dbsf", "dbsf", "document"), ("qdrant_rrf", "rrf", "source_object"),
+                                               ("qdrant_rrf", "rrf", "document"), ("qdrant_dbsf", "dbsf", "source_object")])
 def test_qdrant_presets_match_qdrant_local_mode(case, name, fusion, fuse_on):
+    _qdrant()
+    from qdrant_client import models
+
+    fusion = models.Fusion(fusion)  # qdrant-client's enum, by its value
     images, texts = case
     config = preset(name, fuse_on)
     client = _client(images, fuse_on)
@@ -148,8 +159,11 @@ def test_qdrant_presets_match_qdrant_local_mode(case, name, fusion, fuse_on):
     assert compared == N_QUERIES
 
 
+@pytest.mark.slow  # imports qdrant-client (over a second)
 def test_qdrant_rrf_weights_divide_the_rank():
     """Qdrant: 1 / (rank / w + k - 1) (k = 2), 0 for w <= 0; fusebench's default RRF multiplies instead."""
+    _qdrant()
+    from qdrant_client import models
     from qdrant_client.hybrid.fusion import reciprocal_rank_fusion
 
     a = [models.ScoredPoint(id=i, version=0, score=1.0 - i / 10) for i in (1, 2, 3)]
@@ -223,7 +237,7 @@ HAND = {
 }
 
 
-@pytest.mark.parametrize("name", HAND)
+@pytest.mark.parametrize("name", fast_first(list(HAND)))  # a composition each
 def test_presets_by_hand(name):
     config = preset(name, "source_object")
     ids = [torch.tensor([[1, 2, 3]]), torch.tensor([[3, 4, -1]])]

@@ -73,6 +73,7 @@ def test_rbc_equals_the_obvious_sum(phi):
         assert [got[i] for i in order] == sorted(got.values(), reverse=True)
 
 
+@pytest.mark.slow  # ranx compiles its numba kernels on import (~40 s); test_rbc_equals_the_obvious_sum stays
 def test_rbc_equals_ranx():
     ranx = pytest.importorskip("ranx")
     from ranx.fusion import rbc

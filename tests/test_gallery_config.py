@@ -3,6 +3,7 @@
 from dataclasses import asdict
 
 import pytest
+from helpers.tiers import fast_first
 from omegaconf import OmegaConf
 
 from fusebench import FusebenchError
@@ -19,13 +20,13 @@ def test_default_job_has_no_distractors(compose_cfg):
     assert not run_config(cfg).gallery.active
 
 
-@pytest.mark.parametrize("kind", GALLERY_KINDS)
+@pytest.mark.parametrize("kind", fast_first(GALLERY_KINDS))
 def test_every_kind_has_an_option(compose_cfg, kind):
     cfg = compose_cfg([f"gallery={kind}"])
     assert cfg.gallery.kind == kind
 
 
-@pytest.mark.parametrize("overrides, message", [
+@pytest.mark.parametrize("overrides, message", fast_first([  # a composition each: the fast tier keeps one
     (["gallery=sim", "gallery.size=-1"], "gallery.size=-1 is not valid"),
     (["gallery=sim", "gallery.near_duplicate=2"], "gallery.near_duplicate=2"),
     (["gallery=sim", "gallery.shard_size=0"], "gallery.shard_size=0"),
@@ -48,19 +49,19 @@ def test_every_kind_has_an_option(compose_cfg, kind):
     (["gallery=sim", "gallery.shard_size=50"], "gallery.shard_size=50 is never read with gallery.kind=sim"),
     (["gallery=vectors", "dataset=tiny", "+gallery.vectors.a=/x", "gallery.source=/y"],
      "gallery.source='/y' is never read with gallery.kind=vectors"),
-])
+], unpack=True))
 def test_a_gallery_mistake_is_one_line_naming_the_key(compose_cfg, overrides, message):
     with pytest.raises(FusebenchError) as err:
         run_config(compose_cfg(overrides))
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("overrides", [
+@pytest.mark.parametrize("overrides", fast_first([
     ["gallery=sim", "gallery.size=0", "gallery.near_duplicate=0.9"],  # a sweep's size 0 keeps the kind's settings
     ["gallery=sim", "gallery.near_duplicate=null", "gallery.seed=2"],
     ["gallery=none", "gallery.near_duplicate=null"],  # null is unset
     ["gallery=folder", "dataset=tiny", "gallery.source=/x", "gallery.shard_size=50", "gallery.near_duplicate=0.9"],
-])
+]))
 def test_settings_the_kind_reads_are_accepted(compose_cfg, overrides):
     run_config(compose_cfg(overrides))
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers.reference import integer_embeddings
 from helpers.seeded_rows import SeededRows
+from helpers.tiers import fast_first
 
 from fusebench import FusebenchError
 from fusebench.encoders.distractors import ArrayRows, normalised
@@ -160,7 +161,7 @@ def near_tie_case(seed: int, n_test: int = 60, n_captions: int = 140, n_distract
     return text, image, caption_image, ArrayRows(raw)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "tf32"])
+@pytest.mark.parametrize("precision", fast_first(["bf16", "tf32"]))
 def test_certified_margin_path_equals_fp32(precision):
     """Chunks of 32 captions (the last of 12, and tiles of 256 items, the last of 12: those go in fp32) over
     near-tied distractors: the lists and ranks of the bf16 / TF32 path equal the fp32 path's bit for bit.

@@ -119,6 +119,7 @@ def best(ranks: dict) -> str:
     return max("ab", key=lambda m: (r1(ranks[m]["t2i"]), m == "a"))
 
 
+@pytest.mark.slow  # a whole sweep report, plots drawn (the module's fixture)
 def test_rows_match_the_records_and_the_ranks(study):
     folder, ranks, records, report = study
     effects = report.index_effects
@@ -171,6 +172,7 @@ def test_rows_match_the_records_and_the_ranks(study):
     assert at5["gain"] == rec.comparison("fused", b5, "t2i", 5).gain
 
 
+@pytest.mark.slow  # a whole sweep report, plots drawn (the module's fixture)
 def test_files_and_sections_are_written(study):
     folder = study[0]
     summary = (folder / "summary.md").read_text()
@@ -185,6 +187,7 @@ def test_files_and_sections_are_written(study):
     assert (folder / "plots" / "index_effects.png").stat().st_size > 5000
 
 
+@pytest.mark.slow  # a whole sweep report, plots drawn (the module's fixture)
 def test_retrievers_of_each_backend_stay_apart_and_pair_with_exact(study):
     folder, ranks, _, report = study
     labels = [r["retriever"] for r in report.article]
@@ -206,6 +209,7 @@ def _cost_rows(folder: Path) -> dict[str, dict]:
         return {r["retriever"]: r for r in csv.DictReader(f)}
 
 
+@pytest.mark.slow  # a whole sweep report, plots drawn (the module's fixture)
 def test_cost_columns(study):
     folder, _, records, _ = study
     cost = _cost_rows(folder)
@@ -231,6 +235,7 @@ def test_cost_columns(study):
         assert row["search"] == "exact" and all(row[c] == "" for c in new[1:])
 
 
+@pytest.mark.slow  # a whole sweep report, plots drawn
 def test_no_section_without_a_backend(tmp_path):
     rng = np.random.default_rng(1)
     ranks = {"a": _ranks(rng, 0.5), "b": _ranks(rng, 0.4)}

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.corpora import mini_coco, write_manifest
+from helpers.tiers import fast_first
 
 from fusebench import FusebenchError
 from fusebench.data.karpathy import load_karpathy, read_annotations
@@ -108,6 +109,7 @@ def test_scaled_embeddings_rank_as_the_unscaled(vectors_case, image_scale, text_
     assert np.array_equal(ranks(scaled, (text * text_scale).astype(dtype)), expected)
 
 
+@pytest.mark.slow  # whole jobs
 def test_scaled_vectors_score_as_the_unscaled_through_a_run(compose_cfg, tmp_path, vectors_case):
     """The issue's case: image embeddings x 1e20 gave t2i and i2t R@1 of 2.5 (every row a NaN direction)."""
     from fusebench.app.pipeline import run
@@ -226,7 +228,7 @@ def test_unknown_manifest_key_names_file_line_and_valid_keys(tmp_path, line, key
 
 # ---------------------------------------------------------------- ECCV / CxC advice that fits the dataset kind
 
-@pytest.mark.parametrize("name", ["eccv", "cxc"])
+@pytest.mark.parametrize("name", fast_first(["eccv", "cxc"]))
 def test_positives_on_a_manifest_give_advice_a_manifest_can_follow(tmp_path, name):
     pytest.importorskip("eccv_caption", reason="eccv-caption is a dependency")
     from fusebench.evaluation.positives import load_positives

@@ -6,6 +6,7 @@ much as one at the top."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import fusebench
@@ -44,6 +45,13 @@ def _nodes(path: Path):
 
 def imported_packages(path: Path) -> set[str]:
     """The fusebench packages ``path`` imports (any import statement anywhere in the file)."""
+    stat = path.stat()
+    return set(_imported_packages(path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.cache
+def _imported_packages(path: Path, mtime_ns: int, size: int) -> frozenset[str]:
+    """imported_packages, each file parsed once per session (per version of it: the key holds its mtime and size)."""
     found = set()
     for node in _nodes(path):
         names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else
@@ -54,7 +62,7 @@ def imported_packages(path: Path) -> set[str]:
                 found.add(parts[1] if len(parts) > 1 else TOP)
         if isinstance(node, ast.ImportFrom) and node.module == "fusebench":  # from fusebench import state, ...
             found |= {a.name for a in node.names if (PACKAGE / a.name).is_dir()}
-    return found
+    return frozenset(found)
 
 
 def graph() -> dict[str, dict[str, list[str]]]:

@@ -35,8 +35,8 @@ def case():
     return models, caption_image
 
 
-@pytest.mark.parametrize("method", fast_first(METHODS, 2))
-@pytest.mark.parametrize("fuse_on", FUSE_ON)
+@pytest.mark.parametrize("method", fast_first(METHODS))
+@pytest.mark.parametrize("fuse_on", fast_first(FUSE_ON))  # six searches a case: the fast tier keeps one case
 def test_stored_lists_reproduce_cold_results_and_warm_jobs_do_no_matmul(case, tmp_path, method, fuse_on):
     models, caption_image = case
     for top_k in (5, 25):
@@ -50,7 +50,7 @@ def test_stored_lists_reproduce_cold_results_and_warm_jobs_do_no_matmul(case, tm
         assert all(r["hit"] for r in warm_records.values())
 
 
-@pytest.mark.parametrize("fuse_on", FUSE_ON)
+@pytest.mark.parametrize("fuse_on", fast_first(FUSE_ON))
 def test_dense_jobs_take_single_models_from_the_store(case, tmp_path, fuse_on):
     models, caption_image = case
     config = FusionConfig(method="dbsf", fuse_on=fuse_on, top_k=None)
@@ -119,8 +119,8 @@ def _killed_mid_write(entry: Path):
     (entry / "meta.json").unlink()
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip_byte, _meta_not_an_object, _meta_not_json, _older_format,
-                                    _wrong_shapes, _killed_mid_write])
+@pytest.mark.parametrize("damage", fast_first([_truncate, _flip_byte, _meta_not_an_object, _meta_not_json, _older_format,
+                                               _wrong_shapes, _killed_mid_write], 2))
 def test_damaged_entry_is_reported_and_recomputed(case, tmp_path, caplog, damage):
     models, caption_image = case
     config = FusionConfig(method="dbsf", top_k=8)
@@ -239,7 +239,7 @@ def test_score_matrices_over_the_size_cap_are_recomputed_not_stored(case, tmp_pa
     assert ScoreStore(tmp_path).entries() == []
 
 
-@pytest.mark.parametrize("damage", fast_first(["truncate", "flip", "meta_list", "older_format"], 2))
+@pytest.mark.parametrize("damage", fast_first(["truncate", "flip", "meta_list", "older_format"]))
 def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
     models, caption_image = case
     first, _, _ = _dense(models, caption_image, str(tmp_path))
@@ -269,7 +269,7 @@ def _count_sorts(monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("combine", ["sum", "geometric"])
+@pytest.mark.parametrize("combine", fast_first(["sum", "geometric"]))
 def test_rrf_by_source_object_sorts_each_stored_matrix_once(case, tmp_path, monkeypatch, combine):
     """Whole-ranking RRF by source object needs every row's order: sorted once into the store (beside the
     scores, as uint16 for up to 65,536 items), then read back by every later job with no sort at all."""
@@ -290,7 +290,7 @@ def test_rrf_by_source_object_sorts_each_stored_matrix_once(case, tmp_path, monk
     assert_same_lists(cold, warm)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "wrong_type"])
+@pytest.mark.parametrize("damage", fast_first(["truncate", "flip", "wrong_type"]))
 def test_damaged_stored_order_is_sorted_again(case, tmp_path, monkeypatch, caplog, damage):
     models, caption_image = case
     config = FusionConfig(method="rrf", fuse_on="source_object", top_k=None)
@@ -316,9 +316,9 @@ def test_stored_rows_read_orders_in_their_own_dtype(tmp_path):
     assert scores.order_dtype(65536) == np.uint16 and scores.order_dtype(65537) == np.int32
 
 
-@pytest.mark.parametrize("method,fuse_on,ddof,damage", [("dbsf", "source_object", 0, "truncate"),
-                                                         ("zscore", "document", 1, "flip"),
-                                                         ("dbsf", "document", 1, "wrong_type")])
+@pytest.mark.parametrize("method,fuse_on,ddof,damage", fast_first([("dbsf", "source_object", 0, "truncate"),
+                                                                    ("zscore", "document", 1, "flip"),
+                                                                    ("dbsf", "document", 1, "wrong_type")], unpack=True))
 def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, caplog, method, fuse_on, ddof, damage):
     """DBSF and z-score over whole rankings take each row's mean and sd: computed once into the store (the
     values row_kernels.row_mean_std gives), then read back by later jobs, which compute no moments."""

@@ -32,6 +32,8 @@ TINY = ["dataset.n_images=50", "dataset.n_captions=100", "eval.bootstrap.draws=5
 SMALL = ["dataset.n_images=200", "dataset.n_captions=1000", "eval.bootstrap.draws=100", "logger=none"]
 RUN_OUTPUTS = ("metrics.json", "ranks", "topk", "plots")
 
+pytestmark = pytest.mark.slow  # whole jobs (the module's fixture) and whole reports: not in the fast tier
+
 
 def snapshot(folder: Path, only: tuple[str, ...] | None = None) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
@@ -219,7 +221,6 @@ def test_the_sweep_report_step_keeps_the_jobs_and_names_the_file_in_its_way(runs
     assert report_files.written(runs, "gains.csv") and SweepReport.failed == []
 
 
-@pytest.mark.slow
 def test_a_sweep_into_a_dir_holding_a_users_summary_is_refused_before_any_job(tmp_path):
     (tmp_path / "S").mkdir()
     (tmp_path / "S" / "summary.md").write_text("# my summary\n")
@@ -286,7 +287,6 @@ def test_a_damaged_record_beside_fusebench_rank_files_alone_is_fusebenchs(runs):
     assert rundir.foreign(run_dir) == [] and rundir.damaged_record(run_dir)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("how", [0.5, 0])
 def test_a_rerun_replaces_a_damaged_metrics_json_and_says_so(tmp_path, how):
     env = {**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"}

@@ -158,6 +158,7 @@ def test_a_failed_sweep_rerun_keeps_the_earlier_jobs(tmp_path):
     assert not (tmp_path / "S" / "0" / "error.txt").exists()  # the next finished run swaps it out too
 
 
+@pytest.mark.slow  # whole jobs
 def test_outputs_are_swapped_back_when_the_new_ones_cannot_be_moved_in(compose_cfg, tmp_path, monkeypatch):
     cfg = compose_cfg(["dataset.n_images=50", "dataset.n_captions=100", "logger=none", "plots=false",
                        "eval.lists.store=false"])
@@ -520,6 +521,7 @@ def test_a_failed_job_of_a_sweep_rerun_is_reported_as_failed_not_with_its_earlie
     assert "1 finished runs, 1 failed: 0." in summary and "- 0: the job failed (see error.txt)" in summary
 
 
+@pytest.mark.slow  # a whole job
 def test_scan_counts_a_dir_with_error_txt_as_failed(compose_cfg, tmp_path):
     cfg = compose_cfg(["dataset.n_images=50", "dataset.n_captions=100", "logger=none", "plots=false",
                        "eval.lists.store=false"])

@@ -279,6 +279,7 @@ def _study(folder: Path, sizes=(0, 1000, 10000), change_queries_at: int | None =
     return all_ranks
 
 
+@pytest.mark.slow  # a whole sweep report, plots drawn (the fast tier builds one in test_runs_whose_queries_differ_are_not_paired)
 def test_scaling_tables_hold_every_size(tmp_path):
     ranks = _study(tmp_path)
     report = write_report(tmp_path, draws=200)
@@ -329,6 +330,7 @@ def test_runs_whose_queries_differ_are_not_paired(tmp_path):
     assert any("a: no extrapolation from 1,000 distractors: ranks/queries.npz differ" in why for why in s.refused)
 
 
+@pytest.mark.slow  # a whole sweep report, plots drawn
 def test_galleries_of_one_size_from_two_sources_stay_apart_and_a_lone_series_is_skipped(tmp_path):
     ranks = _study(tmp_path, sizes=(0, 1000))
     other = {m: {d: r + 1 for d, r in by.items()} for m, by in ranks[1000].items()}
@@ -341,6 +343,7 @@ def test_galleries_of_one_size_from_two_sources_stay_apart_and_a_lone_series_is_
     assert sorted(r["t2i R@1"] for r in recall) == sorted(100 * np.mean(x["a"]["t2i"] == 1) for x in (ranks[1000], other))
 
 
+@pytest.mark.slow  # a whole sweep report, plots drawn
 def test_no_scaling_section_for_runs_of_one_size(tmp_path):
     _study(tmp_path, sizes=(1000,))
     report = write_report(tmp_path, draws=100)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.tiers import fast_first
 
 from fusebench import FusebenchError
 from fusebench.app.run_config import run_config
@@ -22,6 +23,7 @@ def _refused(compose_cfg, overrides: list[str], *fragments: str) -> str:
     return message
 
 
+@pytest.mark.slow  # ten compositions (the fast tier composes one option in test_settings_the_index_reads_are_accepted)
 def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg):
     expected = {"exact": ("exact", "dbsf"), "faiss_hnsw": ("faiss", "dbsf"), "faiss_ivf_pq": ("faiss", "dbsf"),
                 "milvus": ("milvus", "rrf"), "lancedb": ("lancedb", "rrf"), "qdrant": ("qdrant", "dbsf")}
@@ -35,7 +37,7 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     assert run_config(compose_cfg(["fusion=qdrant_rrf", "search=qdrant"])).fusion.preset == "qdrant_rrf"
 
 
-@pytest.mark.parametrize("overrides,fragments", [
+@pytest.mark.parametrize("overrides,fragments", fast_first([  # a composition each: the fast tier keeps one
     (["search=faiss_ivf_flat", "search.nlist=4", "search.nprobe=8"], ("search.nprobe=8", "1..4")),
     (["search=faiss_hnsw", "search.ef_search=50"], ("search.ef_search=50", ">= 100")),
     (["search=faiss_hnsw", "fusion.top_k=300", "search.ef_search=256"], ("search.ef_search=256", ">= 300")),
@@ -78,18 +80,18 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     (["search=qdrant", "fusion=qdrant_dbsf", "fusion.ddof=0"], ("must be one of its presets, unchanged",)),
     (["search=qdrant", "fusion=dbsf"], ("valid: fusion=qdrant_rrf | fusion=qdrant_dbsf",)),
     (["search=faiss_flat", "search.milvus_lean_rows=true"], ("search.milvus_lean_rows=True", "search.backend=milvus")),
-])
+], unpack=True))
 def test_bad_search_settings_are_one_line(compose_cfg, overrides, fragments):
     _refused(compose_cfg, overrides, *fragments)
 
 
-@pytest.mark.parametrize("overrides", [
+@pytest.mark.parametrize("overrides", fast_first([
     ["search=faiss_ivf_flat", "search.nprobe=8", "search.seed=3", "search.threads=1"],
     ["search=faiss_ivf_pq", "search.pq_m=8", "search.nbits=6"],
     ["search=faiss_hnsw_fast"],  # its YAML sets ef_search: 100
     ["search=lancedb", "search.threads=1", "search.batch_size=64", "search.keep_db=true"],
     ["search=milvus", "search.milvus_lean_rows=true"],
-])
+]))
 def test_settings_the_index_reads_are_accepted(compose_cfg, overrides):
     run_config(compose_cfg(overrides))
 

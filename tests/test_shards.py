@@ -273,6 +273,7 @@ def test_shards_of_another_precision_are_named_not_embedded_again(models, tmp_pa
     assert not set(fp32.keys) & set(bf16.keys) and fp32.read(0, 10).tobytes() != bf16.read(0, 10).tobytes()
 
 
+@pytest.mark.slow  # runs tiny real models
 def test_an_image_replaced_in_place_is_embedded_again_never_read_stale(models, tmp_path):
     """Issue 29: a gallery file replaced under its name (other pixels, size and mtime) gives its shard another key;
     the rows read are a fresh embedding's, never the old file's. A file only touched is re-embedded too (same rows)."""
@@ -296,6 +297,7 @@ def test_an_image_replaced_in_place_is_embedded_again_never_read_stale(models, t
     assert again.read(0, 10).tobytes() == fresh.tobytes()
 
 
+@pytest.mark.slow  # runs tiny real models
 def test_a_tar_rewritten_in_place_is_embedded_again(models, tmp_path):
     import io
     import tarfile

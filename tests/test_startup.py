@@ -13,6 +13,9 @@ import textwrap
 
 import pytest
 
+# every test starts a fresh interpreter (the fast tier keeps test_api's test_the_api_is_imported_on_first_use)
+pytestmark = pytest.mark.slow
+
 # imported only by the code that needs them: a job (torch, numba, scipy), plots, real models, W&B, notebooks
 HEAVY = ("torch", "numba", "llvmlite", "scipy", "matplotlib", "transformers", "open_clip", "wandb", "pandas", "sklearn",
          "skimage")
@@ -97,7 +100,6 @@ def test_commands_that_run_no_job_and_config_mistakes_import_nothing_heavy(tmp_p
     assert result["report"][0] == 0 and "usage: fusebench-report" in result["report"][1]
 
 
-@pytest.mark.slow
 def test_console_scripts_start_without_heavy_imports(tmp_path):
     """The installed console scripts themselves (what a user types), each a fresh process."""
     bin_dir = os.path.dirname(sys.executable)

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from helpers.tiers import fast_first
 
 from fusebench.evaluation.stats import clustered_bootstrap, mcnemar_p, oracle_hits, paired_bootstrap
 
@@ -40,7 +41,7 @@ def test_interval_matches_index_resampling_reference():
     assert fast.ci_high == pytest.approx(slow_high, abs=0.3)
 
 
-@pytest.mark.parametrize("n", [200, 2000])
+@pytest.mark.parametrize("n", fast_first([200, 2000]))
 def test_interval_covers_true_gain_about_95_percent(n):
     rng = np.random.default_rng(n)
     p_win, p_loss = 0.10, 0.06

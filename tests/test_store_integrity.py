@@ -190,7 +190,7 @@ def test_list_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path, 
     assert all(r["hit"] for r in records.values()) and blocks == 0
 
 
-@pytest.mark.parametrize("what", ["ab", "ba"])
+@pytest.mark.parametrize("what", fast_first(["ab", "ba"]))
 def test_score_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path, caplog, what):
     models, caption_image = twins
     source, target = what
@@ -230,8 +230,9 @@ def test_list_entry_made_a_file_is_rebuilt(twins, tmp_path, caplog):
     assert run_lists(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]  # stored again
 
 
-@pytest.mark.parametrize("config,name", [(ORDERS, "t2i_order.npy"), (ORDERS, "i2t_order.npy"),
-                                         (DENSE, "i2t_moments_ddof0.npy"), (DENSE, "t2i.npy"), (DENSE, "meta.json")])
+@pytest.mark.parametrize("config,name", fast_first([(ORDERS, "t2i_order.npy"), (ORDERS, "i2t_order.npy"),
+                                                    (DENSE, "i2t_moments_ddof0.npy"), (DENSE, "t2i.npy"),
+                                                    (DENSE, "meta.json")], unpack=True))
 def test_score_file_made_a_directory_is_reported_and_rebuilt(twins, tmp_path, caplog, config, name):
     models, caption_image = twins
     first, _, _ = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
@@ -251,7 +252,7 @@ def test_score_file_made_a_directory_is_reported_and_rebuilt(twins, tmp_path, ca
     assert_same_lists(first, third)
 
 
-@pytest.mark.parametrize("store,config", [(ListStore, LISTS), (ScoreStore, ORDERS)])
+@pytest.mark.parametrize("store,config", fast_first([(ListStore, LISTS), (ScoreStore, ORDERS)], unpack=True))
 def test_store_lock_made_a_directory_is_cleared(twins, tmp_path, caplog, store, config):
     models, caption_image = twins
     first, _, _ = run_lists(models, caption_image, config, str(tmp_path), keep_k=10)
@@ -412,7 +413,8 @@ def test_embedding_shard_folder_made_a_file_is_reported_and_cleared(tmp_path, ca
     assert shard.is_dir() and cache.get_or_compute(A, 10, rows_of).hit
 
 
-@pytest.mark.parametrize("store,config,label", [(ListStore, LISTS, "list store"), (ScoreStore, DENSE, "score store")])
+@pytest.mark.parametrize("store,config,label", fast_first([(ListStore, LISTS, "list store"),
+                                                          (ScoreStore, DENSE, "score store")], unpack=True))
 @pytest.mark.parametrize("level", fast_first(["shard", "store"]))
 def test_store_folder_made_a_file_is_reported_and_cleared(twins, tmp_path, caplog, store, config, label, level):
     """CACHE/lists/ab (or CACHE/scores/ab), or CACHE/lists itself, a file: reported, removed, rebuilt."""

@@ -112,6 +112,7 @@ def _write(tmp_path: Path, tag: str, lines, vectors, images: np.ndarray, caption
     return overrides
 
 
+@pytest.mark.slow  # whole jobs
 def test_tuned_run_curve_equals_plain_runs_on_the_held_out_images(compose_cfg, tmp_path):
     """Each setting's value on the tuning split is what a plain run on exactly those images gives; the test
     evaluation runs on the other images with the chosen weight."""
