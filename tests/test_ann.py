@@ -14,7 +14,7 @@ from fusebench import FusebenchError  # noqa: E402
 from fusebench.backends import faiss_index as ann  # noqa: E402
 from fusebench.backends.faiss_index import faiss_lists, faiss_version  # noqa: E402
 from fusebench.backends.quality import neighbour_recall, top1_agreement, with_quality  # noqa: E402
-from fusebench.config.search import SearchConfig, check_depth, check_sizes  # noqa: E402
+from fusebench.config.search import SearchConfig, check_depth, check_sizes, resolve_pq_m  # noqa: E402
 from fusebench.encoders.base import ModelEmbeddings  # noqa: E402
 from fusebench.search.model_lists import compute_model_lists  # noqa: E402
 
@@ -186,10 +186,54 @@ def test_index_scores_are_the_inner_products_of_the_listed_items(case):
     assert (np.diff(scores, axis=1) <= 1e-6).all()  # best first
 
 
-def test_pq_m_that_does_not_divide_the_width_names_the_key_and_the_divisors(case):
+def faiss_own_ivf_pq(items, queries, width, nlist, m, nbits, nprobe, seed, k):
+    """FAISS's own IVF-PQ over the rows zero-padded to ``width`` by hand: the slow reference for the padded index."""
+    import faiss
+
+    pad = lambda x: np.pad(np.asarray(x, dtype=np.float32), ((0, 0), (0, width - x.shape[1])))  # noqa: E731
+    index = faiss.IndexIVFPQ(faiss.IndexFlatIP(width), width, nlist, m, nbits, faiss.METRIC_INNER_PRODUCT)
+    index.cp.seed = index.pq.cp.seed = seed
+    index.pq.cp.min_points_per_centroid = 1
+    index.train(pad(items))
+    index.add(pad(items))
+    index.nprobe = nprobe
+    scores, ids = index.search(pad(queries), k)
+    return ids, scores
+
+
+@pytest.mark.parametrize("pq_m", [5, 3])
+def test_pq_m_that_does_not_divide_the_width_pads_and_equals_faiss_over_padded_rows(case, pq_m):
+    """m need not divide the width: the vectors are zero-padded to a multiple of m (no inner product changes), and
+    the lists are FAISS's own IVF-PQ over the same rows padded by hand, id for id and score for score."""
     model, caption_image = case
-    with pytest.raises(FusebenchError, match=r"search\.pq_m=5 does not divide .*width 32.*1, 2, 4, 8, 16, 32"):
-        faiss_lists(model, caption_image, 10, config("ivf_pq", nlist=4, nprobe=2, pq_m=5), CPU, None)
+    search = config("ivf_pq", nlist=4, nprobe=2, pq_m=pq_m, nbits=4)
+    width = -(-32 // pq_m) * pq_m
+    assert ann.build_params(search, len(model.image), 32, "m")["width"] == width
+    result = faiss_lists(model, caption_image, 10, search, CPU, None)
+    ids, scores = faiss_own_ivf_pq(model.image, model.text, width, 4, pq_m, 4, 2, search.seed, 10)
+    np.testing.assert_array_equal(result.lists["t2i"].ids.numpy(), ids)
+    np.testing.assert_array_equal(result.lists["t2i"].scores.numpy(), scores)
+
+
+def test_automatic_pq_m_pads_a_width_with_no_good_divisor_and_reaches_better_recall():
+    """Width 34 = 2 x 17: the largest divisor up to width / 4 is 2 (two sub-quantizers of 17 dims each); padded to
+    40 with m = 8, the index codes 4x finer and its neighbour recall is higher."""
+    model, caption_image = make_case(n_images=1000, dim=34, seed=8, clusters=40)
+    exact = compute_model_lists(model.text, model.image, caption_image, 10)
+    search = config("ivf_pq", nlist=16, nprobe=16, nbits=6)
+    assert resolve_pq_m(search, 34, "m") == 2  # what an engine, which cannot pad, takes
+    assert ann.build_params(search, 1000, 34, "m") == {"nlist": 16, "m": 8, "width": 40, "nbits": 6, "seed": search.seed}
+    padded = slow_recall(faiss_lists(model, caption_image, 10, search, CPU, None).lists["t2i"].ids.numpy(),
+                         exact["t2i"].ids.numpy(), 10).mean()
+    divisor = slow_recall(faiss_lists(model, caption_image, 10, config("ivf_pq", nlist=16, nprobe=16, nbits=6, pq_m=2),
+                                      CPU, None).lists["t2i"].ids.numpy(), exact["t2i"].ids.numpy(), 10).mean()
+    assert padded > divisor + 0.1, (padded, divisor)
+
+
+def test_pq_m_wider_than_the_model_is_refused_naming_the_range(case):
+    model, caption_image = case
+    with pytest.raises(FusebenchError, match=r"search\.pq_m=33 is more than model .*width 32.*valid: 1\.\.32"):
+        faiss_lists(model, caption_image, 10, config("ivf_pq", nlist=4, nprobe=2, pq_m=33), CPU, None)
 
 
 def test_parameters_the_index_cannot_take_are_refused_before_any_work(case):

@@ -242,3 +242,30 @@ def test_two_jobs_build_an_index_once(case, tmp_path):
         thread.join()
     assert len(builds) == 1 and sorted(r.hit for r in results) == [False, True, True]
     assert all(r.index.ntotal == len(model.image) and r.stored for r in results)
+
+
+def test_a_padded_ivf_pq_index_is_stored_read_back_and_checked(case, tmp_path, monkeypatch):
+    """pq_m=5 on width 16: the vectors are zero-padded to 20 (build parameter ``width``); the stored index is read
+    back (no build) with the same lists, and a read-back index is refused when its padding is not the key's."""
+    search = config("ivf_pq", pq_m=5, nbits=4)
+    first = run(case, tmp_path, search)
+    assert first.params["t2i"]["width"] == 20 and not any(c.hit for c in first.costs.values())
+    with monkeypatch.context() as patch:
+        no_build(patch)
+        again = run(case, tmp_path, search)
+    assert all(c.hit for c in again.costs.values())
+    assert_same(first, again)
+    assert not any(c.hit for c in run(case, tmp_path, config("ivf_pq", pq_m=4, nbits=4)).costs.values())  # unpadded
+    rng = np.random.default_rng(0)
+    x = _unit(rng.standard_normal((100, 16)))
+    build = {"nlist": 4, "m": 5, "width": 20, "nbits": 4, "seed": 1}
+    padded = ann.build_index(faiss, "ivf_pq", x, build, lambda n: None)
+    back = faiss.deserialize_index(faiss.serialize_index(padded))
+    material = index_material("d", 100, 16, "t2i", "ivf_pq", build, "faiss x")
+    assert index_problem(back, material) is None
+    assert "another transform than zero-padding from width 16 to 24" in index_problem(
+        back, {**material, "build": {**build, "width": 24}})
+    unpadded = {k: v for k, v in build.items() if k != "width"}
+    assert "holds a IndexPreTransform, expected a IndexIVFPQ" in index_problem(back, {**material, "build": unpadded})
+    plain = ann.build_index(faiss, "ivf_pq", x, {**unpadded, "m": 4}, lambda n: None)
+    assert "expected padding" in index_problem(plain, {**material, "build": {**build, "m": 4}})

@@ -9,7 +9,7 @@ from helpers.tiers import fast_first
 
 from fusebench import FusebenchError
 from fusebench.app.run_config import run_config
-from fusebench.config.search import SearchConfig, auto_nlist, check_depth, check_sizes, resolve_pq_m
+from fusebench.config.search import SearchConfig, auto_nlist, check_depth, check_sizes, pq_layout, resolve_pq_m
 from fusebench.evaluation.parity import identical_at, parity, tie_explained
 
 
@@ -118,6 +118,20 @@ def test_pq_m_divides_the_width():
     assert resolve_pq_m(SearchConfig(backend="faiss", index="ivf_pq", pq_m=8), 1024, "a") == 8
     with pytest.raises(FusebenchError, match=r"search.pq_m=7 does not divide model b's width 1024"):
         resolve_pq_m(SearchConfig(backend="faiss", index="ivf_pq", pq_m=7), 1024, "b")
+
+
+def test_faiss_pads_the_width_when_m_does_not_divide_it():
+    """(m, coded width): a divisor of the width when one is at least half of width / 4 (capped at 64), else the cap
+    over zero-padded vectors; a set pq_m pads to its next multiple; one wider than the model is refused."""
+    auto = SearchConfig(backend="faiss", index="ivf_pq")
+    assert [pq_layout(auto, d, "a") for d in (1152, 1024, 768, 1280, 1026, 24)] == [
+        (64, 1152), (64, 1024), (64, 768), (64, 1280), (57, 1026), (6, 24)]
+    assert pq_layout(auto, 1154, "a") == (64, 1216)  # 1154 = 2 x 577: a divisor would be m = 2
+    assert pq_layout(auto, 34, "a") == (8, 40)
+    assert pq_layout(SearchConfig(backend="faiss", index="ivf_pq", pq_m=7), 1024, "b") == (7, 1029)
+    assert pq_layout(SearchConfig(backend="faiss", index="ivf_pq", pq_m=8), 1024, "b") == (8, 1024)
+    with pytest.raises(FusebenchError, match=r"search.pq_m=40 is more than model c's width 32: .*valid: 1..32"):
+        pq_layout(SearchConfig(backend="faiss", index="ivf_pq", pq_m=40), 32, "c")
 
 
 def _slow_explained(engine, exact, scores, k):

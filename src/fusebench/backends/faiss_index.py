@@ -5,7 +5,9 @@ cached embeddings (inner product on L2-normalised rows = cosine), searched ``dep
   image that has captions (``np.unique(caption_image)``, the exact path's i2t queries).
 * Index kinds (``search.index``): ``flat`` IndexFlatIP (exact: a cross-check); ``ivf_flat``
   IndexIVFFlat(IndexFlatIP, d, nlist, METRIC_INNER_PRODUCT); ``hnsw`` IndexHNSWFlat(d, M, METRIC_INNER_PRODUCT)
-  with efConstruction; ``ivf_pq`` IndexIVFPQ(IndexFlatIP, d, nlist, m, nbits, METRIC_INNER_PRODUCT). IVF k-means
+  with efConstruction; ``ivf_pq`` IndexIVFPQ(IndexFlatIP, d, nlist, m, nbits, METRIC_INNER_PRODUCT), inside an
+  IndexPreTransform(RemapDimensionsTransform(d, width)) that zero-pads the vectors when m does not divide d
+  (``config.search.pq_layout``: the build parameter ``width``, absent when nothing is padded). IVF k-means
   is seeded by ``search.seed`` (``index.cp.seed``, and ``index.pq.cp.seed`` for the PQ codebooks); FAISS's
   IndexIVF constructor makes that k-means spherical for inner product (``index.cp.spherical``).
 * Build parameters are part of the index's store key (``stores.indexes``); the search-time ones (``nprobe``,
@@ -62,8 +64,10 @@ def build_params(config: SearchConfig, n_items: int, dim: int, model: str) -> di
     if config.index == "ivf_flat":
         return {"nlist": search_config.resolved_nlist(config, n_items), "seed": config.seed}
     if config.index == "ivf_pq":
-        return {"nlist": search_config.resolved_nlist(config, n_items), "m": search_config.resolve_pq_m(config, dim, model),
-                "nbits": config.nbits, "seed": config.seed}
+        m, width = search_config.pq_layout(config, dim, model)
+        padded = {"width": width} if width != dim else {}  # absent when nothing is padded: earlier keys hold
+        return {"nlist": search_config.resolved_nlist(config, n_items), "m": m, **padded, "nbits": config.nbits,
+                "seed": config.seed}
     return {}
 
 
@@ -83,16 +87,19 @@ def new_index(faiss, kind: str, dim: int, build: dict):
         index = faiss.IndexHNSWFlat(dim, build["M"], ip)
         index.hnsw.efConstruction = build["efConstruction"]
         return index
-    quantizer = faiss.IndexFlatIP(dim)  # the IVF index keeps a reference to it (faiss's add_ref_in_constructor)
+    width = build.get("width", dim)  # IVF-PQ over vectors zero-padded to a multiple of m (config.search.pq_layout)
+    quantizer = faiss.IndexFlatIP(width)  # the IVF index keeps a reference to it (faiss's add_ref_in_constructor)
     if kind == "ivf_flat":
         index = faiss.IndexIVFFlat(quantizer, dim, build["nlist"], ip)
     else:
-        index = faiss.IndexIVFPQ(quantizer, dim, build["nlist"], build["m"], build["nbits"], ip)
+        index = faiss.IndexIVFPQ(quantizer, width, build["nlist"], build["m"], build["nbits"], ip)
         index.pq.cp.seed = build["seed"]
         # FAISS's k-means prints a warning per codebook (pq.m of them) to stderr below 39 points a centroid; it
         # changes nothing else (Clustering::train_encoded): build_index logs one line instead
         index.pq.cp.min_points_per_centroid = 1
     index.cp.seed = build["seed"]
+    if width != dim:  # the first dim coordinates as they are, zeros after (RemapDimensionsTransform, not uniform)
+        return faiss.IndexPreTransform(faiss.RemapDimensionsTransform(dim, width, False), index)
     return index
 
 
@@ -113,9 +120,9 @@ def build_index(faiss, kind: str, items: np.ndarray, build: dict, update) -> obj
 
 def set_search_params(faiss, index, params: dict) -> None:
     """``nprobe`` / ``efSearch`` on a CPU index (after it was built or read: never stored)."""
+    if "nprobe" in params:  # the IVF index itself, inside an IndexPreTransform when the vectors are padded
+        faiss.extract_index_ivf(index).nprobe = params["nprobe"]
     index = faiss.downcast_index(index)
-    if "nprobe" in params:
-        index.nprobe = params["nprobe"]
     if "efSearch" in params:
         index.hnsw.efSearch = params["efSearch"]
 

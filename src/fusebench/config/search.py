@@ -44,7 +44,8 @@ class SearchConfig:
     hnsw_m: int = 32  # hnsw: links per node (FAISS/Milvus "M")
     ef_construction: int = 200  # hnsw: candidate list while building (FAISS efConstruction)
     ef_search: int = 256  # hnsw: candidate list per query (FAISS efSearch, Milvus "ef"); at least the list depth
-    pq_m: int | None = None  # ivf_pq: sub-quantizers (must divide the model's width); null = width / 4 (at most 64 wide)
+    pq_m: int | None = None  # ivf_pq: sub-quantizers (FAISS zero-pads the width to a multiple; an engine's must divide
+    #   it); null = width / 4, at most 64
     nbits: int = 8  # ivf_pq: bits per sub-quantizer code (4..12)
     seed: int = 1234  # k-means training seed (FAISS's default); part of an index's store key
     threads: int | None = None  # FAISS/engine threads; null = every core
@@ -64,7 +65,7 @@ class SearchConfig:
         checks.integer(self.hnsw_m, "search.hnsw_m", 2, "links per node; 16-64 usual")
         checks.integer(self.ef_construction, "search.ef_construction", 1)
         checks.integer(self.ef_search, "search.ef_search", 1, "at least the list depth (fusion.top_k)")
-        checks.optional_integer(self.pq_m, "search.pq_m", 1, "must divide each model's width; null = width / 4")
+        checks.optional_integer(self.pq_m, "search.pq_m", 1, "at most each model's width; null = width / 4")
         checks.integer(self.nbits, "search.nbits", 4)
         if self.nbits > 12:
             raise FusebenchError(f"search.nbits={self.nbits} is not valid; valid: 4..12 (bits per PQ code).")
@@ -159,13 +160,39 @@ def check_sizes(config: SearchConfig, n_items: dict[str, int], depth: int) -> No
 
 
 def resolve_pq_m(config: SearchConfig, dim: int, model: str) -> int:
-    """The sub-quantizer count for a model ``dim`` wide: ``pq_m``, which must divide it, or width / 4 capped at 64
-    (the largest divisor of ``dim`` that is at most both)."""
+    """The sub-quantizer count for a model ``dim`` wide where the vectors cannot be padded (an engine's IVF_PQ):
+    ``pq_m``, which must divide it, or width / 4 capped at 64 (the largest divisor of ``dim`` that is at most both).
+    FAISS pads instead: :func:`pq_layout`."""
     if config.pq_m is not None:
         if dim % config.pq_m:
             divisors = [m for m in range(1, dim + 1) if dim % m == 0]
             raise FusebenchError(f"search.pq_m={config.pq_m} does not divide model {model}'s width {dim}; valid: a "
                                  f"divisor of {dim} ({', '.join(map(str, divisors))}), or null (automatic).")
         return config.pq_m
-    cap = max(1, min(dim // 4, 64))
+    return _largest_divisor(dim, _pq_cap(dim))
+
+
+def _pq_cap(dim: int) -> int:
+    return max(1, min(dim // 4, 64))  # sub-vectors at least 4 wide, at most 64 codebooks
+
+
+def _largest_divisor(dim: int, cap: int) -> int:
     return max(m for m in range(1, cap + 1) if dim % m == 0)
+
+
+def pq_layout(config: SearchConfig, dim: int, model: str) -> tuple[int, int]:
+    """FAISS IVF-PQ's (sub-quantizers m, coded width) for a model ``dim`` wide. The coded width is ``dim`` zero-padded
+    up to a multiple of m (zeros change no inner product), so m need not divide the width: ``pq_m`` as set (at most
+    ``dim``), or automatically width / 4 capped at 64: the largest divisor of ``dim`` up to that cap when it is at
+    least half the cap (no padding: 768, 1024, 1152, 1280 and 1026 keep their divisor), else the cap itself over
+    padded vectors (width 1154 = 2 x 577 gets m = 64 over 1,216 dims where a divisor would give m = 2)."""
+    if config.pq_m is not None:
+        if config.pq_m > dim:
+            raise FusebenchError(f"search.pq_m={config.pq_m} is more than model {model}'s width {dim}: each "
+                                 f"sub-quantizer codes at least one dimension; valid: 1..{dim}, or null (automatic).")
+        m = config.pq_m
+    else:
+        cap = _pq_cap(dim)
+        divisor = _largest_divisor(dim, cap)
+        m = divisor if 2 * divisor >= cap else cap
+    return m, -(-dim // m) * m

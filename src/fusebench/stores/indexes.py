@@ -55,7 +55,7 @@ KIND_CLASSES = {"flat": "IndexFlatIP", "ivf_flat": "IndexIVFFlat", "hnsw": "Inde
 def index_material(items_digest: str, n: int, dim: int, direction: str, kind: str, build: dict,
                    faiss_version: str) -> dict:
     """Everything an index's bytes depend on: its store key's material. ``build``: the resolved BUILD
-    parameters (FAISS names: nlist, M, efConstruction, m, nbits, seed); search-time ones stay out."""
+    parameters (FAISS names: nlist, M, efConstruction, m, width when padded, nbits, seed); search-time ones stay out."""
     return {"kind": "index", "format": FORMAT, "items": items_digest, "n": int(n), "dim": int(dim),
             "direction": direction, "index": kind, "build": dict(build), "faiss": faiss_version}
 
@@ -66,20 +66,36 @@ def index_problem(index, material: dict) -> str | None:
     import faiss
 
     expected = KIND_CLASSES[material["index"]]
-    found = type(faiss.downcast_index(index)).__name__
+    build = material["build"]
+    outer = index = faiss.downcast_index(index)
+    if "width" in build:  # zero-padded vectors: IndexPreTransform(RemapDimensionsTransform(dim, width)) -> the index
+        padding = _padding_problem(faiss, index, material["dim"], build["width"])
+        if padding:
+            return padding
+        index = faiss.downcast_index(index.index)
+    found = type(index).__name__
     if found != expected:
         return f"holds a {found}, expected a {expected}"
-    if index.ntotal != material["n"] or index.d != material["dim"]:
-        return f"holds {index.ntotal} vectors of width {index.d}, expected {material['n']} of width {material['dim']}"
-    if index.metric_type != faiss.METRIC_INNER_PRODUCT:
-        return f"metric {index.metric_type}, expected inner product ({faiss.METRIC_INNER_PRODUCT})"
-    build = material["build"]
-    index = faiss.downcast_index(index)
+    if outer.ntotal != material["n"] or outer.d != material["dim"]:
+        return f"holds {outer.ntotal} vectors of width {outer.d}, expected {material['n']} of width {material['dim']}"
+    if outer.metric_type != faiss.METRIC_INNER_PRODUCT:
+        return f"metric {outer.metric_type}, expected inner product ({faiss.METRIC_INNER_PRODUCT})"
     found = {"nlist": getattr(index, "nlist", None), "M": index.hnsw.nb_neighbors(1) if expected == "IndexHNSWFlat"
              else None, "m": index.pq.M if expected == "IndexIVFPQ" else None,
              "nbits": index.pq.nbits if expected == "IndexIVFPQ" else None}
     wrong = [f"{name}={found[name]} (expected {build[name]})" for name in found if name in build and found[name] != build[name]]
     return f"built with {', '.join(wrong)}" if wrong else None
+
+
+def _padding_problem(faiss, index, dim: int, width: int) -> str | None:
+    """Why ``index`` is not one transform zero-padding ``dim`` coordinates to ``width`` over an index ``width`` wide."""
+    if not isinstance(index, faiss.IndexPreTransform) or index.chain.size() != 1:
+        return f"holds a {type(index).__name__}, expected padding from width {dim} to {width} (an IndexPreTransform)"
+    remap = faiss.downcast_VectorTransform(index.chain.at(0))
+    if (not isinstance(remap, faiss.RemapDimensionsTransform) or (remap.d_in, remap.d_out) != (dim, width)
+            or index.index.d != width or faiss.vector_to_array(remap.map).tolist() != [*range(dim), *[-1] * (width - dim)]):
+        return f"holds another transform than zero-padding from width {dim} to {width}"
+    return None
 
 
 @dataclass
