@@ -141,3 +141,32 @@ def test_a_threshold_that_drops_every_distractor_is_refused(compose_cfg, tmp_pat
     record, _ = _run(compose_cfg, tmp_path, 300, [f"gallery.near_duplicate={least}"])
     assert 1 <= record.gallery.distractors < 300  # the variant: at that threshold some distractor stays
     assert record.gallery.near_duplicates == 300 - record.gallery.distractors
+
+
+def test_topk_items_past_the_test_split_name_the_distractor_kept(compose_cfg, tmp_path):
+    """topk/gallery_items.jsonl maps each t2i item index to its id after near-duplicates were dropped: every listed
+    distractor's score equals the query's cosine with the distractor row its id names (simdNNNNNNN: row NNNNNNN of
+    the whole 400), and the dropped ones are absent."""
+    import json
+
+    from fusebench.app.gallery_stage import distractor_sources
+
+    record, out = _run(compose_cfg, tmp_path, 400, ["gallery.near_duplicate=0.8", "eval.save_topk=50"])
+    config = run_config(compose_cfg(SMALL + ["gallery.size=400", "gallery.near_duplicate=0.8"]))
+    corpus = load_corpus(config.dataset)
+    items = [json.loads(line) for line in (out / "topk" / "gallery_items.jsonl").read_text().splitlines()]
+    assert items[:corpus.n_images] == corpus.image_ids
+    kept = [int(i.removeprefix("simd")) for i in items[corpus.n_images:]]
+    assert len(kept) == record.gallery.distractors and record.gallery.near_duplicates == 400 - len(kept) > 0
+    assert kept == sorted(kept)  # gallery order
+    rows = distractor_sources(config, corpus)[0]
+    for name, spec in config.models.items():
+        model = embed(name, spec, corpus)
+        every = rows[name].read(0, rows[name].n)
+        lists = np.load(out / "topk" / f"{name}.t2i.npz")
+        listed = np.argwhere(lists["ids"] >= corpus.n_images)
+        assert len(listed) > 100  # distractors do reach the lists
+        for q, position in listed[:300]:
+            distractor = kept[lists["ids"][q, position] - corpus.n_images]
+            assert abs(float(model.text[q] @ every[distractor]) - float(lists["scores"][q, position])) < 1e-5
+    assert "topk/gallery_items.jsonl" in record.files

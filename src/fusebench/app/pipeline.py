@@ -183,12 +183,14 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
     search_started = time.perf_counter()
     source, matmuls_before = ListSource(), state.current().similarity_blocks
     answered = backend.run(embeddings, corpus.caption_image, fusion, keep_k, config.search, search, source, out_dir)
-    lists, differences = answered.lists, {}
+    lists, extra_files = answered.lists, {}  # more files of the run dir, by path, written with the outputs
     if answered.differences:
-        differences = {"topk/engine_differences.jsonl": "".join(json.dumps(r) + "\n" for r in answered.differences)}
+        extra_files["topk/engine_differences.jsonl"] = "".join(json.dumps(r) + "\n" for r in answered.differences)
         for block in answered.record.parity.values():
             block.file = "topk/engine_differences.jsonl"
     search_seconds = time.perf_counter() - search_started
+    if gallery is not None:  # a t2i list's item index past the test split is a distractor: its own id, line by line
+        extra_files["topk/gallery_items.jsonl"] = "".join(json.dumps(image_id) + "\n" for image_id in corpus.image_ids)
     ranks = {name: {d: lists[name][d].ranks for d in DIRECTIONS} for name in lists}
     singles = [e.name for e in embeddings]
     by_name = {e.name: e for e in embeddings}
@@ -236,7 +238,7 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
         record.positives = {p.name: p.summary() for p in extra}
     try:
         interrupts.check()  # a Ctrl-C Python dropped during the run: stop before writing anything
-        write_run_outputs(out_dir, lists, record, settings.save_topk, queries=clusters, extra=differences)
+        write_run_outputs(out_dir, lists, record, settings.save_topk, queries=clusters, extra=extra_files)
     except OSError as err:
         raise FusebenchError(f"could not write the outputs to {out_dir}: {err.strerror or err} "
                              f"({err.filename or 'run dir'}); nothing was left half-written. Free space or choose "
