@@ -52,3 +52,23 @@ def test_milvus_lite_has_the_row_reader_the_adapter_replaces():
     with internals.lean_rows({"v0"}):
         assert segment.Segment.row_to_dict is not original
     assert segment.Segment.row_to_dict is original  # restored
+
+
+@pytest.mark.slow  # runs Qdrant's local mode
+def test_an_unsynced_patch_that_cannot_be_made_is_refused_not_labelled(tmp_path, monkeypatch):
+    """search.qdrant_unsynced=true labels every figure as a patched engine's: where the patch cannot be made (a
+    qdrant-client whose storage is elsewhere), the run stops in one line instead of reporting stock timings as patched."""
+    pytest.importorskip("qdrant_client")
+    from helpers.engine_case import corpus, preset, request
+
+    from fusebench import FusebenchError
+    from fusebench.backends import qdrant
+    from fusebench.config.search import SearchConfig
+
+    monkeypatch.setattr(qdrant, "unsynced", lambda collection: False)
+    items, queries = corpus(n_items=60, n_queries=10)
+    req = request(items, queries, preset("qdrant_rrf"), tmp_path / "w",
+                  SearchConfig(backend="qdrant", qdrant_unsynced=True, latency_queries=0))
+    with pytest.raises(FusebenchError, match="search.qdrant_unsynced=true: .*drop search.qdrant_unsynced") as err:
+        qdrant.run(req)
+    assert "\n" not in str(err.value)

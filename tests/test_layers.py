@@ -145,3 +145,11 @@ def test_the_cycle_finder_against_a_hand_made_graph():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"f"}, "f": {"e"}, "g": set()}
     assert sorted(map(sorted, strongly_connected(edges))) == [["a", "b", "c"], ["e", "f"]]
     assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_relatively():
+    """The layer graph reads absolute imports (``from fusebench.app import x``); a relative one (``from ..app import
+    x``) would slip past it, so there are none."""
+    relative = [f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in sorted(PACKAGE.rglob("*.py"))
+                for node in _nodes(path) if isinstance(node, ast.ImportFrom) and node.level > 0]
+    assert not relative, f"relative imports (write them absolute): {relative}"

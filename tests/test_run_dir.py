@@ -140,6 +140,23 @@ def test_a_finished_rerun_replaces_the_earlier_outputs(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_finished_run_is_whole_after_the_process_exits(tmp_path):
+    """cli.freeze_at_exit leaves cycles that become garbage after it unfinalised: everything a run writes must be
+    complete by then. After the process has ended: metrics.json reads back and its checksums match every file,
+    every plot is drawn and in the manifest, and fusebench.log ends with the run's last line."""
+    from fusebench.stores.files import file_sha256
+
+    result = fusebench(*SMALL, "plots=true", "hydra.run.dir=X", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "X"
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["files"] and all(file_sha256(out / name) == digest for name, digest in record["files"].items())
+    manifest = json.loads((out / "plots" / layout.PLOTS_MANIFEST).read_text())
+    assert manifest["plots"] and all(file_sha256(out / "plots" / n) == d for n, d in manifest["plots"].items())
+    assert (out / "fusebench.log").read_text().rstrip().endswith(f"outputs written to {out}")
+
+
+@pytest.mark.slow
 def test_a_failed_sweep_rerun_keeps_the_earlier_jobs(tmp_path):
     assert fusebench("-m", *SMALL, "fusion=rrf,dbsf", "hydra.sweep.dir=S", cwd=tmp_path).returncode == 0
     jobs = {job: without_logs(snapshot(tmp_path / "S" / job)) for job in ("0", "1")}

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from fusebench import FusebenchError
 from fusebench.backends.base import Backend, register, require
 from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
-from fusebench.backends.qdrant_internals import local_collection, unsynced
+from fusebench.backends.qdrant_internals import CHECKED, local_collection, unsynced
 
 if TYPE_CHECKING:
     import numpy as np
@@ -128,8 +128,10 @@ def _ingest(client, models, request: EngineRequest) -> None:
     config = {names[m]: models.VectorParams(size=int(request.items[m].shape[1]), distance=models.Distance.DOT)
               for m in request.models}
     client.create_collection(COLLECTION, vectors_config=config)
-    if request.search.qdrant_unsynced:
-        unsynced(local_collection(client, COLLECTION))
+    if request.search.qdrant_unsynced and not unsynced(local_collection(client, COLLECTION)):
+        raise FusebenchError("search.qdrant_unsynced=true: this qdrant-client's local storage is not the SQLite "
+                             f"connection read in {CHECKED}, so the patch cannot be made and the run would be labelled "
+                             "with a patch it lacks: drop search.qdrant_unsynced (stock local mode).")
     ids = point_ids(request)
     tick = ticker(request, "qdrant: loading points", request.n_items)
     for start in range(0, request.n_items, UPLOAD_POINTS):

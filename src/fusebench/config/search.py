@@ -64,7 +64,7 @@ class SearchConfig:
         checks.integer(self.nprobe, "search.nprobe", 1, "inverted lists visited per query")
         checks.integer(self.hnsw_m, "search.hnsw_m", 2, "links per node; 16-64 usual")
         checks.integer(self.ef_construction, "search.ef_construction", 1)
-        checks.integer(self.ef_search, "search.ef_search", 1, "at least the list depth (fusion.top_k)")
+        checks.integer(self.ef_search, "search.ef_search", 1, "at least the list depth (fusion.top_k, eval.save_topk)")
         checks.optional_integer(self.pq_m, "search.pq_m", 1, "at most each model's width; null = width / 4")
         checks.integer(self.nbits, "search.nbits", 4)
         if self.nbits > 12:
