@@ -236,6 +236,22 @@ def test_pq_m_wider_than_the_model_is_refused_naming_the_range(case):
         faiss_lists(model, caption_image, 10, config("ivf_pq", nlist=4, nprobe=2, pq_m=33), CPU, None)
 
 
+def test_a_pq_m_wider_than_any_model_is_refused_before_any_index_is_built(monkeypatch):
+    """Two models, 32 and 16 wide, pq_m=20: the second's refusal comes before the first model's index is built."""
+    from fusebench.backends import faiss as faiss_backend
+    from fusebench.backends.retrieval import ListSource, SearchSettings
+    from fusebench.fusion.config import FusionConfig
+
+    wide, caption_image = make_case(n_images=300, dim=32, seed=5)
+    rng = np.random.default_rng(6)
+    image = _unit(rng.standard_normal((300, 16)))
+    narrow = ModelEmbeddings("narrow", image, _unit(image[caption_image] + rng.standard_normal((len(caption_image), 16))))
+    monkeypatch.setattr(ann, "build_index", lambda *a, **k: pytest.fail("an index was built before the refusal"))
+    with pytest.raises(FusebenchError, match=r"search\.pq_m=20 is more than model narrow's width 16"):
+        faiss_backend.run([wide, narrow], caption_image, FusionConfig(method="rrf", top_k=10), 10,
+                          config("ivf_pq", nlist=4, nprobe=2, pq_m=20, nbits=4), SearchSettings(), ListSource(), "")
+
+
 def test_parameters_the_index_cannot_take_are_refused_before_any_work(case):
     """The index rules are config.search's, checked once per run before any embedding work (the pipeline calls
     check_sizes with the corpus's sizes; check_depth runs when the config is checked)."""

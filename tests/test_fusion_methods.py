@@ -156,6 +156,7 @@ def test_an_unregistered_method_is_refused():
      "fusion.rrf_k=5 is never read with fusion.method=dbsf; fusion.rrf_k is read only with fusion.method=rrf"),
     ({"method": "rrf", "ddof": 1}, "fusion.ddof=1 is never read with fusion.method=rrf"),
     ({"method": "rbc", "rrf_k": 10}, "fusion.rrf_k=10 is never read with fusion.method=rbc"),
+    ({"method": "rrf", "flat_score": 0.5}, "fusion.flat_score=0.5 is never read with fusion.method=rrf"),
 ])
 def test_a_setting_the_method_never_reads_is_refused(given, fragment):
     with pytest.raises(FusebenchError) as err:

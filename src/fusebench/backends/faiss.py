@@ -25,10 +25,12 @@ def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: Fu
     """Each model's lists from its FAISS index, fused by fusebench; exact lists beside them for the comparison."""
     import torch
 
-    from fusebench.backends.faiss_index import faiss_lists, faiss_version
+    from fusebench.backends.faiss_index import build_params, faiss_lists, faiss_version
     from fusebench.backends.quality import with_quality
     from fusebench.backends.retrieval import exact_lists, list_depth, retrieve
     from fusebench.evaluation.search_record import EXACT_FUSED, SearchRecord
+    for m in models:  # every model's build parameters (pq_m against its width) before any list or index is built
+        build_params(config, len(m.image), m.image.shape[1], m.name)
     depth = list_depth(fusion, keep_k, settings)
     exact = exact_lists(models, caption_image, depth, settings, source)
     exact_results = retrieve(models, caption_image, fusion, keep_k, settings, source, stored=exact)

@@ -26,6 +26,17 @@ TIES = ("first", "id")  # equal fused scores: first appearance (lists read model
 RRF_RANKS = ("own", "concatenated")  # concatenated: ranks run on through the models' lists (older LanceDB)
 
 
+PRESET_KEPT = ("rrf_k", "ddof", "flat_score")  # a preset's own values another method may not read (see method_reads)
+
+
+def method_reads(name: str) -> tuple[str, ...]:
+    """The settings only some methods read that method ``name`` reads: its own (``Method.reads``: rrf_k, ddof,
+    rrf_weighting), ``rrf_ranks`` for a rank method, ``score_map`` for the others and ``flat_score`` for an affine map."""
+    spec = registry.method(name)
+    return (*spec.reads, "rrf_ranks" if spec.kind == "rank" else "score_map",
+            *(("flat_score",) if spec.kind == "affine" else ()))
+
+
 @dataclass
 class FusionConfig:
     """The ``fusion`` config group's schema and defaults (registered with Hydra by :mod:`fusebench.config.schema`)."""
@@ -107,13 +118,12 @@ class FusionConfig:
                       " (it reads only ranks)" if kind == "rank" else "")
 
     def method_reads(self) -> dict[str, tuple[str, ...]]:
-        """Each method's settings among those only some methods read: its own (``Method.reads``: rrf_k, ddof,
-        rrf_weighting), ``rrf_ranks`` for the rank methods and ``score_map`` for the others. An engine preset's
-        rrf_k and ddof are the preset's (``fusion=qdrant_dbsf fusion.method=rrf`` keeps ddof=1; the run then loses
-        the preset's label: ``presets.true_label``)."""
-        kept = ("rrf_k", "ddof") if self.preset is not None else ()
-        return {name: (*spec.reads, "rrf_ranks" if spec.kind == "rank" else "score_map", *kept)
-                for name, spec in registry.REGISTRY.items()}
+        """Each method's settings among those only some methods read (:func:`method_reads`). An engine preset's
+        rrf_k, ddof and flat_score are not refused: they may be the preset's own
+        (``fusion=qdrant_dbsf fusion.method=rrf`` carries the preset's ddof=1), and ``presets.true_label`` drops
+        them, with the preset's label, where the method never reads them (the record then shows what ran)."""
+        kept = PRESET_KEPT if self.preset is not None else ()
+        return {name: (*method_reads(name), *kept) for name in registry.names()}
 
     def per_model_k(self, n_items: int) -> int:
         return n_items if self.top_k is None else min(self.top_k, n_items)

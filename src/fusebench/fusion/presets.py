@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from fusebench import FusebenchError
-from fusebench.fusion.config import FusionConfig
+from fusebench.fusion.config import PRESET_KEPT, FusionConfig, method_reads
 from fusebench.runtime import checks
 from fusebench.runtime.layout import CONFIG_DIR
 
@@ -98,8 +98,6 @@ def true_label(fusion: FusionConfig, folders: list[Path] | None = None,
         return fusion
     log.warning("fusion.preset=%s dropped: this fusion changes the preset's own settings (%s), so it is labelled "
                 "by its method, %s, and its settings", fusion.preset, ", ".join(changed), fusion.method)
-    from fusebench.fusion import methods as registry
-
-    reads = registry.method(fusion.method).reads if fusion.method != "none" else ()
-    unread = {key: checks.default_of(FusionConfig, key) for key in ("rrf_k", "ddof") if key not in reads}
+    reads = method_reads(fusion.method) if fusion.method != "none" else ()
+    unread = {key: checks.default_of(FusionConfig, key) for key in PRESET_KEPT if key not in reads}
     return replace(fusion, preset=None, **unread)  # the preset's values the method never reads: not recorded
