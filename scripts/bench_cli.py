@@ -135,6 +135,11 @@ def instrumented(command: list[str], folder: Path) -> tuple[float, dict[str, flo
     return wall, rows
 
 
+def in_run_dir(command: list[str], folder: str) -> list[str]:
+    """``command`` with its run dir in ``folder`` (each run starts with empty caches and a new dir)."""
+    return [a if not a.startswith("hydra.run.dir=") else f"hydra.run.dir={folder}/run" for a in command]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each kind (the median is reported)")
@@ -154,11 +159,9 @@ def main() -> None:
         for _ in range(args.repeats):  # interleaved: the machine's load falls on every kind alike
             matmuls.append(bare_matmuls(models, args.chunk_size, device))
             with tempfile.TemporaryDirectory() as fresh:
-                run = [a if not a.startswith("hydra.run.dir=") else f"hydra.run.dir={fresh}/run" for a in command]
-                walls.append(run_fusebench(run, Path(fresh) / "out")[0])
+                walls.append(run_fusebench(in_run_dir(command, fresh), Path(fresh) / "out")[0])
             with tempfile.TemporaryDirectory() as fresh:
-                run = [a if not a.startswith("hydra.run.dir=") else f"hydra.run.dir={fresh}/run" for a in command]
-                breakdowns.append(instrumented(run, Path(fresh)))
+                breakdowns.append(instrumented(in_run_dir(command, fresh), Path(fresh)))
     matmul, wall = float(np.median(matmuls)), float(np.median(walls))
     rows = {row: float(np.median([b[1].get(row, 0.0) for b in breakdowns])) for row in breakdowns[0][1]}
     torch_import = rows["import torch"]

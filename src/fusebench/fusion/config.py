@@ -114,10 +114,10 @@ class FusionConfig:
         if self.method == "none":
             return
         kind = registry.method(self.method).kind
-        checks.unread(self, "fusion", "method", self.method_reads(),
+        checks.unread(self, "fusion", "method", self.reads_by_method(),
                       " (it reads only ranks)" if kind == "rank" else "")
 
-    def method_reads(self) -> dict[str, tuple[str, ...]]:
+    def reads_by_method(self) -> dict[str, tuple[str, ...]]:
         """Each method's settings among those only some methods read (:func:`method_reads`). An engine preset's
         rrf_k, ddof and flat_score are not refused: they may be the preset's own
         (``fusion=qdrant_dbsf fusion.method=rrf`` carries the preset's ddof=1), and ``presets.true_label`` drops
