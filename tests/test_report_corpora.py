@@ -111,17 +111,22 @@ def test_two_gallery_seeds_are_two_labelled_galleries_and_studies(compose_cfg, t
     assert len(studies) == 2 and all("gallery seed=" in s for s in studies)
 
 
-def test_no_size_zero_run_says_why_there_is_no_extrapolation(compose_cfg, tmp_path):
+def test_the_extrapolation_needs_no_run_without_distractors(compose_cfg, tmp_path):
+    """It starts from a run with distractors (their saved lists), so two gallery sizes are enough: each single model
+    is checked from 100 to 300, or the report says why not."""
     from fusebench.report.sweep_markdown import markdown
 
     folder = tmp_path / "nozero"
     for size in (100, 300):
         job(compose_cfg, folder / f"g{size}", [*SMALL, "fusion=dbsf", "gallery=sim", f"gallery.size={size}"])
     report = build_report(folder, draws=100)
-    assert report.scaling is not None and report.scaling.extrapolation == []
-    assert any("no extrapolation" in why and "gallery.size=0" in why for why in report.scaling.refused)
-    text = markdown(report)
-    assert "### Extrapolated t2i R@1" in text and "gallery.size=0" in text
+    s = report.scaling
+    singles = {r["retriever"] for r in s.recall} - {g["fusion"] for g in s.gains}
+    checked = {e["model"] for e in s.extrapolation if e["from"] == 100 and e["to"] == 300}
+    why = [w for w in s.refused if "no extrapolation from 100 distractors" in w]
+    assert singles and all(m in checked or any(f": {m}: " in w for w in why) for m in singles), (s.extrapolation, why)
+    assert not any("gallery.size=0" in w for w in s.refused)
+    assert "### Extrapolated t2i R@1" in markdown(report)
 
 
 def test_a_deleted_job_dir_is_named_in_the_report(compose_cfg, tmp_path):

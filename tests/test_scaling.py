@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.score_world import ScoreWorld
 
 from fusebench import FusebenchError
 from fusebench.config.gallery import GalleryConfig, SimDistractorConfig
@@ -25,14 +26,7 @@ from fusebench.data.simulated import (
 )
 from fusebench.encoders.simulated import sim_distractor_rows
 from fusebench.evaluation.comparisons import paired_comparisons, retriever_result
-from fusebench.evaluation.extrapolation import (
-    JEFFREYS,
-    ScalingError,
-    beta_binomial_cdf,
-    displacements,
-    predicted_recall,
-    survival,
-)
+from fusebench.evaluation.extrapolation import ScalingError, displacements, predict_recall
 from fusebench.evaluation.record import RunRecord
 from fusebench.evaluation.subrecords import DatasetSummary, GalleryModelCost, GalleryRecord, ModelRecord, RunInfo
 from fusebench.fusion.config import FusionConfig
@@ -158,62 +152,6 @@ def test_a_rank_with_distractors_is_the_test_split_rank_plus_the_distractors_abo
     assert np.array_equal(displacements(rank_0, rank_n), above)
 
 
-def test_survival_and_beta_binomial_against_monte_carlo():
-    rng = np.random.default_rng(0)
-    for a, b, m in ((0.5, 2000.5, 5000), (3.5, 40000.5, 100000), (0.2, 300.0, 50)):
-        p = rng.beta(a, b, 400_000)
-        draws = (1 - p) ** m
-        assert abs(survival(np.array(a), np.array(b), m) - draws.mean()) < 4 * draws.std() / np.sqrt(p.size)
-        counts = rng.binomial(m, p)
-        for j in (0, 1, 4):
-            expected = float(beta_binomial_cdf(j, m, a, b))
-            assert abs(expected - np.mean(counts <= j)) < 4 * np.sqrt(expected * (1 - expected) / p.size) + 2 / p.size
-
-
-def _population(rng, n_queries: int, rates: np.ndarray, n: int, m: int):
-    """Queries with displacement rates ``rates``: ranks without distractors, with n, and the outcome with m."""
-    rank_0 = np.where(rng.random(n_queries) < 0.6, 1, rng.integers(2, 5, n_queries))
-    counts_n = rng.binomial(n, rates)
-    counts_m = counts_n + rng.binomial(m - n, rates)  # nested: the first n of the m distractors are those
-    return rank_0, rank_0 + counts_n, rank_0 + counts_m
-
-
-def test_the_fitted_prior_predicts_ten_times_the_gallery_and_jeffreys_falls_short():
-    rng = np.random.default_rng(1)
-    n, m, queries = 20_000, 200_000, 30_000
-    for rates in (rng.beta(0.3, 3e4, queries), 10 ** rng.uniform(-8, -3.5, queries)):  # a Beta prior; decades wide
-        rank_0, rank_n, rank_m = _population(rng, queries, rates, n, m)
-        for k in (1, 5):
-            measured = 100 * np.mean(rank_m <= k)
-            assert abs(predicted_recall(rank_0, rank_n, n, m, k) - measured) < 3.0
-        truth = 100 * np.mean(rank_m == 1)
-        assert predicted_recall(rank_0, rank_n, n, m, 1, "jeffreys") < truth - 10  # why the fitted prior is used
-        assert predicted_recall(rank_0, rank_n, n, m, 1, JEFFREYS) == predicted_recall(rank_0, rank_n, n, m, 1,
-                                                                                          "jeffreys")
-        assert predicted_recall(rank_0, rank_n, n, n, 1) == pytest.approx(100 * np.mean(rank_n == 1), abs=1.5)
-
-
-def test_the_fitted_prior_is_the_most_likely_one_on_its_ridge():
-    """Beta-binomial likelihood over (alpha, beta) has a long curved ridge: the fit beats a dense grid over it."""
-    from scipy.special import betaln
-
-    from fusebench.evaluation.extrapolation import fit_prior
-
-    rng = np.random.default_rng(3)
-    n = 100_000
-    for rates in (rng.beta(0.15, 1.8e5, 14_000), 10 ** rng.uniform(-7, -4, 14_000)):
-        counts = rng.binomial(n, rates)
-        values, weights = np.unique(counts, return_counts=True)
-
-        def log_likelihood(alpha, beta, values=values, weights=weights):
-            return weights @ (betaln(values[:, None] + alpha, n - values[:, None] + beta) - betaln(alpha, beta))
-
-        alphas, means = np.meshgrid(np.logspace(-3, 3, 121), np.logspace(-8, -2, 121))
-        betas = alphas * (1 - means) / means
-        grid = log_likelihood(alphas.ravel(), betas.ravel()).max()
-        assert log_likelihood(*fit_prior(counts, n)) >= grid - 1e-6
-
-
 def test_ranks_that_are_not_a_pair_are_refused():
     with pytest.raises(ScalingError, match="rank better with distractors"):
         displacements(np.array([1, 2, 3]), np.array([1, 1, 5]))
@@ -230,7 +168,8 @@ CAPTION_IMAGE = np.repeat(np.arange(N_IMAGES), 5)
 
 
 def _write_run(folder: Path, size: int, ranks: dict[str, dict[str, np.ndarray]], fusion: str,
-               caption_image: np.ndarray = CAPTION_IMAGE, seed: int = 0, dim_a: int = 16) -> None:
+               caption_image: np.ndarray = CAPTION_IMAGE, seed: int = 0, dim_a: int = 16,
+               lists: dict | None = None, available: int | None = None) -> None:
     """A run dir as the app writes one: ranks, queries, metrics.json with its comparisons and gallery (whose source
     records, as real sources do, a digest of the ids taken: it changes with the size)."""
     (folder / "ranks").mkdir(parents=True)
@@ -245,7 +184,8 @@ def _write_run(folder: Path, size: int, ranks: dict[str, dict[str, np.ndarray]],
     comparisons = paired_comparisons(ranks, ["fused"], ["a", "b"], clusters, KS, 200, 0.95, 0)
     gallery_record = None if size == 0 else GalleryRecord(
         kind="sim", size=size, distractors=size, near_duplicates=0, near_duplicate=0.95, seed=seed,
-        source={"kind": "sim", "seed": seed, "listing": f"ids of the first {size}", "undecodable": size % 3},
+        source={"kind": "sim", "seed": seed, "listing": f"ids of the first {size}", "undecodable": size % 3,
+                **({} if available is None else {"available": available})},
         models={"a": GalleryModelCost(16, 4 * (N_IMAGES + size) * 16, 0, "none (generated)", search_ms_per_query=0.5),
                 "b": GalleryModelCost(8, 4 * (N_IMAGES + size) * 8, 0, "none (generated)", search_ms_per_query=0.25)})
     meta = {"simulated": True, "sim_seed": 0, **({"gallery_size": size, "test_images": N_IMAGES} if size else {})}
@@ -255,33 +195,38 @@ def _write_run(folder: Path, size: int, ranks: dict[str, dict[str, np.ndarray]],
         for direction, values in by_direction.items():
             np.save(folder / "ranks" / f"{name}.{direction}.npy", values.astype(np.int64))
     np.savez(folder / "ranks" / "queries.npz", t2i_image=caption_image, i2t_image=np.arange(N_IMAGES))
+    for name, (ids, scores) in (lists or {}).items():  # the single models' saved t2i lists
+        (folder / "topk").mkdir(exist_ok=True)
+        np.savez(folder / "topk" / f"{name}.t2i.npz", ids=ids, scores=scores)
     (folder / "metrics.json").write_text(json.dumps(record.to_json()))
 
 
-def _study(folder: Path, sizes=(0, 1000, 10000), change_queries_at: int | None = None) -> dict:
-    """Runs of a dbsf and an rrf job at each size; single models' ranks nest (rank_0 + distractors above)."""
-    rng = np.random.default_rng(2)
-    q = len(CAPTION_IMAGE)
-    rank_0 = {m: np.where(rng.random(q) < 0.6, 1, rng.integers(2, 30, q)) for m in "ab"}
-    rates = {m: 10 ** rng.uniform(-6, -2.5, q) for m in "ab"}
-    counts = {m: np.zeros(q, dtype=np.int64) for m in "ab"}
-    done, all_ranks = 0, {}
+WORLDS = {"a": dict(seed=1, hard=0.0, target_mean=0.3), "b": dict(seed=2, hard=0.0, target_mean=0.28)}
+
+
+def _study(folder: Path, sizes=(0, 1000, 10000), change_queries_at: int | None = None, worlds=None,
+           available: int | None = None) -> dict:
+    """Runs of a dbsf and an rrf job at each size; the single models' ranks and saved lists come from worlds of
+    scores (helpers.score_world: nested galleries, one shared distractor tail unless ``worlds`` say otherwise)."""
+    worlds = {m: ScoreWorld(CAPTION_IMAGE, N_IMAGES, **w) for m, w in (worlds or WORLDS).items()}
+    all_ranks, all_lists = {}, {}
     for job, size in enumerate(sizes):
-        for m in "ab":
-            counts[m] += rng.binomial(size - done, rates[m])
-        done = size
-        singles = {m: {"t2i": rank_0[m] + counts[m], "i2t": np.full(N_IMAGES, {"a": 1, "b": 2}[m])} for m in "ab"}
+        at = {m: world.at(size) for m, world in worlds.items()}
+        singles = {m: {"t2i": at[m][0], "i2t": np.full(N_IMAGES, {"a": 1, "b": 2}[m])} for m in "ab"}
         fused = {"t2i": np.minimum(singles["a"]["t2i"], singles["b"]["t2i"]), "i2t": np.ones(N_IMAGES, dtype=int)}
         all_ranks[size] = {**singles, "fused": fused}
+        all_lists[size] = {m: at[m][1:] for m in "ab"}
         for i, method in enumerate(("dbsf", "rrf")):
             caption_image = CAPTION_IMAGE if size != change_queries_at else np.roll(CAPTION_IMAGE, 1)
-            _write_run(folder / str(2 * job + i), size, all_ranks[size], method, caption_image)
-    return all_ranks
+            _write_run(folder / str(2 * job + i), size, all_ranks[size], method, caption_image,
+                       lists=all_lists[size], available=available)
+    return {"ranks": all_ranks, "lists": all_lists}
 
 
 @pytest.mark.slow  # a whole sweep report, plots drawn (the fast tier builds one in test_runs_whose_queries_differ_are_not_paired)
 def test_scaling_tables_hold_every_size(tmp_path):
-    ranks = _study(tmp_path)
+    study = _study(tmp_path)
+    ranks = study["ranks"]
     report = write_report(tmp_path, draws=200)
     s = report.scaling
     assert s is not None and s.simulated and not s.refused
@@ -305,9 +250,13 @@ def test_scaling_tables_hold_every_size(tmp_path):
     rows = {(e["model"], e["to"]): e for e in s.extrapolation}
     assert set(rows) == {(m, t) for m in "ab" for t in (10000, 100000)}
     check = rows["a", 10000]  # predicted from 1,000 distractors, checked against the 10,000 measured
-    assert check["predicted R@1"] == predicted_recall(ranks[0]["a"]["t2i"], ranks[1000]["a"]["t2i"], 1000, 10000)
+    ids, scores = study["lists"][1000]["a"]
+    expected = predict_recall(ranks[1000]["a"]["t2i"], CAPTION_IMAGE, ids, scores, N_IMAGES, CAPTION_IMAGE, 1000,
+                              10000, draws=200, level=0.95, seed=0)
+    assert (check["predicted R@1"], check["low"], check["high"]) == (expected.value, expected.low, expected.high)
     assert check["measured R@1"] == pytest.approx(100 * np.mean(ranks[10000]["a"]["t2i"] == 1))
-    assert rows["a", 100000]["measured R@1"] is None
+    assert check["inside"] is True and check["method"].startswith("pooled-margin tail")
+    assert rows["a", 100000]["measured R@1"] is None and rows["a", 100000]["inside"] is None
     summary = (tmp_path / "summary.md").read_text()
     assert "## Distractor scaling [SIMULATED" in summary and "| 10,000 | 10,040 |" in summary
     assert "### Extrapolated t2i R@1" in summary
@@ -321,6 +270,32 @@ def test_scaling_tables_hold_every_size(tmp_path):
     assert fused_cost["search_ms_per_query"] == 0.75 and fused_cost["gallery_bytes_stored"] == 0
 
 
+def test_a_missed_check_withholds_the_prediction_past_the_largest_gallery(tmp_path):
+    """Distractors that are near copies of each query's own target (scores just under it, whatever its level):
+    above the thresholds the queries' tails differ, the pooled-margin assumption fails, and the check says so."""
+    near = dict(hard=1e-3, gap=0.08, hard_spread=0.05)
+    _study(tmp_path, worlds={"a": dict(seed=1, target_mean=0.5, **near), "b": dict(seed=2, target_mean=0.5, **near)})
+    s = build_report(tmp_path, draws=200).scaling
+    checks = {e["model"]: e for e in s.extrapolation}
+    assert set(checks) == {"a", "b"} and all(e["to"] == 10000 and e["inside"] is False for e in checks.values())
+    for model in "ab":
+        assert any(f"{model}: no prediction at 100,000 distractors: a check between the sizes measured missed" in why
+                   for why in s.refused)
+
+
+def test_a_prediction_never_goes_past_what_the_source_holds(tmp_path):
+    _study(tmp_path, sizes=(0, 1000, 2000), available=15000)
+    s = build_report(tmp_path, draws=100).scaling
+    assert {(e["model"], e["to"]) for e in s.extrapolation if e["measured R@1"] is None} == {("a", 15000),
+                                                                                            ("b", 15000)}
+    for folder in tmp_path.iterdir():
+        folder.rename(tmp_path.parent / f"{tmp_path.name}_{folder.name}")  # start over: the source holds 2,000
+    _study(tmp_path, sizes=(0, 1000, 2000), available=2000)
+    s = build_report(tmp_path, draws=100).scaling
+    assert all(e["measured R@1"] is not None for e in s.extrapolation)
+    assert any("a: no prediction past 2,000 distractors: the source holds 2,000" in why for why in s.refused)
+
+
 def test_runs_whose_queries_differ_are_not_paired(tmp_path):
     _study(tmp_path, change_queries_at=10000)
     s = build_report(tmp_path, draws=100).scaling
@@ -332,7 +307,7 @@ def test_runs_whose_queries_differ_are_not_paired(tmp_path):
 
 @pytest.mark.slow  # a whole sweep report, plots drawn
 def test_galleries_of_one_size_from_two_sources_stay_apart_and_a_lone_series_is_skipped(tmp_path):
-    ranks = _study(tmp_path, sizes=(0, 1000))
+    ranks = _study(tmp_path, sizes=(0, 1000))["ranks"]
     other = {m: {d: r + 1 for d, r in by.items()} for m, by in ranks[1000].items()}
     _write_run(tmp_path / "other_seed", 1000, other, "dbsf", seed=1)  # same size, another gallery
     _write_run(tmp_path / "no_gallery_run", 0, ranks[0], "dbsf", dim_a=32)  # a model run without distractors only

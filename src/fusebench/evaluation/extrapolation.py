@@ -1,44 +1,56 @@
-"""The distractor-scaling study's math (pure; no I/O): what a query's ranks at two gallery sizes say, and what
-they predict at a larger one.
+"""The distractor-scaling study's extrapolation (pure; no I/O): a single model's t2i recall@k with M distractors,
+predicted from its run with N < M of the same source, with a bootstrap interval.
 
-Galleries nest and distractors come after the test images, so a t2i query's rank with N distractors is its rank
-in the test split alone plus ``c_q``, the distractors that score strictly above its target (exact for a single
-model: a distractor tied with the target ranks after it). From a run at size 0 and one at size N, ``c_q =
-rank_N - rank_0``; the share of the source's distractors that beat the target, ``p_q``, has the Jeffreys
-posterior Beta(c_q + 1/2, N - c_q + 1/2). With M distractors the number beating the target is then
-beta-binomial, so the query is still found within k with probability
-``P(rank_0 + C_M <= k)``; at k = 1, ``[rank_0 == 1] * E[(1 - p)^M] = [rank_0 == 1] * B(a, b + M) / B(a, b)``.
-Predicted recall is the mean of that over queries.
+Galleries of one source and seed nest, so the gallery of M holds the N distractors already searched plus M - N
+fresh draws from the same source. A query at rank ``r_N`` with N stays within the top k with M exactly when at
+most ``k - r_N`` of the fresh distractors score above its target (a tie ranks after the target). With ``p_q`` the
+chance that one fresh distractor outscores query q's target, that number is Binomial(M - N, p_q) ~ Poisson(lambda_q
+= (M - N) p_q), so the query is still found with probability ``P(Poisson(lambda_q) <= k - r_N)`` (``exp(-lambda_q)``
+at k = r_N), and predicted recall@k is the mean over queries (0 for a query already below k: it can only fall).
 
-The prior matters at 10x: a query no distractor beat at N has the Jeffreys posterior Beta(1/2, N + 1/2), whose
-chance of surviving M = 10 N more is about (1 + M/N)^(-1/2) = 0.30, however unlikely a displacement really is;
-on a population whose p spans decades the Jeffreys prediction at 10x is less than half the truth (tested).
-:func:`fit_prior` fits one Beta(alpha, beta) prior to all the queries' counts (the beta-binomial maximum
-likelihood, an empirical-Bayes prior: how displacement rates are spread over this model's queries), and each
-query's posterior is Beta(alpha + c, beta + N - c): the same formula with the population's prior. Both are here;
-reports use the fitted one and show the Jeffreys one beside it.
+**The tail model (pooled margins).** ``p_q`` is far below 1/N for a query that no distractor beat at N, so its own
+list says little about it; the queries' lists together do. Each query's list at N holds its J highest-scoring
+distractors (the distractors among the saved ``eval.save_topk`` positions). Its threshold ``u_q`` is the lowest of
+them, and its margins are how far the others rise above it (``d - u_q``: J - 1 margins, a known share (J - 1) / N
+of all N distractors). The assumption: above each query's own threshold, the distractor scores of every query of
+one model follow one distribution of margins (a shifted common tail: how far above the bulk the hard distractors
+of a source reach). Then the chance that one distractor rises more than ``t_q - u_q`` above query q's threshold
+(``t_q``: its target's score) is the number of margins above that, averaged over the queries, divided by N:
 
-Fusions are not extrapolated: adding distractors changes how a fusion orders the test images themselves (its
-lists, their normalisation), so its rank is not rank_0 plus a count.
+    p_q = mean_{q'} #{margins of q' > t_q - u_q} / N
+
+Pooling is what lets rare hard distractors (near-copies of some test image's scene) seen near a few queries at N
+predict the displacements they cause for every query at 10 N. Beyond the largest margin pooled, p_q is 0.
+
+**The interval** is a bootstrap over test images (captions of one image share their target and their
+distractors): each draw resamples the images, recomputes the pooled margins from the drawn queries' lists, draws
+each drawn query's outcome (found or not, with its chance: the fresh distractors are one random draw too) and
+takes the mean; the percentile interval at ``level``. It holds what the test split, the tail estimate and the
+fresh draw leave unknown; the measured value on the same queries lies inside it when the tail assumption holds
+(tests/test_extrapolation.py checks that on both simulators, 10k -> 100k and 100k -> 1M). Fusions are not
+extrapolated: adding distractors changes how a fusion orders the test images themselves.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from scipy.optimize import minimize, minimize_scalar
-from scipy.special import betaln, gammaln
+from dataclasses import dataclass
 
-JEFFREYS = (0.5, 0.5)
+import numpy as np
+from scipy.stats import poisson
+
+METHOD = "pooled-margin tail, bootstrap over test images"
+MIN_MARGINS = 2  # a query's list must hold at least this many distractors above its threshold to join the pool
 
 
 class ScalingError(ValueError):
-    """Two runs' ranks that cannot be paired for the study; the message says why."""
+    """Runs whose lists or ranks cannot be used for the study; the message says why."""
 
 
 def displacements(rank_0: np.ndarray, rank_n: np.ndarray) -> np.ndarray:
     """``c_q = rank_N - rank_0``: per query, the distractors that beat its target, from a single model's exact
-    ranks (1-based) with no distractors and with N. ScalingError when the ranks cannot be a pair (different query
-    counts, a rank below 1, or a rank that fell when distractors were added: not the same queries or model)."""
+    ranks (1-based) at a smaller and a larger gallery of one source. ScalingError when the ranks cannot be a pair
+    (different query counts, a rank below 1, or a rank that fell as distractors were added: not the same queries
+    and model over nested galleries)."""
     rank_0, rank_n = np.asarray(rank_0, dtype=np.int64), np.asarray(rank_n, dtype=np.int64)
     if rank_0.ndim != 1 or rank_0.shape != rank_n.shape:
         raise ScalingError(f"ranks of {rank_0.shape} and {rank_n.shape} queries are not one query set")
@@ -52,83 +64,110 @@ def displacements(rank_0: np.ndarray, rank_n: np.ndarray) -> np.ndarray:
     return rank_n - rank_0
 
 
-def posterior(counts: np.ndarray, n: int, prior: tuple[float, float] = JEFFREYS) -> tuple[np.ndarray, np.ndarray]:
-    """(a, b) of the posterior Beta(alpha + c, beta + n - c) of a rate seen ``c`` times in ``n`` draws, from the
-    prior Beta(alpha, beta) (default Jeffreys, Beta(1/2, 1/2))."""
-    counts = np.asarray(counts, dtype=np.float64)
-    if n < 0 or (counts.size and (counts.min() < 0 or counts.max() > n)):
-        raise ScalingError(f"counts must lie in [0, {n}]")
-    return counts + prior[0], n - counts + prior[1]
+def list_scores(targets: np.ndarray, ids: np.ndarray, scores: np.ndarray,
+                test_images: int) -> tuple[np.ndarray, np.ndarray]:
+    """From saved t2i lists (``ids``, ``scores``: (Q, depth), -1 padding): each query's target score (NaN where
+    its target is not in its list) and its distractors' scores in list order (items ``>= test_images``; NaN
+    elsewhere)."""
+    ids, scores = np.asarray(ids), np.asarray(scores, dtype=np.float64)
+    if ids.shape != scores.shape or ids.ndim != 2 or len(ids) != len(targets):
+        raise ScalingError(f"lists of shape {ids.shape} / {scores.shape} do not hold one row per query "
+                           f"({len(targets)} queries)")
+    hit = ids == np.asarray(targets)[:, None]
+    target = np.where(hit.any(axis=1), np.where(hit, scores, -np.inf).max(axis=1), np.nan)
+    return target, np.where(ids >= test_images, scores, np.nan)
 
 
-def fit_prior(counts: np.ndarray, n: int) -> tuple[float, float]:
-    """The Beta(alpha, beta) prior of the queries' displacement rates that makes their ``counts`` out of ``n``
-    most likely (beta-binomial maximum likelihood; alpha in [1e-3, 1e3], beta in [1e-3, 1e3 n]: with no count
-    above 0 the rates are only known to be small, and beta stops at its bound). The likelihood has a long curved
-    ridge (alpha / beta is pinned by the mean count, alpha only loosely), so alpha is profiled on a grid, each
-    with its best beta, and the best point refined."""
-    counts = np.asarray(counts, dtype=np.float64)
-    if counts.size == 0 or n < 1:
-        return JEFFREYS
-    values, weights = np.unique(counts, return_counts=True)
-    low_beta, high_beta = np.log(1e-3), np.log(1e3 * n)
-    bounds = [(np.log(1e-3), np.log(1e3)), (low_beta, high_beta)]
+@dataclass(frozen=True)
+class Margins:
+    """Each query's threshold and the pooled margins above the thresholds (:func:`margins`)."""
 
-    def minus_log_likelihood(x) -> float:
-        alpha, beta = np.exp(x)
-        return -float(weights @ (betaln(values + alpha, n - values + beta) - betaln(alpha, beta)))
-
-    def best_beta(log_alpha: float) -> tuple[float, float]:
-        found = minimize_scalar(lambda log_beta: minus_log_likelihood((log_alpha, log_beta)),
-                                bounds=(low_beta, high_beta), method="bounded", options={"xatol": 1e-6})
-        return float(found.fun), float(found.x)
-
-    profile = [(*best_beta(log_alpha), log_alpha) for log_alpha in np.linspace(*bounds[0], 61)]
-    _, log_beta, log_alpha = min(profile)
-    found = minimize(minus_log_likelihood, [log_alpha, log_beta], method="Nelder-Mead", bounds=bounds,
-                     options={"xatol": 1e-7, "fatol": 1e-9, "maxiter": 2000})
-    alpha, beta = np.exp(found.x)
-    return float(alpha), float(beta)
+    threshold: np.ndarray  # (Q,) the lowest distractor score in each query's list (NaN: too few to join)
+    values: np.ndarray  # every pooled margin, ascending
+    owner: np.ndarray  # the query each margin belongs to
 
 
-def survival(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
-    """``E[(1 - p)^m]`` for p ~ Beta(a, b): the chance that none of m fresh draws beats the target,
-    ``B(a, b + m) / B(a, b)``."""
-    return np.exp(betaln(a, b + m) - betaln(a, b))
+def margins(distractor_scores: np.ndarray) -> Margins:
+    """The pool: per query with at least ``MIN_MARGINS`` + 1 distractors in its list, its threshold (the lowest)
+    and the margins of the others above it (strictly above: a distractor tied with the threshold adds none)."""
+    d = np.asarray(distractor_scores, dtype=np.float64)
+    present = ~np.isnan(d)
+    threshold = np.where(present.any(axis=1), np.nanmin(np.where(present, d, np.inf), axis=1), np.nan)
+    above = present & (d > threshold[:, None])
+    joins = above.sum(axis=1) >= MIN_MARGINS
+    threshold = np.where(joins, threshold, np.nan)
+    rows, cols = np.nonzero(above & joins[:, None])
+    values = d[rows, cols] - threshold[rows]
+    order = np.argsort(values, kind="stable")
+    return Margins(threshold, values[order], rows[order])
 
 
-def beta_binomial_cdf(j: int, m: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``P(C <= j)`` for C ~ BetaBinomial(m, a, b) (per element of a and b; 0 where j < 0)."""
-    a, b = np.broadcast_arrays(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
-    total = np.zeros(a.shape)
-    for i in range(0, min(j, m) + 1):
-        log_choose = gammaln(m + 1) - gammaln(i + 1) - gammaln(m - i + 1)
-        total += np.exp(log_choose + betaln(i + a, m - i + b) - betaln(a, b))
-    return np.minimum(total, 1.0)
+def fresh_rates(pool: Margins, target_margin: np.ndarray, n: int, weights: np.ndarray | None = None) -> np.ndarray:
+    """``p_q`` per query: the (weighted) mean over the pooled queries of their margins above ``target_margin[q]``,
+    divided by ``n`` (the distractors each list was the top of). NaN where the target margin is NaN."""
+    w = np.ones(len(pool.threshold)) if weights is None else np.asarray(weights, dtype=np.float64)
+    joined = ~np.isnan(pool.threshold)
+    total = float(w[joined].sum())
+    tail = np.concatenate([np.cumsum(w[pool.owner][::-1])[::-1], [0.0]])  # weight of margins at or past position i
+    known = ~np.isnan(target_margin)
+    position = np.searchsorted(pool.values, np.where(known, target_margin, 0.0), side="right")  # strictly above
+    return np.where(known, tail[position] / max(total, 1e-300) / n, np.nan)
 
 
-def found_within(rank_0: np.ndarray, counts: np.ndarray, n: int, m: int, k: int,
-                 prior: tuple[float, float] = JEFFREYS) -> np.ndarray:
-    """Per query, the predicted chance that its target is within the top ``k`` with ``m`` distractors, from its
-    rank without distractors and the ``counts`` of ``n`` distractors that beat it (:func:`displacements`)."""
-    rank_0 = np.asarray(rank_0, dtype=np.int64)
-    a, b = posterior(counts, n, prior)
-    out = np.zeros(rank_0.shape)
-    for r in np.unique(rank_0[rank_0 <= k]):
-        rows = rank_0 == r
-        out[rows] = beta_binomial_cdf(int(k - r), m, a[rows], b[rows])  # at r == k: survival(a, b, m)
+def found_chance(rank_n: np.ndarray, rates: np.ndarray, n: int, m: int, k: int) -> np.ndarray:
+    """Per query, the chance that its target is within the top ``k`` with ``m`` distractors: at most ``k - r_N``
+    of the ``m - n`` fresh ones above it, each with chance ``rates[q]`` (Poisson). 0 for queries already below k."""
+    rank_n = np.asarray(rank_n, dtype=np.int64)
+    out = np.zeros(rank_n.shape)
+    can = (rank_n <= k) & ~np.isnan(rates)
+    out[can] = poisson.cdf(k - rank_n[can], (m - n) * rates[can])
     return out
 
 
-def predicted_recall(rank_0: np.ndarray, rank_n: np.ndarray, n: int, m: int, k: int = 1,
-                     prior: tuple[float, float] | str = "fitted") -> float:
-    """Predicted recall@k (percent) with ``m`` distractors, from one model's exact ranks with none (``rank_0``)
-    and with ``n`` (``rank_n``) on the same queries. ``prior``: "fitted" (:func:`fit_prior` on the queries that
-    can still be found within k, rank_0 <= k), "jeffreys", or (alpha, beta)."""
-    counts = displacements(rank_0, rank_n)
-    rank_0 = np.asarray(rank_0, dtype=np.int64)
-    if prior == "fitted":
-        prior = fit_prior(counts[rank_0 <= k], n)
-    elif prior == "jeffreys":
-        prior = JEFFREYS
-    return float(100.0 * found_within(rank_0, counts, n, m, k, prior).mean())
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted recall@k (percent) with its bootstrap interval, and what it rests on."""
+
+    value: float
+    low: float
+    high: float
+    pooled_queries: int  # queries whose lists joined the pool
+    margins: int  # margins pooled
+
+
+def predict_recall(rank_n: np.ndarray, targets: np.ndarray, ids: np.ndarray, scores: np.ndarray, test_images: int,
+                   clusters: np.ndarray, n: int, m: int, k: int = 1, draws: int = 1000, level: float = 0.95,
+                   seed: int = 0) -> Prediction:
+    """Recall@k (percent) of one model's t2i queries with ``m`` distractors, from its run with ``n`` (``rank_n``:
+    exact ranks; ``ids``/``scores``: its saved lists; ``targets``: each query's target item; ``clusters``: each
+    query's test image, the bootstrap's unit). ScalingError when it cannot be predicted (m <= n, no list holds
+    enough distractors, a query within k whose target is not in its list)."""
+    rank_n = np.asarray(rank_n, dtype=np.int64)
+    if not 0 < n < m:
+        raise ScalingError(f"a prediction goes from a gallery with distractors to a larger one (from {n:,} to {m:,})")
+    target, distractor = list_scores(targets, ids, scores, test_images)
+    within = rank_n <= k
+    lost = within & np.isnan(target)
+    if lost.any():
+        raise ScalingError(f"{int(lost.sum())} queries within the top {k} have no target in their saved list "
+                           "(eval.save_topk must be at least k)")
+    pool = margins(distractor)
+    if pool.values.size == 0:
+        raise ScalingError(f"no query's saved list holds {MIN_MARGINS + 1} distractors (raise eval.save_topk)")
+    thin = within & np.isnan(pool.threshold)
+    if thin.any():
+        raise ScalingError(f"{int(thin.sum())} queries within the top {k} hold fewer than {MIN_MARGINS + 1} "
+                           "distractors in their saved lists, so their margins are unknown (raise eval.save_topk)")
+    target_margin = np.where(within, target - pool.threshold, np.nan)
+    value = 100.0 * float(found_chance(rank_n, fresh_rates(pool, target_margin, n), n, m, k).mean())
+    units, cluster = np.unique(np.asarray(clusters), return_inverse=True)
+    rng = np.random.default_rng(seed)
+    values = np.empty(draws)
+    for i in range(draws):
+        w = np.bincount(rng.integers(0, len(units), len(units)), minlength=len(units))[cluster].astype(np.float64)
+        chance = found_chance(rank_n, fresh_rates(pool, target_margin, n, w), n, m, k)
+        found = rng.random(len(chance)) < chance  # and one draw of the fresh distractors' outcome per query
+        values[i] = 100.0 * float(w @ found) / float(w.sum())
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(values, [tail, 1.0 - tail])
+    return Prediction(value, float(low), float(high), int((~np.isnan(pool.threshold)).sum()), int(pool.values.size))

@@ -70,6 +70,14 @@ class Run:
             self._loaded[key] = np.load(self.path / "ranks" / f"{retriever}.{direction}.npy")
         return self._loaded[key]
 
+    def topk(self, retriever: str, direction: str) -> tuple[np.ndarray, np.ndarray]:
+        """The retriever's saved lists (``ids``, ``scores``) in ``direction`` (topk/NAME.DIRECTION.npz)."""
+        key = ("topk", retriever, direction)
+        if key not in self._loaded:
+            with np.load(self.path / "topk" / f"{retriever}.{direction}.npz") as data:
+                self._loaded[key] = (data["ids"], data["scores"])
+        return self._loaded[key]
+
     def clusters(self, direction: str) -> np.ndarray:
         key = ("clusters", direction)
         if key not in self._loaded:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fusebench.evaluation.comparisons import compare
-from fusebench.evaluation.extrapolation import JEFFREYS, ScalingError, predicted_recall
+from fusebench.evaluation.extrapolation import METHOD, Prediction, ScalingError, predict_recall
 from fusebench.evaluation.metrics import recall_at_k
 from fusebench.report.labels import distinct, study_labels
 from fusebench.report.retrievers import describe, retriever_factors, settings_of
@@ -209,40 +209,75 @@ def change_rows(series: list[Series], ks: list[int], draws: int, level: float, s
     return rows
 
 
-def extrapolation_rows(series: list[Series], refused: list[str], factor: int = EXTRAPOLATE_FACTOR) -> list[dict]:
-    """Per single model with a run without distractors: its t2i R@1 predicted at each measured size from the next
-    smaller one (the check: measured beside it), and at ``factor`` times the largest."""
+def source_limit(run: Run) -> int | None:
+    """The distractors the run's source holds in all (None: unbounded, as simulated ones are); a prediction never
+    goes past it."""
+    available = None if run.record.gallery is None else run.record.gallery.source.get("available")
+    return None if available is None else int(available)
+
+
+def _prediction(s: Series, source_size: int, target: int, draws: int, level: float, seed: int) -> Prediction:
+    run, name = s.points[source_size]
+    ids, scores = run.topk(name, "t2i")
+    clusters = run.clusters("t2i")
+    return predict_recall(run.ranks(name, "t2i"), clusters, ids, scores, run.n_test, clusters, source_size,
+                          target, 1, draws, level, seed)
+
+
+def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 1000, level: float = 0.95,
+                       seed: int = 0, factor: int = EXTRAPOLATE_FACTOR) -> list[dict]:
+    """Per single model: its t2i R@1 predicted at each measured size from the next smaller one with distractors
+    (the check: is the measured value inside the interval?), then at ``factor`` times the largest (capped by what
+    the source holds), printed only when every check of that model held (:mod:`fusebench.evaluation.extrapolation`)."""
     rows = []
-    for study in dict.fromkeys(s.study for s in series if not s.fusion and 0 not in s.points):
-        refused.append(f"{study}: no extrapolation: it starts from a run of the same test split without "
-                       "distractors, and the sweep has none; add gallery.size=0 to the sweep's sizes")
-    for s in (s for s in series if not s.fusion and 0 in s.points):
+    for s in (s for s in series if not s.fusion):
         sizes = [n for n in s.sizes() if n > 0]
-        if not sizes:  # this model ran without distractors only (its gallery run failed, or was never asked)
+        if not sizes:
             continue
-        run_0, name_0 = s.points[0]
-        targets = [(sizes[i - 1], sizes[i]) for i in range(1, len(sizes))] + [(sizes[-1], factor * sizes[-1])]
-        for source_size, target in targets:
-            run_n, name_n = s.points[source_size]
-            problem = query_problem(run_0, run_n)
-            measured = s.points.get(target)
-            if measured and not problem:
-                problem = query_problem(run_0, measured[0])
-            if problem:
+        checks_held = True
+        for source_size, target in zip(sizes, sizes[1:]):
+            run_n, measured = s.points[source_size][0], s.points[target]
+            problem = query_problem(run_n, measured[0])
+            prediction = None
+            if not problem:
+                try:
+                    prediction = _prediction(s, source_size, target, draws, level, seed)
+                except (ScalingError, OSError, KeyError, ValueError) as err:
+                    problem = str(err)
+            if prediction is None:
                 refused.append(f"{s.study}: {s.label}: no extrapolation from {source_size:,} distractors: {problem}")
+                checks_held = False
                 continue
-            rank_0, rank_n = run_0.ranks(name_0, "t2i"), run_n.ranks(name_n, "t2i")
-            try:
-                fitted = predicted_recall(rank_0, rank_n, source_size, target, 1, "fitted")
-                jeffreys = predicted_recall(rank_0, rank_n, source_size, target, 1, JEFFREYS)
-            except ScalingError as err:
-                refused.append(f"{s.study}: {s.label}: no extrapolation from {source_size:,} distractors: {err}")
-                continue
-            value = None if measured is None else recall_at_k(measured[0].ranks(measured[1], "t2i"), 1)
-            rows.append({"study": s.study, "model": s.label, "from": source_size, "to": target,
-                         "predicted R@1": fitted, "Jeffreys R@1": jeffreys, "measured R@1": value,
-                         "measured - predicted": None if value is None else value - fitted})
+            value = recall_at_k(measured[0].ranks(measured[1], "t2i"), 1)
+            inside = prediction.low <= value <= prediction.high
+            checks_held &= inside
+            rows.append(_row(s, source_size, target, prediction, value, inside))
+        largest, run = sizes[-1], s.points[sizes[-1]][0]
+        limit = source_limit(run)
+        target = factor * largest if limit is None else min(factor * largest, limit)
+        if target <= largest:
+            refused.append(f"{s.study}: {s.label}: no prediction past {largest:,} distractors: the source holds "
+                           f"{limit:,}, and a prediction never goes past its source")
+            continue
+        if not checks_held:
+            refused.append(f"{s.study}: {s.label}: no prediction at {target:,} distractors: a check between the "
+                           "sizes measured missed or could not be made (above), so the tail model does not hold here")
+            continue
+        try:
+            prediction = _prediction(s, largest, target, draws, level, seed)
+        except (ScalingError, OSError, KeyError, ValueError) as err:
+            refused.append(f"{s.study}: {s.label}: no prediction from {largest:,} distractors: {err}")
+            continue
+        rows.append(_row(s, largest, target, prediction, None, None))
     return rows
+
+
+def _row(s: Series, source_size: int, target: int, p: Prediction, measured: float | None,
+         inside: bool | None) -> dict:
+    return {"study": s.study, "model": s.label, "from": source_size, "to": target, "predicted R@1": p.value,
+            "low": p.low, "high": p.high, "measured R@1": measured, "inside": inside,
+            "measured - predicted": None if measured is None else measured - p.value,
+            "queries pooled": p.pooled_queries, "margins pooled": p.margins, "method": METHOD}
 
 
 @dataclass
@@ -268,7 +303,7 @@ def scaling_report(runs: list[Run], ks: list[int], draws: int, level: float, see
     series = [s for label, members in found for s in series_of(label, members)]
     refused: list[str] = []
     changes = change_rows(series, ks, draws, level, seed, refused)
-    extrapolation = extrapolation_rows(series, refused)
+    extrapolation = extrapolation_rows(series, refused, draws, level, seed)
     simulated = any(r.record.simulated for _, members in found for r in members)
     return ScalingReport(simulated, ks, level, series, recall_rows(series, ks, level), gain_rows(series, ks),
                          changes, extrapolation, refused)

@@ -147,13 +147,18 @@ def _scaling(report: SweepSummary) -> list[str]:
     lines += _section(f"### Change from the smallest gallery (t2i R@{k}, points; paired query by query: the same "
                       "queries at every size)", _one_study(changes))
     extrapolated = [{"study": e["study"], "model": e["model"], "from": f"{e['from']:,}", "to": f"{e['to']:,}",
-                     "predicted R@1": e["predicted R@1"], "measured R@1": e["measured R@1"],
-                     "measured - predicted": e["measured - predicted"], "Jeffreys R@1": e["Jeffreys R@1"]}
+                     "predicted R@1": _interval(e, "predicted R@1", "low", "high"),
+                     "measured R@1": "-" if e["measured R@1"] is None else f"{e['measured R@1']:.2f}",
+                     "check": "-" if e["inside"] is None else ("inside" if e["inside"] else "MISSED")}
                     for e in s.extrapolation]
-    title = ("### Extrapolated t2i R@1 (from the run without distractors and one with N: each query's "
-             "distractors above its target, a beta-binomial prior fitted over the queries; the Jeffreys "
-             "per-query prior beside it, low at 10x; a measured size is the check)")
-    lines += _section(title, _one_study(extrapolated)) if extrapolated else [
+    title = (f"### Extrapolated t2i R@1 ({level} bootstrap interval over test images; a measured size predicted "
+             "from the next smaller one is the check, and the prediction past the largest is printed only when "
+             "every check held)")
+    assumption = ("Method: pooled-margin tail. From each query's saved list at N, how far its distractors rise "
+                  "above its own threshold, pooled over the queries; assumes the galleries nest and that above "
+                  "each query's threshold every query's distractor scores share one tail (docs/galleries.md). "
+                  "Never past the source's size; single models only.")
+    lines += _section(title, _one_study(extrapolated)) + [assumption, ""] if extrapolated else [
         "### Extrapolated t2i R@1", "", "None: no model could be extrapolated (why: under 'Not compared' below).", ""]
     if s.refused:
         lines += ["Not compared:", "", *[f"- {why}" for why in s.refused], ""]
