@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.config.schema import SimDatasetConfig
+from fusebench.config.schema import SIM_STRUCTURE_READS, SimDatasetConfig
 from fusebench.data.corpus import Corpus, validate_corpus
 
 
@@ -46,7 +46,8 @@ def make_sim_corpus(settings: SimDatasetConfig) -> Corpus:
         caption_image=caption_image,
         image_paths=None,
         meta={"simulated": True, "sim_seed": int(seed), "sim_latent_dim": int(latent_dim),
-              "sim_caption_noise": float(caption_noise), "sim_shared_caption_noise": float(shared_caption_noise)},
+              "sim_caption_noise": float(caption_noise), "sim_shared_caption_noise": float(shared_caption_noise),
+              **structure_meta(settings)},
         kind="sim",
     )
     return validate_corpus(corpus, "sim dataset")
@@ -61,18 +62,83 @@ def require_sim_corpus(corpus: Corpus) -> None:
         )
 
 
-def sim_latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
-    """The shared latents of a sim corpus: (image latents (N, L), caption latents (Q, L)), float32."""
+def structure_meta(settings: SimDatasetConfig) -> dict:
+    """What a corpus records of its structure: nothing for ``isotropic`` (its keys and digests stay as they were
+    before structures existed), else ``sim_structure`` and every parameter the structure reads."""
+    if settings.structure == "isotropic":
+        return {}
+    return {"sim_structure": settings.structure,
+            **{f"sim_{key}": getattr(settings, key) for key in SIM_STRUCTURE_READS[settings.structure]}}
+
+
+def sim_structure(corpus: Corpus) -> str:
+    """The corpus's ``dataset.structure``: ``isotropic`` unless it records another."""
+    return str(corpus.meta.get("sim_structure", "isotropic"))
+
+
+def spectrum(latent_dim: int, decay: float) -> np.ndarray:
+    """Per-dimension standard deviations (float64) whose variances fall as (j + 1) ** -decay and average 1 (an
+    isotropic latent's), so a clustered latent's variance is concentrated in its first dimensions."""
+    variance = np.arange(1, latent_dim + 1, dtype=np.float64) ** -float(decay)
+    return np.sqrt(variance / variance.mean())
+
+
+def topic_world(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
+    """A clustered corpus's sub-topic centres ((topics x subtopics, L) float32: each its topic's centre, sd
+    ``topic_spread``, plus its own offset, sd ``subtopic_spread``; sub-topic ``k`` belongs to topic ``k //
+    subtopics``) and the sd of an image's own part around its centre (``own_spread``, (L,) float32), all shaped by
+    :func:`spectrum`. A pure function of the corpus seed and parameters: the test split and every distractor are
+    drawn around the same centres."""
+    m = corpus.meta
+    dim, topics, subtopics = int(m["sim_latent_dim"]), int(m["sim_topics"]), int(m["sim_subtopics"])
+    sd = spectrum(dim, m["sim_spectrum_decay"])
+    rng = np.random.default_rng([int(m["sim_seed"]), 5])
+    topic = rng.standard_normal((topics, dim)) * (float(m["sim_topic_spread"]) * sd)
+    offset = rng.standard_normal((topics * subtopics, dim)) * (float(m["sim_subtopic_spread"]) * sd)
+    centres = np.repeat(topic, subtopics, axis=0) + offset
+    return centres.astype(np.float32), (float(m["sim_own_spread"]) * sd).astype(np.float32)
+
+
+def clustered_draw(rng: np.random.Generator, n: int, world: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` latents drawn around ``world``'s sub-topic centres (:func:`topic_world`): each a uniformly chosen
+    sub-topic's centre plus its own part; returns (latents (n, L) float32, sub-topic of each (n,) int64)."""
+    centres, own = world
+    subtopic = rng.integers(0, len(centres), n)
+    latents = centres[subtopic] + own * rng.standard_normal((n, len(own)), dtype=np.float32)
+    return latents, subtopic
+
+
+def _image_latents(corpus: Corpus, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+    if sim_structure(corpus) == "isotropic":
+        return rng.standard_normal((corpus.n_images, int(corpus.meta["sim_latent_dim"])), dtype=np.float32), None
+    return clustered_draw(rng, corpus.n_images, topic_world(corpus))
+
+
+def _latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     require_sim_corpus(corpus)
     rng = np.random.default_rng([int(corpus.meta["sim_seed"]), 0])
     dim = int(corpus.meta["sim_latent_dim"])
-    images = rng.standard_normal((corpus.n_images, dim), dtype=np.float32)
+    images, subtopics = _image_latents(corpus, rng)
     noise = rng.standard_normal((corpus.n_captions, dim), dtype=np.float32)
     # what every caption of an image misses alike (shared), then what each caption adds or misses on its own
     shared = rng.standard_normal((corpus.n_images, dim), dtype=np.float32)
     captions = (images + np.float32(corpus.meta["sim_shared_caption_noise"]) * shared)[corpus.caption_image]
     captions += np.float32(corpus.meta["sim_caption_noise"]) * noise
+    return images, captions, subtopics
+
+
+def sim_latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
+    """The shared latents of a sim corpus: (image latents (N, L), caption latents (Q, L)), float32. Caption noise
+    is isotropic in both structures (what a caption misses is not shaped like what images vary in)."""
+    images, captions, _ = _latents(corpus)
     return images, captions
+
+
+def sim_subtopics(corpus: Corpus) -> np.ndarray:
+    """Each test image's sub-topic in a clustered corpus (its topic: ``// dataset.subtopics``)."""
+    if sim_structure(corpus) == "isotropic":
+        raise FusebenchError("an isotropic sim corpus has no topics (dataset.structure=clustered has).")
+    return _latents(corpus)[2]
 
 
 def _check_score(scale: float, shift: float) -> None:
@@ -110,6 +176,35 @@ def with_score_location(image: np.ndarray, text: np.ndarray, scale: float, shift
     return score_location_images(image, scale, shift), score_location_texts(text, scale, shift)
 
 
+def modality_placement(cone: float, gap: float, score: tuple[float, float] | None
+                       ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """A clustered corpus's placement of one model's rows: ((scale, shift) of its image rows, (scale, shift) of its
+    text rows), each for :func:`score_location_images` / :func:`score_location_texts`. Image rows keep ``cone``
+    (alpha) of their squared norm on one common direction (image-image cosines: alpha + (1 - alpha) cosine); text
+    rows keep beta on theirs, at cosine cos f to the images'. A model's text-image cosines become ``a * cosine +
+    s`` exactly, (a, s) its ``score`` placement: sqrt((1 - alpha)(1 - beta)) = a and sqrt(alpha beta) cos f = s;
+    a model with none takes a = 1 - alpha and s = alpha - gap ** 2 / 2 (beta = alpha, the centroids ``gap`` apart).
+    Both are affine in the cosine, so every ranking is the unplaced rows' exactly."""
+    alpha = float(cone)
+    scale, shift = score if score is not None else (1.0 - alpha, alpha - gap * gap / 2.0)
+    beta = 1.0 - scale * scale / (1.0 - alpha)
+    if beta < -1e-12 or abs(shift) > np.sqrt(alpha * max(beta, 0.0)) + 1e-12:
+        raise FusebenchError(f"sim model: score_scale={scale} and score_shift={shift} do not fit dataset.cone={cone}; "
+                             f"valid: score_scale <= sqrt(1 - cone) = {np.sqrt(1 - alpha):.4g} and |score_shift| <= "
+                             "sqrt(cone * (1 - score_scale ** 2 / (1 - cone))); lower dataset.cone.")
+    beta = min(max(beta, 0.0), 1.0)
+    cos_f = 0.0 if beta == 0 else float(np.clip(shift / np.sqrt(alpha * beta), -1.0, 1.0))
+    return (1.0 - alpha, 0.0), (1.0 - beta, beta * cos_f)
+
+
+def image_placement(corpus: Corpus, score: tuple[float, float] | None) -> tuple[float, float] | None:
+    """The (scale, shift) :func:`image_rows` places a model's image rows (test images and distractors) with on
+    ``corpus``: its own ``score`` on an isotropic corpus, the cone of :func:`modality_placement` on a clustered one."""
+    if sim_structure(corpus) == "isotropic":
+        return score
+    return modality_placement(corpus.meta["sim_cone"], corpus.meta["sim_gap"], score)[0]
+
+
 def model_rng(corpus_seed: int, seed: int) -> np.random.Generator:
     """The generator of a sim model's projection and of its noise on the test split (``seed``: the model's)."""
     return np.random.default_rng([int(corpus_seed), 1, int(seed)])
@@ -143,12 +238,17 @@ def image_rows(seen: np.ndarray, score: tuple[float, float] | None) -> np.ndarra
 def sim_model_embeddings(corpus: Corpus, dim: int, image_noise: float, text_noise: float,
                          seed: int, score: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One simulated model's (image, text) embeddings: its own noise, then its own projection to ``dim``;
-    ``score`` = (scale, shift) places its cosines like a real family's (:func:`with_score_location`)."""
+    ``score`` = (scale, shift) places its cosines like a real family's (:func:`with_score_location`). On a
+    clustered corpus every model's rows are placed (:func:`modality_placement`: two more dims, even with no
+    ``score``)."""
     images, captions = sim_latents(corpus)
     rng = model_rng(corpus.meta["sim_seed"], seed)
     proj = model_projection(rng, dim, images.shape[1])
     seen_images = seen_rows(images, image_noise, rng, proj)
     seen_captions = seen_rows(captions, text_noise, rng, proj)
+    if sim_structure(corpus) != "isotropic":  # a cone per modality, the gap between them: where scores sit too
+        image, text = modality_placement(corpus.meta["sim_cone"], corpus.meta["sim_gap"], score)
+        return score_location_images(seen_images, *image), score_location_texts(seen_captions, *text)
     if score is None:
         return seen_images, seen_captions
     return image_rows(seen_images, score), score_location_texts(seen_captions, *score)
@@ -160,14 +260,20 @@ DISTRACTOR_BLOCK = 4096  # distractors are drawn in blocks of this many rows, ea
 
 
 def distractor_latents(corpus_seed: int, gallery_seed: int, block: int, test_latents: np.ndarray,
-                       hard_fraction: float, closeness: float) -> tuple[np.ndarray, np.ndarray]:
+                       hard_fraction: float, closeness: float,
+                       world: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Block ``block`` of the distractors' latents ((DISTRACTOR_BLOCK, L) float32) and which are hard: a fresh
-    latent each, and for a ``hard_fraction`` of them the fresh latent pulled towards a random test image's
-    (``closeness * anchor + sqrt(1 - closeness**2) * fresh``: a photo of the same kind of scene). A pure function
-    of (corpus seed, gallery seed, block) and the test latents, so any range of rows reads the same rows."""
+    latent each (a standard Gaussian; around ``world``'s sub-topic centres on a clustered corpus,
+    :func:`clustered_draw`), and for a ``hard_fraction`` of them the fresh latent pulled towards a random test
+    image's (``closeness * anchor + sqrt(1 - closeness**2) * fresh``: a photo of the same kind of scene). A pure
+    function of (corpus seed, gallery seed, block), the test latents and the world, so any range of rows reads the
+    same rows."""
     rng = np.random.default_rng([int(corpus_seed), 2, int(gallery_seed), int(block)])
     latent_dim = test_latents.shape[1]
-    fresh = rng.standard_normal((DISTRACTOR_BLOCK, latent_dim), dtype=np.float32)
+    if world is None:
+        fresh = rng.standard_normal((DISTRACTOR_BLOCK, latent_dim), dtype=np.float32)
+    else:
+        fresh = clustered_draw(rng, DISTRACTOR_BLOCK, world)[0]
     hard = rng.random(DISTRACTOR_BLOCK) < hard_fraction
     anchors = rng.integers(0, len(test_latents), DISTRACTOR_BLOCK)
     pulled = np.float32(closeness) * test_latents[anchors[hard]] + np.float32(np.sqrt(1.0 - closeness ** 2)) * fresh[hard]

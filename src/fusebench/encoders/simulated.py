@@ -25,6 +25,7 @@ from fusebench.data.corpus import Corpus
 from fusebench.data.simulated import (
     DISTRACTOR_BLOCK,
     distractor_latents,
+    image_placement,
     image_rows,
     model_projection,
     model_rng,
@@ -34,6 +35,8 @@ from fusebench.data.simulated import (
     seen_latents,
     sim_latents,
     sim_model_embeddings,
+    sim_structure,
+    topic_world,
 )
 from fusebench.encoders.distractors import normalised
 from fusebench.runtime import state
@@ -67,7 +70,8 @@ class SimDistractorRows:
     :mod:`fusebench.encoders.distractors`): every distractor's latent is shared by all models
     (:func:`~fusebench.data.simulated.distractor_latents`); the model sees it through its own image noise and
     projection and places its scores as it does its test images' (:func:`~fusebench.data.simulated.seen_latents`,
-    :func:`~fusebench.data.simulated.image_rows`). Distractors that are not hard keep only ``relevance`` of their
+    :func:`~fusebench.data.simulated.image_rows`). On a clustered corpus the latents are drawn around its topic
+    centres and the rows placed in its image cone, as its test images are. Distractors that are not hard keep only ``relevance`` of their
     embedding on what captions describe (:func:`~fusebench.data.simulated.off_caption_rows`).
     ``corpus``: the sim test split the model embeds (before distractors are appended)."""
 
@@ -87,7 +91,9 @@ class SimDistractorRows:
                 f"captions describe, which needs a sim model wider than the latent space: dim={params.dim} <= "
                 f"dataset.latent_dim={latent_dim}; raise the model's dim, lower dataset.latent_dim, or set "
                 "gallery.sim.relevance=1.")
-        self.dim = params.dim + (0 if params.score is None else 2)
+        self.placement = image_placement(corpus, params.score)  # the test images' (a clustered corpus: its cone)
+        self.dim = params.dim + (0 if self.placement is None else 2)
+        self._world = None if sim_structure(corpus) == "isotropic" else topic_world(corpus)
         self._corpus = corpus
         self._test_latents: np.ndarray | None = None
         self._last: tuple[int, np.ndarray] | None = None  # the block read last (reads in order share blocks)
@@ -122,7 +128,7 @@ class SimDistractorRows:
             self._test_latents = sim_latents(self._corpus)[0]
         s = self.settings
         latents, hard = distractor_latents(self.corpus_seed, self.gallery_seed, index, self._test_latents,
-                                           s.hard_fraction, s.closeness)
+                                           s.hard_fraction, s.closeness, self._world)
         rng = np.random.default_rng([self.corpus_seed, 3, self.gallery_seed, self.params.seed, index])
         seen = seen_latents(latents, self.params.image_noise, rng)  # as its test images: seen_rows, image_rows
         if s.relevance < 1:  # hard distractors keep all of it: photos of the kinds of scene captions describe
@@ -130,7 +136,7 @@ class SimDistractorRows:
             rows = off_caption_rows(seen, self.proj, self.basis, keep, rng)
         else:
             rows = seen @ self.proj
-        rows = normalised(image_rows(rows, self.params.score))
+        rows = normalised(image_rows(rows, self.placement))
         rows.setflags(write=False)
         self._last = (index, rows)
         return rows
