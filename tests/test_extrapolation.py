@@ -115,15 +115,38 @@ def test_what_cannot_be_predicted_is_refused():
 SIM_MODEL = SimParams(dim=128, image_noise=0.22, text_noise=0.22, seed=1, score_scale=0.3, score_shift=0.0)
 
 
-@pytest.mark.slow  # 1,000,000 simulated distractors searched exactly (~20-50 s)
-@pytest.mark.parametrize("structure", ["isotropic"])
-def test_on_the_simulator_each_measured_size_lies_inside_the_interval_predicted_from_the_last(structure):
-    corpus = make_sim_corpus(SimDatasetConfig(n_images=300, n_captions=1500))
-    lists = sim_lists(corpus, SIM_MODEL, [10000, 100000, 1000000])
-    targets = np.asarray(corpus.caption_image)
-    for n, m in ((10000, 100000), (100000, 1000000)):
-        rank_n, ids, scores = lists[n]
-        p = predict_recall(rank_n, targets, ids, scores, 300, targets, n, m)
-        measured = 100 * np.mean(lists[m][0] == 1)
-        assert p.low <= measured <= p.high, (structure, n, m, p, measured)
-        assert measured < 100 * np.mean(rank_n == 1) - 10  # a real fall, not a flat line any interval covers
+CLUSTERED = dict(structure="clustered", caption_noise=1.65, shared_caption_noise=0.36)  # dataset=sim_clustered's
+KNOWN_MISS = pytest.mark.xfail(strict=True, reason=(
+    "the pooled-margin tail under-predicts 10k -> 100k on the clustered sim by 5-7 points (measured 58.5, "
+    "predicted 51.3 [47, 56]): its hard distractors score relative to their own image's target, not to the "
+    "query's threshold (docs/galleries.md); a sweep's own check then withholds the prediction past it"))
+
+
+@pytest.mark.slow  # 1,000,000 simulated distractors searched exactly (~20-50 s per structure)
+@pytest.mark.parametrize("structure, n, m", [
+    ("isotropic", 10000, 100000), ("isotropic", 100000, 1000000),
+    pytest.param("clustered", 10000, 100000, marks=KNOWN_MISS), ("clustered", 100000, 1000000)])
+def test_on_the_simulator_each_measured_size_lies_inside_the_interval_predicted_from_the_last(structure, n, m):
+    lists = _sim_lists(structure)
+    targets = np.asarray(_sim_corpus(structure).caption_image)
+    rank_n, ids, scores = lists[n]
+    p = predict_recall(rank_n, targets, ids, scores, 300, targets, n, m)
+    measured = 100 * np.mean(lists[m][0] == 1)
+    assert measured < 100 * np.mean(rank_n == 1) - 10  # a real fall, not a flat line any interval covers
+    assert p.low <= measured <= p.high, (structure, n, m, p, measured)
+
+
+def _sim_corpus(structure: str):
+    return make_sim_corpus(SimDatasetConfig(n_images=300, n_captions=1500,
+                                            **(CLUSTERED if structure == "clustered" else {})))
+
+
+_LISTS: dict = {}
+
+
+def _sim_lists(structure: str) -> dict:
+    """The sim model's lists 50 deep (as experiment=distractor_scaling saves them) at 10k, 100k and 1M, once per
+    structure."""
+    if structure not in _LISTS:
+        _LISTS[structure] = sim_lists(_sim_corpus(structure), SIM_MODEL, [10000, 100000, 1000000], depth=50)
+    return _LISTS[structure]
