@@ -13,6 +13,7 @@ from fusebench.config.specs import SimParams
 from fusebench.data.simulated import make_sim_corpus
 from fusebench.evaluation.extrapolation import (
     ScalingError,
+    bootstrap_recall,
     found_chance,
     fresh_rates,
     list_scores,
@@ -45,6 +46,25 @@ def test_pooled_rates_equal_the_obvious_double_loop():
     assert set(np.flatnonzero(np.isnan(pool.threshold))) == {3, 4}
     np.testing.assert_allclose(fresh_rates(pool, target_margin, n, weights), expected, rtol=1e-12)
     np.testing.assert_allclose(fresh_rates(pool, target_margin, n), fresh_rates(pool, target_margin, n, np.ones(40)))
+
+
+def test_each_bootstrap_draw_is_the_weighted_rates_of_its_images():
+    """The fast draws (margins summed per stretch) equal fresh_rates and found_chance with each draw's image weights,
+    computed the obvious way from the same random numbers."""
+    world = ScoreWorld(CAPTION_IMAGE, 200, seed=3, hard=0.0, target_mean=0.3)
+    rank_n, ids, scores = world.at(1000)
+    target, distractor = list_scores(CAPTION_IMAGE, ids, scores, 200)
+    pool = margins(distractor)
+    target_margin = np.where(rank_n <= 2, target - pool.threshold, np.nan)
+    fast = bootstrap_recall(pool, target_margin, rank_n, CAPTION_IMAGE, 1000, 10000, 2, 25, np.random.default_rng(7))
+    rng, slow = np.random.default_rng(7), []
+    for _ in range(25):
+        per_image = np.bincount(rng.integers(0, 200, 200), minlength=200).astype(float)
+        w = per_image[CAPTION_IMAGE]
+        chance = found_chance(rank_n, fresh_rates(pool, target_margin, 1000, w), 1000, 10000, 2)
+        slow.append(100 * float(w @ (rng.random(len(chance)) < chance)) / w.sum())
+    np.testing.assert_allclose(fast, slow, rtol=1e-12)
+    assert len(set(fast)) > 5
 
 
 def test_found_chance_is_the_poisson_count_of_fresh_distractors_above_the_target():
