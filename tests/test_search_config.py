@@ -54,6 +54,9 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     (["search=milvus", "models.sim_dfn5b_like.weight=2"], ("milvus_rrf takes no per-model weights", "equal weights")),
     (["search=qdrant", "models.sim_dfn5b_like.weight=2"], ("qdrant",)),
     (["search=faiss_ivf_pq", "search.nbits=16"], ("search.nbits=16", "4..12")),
+    (["search=faiss_ivf_pq", "search.target_recall=1.5"], ("search.target_recall=1.5", "> 0 and <= 1")),
+    (["search=exact", "search.target_recall=0.95"], ("search.target_recall=0.95", "search=exact")),
+    (["search=faiss_flat", "search.target_recall=0.95"], ("search.target_recall=0.95 is never read",)),
     (["search=faiss_flat", "search.backend=annoy"], ("search.backend='annoy'", "faiss")),
     # a setting the chosen index or backend never reads is refused, naming the ones that read it
     (["search=faiss_flat", "search.nprobe=8"], ("search.nprobe=8 is never read with search.index=flat",

@@ -35,8 +35,8 @@ def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: Fu
     exact = exact_lists(models, caption_image, depth, settings, source)
     exact_results = retrieve(models, caption_image, fusion, keep_k, settings, source, stored=exact)
     device = torch.device(settings.device)
-    ann = {m.name: faiss_lists(m, caption_image, depth, config, device, settings.store_dir, settings.progress)
-           for m in models}
+    ann = {m.name: faiss_lists(m, caption_image, depth, config, device, settings.store_dir, settings.progress,
+                               exact[m.name]) for m in models}
     results = retrieve(models, caption_image, fusion, keep_k, settings, source,
                        stored={name: a.lists for name, a in ann.items()})
     if FUSED in exact_results:
@@ -60,5 +60,5 @@ def version() -> str:
     return faiss_version()
 
 
-BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads",), extra="faiss", module="faiss", run=run,
+BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads", "target_recall"), extra="faiss", module="faiss", run=run,
                            version=version))

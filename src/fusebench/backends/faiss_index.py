@@ -29,7 +29,9 @@ import numpy as np
 import torch
 
 from fusebench import FusebenchError
+from fusebench.backends import target_recall
 from fusebench.backends.base import require
+from fusebench.backends.target_recall import Tuned
 from fusebench.config import search as search_config
 from fusebench.config.search import SearchConfig
 from fusebench.encoders.base import ModelEmbeddings
@@ -178,24 +180,48 @@ def _index(faiss, model: ModelEmbeddings, direction: str, items: np.ndarray, bui
     return IndexStore(store_dir).get_or_build(material, make, {"model": model.name, "direction": direction})
 
 
-def _direction(faiss, model, direction, items, queries, depth, config, device, store_dir, progress):
-    """One direction's (ids, scores, cost, params)."""
+def _tune(faiss, index, config: SearchConfig, build: dict, queries: np.ndarray, exact_ids, k: int, n_items: int,
+          what: str) -> Tuned:
+    """The smallest nprobe / efSearch reaching ``config.target_recall`` (:mod:`.target_recall`), searched on the
+    CPU index itself."""
+    def search(rows: np.ndarray, value: int) -> np.ndarray:
+        set_search_params(faiss, index, {config.tuned: value})
+        return index.search(np.ascontiguousarray(rows, dtype=np.float32), k)[1]
+
+    low, high = target_recall.bounds(config.tuned, build.get("nlist"), k, n_items)
+    return target_recall.choose(search, queries, exact_ids, k, config.tuned, low, high, config.target_recall,
+                                config.seed, what)
+
+
+def _direction(faiss, model, direction, items, queries, depth, config, device, store_dir, progress, exact_ids=None):
+    """One direction's (ids, scores, cost, params); ``exact_ids``: exact search's lists of ``queries`` (what a
+    target recall is measured against)."""
     k = min(depth, len(items))
     build = build_params(config, len(items), items.shape[1], model.name)
     params = {**build, **search_params(config)}
     stored = _index(faiss, model, direction, items, build, config, store_dir, progress)
+    tuned = None
+    if config.tuned:
+        if exact_ids is None:
+            raise ValueError("search.target_recall needs exact search's lists of the queries")
+        tuned = _tune(faiss, stored.index, config, build, queries, exact_ids, k, len(items),
+                      f"model {model.name}'s {direction} index")
+        params[config.tuned] = tuned.value
     set_search_params(faiss, stored.index, params)
     index, where, _resources = searcher(faiss, stored.index, config.index, device, k, params)
     ids, scores, seconds = search_blocks(index, queries, k, progress(f"search {model.name} {direction}", len(queries)))
     cost = IndexQuality(neighbour_recall=0.0, top1_agreement=0.0, depth=k, build_seconds=stored.build_seconds,
                         index_bytes=stored.index_bytes, query_ms=1000 * seconds / max(len(queries), 1),
-                        stored=stored.stored, hit=stored.hit, key=stored.key, where=where)
+                        stored=stored.stored, hit=stored.hit, key=stored.key, where=where,
+                        target=None if tuned is None else tuned.to_json(config.target_recall))
     return ids, scores, cost, params
 
 
 def faiss_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, config: SearchConfig,
-                device: torch.device, store_dir: str | None, progress: Progress | None = None) -> AnnLists:
-    """``model``'s lists ``depth`` deep in both directions from FAISS indexes of ``config.index`` (see the module)."""
+                device: torch.device, store_dir: str | None, progress: Progress | None = None,
+                exact: ModelLists | None = None) -> AnnLists:
+    """``model``'s lists ``depth`` deep in both directions from FAISS indexes of ``config.index`` (see the module);
+    ``exact``: the model's exact lists, at least ``depth`` deep (needed when ``config.target_recall`` is set)."""
     faiss = require("faiss")
     if model.distractors is not None:
         raise FusebenchError("search.backend=faiss does not search a gallery's distractors: use search=exact with a "
@@ -208,7 +234,8 @@ def faiss_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, c
     if config.threads:
         faiss.omp_set_num_threads(config.threads)
     try:
-        out = {d: _direction(faiss, model, d, items, queries, depth, config, device, store_dir, progress)
+        out = {d: _direction(faiss, model, d, items, queries, depth, config, device, store_dir, progress,
+                             None if exact is None else exact[d].ids.numpy())
                for d, (items, queries) in sides.items()}
     finally:
         faiss.omp_set_num_threads(threads)
