@@ -59,6 +59,8 @@ class SearchConfig:
     #   its times are then not stock Milvus Lite's, and every figure says so); false = stock Milvus Lite
     qdrant_unsynced: bool = False  # qdrant: local mode's SQLite commits without waiting for the disk (a patch of its
     #   storage: faster ingest, labelled in every figure); false = stock local mode
+    max_memory_gb: float | None = None  # faiss ivf_*: inverted lists past this (GB, 1e9 bytes) go to disk
+    #   (OnDiskInvertedLists in the index store); the index's own structure must fit; null = all in memory
     target_recall: float | None = None  # faiss ivf_*/hnsw: the smallest nprobe / ef_search whose neighbour recall at
     #   the list depth reaches this (0 < t <= 1) on a seeded sample of each index's queries; null = as set
 
@@ -81,6 +83,9 @@ class SearchConfig:
         checks.boolean(self.keep_db, "search.keep_db")
         checks.boolean(self.milvus_lean_rows, "search.milvus_lean_rows")
         checks.boolean(self.qdrant_unsynced, "search.qdrant_unsynced")
+        if self.max_memory_gb is not None:
+            self.max_memory_gb = checks.number(self.max_memory_gb, "search.max_memory_gb", 0, open_low=True,
+                                               hint="GB an index may hold in memory; null = no limit")
         self._check_target()
         if self.nlist is not None and self.index in ("ivf_flat", "ivf_pq") and self.target_recall is None:
             check_nprobe(self, self.nlist, f"search.nlist={self.nlist}")
