@@ -178,3 +178,24 @@ def test_a_cut_short_seal_of_fusebenchs_leaves_the_database_the_engines(tmp_path
         (folder / SEAL).write_bytes(whole[:cut])
         check_engine_dir(out)
     assert not (fresh_workdir(out, "t2i") / "data.bin").exists()  # removed, rebuilt: never a dead end
+
+
+def test_a_target_recall_run_records_what_it_chose_and_an_unreachable_one_writes_nothing(compose_cfg, tmp_path):
+    pytest.importorskip("faiss")
+    record, out = _run(compose_cfg, tmp_path, "target", ["search=faiss_ivf_flat", "search.nlist=8",
+                                                         "search.target_recall=0.9"])
+    saved = json.loads((out / "metrics.json").read_text())["search"]
+    assert saved["label"] == "faiss ivf_flat nlist=8 target_recall=0.9"
+    for model, by in saved["models"].items():
+        for direction, quality in by.items():
+            target = quality["target"]
+            params = saved["params"][direction]
+            chosen = (params[model] if model in params else params)["nprobe"]
+            assert target["value"] == chosen and 1 <= chosen <= 8 and target["sample_recall"] >= 0.9
+            assert target["tried"][str(chosen)] == target["sample_recall"] and quality["neighbour_recall"] > 0.8
+            assert chosen == 1 or target["tried"].get(str(chosen - 1), 0) < 0.9
+    with pytest.raises(FusebenchError, match=r"search.target_recall=1 is not reached by model .* the best neighbour "
+                                             r"recall@\d+ on its 300 held-out queries is 0\.\d+, at nprobe="):
+        _run(compose_cfg, tmp_path, "unreached", ["search=faiss_ivf_pq", "search.nlist=4", "search.nbits=4",
+                                                  "search.pq_m=2", "search.target_recall=1"])
+    assert not (tmp_path / "unreached" / "metrics.json").exists()

@@ -170,3 +170,29 @@ def test_topk_items_past_the_test_split_name_the_distractor_kept(compose_cfg, tm
             distractor = kept[lists["ids"][q, position] - corpus.n_images]
             assert abs(float(model.text[q] @ every[distractor]) - float(lists["scores"][q, position])) < 1e-5
     assert "topk/gallery_items.jsonl" in record.files
+
+
+def test_a_faiss_index_over_the_gallery_gives_exact_numbers_and_is_keyed_by_it(compose_cfg, tmp_path):
+    """search=faiss_flat over gallery=sim: every t2i rank within the list equals the exact gallery run's, topk's
+    ids map through gallery_items.jsonl, i2t stays exact; another gallery seed builds another index."""
+    pytest.importorskip("faiss")
+    import json
+
+    flat = ["search=faiss_flat", "fusion.top_k=20", "eval.lists.depth=20", "eval.save_topk=20"]
+    exact, exact_out = _run(compose_cfg, tmp_path, 700, ["fusion.top_k=20", "eval.lists.depth=20"])
+    record, out = _run(compose_cfg, tmp_path / "flat", 700, flat)
+    for name in ("sim_siglip2_like", "sim_dfn5b_like"):
+        theirs = _ranks(exact_out, name, "t2i")
+        assert (_ranks(out, name, "t2i") == np.where(theirs <= 20, theirs, 0)).mean() > 0.99  # float-rounding ties
+        assert (_ranks(out, name, "i2t") == _ranks(exact_out, name, "i2t")).all()
+        quality = record.search.models[name]
+        assert list(quality) == ["t2i"] and quality["t2i"].neighbour_recall > 0.999 and not quality["t2i"].hit
+    assert record.search.notes and "i2t from exact search" in record.search.notes[0]
+    items = [json.loads(line) for line in (out / "topk" / "gallery_items.jsonl").read_text().splitlines()]
+    assert len(items) == 900 and items[200] == "simd0000000"
+    again, _ = _run(compose_cfg, tmp_path / "flat", 700, flat)  # the same gallery: read from the store
+    assert all(q["t2i"].hit for q in again.search.models.values())
+    reseeded, _ = _run(compose_cfg, tmp_path / "flat", 700, [*flat, "gallery.seed=5"])
+    assert not any(q["t2i"].hit for q in reseeded.search.models.values())
+    assert {q["t2i"].key for q in reseeded.search.models.values()}.isdisjoint(
+        {q["t2i"].key for q in record.search.models.values()})

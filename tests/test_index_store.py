@@ -186,7 +186,7 @@ def test_an_unwritable_store_keeps_the_index_and_stores_nothing(case, tmp_path, 
     def refuse(*_args):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("fusebench.stores.indexes._write_synced", refuse)
+    monkeypatch.setattr("fusebench.stores.indexes._write_index_synced", refuse)
     result = run(case, tmp_path)
     assert_same(result, fresh)
     assert not any(c.stored or c.hit for c in result.costs.values()) and "could not store the index" in caplog.text

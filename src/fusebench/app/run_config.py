@@ -43,7 +43,12 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
     what = f"search={search.backend}" + (f" (search.index={search.index})" if not backend.engine else "")
     unsupported = [(fusion.top_k is None and len(models) > 1 and fusion.method != "none",
                     "returns lists, not whole rankings: set fusion.top_k (e.g. 100, the default)"),
-                   (gallery.active, "over a gallery with distractors is not supported yet: use gallery=none"),
+                   (gallery.active and backend.engine, "over a gallery with distractors is not supported (an engine "
+                    "loads the rows whole; FAISS indexes stream them): use search=faiss_* or search=exact with a "
+                    "gallery, or gallery=none"),
+                   (search.max_memory_gb is not None and not gallery.active,
+                    "reads search.max_memory_gb only over a gallery (gallery=...; the test split's index is small): "
+                    "leave it unset (null)"),
                    (tuning is not None, "with tune=weights is not supported: tune with search=exact, then run the "
                                         "chosen weights with the index"),
                    (bool(evaluation.positives), "with eval.positives is not supported: use search=exact for the "

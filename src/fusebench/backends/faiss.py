@@ -25,18 +25,21 @@ def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: Fu
     """Each model's lists from its FAISS index, fused by fusebench; exact lists beside them for the comparison."""
     import torch
 
-    from fusebench.backends.faiss_index import build_params, faiss_lists, faiss_version
+    from fusebench.backends.faiss_index import GALLERY_CHUNK, build_params, faiss_lists, faiss_version
+    from fusebench.backends.gallery_index import memory_plan
     from fusebench.backends.quality import with_quality
     from fusebench.backends.retrieval import exact_lists, list_depth, retrieve
     from fusebench.evaluation.search_record import EXACT_FUSED, SearchRecord
-    for m in models:  # every model's build parameters (pq_m against its width) before any list or index is built
-        build_params(config, len(m.image), m.image.shape[1], m.name)
+    for m in models:  # every model's build parameters (pq_m against its width) and, over a gallery, its index's
+        build = build_params(config, m.n_items, m.image.shape[1], m.name)  # memory, before any list or index
+        if m.distractors is not None:
+            memory_plan(config.index, m.n_items, m.image.shape[1], build, GALLERY_CHUNK, config.max_memory_gb)
     depth = list_depth(fusion, keep_k, settings)
     exact = exact_lists(models, caption_image, depth, settings, source)
     exact_results = retrieve(models, caption_image, fusion, keep_k, settings, source, stored=exact)
     device = torch.device(settings.device)
-    ann = {m.name: faiss_lists(m, caption_image, depth, config, device, settings.store_dir, settings.progress)
-           for m in models}
+    ann = {m.name: faiss_lists(m, caption_image, depth, config, device, settings.store_dir, settings.progress,
+                               exact[m.name]) for m in models}
     results = retrieve(models, caption_image, fusion, keep_k, settings, source,
                        stored={name: a.lists for name, a in ann.items()})
     if FUSED in exact_results:
@@ -47,8 +50,11 @@ def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: Fu
         by_model = {name: a.params.get(d, {}) for name, a in ann.items()}
         same = all(p == next(iter(by_model.values())) for p in by_model.values())
         params[d] = next(iter(by_model.values())) if same else by_model
+    gallery = any(m.distractors is not None for m in models)
+    notes = ["gallery: t2i from the index over the test images and every distractor; i2t from exact search (only "
+             "test images ask i2t queries)"] if gallery else []
     record = SearchRecord(backend="faiss", index=config.index, params=params, label=config.label(),
-                          version=faiss_version(), depth=depth, models=qualities)
+                          version=faiss_version(), depth=depth, models=qualities, notes=notes)
     return BackendResult(results, record)
 
 
@@ -60,5 +66,6 @@ def version() -> str:
     return faiss_version()
 
 
-BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads",), extra="faiss", module="faiss", run=run,
+BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads", "target_recall", "max_memory_gb"),
+                           extra="faiss", module="faiss", run=run,
                            version=version))

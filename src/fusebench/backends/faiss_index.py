@@ -3,6 +3,8 @@ cached embeddings (inner product on L2-normalised rows = cosine), searched ``dep
 
 * t2i: an index over the images, searched by every caption; i2t: an index over the captions, searched by every
   image that has captions (``np.unique(caption_image)``, the exact path's i2t queries).
+* Over a gallery (``model.distractors``): t2i from one index over the test images and every distractor, streamed
+  and stored under the gallery's identity (:mod:`.gallery_index`); i2t from the exact gallery lists.
 * Index kinds (``search.index``): ``flat`` IndexFlatIP (exact: a cross-check); ``ivf_flat``
   IndexIVFFlat(IndexFlatIP, d, nlist, METRIC_INNER_PRODUCT); ``hnsw`` IndexHNSWFlat(d, M, METRIC_INNER_PRODUCT)
   with efConstruction; ``ivf_pq`` IndexIVFPQ(IndexFlatIP, d, nlist, m, nbits, METRIC_INNER_PRODUCT), inside an
@@ -29,12 +31,15 @@ import numpy as np
 import torch
 
 from fusebench import FusebenchError
+from fusebench.backends import gallery_index, target_recall
 from fusebench.backends.base import require
+from fusebench.backends.target_recall import Tuned
 from fusebench.config import search as search_config
 from fusebench.config.search import SearchConfig
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.evaluation.search_record import IndexQuality
 from fusebench.runtime.progress import Progress
+from fusebench.search.gallery_search import GalleryTiles
 from fusebench.search.model_lists import ModelLists
 from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks
 from fusebench.stores.indexes import IndexStore, StoredIndex, build_unstored, index_material
@@ -43,6 +48,7 @@ log = logging.getLogger(__name__)
 QUERY_BLOCK = 2048  # queries per FAISS search call (bounded result memory, one progress step each)
 ADD_BLOCK = 8192  # items per index.add call while building (one progress step each)
 PQ_POINTS = 39  # FAISS's ClusteringParameters.min_points_per_centroid default
+GALLERY_CHUNK = 16384  # gallery rows read and added at a time (one tile of the gallery's index)
 GPU_MAX_K = 2048  # FAISS's GPU k-selection limit (GPU_MAX_SELECTION_K): k and nprobe above it stay on the CPU
 
 
@@ -178,37 +184,137 @@ def _index(faiss, model: ModelEmbeddings, direction: str, items: np.ndarray, bui
     return IndexStore(store_dir).get_or_build(material, make, {"model": model.name, "direction": direction})
 
 
-def _direction(faiss, model, direction, items, queries, depth, config, device, store_dir, progress):
-    """One direction's (ids, scores, cost, params)."""
+def _tune(faiss, index, config: SearchConfig, build: dict, queries: np.ndarray, exact_ids, k: int, n_items: int,
+          what: str) -> Tuned:
+    """The smallest nprobe / efSearch reaching ``config.target_recall`` (:mod:`.target_recall`), searched on the
+    CPU index itself."""
+    def search(rows: np.ndarray, value: int) -> np.ndarray:
+        set_search_params(faiss, index, {config.tuned: value})
+        return index.search(np.ascontiguousarray(rows, dtype=np.float32), k)[1]
+
+    low, high = target_recall.bounds(config.tuned, build.get("nlist"), k, n_items)
+    return target_recall.choose(search, queries, exact_ids, k, config.tuned, low, high, config.target_recall,
+                                config.seed, what)
+
+
+def _direction(faiss, model, direction, items, queries, depth, config, device, store_dir, progress, exact_ids=None):
+    """One direction's (ids, scores, cost, params); ``exact_ids``: exact search's lists of ``queries`` (what a
+    target recall is measured against)."""
     k = min(depth, len(items))
     build = build_params(config, len(items), items.shape[1], model.name)
     params = {**build, **search_params(config)}
     stored = _index(faiss, model, direction, items, build, config, store_dir, progress)
+    tuned = None
+    if config.tuned:
+        if exact_ids is None:
+            raise ValueError("search.target_recall needs exact search's lists of the queries")
+        tuned = _tune(faiss, stored.index, config, build, queries, exact_ids, k, len(items),
+                      f"model {model.name}'s {direction} index")
+        params[config.tuned] = tuned.value
     set_search_params(faiss, stored.index, params)
     index, where, _resources = searcher(faiss, stored.index, config.index, device, k, params)
     ids, scores, seconds = search_blocks(index, queries, k, progress(f"search {model.name} {direction}", len(queries)))
     cost = IndexQuality(neighbour_recall=0.0, top1_agreement=0.0, depth=k, build_seconds=stored.build_seconds,
                         index_bytes=stored.index_bytes, query_ms=1000 * seconds / max(len(queries), 1),
-                        stored=stored.stored, hit=stored.hit, key=stored.key, where=where)
+                        stored=stored.stored, hit=stored.hit, key=stored.key, where=where,
+                        target=None if tuned is None else tuned.to_json(config.target_recall))
     return ids, scores, cost, params
 
 
+def _gallery_index(faiss, model: ModelEmbeddings, config: SearchConfig, store_dir: str | None, progress: Progress
+                   ) -> tuple[StoredIndex, dict, bool]:
+    """The t2i index over ``model``'s gallery (test images, then its distractors), streamed
+    (:mod:`.gallery_index`): from the store, else built; (it, its build parameters, whether its lists are on disk)."""
+    tiles = GalleryTiles(model.image, model.distractors, GALLERY_CHUNK)
+    n, dim = tiles.n, model.image.shape[1]
+    build = build_params(config, n, dim, model.name)
+    plan = gallery_index.memory_plan(config.index, n, dim, build, GALLERY_CHUNK, config.max_memory_gb)
+    sample = gallery_index.train_sample(n, gallery_index.train_size(config.index, n, build), config.seed)
+    if config.index == "ivf_pq" and len(sample) < PQ_POINTS * 2 ** build["nbits"]:
+        log.info("IVF-PQ: %d codebook centroids (nbits=%d) trained on %d rows", 2 ** build["nbits"], build["nbits"],
+                 len(sample))
+
+    def make(ivfdata=None):
+        return gallery_index.build_streamed(faiss, new_index(faiss, config.index, dim, build), config.index, tiles,
+                                            sample, ivfdata, progress(f"index {model.name} t2i (gallery)", n))
+
+    if store_dir is None:
+        if plan.on_disk:
+            raise FusebenchError(f"search.max_memory_gb={config.max_memory_gb:g} puts model {model.name}'s inverted "
+                                 f"lists ({plan.codes_bytes / 1e9:.2f} GB) on disk, in the index store, and "
+                                 "eval.lists.store=false keeps no store: valid: eval.lists.store=true, or "
+                                 "search.max_memory_gb=null.")
+        return build_unstored(make), build, False
+    from fusebench.stores.lists import shared_digests
+
+    (digest,) = shared_digests([np.asarray(model.image, dtype=np.float32)])
+    items = gallery_index.gallery_digest(digest, model.distractors.key)
+    material = {**index_material(items, n, dim, "t2i", config.index, build, faiss_version()),
+                "gallery": {"train_rows": len(sample), "train_seed": config.seed if len(sample) < n else None,
+                            "on_disk": plan.on_disk}}
+    stored = IndexStore(store_dir).get_or_build(material, make, {"model": model.name, "direction": "t2i",
+                                                                 "gallery": True}, on_disk=plan.on_disk)
+    return stored, build, plan.on_disk
+
+
+def _gallery_lists(faiss, model: ModelEmbeddings, caption_image: np.ndarray, depth: int, config: SearchConfig,
+                   device: torch.device, store_dir: str | None, progress: Progress, exact: ModelLists) -> AnnLists:
+    """t2i from the index over the whole gallery; i2t as the exact path gives it (only test images ask i2t
+    queries, and distractors are no i2t item): ``exact``'s i2t lists, cut to ``depth``, exact ranks."""
+    stored, build, on_disk = _gallery_index(faiss, model, config, store_dir, progress)
+    n = model.n_items
+    k = min(depth, n)
+    params = {**build, **search_params(config)}
+    tuned = None
+    if config.tuned:
+        tuned = _tune(faiss, stored.index, config, build, model.text, exact["t2i"].ids.numpy(), k, n,
+                      f"model {model.name}'s t2i index (gallery)")
+        params[config.tuned] = tuned.value
+    if on_disk:
+        params["on_disk"] = True
+    set_search_params(faiss, stored.index, params)
+    index, where, _resources = (stored.index, "cpu", None) if on_disk else searcher(
+        faiss, stored.index, config.index, device, k, params)
+    ids, scores, seconds = search_blocks(index, model.text, k, progress(f"search {model.name} t2i", len(model.text)))
+    cost = IndexQuality(neighbour_recall=0.0, top1_agreement=0.0, depth=k, build_seconds=stored.build_seconds,
+                        index_bytes=stored.index_bytes, query_ms=1000 * seconds / max(len(model.text), 1),
+                        stored=stored.stored, hit=stored.hit, key=stored.key, where=where,
+                        target=None if tuned is None else tuned.to_json(config.target_recall))
+    i2t = exact["i2t"]
+    width = min(depth, i2t.ids.shape[1])
+    ranks = t2i_list_ranks(torch.from_numpy(ids), torch.from_numpy(np.asarray(caption_image, dtype=np.int64)))
+    arrays = {"t2i_ids": ids.astype(np.int32), "t2i_scores": scores, "t2i_ranks": np.asarray(ranks, dtype=np.int64),
+              "i2t_ids": np.ascontiguousarray(i2t.ids.numpy()[:, :width]),
+              "i2t_scores": np.ascontiguousarray(i2t.scores.numpy()[:, :width]), "i2t_ranks": np.asarray(i2t.ranks)}
+    return AnnLists(ModelLists.from_arrays(depth, arrays), {"t2i": cost}, {"t2i": params})
+
+
 def faiss_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, config: SearchConfig,
-                device: torch.device, store_dir: str | None, progress: Progress | None = None) -> AnnLists:
-    """``model``'s lists ``depth`` deep in both directions from FAISS indexes of ``config.index`` (see the module)."""
+                device: torch.device, store_dir: str | None, progress: Progress | None = None,
+                exact: ModelLists | None = None) -> AnnLists:
+    """``model``'s lists ``depth`` deep in both directions from FAISS indexes of ``config.index`` (see the module);
+    ``exact``: the model's exact lists, at least ``depth`` deep (needed when ``config.target_recall`` is set)."""
     faiss = require("faiss")
+    progress = progress or _no_progress
     if model.distractors is not None:
-        raise FusebenchError("search.backend=faiss does not search a gallery's distractors: use search=exact with a "
-                             "gallery, or gallery=none.")
+        if exact is None:
+            raise ValueError("an index over a gallery needs the exact gallery lists (i2t, and a target recall)")
+        threads = faiss.omp_get_max_threads()
+        if config.threads:
+            faiss.omp_set_num_threads(config.threads)
+        try:
+            return _gallery_lists(faiss, model, caption_image, depth, config, device, store_dir, progress, exact)
+        finally:
+            faiss.omp_set_num_threads(threads)
     caption_image = np.asarray(caption_image, dtype=np.int64)
     query_images = np.unique(caption_image)
     sides = {"t2i": (model.image, model.text), "i2t": (model.text, model.image[query_images])}
-    progress = progress or _no_progress
     threads = faiss.omp_get_max_threads()
     if config.threads:
         faiss.omp_set_num_threads(config.threads)
     try:
-        out = {d: _direction(faiss, model, d, items, queries, depth, config, device, store_dir, progress)
+        out = {d: _direction(faiss, model, d, items, queries, depth, config, device, store_dir, progress,
+                             None if exact is None else exact[d].ids.numpy())
                for d, (items, queries) in sides.items()}
     finally:
         faiss.omp_set_num_threads(threads)

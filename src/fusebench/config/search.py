@@ -29,8 +29,11 @@ INDEXES = ("flat", "ivf_flat", "hnsw", "ivf_pq")
 # The settings each index type reads (a setting the chosen index does not read must keep its default: refused
 # otherwise, as checks.unread says); the k-means seed is FAISS's (the engines train their own). Which backend builds
 # which index, and the settings each backend reads, are the backends' own (fusebench.backends: their registry).
-INDEX_READS = {"flat": (), "ivf_flat": ("nlist", "nprobe", "seed"), "hnsw": ("hnsw_m", "ef_construction", "ef_search"),
-               "ivf_pq": ("nlist", "nprobe", "pq_m", "nbits", "seed")}
+INDEX_READS = {"flat": (), "ivf_flat": ("nlist", "nprobe", "seed", "target_recall"),
+               "hnsw": ("hnsw_m", "ef_construction", "ef_search", "target_recall"),
+               "ivf_pq": ("nlist", "nprobe", "pq_m", "nbits", "seed", "target_recall")}
+# the search-time setting search.target_recall chooses for each index type (FAISS's name, the config key)
+TUNED = {"ivf_flat": ("nprobe", "nprobe"), "ivf_pq": ("nprobe", "nprobe"), "hnsw": ("efSearch", "ef_search")}
 IVF_MIN_POINTS = 39  # FAISS k-means wants at least 39 training points per list (it warns below that)
 
 
@@ -56,6 +59,10 @@ class SearchConfig:
     #   its times are then not stock Milvus Lite's, and every figure says so); false = stock Milvus Lite
     qdrant_unsynced: bool = False  # qdrant: local mode's SQLite commits without waiting for the disk (a patch of its
     #   storage: faster ingest, labelled in every figure); false = stock local mode
+    max_memory_gb: float | None = None  # faiss ivf_*: inverted lists past this (GB, 1e9 bytes) go to disk
+    #   (OnDiskInvertedLists in the index store); the index's own structure must fit; null = all in memory
+    target_recall: float | None = None  # faiss ivf_*/hnsw: the smallest nprobe / ef_search whose neighbour recall at
+    #   the list depth reaches this (0 < t <= 1) on a seeded sample of each index's queries; null = as set
 
     def __post_init__(self):
         checks.text(self.backend, "search.backend")
@@ -76,8 +83,37 @@ class SearchConfig:
         checks.boolean(self.keep_db, "search.keep_db")
         checks.boolean(self.milvus_lean_rows, "search.milvus_lean_rows")
         checks.boolean(self.qdrant_unsynced, "search.qdrant_unsynced")
-        if self.nlist is not None and self.index in ("ivf_flat", "ivf_pq"):  # a set nlist: known now
+        if self.max_memory_gb is not None:
+            self.max_memory_gb = checks.number(self.max_memory_gb, "search.max_memory_gb", 0, open_low=True,
+                                               hint="GB an index may hold in memory; null = no limit")
+        self._check_target()
+        if self.nlist is not None and self.index in ("ivf_flat", "ivf_pq") and self.target_recall is None:
             check_nprobe(self, self.nlist, f"search.nlist={self.nlist}")
+
+    def _check_target(self) -> None:
+        """``target_recall`` in (0, 1], with a backend that has an index to tune, and not beside the setting it
+        chooses (an index type without one, or an engine, is refused by the backends' ``unread`` check)."""
+        if self.target_recall is None:
+            return
+        checks.number(self.target_recall, "search.target_recall", 0, 1, open_low=True,
+                      hint="neighbour recall at the list depth, e.g. 0.95; null = nprobe / ef_search as set")
+        self.target_recall = float(self.target_recall)
+        if self.backend == "exact":
+            raise FusebenchError(f"search.target_recall={self.target_recall:g} picks an index's nprobe or ef_search, "
+                                 "and search=exact searches every item: valid with search.backend=faiss and "
+                                 "search.index=ivf_flat | ivf_pq | hnsw; leave it unset (null) with search=exact.")
+        if self.index not in TUNED:
+            return  # refused by the backend's check (backends.base.check_search: the index never reads it)
+        setting, key = TUNED[self.index]
+        if getattr(self, key) != getattr(SearchConfig, key):
+            raise FusebenchError(f"search.{key}={getattr(self, key)} is chosen by search.target_recall="
+                                 f"{self.target_recall:g} when that is set: leave search.{key} unset, or set "
+                                 "search.target_recall=null to search with it as set.")
+
+    @property
+    def tuned(self) -> str | None:
+        """The search-time parameter (FAISS's name) ``target_recall`` chooses, or None when it is not set."""
+        return TUNED[self.index][0] if self.target_recall is not None and self.index in TUNED else None
 
     @property
     def approximate(self) -> bool:
@@ -89,6 +125,8 @@ class SearchConfig:
         if self.backend == "exact":
             return "exact"
         params = self.index_params()
+        if self.tuned:  # chosen per model and direction (the record's params): the target names the setting
+            params = {k: v for k, v in params.items() if k != self.tuned} | {"target_recall": self.target_recall}
         if self.index.startswith("ivf") and self.seed != SearchConfig.seed:  # another k-means: another index
             params["seed"] = self.seed
         lean = [name for name, on in (("lean_rows", self.milvus_lean_rows), ("unsynced", self.qdrant_unsynced)) if on]
@@ -126,7 +164,7 @@ def check_nprobe(config: SearchConfig, nlist: int, lists: str) -> None:
 def check_depth(config: SearchConfig, depth: int) -> None:
     """HNSW returns at most ``ef_search`` neighbours: refused below the list depth the run needs (``fusion.top_k``,
     ``eval.lists.depth``, ``eval.save_topk``), when the config is checked."""
-    if config.index == "hnsw" and config.ef_search < depth:
+    if config.index == "hnsw" and config.ef_search < depth and config.target_recall is None:
         raise FusebenchError(f"search.ef_search={config.ef_search} is below the list depth {depth} (fusion.top_k, "
                              f"eval.lists.depth, eval.save_topk): HNSW returns at most ef_search neighbours; valid "
                              f"search.ef_search >= {depth}.")
@@ -143,8 +181,9 @@ def check_sizes(config: SearchConfig, n_items: dict[str, int], depth: int) -> No
             if nlist > n:
                 raise FusebenchError(f"search.nlist={config.nlist} is more than the {n:,} items a {direction} index "
                                      f"holds: valid search.nlist is 1..{n} (or null = {auto_nlist(n)}).")
-            check_nprobe(config, nlist, f"the {direction} index ({n:,} items, search.nlist="
-                                        f"{config.nlist if config.nlist else 'null = auto'})")
+            if config.target_recall is None:  # else nprobe is chosen in 1..nlist
+                check_nprobe(config, nlist, f"the {direction} index ({n:,} items, search.nlist="
+                                            f"{config.nlist if config.nlist else 'null = auto'})")
     if config.index == "ivf_pq":  # k-means on 2^nbits centroids per sub-quantizer (FAISS refuses fewer rows;
         for direction, n in n_items.items():  # LanceDB silently leaves every row unindexed)
             if n < 2 ** config.nbits:
@@ -153,7 +192,7 @@ def check_sizes(config: SearchConfig, n_items: dict[str, int], depth: int) -> No
                                      f"PQ codebooks, and the {direction} index holds {n:,}: valid search.nbits is 4..{top} "
                                      f"here (or search.index=flat | hnsw).")
     largest = max(n_items.values())
-    if config.index == "hnsw" and config.ef_search > largest:
+    if config.index == "hnsw" and config.ef_search > largest and config.target_recall is None:
         raise FusebenchError(f"search.ef_search={config.ef_search} is more than the {largest:,} items the largest "
                              f"index holds: HNSW never visits more than every item, and a larger value only costs "
                              f"time; valid search.ef_search is {depth}..{largest}.")

@@ -27,9 +27,14 @@ class IndexQuality:
     hit: bool = False  # read from the store, not built in this run
     key: str | None = None  # the index store key
     where: str = "cpu"  # cpu | cuda (FAISS's GPU build)
+    target: dict | None = None  # search.target_recall set: the setting it chose, on how many held-out queries, the
+    #   recall there and each value tried (backends.target_recall.Tuned); absent from the JSON when not set
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if out["target"] is None:  # records of runs without a target stay as they were written before it existed
+            del out["target"]
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> IndexQuality:

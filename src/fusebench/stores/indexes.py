@@ -4,17 +4,26 @@ parameters (``nprobe``, ``efSearch``: not in the key) builds each index once.
 
     CACHE/indexes/ab/abcdef.../index.faiss   faiss.serialize_index bytes (built with its search-time parameters
                                              at FAISS's defaults: the bytes depend on the key alone)
-    CACHE/indexes/ab/abcdef.../meta.json     key material, ntotal, d, bytes and CRC-32 of index.faiss
+    CACHE/indexes/ab/abcdef.../index.ivfdata an IVF index's inverted lists on disk (OnDiskInvertedLists, when
+                                             search.max_memory_gb sends them there; index.faiss names this path)
+    CACHE/indexes/ab/abcdef.../meta.json     key material, ntotal, d, bytes and CRC-32 of index.faiss (and of
+                                             index.ivfdata, with its path)
     CACHE/indexes/ab/abcdef....lock          held while the entry is read or built (two jobs never both build it)
 
 Key material (``index_material``): the items' digest (``stores.lists.shared_digests``), their count and width,
 the direction, the index kind, the resolved build parameters (nlist, M, efConstruction, pq m, nbits, k-means
-seed), the FAISS version and this store's format. Guarantees as for the list store (``stores.entries``): atomic
+seed), the FAISS version and this store's format; over a gallery, the items' digest covers the test images and
+the gallery's distractor key, with the training sample and ``on_disk`` beside the build parameters
+(``backends.gallery_index``). Guarantees as for the list store (``stores.entries``): atomic
 writes (meta.json last), a lock per entry, a checksum verified on every read (the bytes are checked in memory on
 their way to ``faiss.deserialize_index``, which is never given unchecked bytes); an entry that is not provably the
 one asked for, truncated, corrupt, of another format, without meta.json (a write killed midway) or whose index
 reads back as another index (``ntotal``, ``d``, metric, class, build parameters: ``index_problem``) is reported,
-removed and rebuilt, never read. Listed and removed by ``fusebench-cache`` (kind ``index``). faiss is imported
+removed and rebuilt, never read. An entry with lists on disk is built in its folder (the path is written into
+index.faiss), so a build killed midway leaves a folder without meta.json: discarded and rebuilt; one whose folder
+moved (another path than recorded) is rebuilt too. index.faiss is written by FAISS straight to its file (no
+serialised copy in memory beside the index); a read holds its checked bytes and the index at once. Listed and
+removed by ``fusebench-cache`` (kind ``index``). faiss is imported
 where an index is read or written, so that ``fusebench-cache`` starts (and lists) without it.
 """
 
@@ -48,6 +57,8 @@ log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the stored bytes change meaning; older entries then have another key (listed, removable)
 STORE = "index store"
 DATA = "index.faiss"
+IVFDATA = "index.ivfdata"  # an IVF index's inverted lists on disk (OnDiskInvertedLists)
+CRC_BLOCK = 1 << 26  # bytes read at a time for a checksum
 # the FAISS class each index kind builds (what a read-back index must be)
 KIND_CLASSES = {"flat": "IndexFlatIP", "ivf_flat": "IndexIVFFlat", "hnsw": "IndexHNSWFlat", "ivf_pq": "IndexIVFPQ"}
 
@@ -130,8 +141,11 @@ class IndexStore:
     def entry_dir(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def get_or_build(self, material: dict, build: Callable[[], object], info: dict | None = None) -> StoredIndex:
-        """The index ``material`` describes: from the store, else ``build()``'s, stored."""
+    def get_or_build(self, material: dict, build: Callable[..., object], info: dict | None = None,
+                     on_disk: bool = False) -> StoredIndex:
+        """The index ``material`` describes: from the store, else ``build()``'s, stored. ``on_disk``: the index's
+        inverted lists live in the entry, and ``build(path)`` puts them at ``path`` (the entry's index.ivfdata,
+        made before anything else of the entry, which is complete only when meta.json is written last)."""
         key = cache_key(material)
         folder = self.entry_dir(key)
         store_folders(self.cache_root, folder.parent, STORE)
@@ -140,17 +154,24 @@ class IndexStore:
             if stored is not None:
                 return stored
             started = time.perf_counter()
-            index = build()
+            if on_disk:
+                clear_path(folder)
+                folder.mkdir(parents=True)
+                index = build(folder / IVFDATA)
+            else:
+                index = build()
             seconds = time.perf_counter() - started
-            data = serialize(index)
             try:
-                self._write(folder, key, material, data, info or {})
+                size = self._write(folder, key, material, index, info or {}, on_disk)
             except OSError as err:  # a full disk or a read-only cache: keep the index, store nothing
+                if on_disk:  # its lists are in the entry's folder: nothing to go on with
+                    clear_path(folder)
+                    raise
                 clear_path(folder)
                 log.warning("could not store the index in %s (%s); going on without storing it", folder,
                             err.strerror or err)
-                return StoredIndex(index, key, False, seconds, int(data.nbytes), False)
-            return StoredIndex(index, key, False, seconds, int(data.nbytes), True)
+                return StoredIndex(index, key, False, seconds, int(serialize(index).nbytes), False)
+            return StoredIndex(index, key, False, seconds, size, True)
 
     def _read(self, folder: Path, key: str, material: dict) -> StoredIndex | None:
         meta, problem = entry_meta(folder, key, material)
@@ -163,6 +184,8 @@ class IndexStore:
             if problem is None and meta.get("format") != FORMAT:
                 problem = f"format {meta.get('format')!r}, this version reads format {FORMAT}"
             problem = problem or data_file_size_problem(folder / DATA, meta["bytes"])
+            if problem is None and "ivfdata" in meta:
+                problem = _ivfdata_problem(folder, meta["ivfdata"])
             if problem is None:
                 index, problem = _checked_index(folder / DATA, meta, material)
         except UNREADABLE as err:
@@ -170,18 +193,28 @@ class IndexStore:
         if problem:
             discard_entry(folder, STORE, problem)
             return None
-        return StoredIndex(index, key, True, None, int(meta["bytes"]), True)
+        on_disk = int(meta["ivfdata"]["bytes"]) if "ivfdata" in meta else 0
+        return StoredIndex(index, key, True, None, int(meta["bytes"]) + on_disk, True)
 
-    def _write(self, folder: Path, key: str, material: dict, data: np.ndarray, info: dict) -> None:
-        clear_path(folder)
-        folder.mkdir(parents=True)
+    def _write(self, folder: Path, key: str, material: dict, index, info: dict, on_disk: bool) -> int:
+        """Write the entry (index.faiss, then meta.json last); the bytes it holds."""
+        import faiss
+
+        if not on_disk:
+            clear_path(folder)
+            folder.mkdir(parents=True)
         data_path = folder / DATA
-        atomic_save(data_path, lambda tmp: _write_synced(tmp, data))
-        crc = f"{zlib.crc32(memoryview(data)):08x}"
+        atomic_save(data_path, lambda tmp: _write_index_synced(faiss, index, tmp))
         meta = {"key": key, "format": FORMAT, "info": info, "material": material, "ntotal": material["n"],
-                "d": material["dim"], "bytes": data_path.stat().st_size, "crc32": crc,
+                "d": material["dim"], "bytes": data_path.stat().st_size, "crc32": file_crc32(data_path),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if on_disk:
+            lists = folder / IVFDATA
+            with lists.open("rb+") as fh:  # the memory-mapped lists, on disk before meta.json says complete
+                os.fsync(fh.fileno())
+            meta["ivfdata"] = {"path": str(lists), "bytes": lists.stat().st_size, "crc32": file_crc32(lists)}
         atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+        return int(meta["bytes"]) + (int(meta["ivfdata"]["bytes"]) if on_disk else 0)
 
     def entries(self, verify: bool = True, progress=None) -> list[dict]:
         """Every entry: key, model, index kind and direction, ntotal x d, size on disk, complete or not."""
@@ -189,14 +222,35 @@ class IndexStore:
             "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
             "shape": [meta.get("ntotal"), meta.get("d")],
             "dtype": f"{(meta.get('material') or {}).get('index')} {(meta.get('material') or {}).get('direction')}"},
-            lambda meta: {DATA: meta}, kind="index", verify=verify, progress=progress)
+            lambda meta: {DATA: meta, **({IVFDATA: meta["ivfdata"]} if isinstance(meta.get("ivfdata"), dict) else {})},
+            kind="index", verify=verify, progress=progress)
 
 
-def _write_synced(path: Path, data: np.ndarray) -> None:
-    with path.open("wb") as fh:
-        fh.write(memoryview(data))
-        fh.flush()
+def _write_index_synced(faiss, index, path: Path) -> None:
+    faiss.write_index(index, str(path))  # the bytes faiss.serialize_index gives, without a copy in memory
+    with path.open("rb+") as fh:
         os.fsync(fh.fileno())
+
+
+def file_crc32(path: Path) -> str:
+    """CRC-32 of a file, read a block at a time."""
+    crc = 0
+    with path.open("rb") as fh:
+        while block := fh.read(CRC_BLOCK):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"
+
+
+def _ivfdata_problem(folder: Path, record: dict) -> str | None:
+    """Why an entry's on-disk inverted lists cannot be read: another path than the one index.faiss names (the
+    entry moved), a size or checksum other than recorded."""
+    path = folder / IVFDATA
+    if record.get("path") != str(path):
+        return f"{IVFDATA} was written at {record.get('path')}, not here (index.faiss names that path)"
+    problem = data_file_size_problem(path, record["bytes"])
+    if problem is None and file_crc32(path) != record.get("crc32"):
+        problem = f"{IVFDATA} does not match its recorded checksum"
+    return problem
 
 
 def _checked_index(path: Path, meta: dict, material: dict) -> tuple[object | None, str | None]:
