@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from fusebench import FusebenchError
 from fusebench.app.pipeline import run
 from fusebench.app.tracking import summary_metrics
 from fusebench.config.run import dataset_config, tune_config
-from fusebench.config.schema import TuneConfig
+from fusebench.config.schema import SimDatasetConfig, TuneConfig
 from fusebench.data.manifest import load_manifest
 from fusebench.evaluation.subrecords import TunePoint
 from fusebench.evaluation.tuning import best, grid, seeded_split
@@ -26,7 +27,7 @@ BASE = {"enabled": True, "split": "auto", "fraction": 0.2, "seed": 0, "criterion
         "weights": [0.5, 1.0, 2.0], "rrf_k": [], "ddof": [], "max_points": 500}
 
 
-DATASETS = {"sim": {"name": "sim", "kind": "sim", "n_images": 10, "n_captions": 20, "latent_dim": 4,
+DATASETS = {"sim": {**asdict(SimDatasetConfig()), "n_images": 10, "n_captions": 20, "latent_dim": 4,
                     "caption_noise": 1.0, "shared_caption_noise": 1.0, "seed": 0},
             "karpathy": {"name": "coco5k", "kind": "karpathy", "annotations": "a.json", "image_root": "img",
                          "split": "test", "expected": {}, "allow_nonstandard": False, "verify_images": "none"}}
