@@ -263,3 +263,39 @@ def test_a_search_block_round_trips_through_metrics_json():
         assert again.headline == "fused" and again.fusions == ["fused", EXACT_FUSED]
     plain = make_record(ranks, DBSF, None)
     assert "search" not in plain.to_json() and RunRecord.from_json(plain.to_json()).search is None
+
+
+# --- over gallery sizes: one sentence per backend, and the two plots ---
+
+def _effects(rows: list[dict]):
+    from fusebench.report.index_effects import IndexEffects
+
+    base = {"k": 1, "fused_recall": 50.0, "query_ms": 1.0, "exact_query_ms": None, "gain_kept": None}
+    return IndexEffects(True, [1], 0.95, [{**base, **r} for r in rows], {})
+
+
+def test_each_backend_gets_one_sentence_on_whether_the_gain_survives(tmp_path):
+    from fusebench.report.index_effects import survival_sentences
+    from fusebench.report.index_plots import gain_kept_plot, recall_time_plot
+
+    rows = [{"backend": "exact", "distractors": n, "gain": 2.0, "ci_low": 1.0, "exact_query_ms": 2.0 * (i + 1)}
+            for i, n in enumerate((10000, 100000))]
+    rows += [{"backend": "faiss hnsw", "distractors": n, "gain": g, "ci_low": lo, "gain_kept": kept}
+             for n, g, lo, kept in ((10000, 1.9, 0.5, 0.95), (100000, 0.4, -0.3, 0.2))]
+    rows += [{"backend": "faiss ivf_flat", "distractors": n, "gain": 0.1, "ci_low": -0.5, "gain_kept": 0.05}
+             for n in (10000, 100000)]
+    rows += [{"backend": "faiss ivf_pq", "distractors": n, "gain": 2.1, "ci_low": 0.2, "gain_kept": 1.05}
+             for n in (10000, 100000)]
+    sentences = survival_sentences(_effects(rows))
+    assert sentences == [
+        "exact: the fusion's t2i R@1 gain survives at every gallery size measured (10,000, 100,000 distractors).",
+        "faiss hnsw: the fusion's t2i R@1 gain survives at 10,000 distractors, not at 100,000 (interval not above "
+        "0), keeping 20%-95% of the exact gain.",
+        "faiss ivf_flat: the fusion's t2i R@1 gain does not survive at any gallery size measured (10,000, 100,000 "
+        "distractors: no interval above 0), keeping 5% of the exact gain.",
+        "faiss ivf_pq: the fusion's t2i R@1 gain survives at every gallery size measured (10,000, 100,000 "
+        "distractors), keeping 105% of the exact gain."]
+    effects = _effects(rows)
+    assert recall_time_plot(effects, tmp_path / "rt.png").stat().st_size > 5000
+    assert gain_kept_plot(effects, tmp_path / "kept.png").stat().st_size > 5000
+    assert gain_kept_plot(_effects([r for r in rows if r["backend"] == "exact"]), tmp_path / "none.png") is None

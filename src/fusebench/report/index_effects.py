@@ -156,6 +156,8 @@ def effect_row(runs: list[Run], run: Run, k: int) -> dict:
     if gain is not None and exact_gain is not None and exact_gain > 0:
         kept = 1.0 if search is None else gain.gain / exact_gain
     return {"dataset": dataset_labels(runs)[run.dataset_key], "run": run.name, "backend": search_label(run, FUSED),
+            "distractors": 0 if record.gallery is None else int(record.gallery.distractors),
+            "exact_query_ms": _exact_query_ms(run, fused.members),
             "version": None if search is None else search.version, "fusion": _fusion_name(run), "k": k,
             "depth": None if search is None else search.depth, **_quality_columns(run, fused.members),
             "fused_recall": fused.t2i.at(k), "best_single": best,
@@ -169,6 +171,42 @@ def effect_row(runs: list[Run], run: Run, k: int) -> dict:
             "diff_ci_low": None if diff is None else diff.ci_low, "diff_ci_high": None if diff is None else diff.ci_high,
             "diff_p_value": None if diff is None else diff.p_value,
             "exact_gain": exact_gain, "gain_kept": kept, **_cost_columns(run)}
+
+
+def _exact_query_ms(run: Run, members: list[str]) -> float | None:
+    """An exact run's t2i search time per query over its gallery, summed over the fusion's models (recorded when
+    the run searched the gallery itself; None otherwise, and for approximate runs: their index's query ms)."""
+    gallery = run.record.gallery
+    if run.record.search is not None or gallery is None:
+        return None
+    times = [gallery.models[m].search_ms_per_query if m in gallery.models else None for m in members]
+    return None if any(t is None for t in times) else float(sum(times))
+
+
+def survival_sentences(effects: IndexEffects) -> list[str]:
+    """One sentence per backend: at which gallery sizes the fusion's gain over the best single model survives
+    through it (its interval over queries above 0, at the study's first k), and how much of the exact gain it
+    keeps."""
+    k = effects.ks[0]
+    rows = [r for r in effects.rows if r["k"] == k and r["gain"] is not None]
+    out = []
+    for backend in dict.fromkeys(r["backend"] for r in rows):
+        mine = sorted((r for r in rows if r["backend"] == backend), key=lambda r: r["distractors"])
+        held = [r for r in mine if r["ci_low"] > 0]
+        sizes = ", ".join(f"{r['distractors']:,}" for r in mine)
+        kept = [r["gain_kept"] for r in mine if r["gain_kept"] is not None and backend != EXACT]
+        low, high = (f"{100 * min(kept):.0f}%", f"{100 * max(kept):.0f}%") if kept else (None, None)
+        share = "" if not kept else f", keeping {low if low == high else f'{low}-{high}'} of the exact gain"
+        if len(held) == len(mine):
+            verdict = f"survives at every gallery size measured ({sizes} distractors)"
+        elif not held:
+            verdict = f"does not survive at any gallery size measured ({sizes} distractors: no interval above 0)"
+        else:
+            kept_at = ", ".join(f"{r['distractors']:,}" for r in held)
+            lost_at = ", ".join(f"{r['distractors']:,}" for r in mine if r["ci_low"] <= 0)
+            verdict = f"survives at {kept_at} distractors, not at {lost_at} (interval not above 0)"
+        out.append(f"{backend}: the fusion's t2i R@{k} gain {verdict}{share}.")
+    return out
 
 
 def _uniform(rows: list[dict]) -> list[dict]:
@@ -262,6 +300,11 @@ def markdown_section(effects: IndexEffects | None) -> list[str]:
              "fused lists against fusebench's exact preset of that engine. Neighbour recall: the share of exact "
              "search's top list (at the list depth) the index returned.", "", _table(table, list(table[0])) if table
              else "No run with a fused retriever.", ""]
+    sentences = survival_sentences(effects)
+    if sentences:
+        lines += ["Does the fusion's gain survive each backend?", "", *[f"- {x}" for x in sentences], "",
+                  "Plots: plots/index_recall_time.png (the fused retriever's R@1 against query time per backend), "
+                  "plots/index_gain_kept.png (the share of the exact gain kept against gallery size).", ""]
     if effects.notes:
         lines += ["Notes:", "", *[f"- {n}" for n in effects.notes], ""]
     return lines

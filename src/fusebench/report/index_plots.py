@@ -52,3 +52,66 @@ def index_effects_plot(effects, path: Path) -> Path | None:
     ax.set_title(f"fusion gain under each search backend, t2i R@{k}" + (" [SIMULATED]" if effects.simulated else "")
                  + "\n(ranks past an index's list count as missed)", fontsize=9, y=TITLE_Y)
     return _save(fig, path)
+
+
+def _by_backend(effects) -> dict[str, list[dict]]:
+    k = effects.ks[0]
+    rows = [r for r in effects.rows if r["k"] == k]
+    return {b: sorted((r for r in rows if r["backend"] == b), key=lambda r: r["distractors"])
+            for b in dict.fromkeys(r["backend"] for r in rows)}
+
+
+def recall_time_plot(effects, path: Path) -> Path | None:
+    """ann-benchmarks' picture with fusion on it: the fused retriever's t2i R@k (first k) against its query time
+    per backend (log x), one marker per gallery size, labelled; exact search's time is its streamed gallery
+    search's (absent when its lists came from the store)."""
+    k = effects.ks[0]
+    series = {}
+    for backend, rows in _by_backend(effects).items():
+        points = [(r["exact_query_ms"] if backend == "exact" else r["query_ms"], r["fused_recall"], r["distractors"])
+                  for r in rows]
+        points = [p for p in points if p[0] is not None and p[1] is not None and p[0] > 0]
+        if points:
+            series[backend] = points
+    if not series:
+        return None
+    fig, ax = subplots(figsize=(7.5, 5.2))
+    for i, (backend, points) in enumerate(series.items()):
+        ms, recall, sizes = zip(*points)
+        ax.plot(ms, recall, marker="o", lw=1, label="\n".join(textwrap.wrap(backend, 40)),
+                color="black" if backend == "exact" else f"C{i}")
+        for x, y, n in points:
+            ax.annotate(f"{n:,}", (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("query time per t2i query, summed over the fused models (ms, log)")
+    ax.set_ylabel(f"fused t2i R@{k} (percent)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("fused recall against query time per backend (points: distractors)"
+                 + (" [SIMULATED]" if effects.simulated else ""), fontsize=9, y=TITLE_Y)
+    return _save(fig, path)
+
+
+def gain_kept_plot(effects, path: Path) -> Path | None:
+    """The share of the exact fusion gain each backend keeps, against the gallery's distractors (log x; 0 drawn
+    at the axis' left end)."""
+    series = {b: [(r["distractors"], 100 * r["gain_kept"]) for r in rows if r["gain_kept"] is not None]
+              for b, rows in _by_backend(effects).items() if b != "exact"}
+    series = {b: pts for b, pts in series.items() if pts}
+    if not series:
+        return None
+    sizes = sorted({n for pts in series.values() for n, _ in pts})
+    floor = min([n for n in sizes if n > 0], default=1) / 10
+    fig, ax = subplots(figsize=(7.5, 5.2))
+    for i, (backend, points) in enumerate(series.items()):
+        x, y = zip(*[(max(n, floor), kept) for n, kept in points])
+        ax.plot(x, y, marker="o", lw=1, color=f"C{i}", label="\n".join(textwrap.wrap(backend, 40)))
+    ax.axhline(100, color="black", linestyle="--", lw=1, label="the exact gain")
+    ax.set_xscale("log")
+    ax.set_xlabel("distractors in the gallery (log; the test split alone drawn at the left)")
+    ax.set_ylabel(f"gain kept, t2i R@{effects.ks[0]} (percent of exact)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("how much of the fusion gain each backend keeps as the gallery grows"
+                 + (" [SIMULATED]" if effects.simulated else ""), fontsize=9, y=TITLE_Y)
+    return _save(fig, path)

@@ -19,6 +19,7 @@ import numpy as np
 from fusebench.evaluation.comparisons import compare
 from fusebench.evaluation.extrapolation import METHOD, Prediction, ScalingError, predict_recall
 from fusebench.evaluation.metrics import recall_at_k
+from fusebench.report.index_effects import EXACT, search_label
 from fusebench.report.labels import distinct, study_labels
 from fusebench.report.retrievers import describe, retriever_factors, settings_of
 from fusebench.report.runs import Run
@@ -230,7 +231,7 @@ def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 10
     (the check: is the measured value inside the interval?), then at ``factor`` times the largest (capped by what
     the source holds), printed only when every check of that model held (:mod:`fusebench.evaluation.extrapolation`)."""
     rows = []
-    for s in (s for s in series if not s.fusion):
+    for s in (s for s in series if not s.fusion and _exact(s)):
         sizes = [n for n in s.sizes() if n > 0]
         if not sizes:
             continue
@@ -270,6 +271,11 @@ def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 10
             continue
         rows.append(_row(s, largest, target, prediction, None, None))
     return rows
+
+
+def _exact(s: Series) -> bool:
+    """Whether the series' lists come from exact search (an index's lists are not exact ranks: not extrapolated)."""
+    return all(search_label(run, name) == EXACT for run, name in s.points.values())
 
 
 def _row(s: Series, source_size: int, target: int, p: Prediction, measured: float | None,
