@@ -9,14 +9,19 @@ Writes, per model (d = --dim, float32), --images image rows in manifest order (-
 spread evenly through the manifest; 25,010 captions as COCO 5k has) and the caption rows; then the test split alone
 (its own manifest and image .npy) and, per model, a dump holding the distractor rows in the order
 ``gallery.seed=0`` takes them (so both galleries hold the same rows in the same order). Each path runs as its own
-``fusebench`` process (fusion=dbsf, lists store off); wall time and peak RSS are that process's.
+``fusebench`` process (fusion=dbsf; the list store on, as by default, each run with an empty cache of its own, so
+both compute and key their lists); wall time and peak RSS are that process's.
+``--before SRC`` also runs the manifest path with ``PYTHONPATH=SRC`` (a checkout's ``src`` from before this path,
+which searched caption-less lines in memory among the test images), labelled ``before``.
 Usage: nice -n 5 python scripts/bench_manifest_gallery.py [--images 200000] [--dim 256] [--models 2] [--repeats 1]
+       [--before /path/to/old/src]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -79,9 +84,9 @@ def write_inputs(folder: Path, n_images: int, n_test: int, n_captions: int, dim:
     return {"distractors": len(without), "dumps": models}
 
 
-def overrides(folder: Path, manifest: str, image: str, n_models: int, cache: Path) -> list[str]:
+def overrides(folder: Path, manifest: str, image: str, n_models: int) -> list[str]:
     out = ["dataset=manifest", f"dataset.manifest={folder / manifest}", "models=[]", "fusion=dbsf", "plots=false",
-           "eval.lists.store=false", f"embed.cache.dir={cache}", "eval.bootstrap.draws=200"]
+           "eval.bootstrap.draws=200"]
     for m in range(n_models):
         out += [f"+models.m{m}.kind=vectors", f"+models.m{m}.image_embeddings={folder / f'm{m}_{image}.npy'}",
                 f"+models.m{m}.text_embeddings={folder / f'm{m}_txt.npy'}"]
@@ -101,21 +106,34 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--models", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--before", help="a src folder to run the manifest path from as well (PYTHONPATH)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_manifest_") as tmp:
         folder = Path(tmp)
         made = write_inputs(folder, args.images, args.test_images, args.captions, args.dim, args.models)
         paths = {
-            "manifest": overrides(folder, "M.jsonl", "img", args.models, folder / "cache"),
-            "dump": overrides(folder, "T.jsonl", "test", args.models, folder / "cache")
+            "manifest": overrides(folder, "M.jsonl", "img", args.models),
+            "dump": overrides(folder, "T.jsonl", "test", args.models)
             + ["gallery=vectors", f"gallery.size={made['distractors']}", "gallery.near_duplicate=null"]
             + [f"+gallery.vectors.{name}={dump}" for name, dump in made["dumps"].items()],
         }
+        if args.before:
+            paths["before"] = paths["manifest"]
         results = {name: [] for name in paths}
         for r in range(args.repeats):
-            for name, argv in (paths.items() if r % 2 == 0 else reversed(paths.items())):
+            for name, argv in (list(paths.items()) if r % 2 == 0 else list(reversed(paths.items()))):
                 out = folder / f"run_{name}_{r}"
-                seconds, peak = run_fusebench([*argv, f"hydra.run.dir={out}"], folder / "outputs")
+                saved = os.environ.get("PYTHONPATH")
+                if name == "before":
+                    os.environ["PYTHONPATH"] = args.before
+                try:
+                    seconds, peak = run_fusebench([*argv, f"hydra.run.dir={out}", f"embed.cache.dir={out}_cache"],
+                                                  folder / "outputs")
+                finally:
+                    if saved is None:
+                        os.environ.pop("PYTHONPATH", None)
+                    else:
+                        os.environ["PYTHONPATH"] = saved
                 results[name].append((seconds, peak, metrics(out)))
         same = all(m == results["dump"][0][2] for runs in results.values() for _, _, m in runs)
     print(f"CPU: {cpu_model()}; {args.images:,} images ({args.test_images:,} with {args.captions:,} captions), "

@@ -205,3 +205,27 @@ def test_an_npy_with_the_wrong_row_count_is_one_line(compose_cfg, tmp_path, case
     files = {**case["files"], "a": (tmp_path / "short.npy", text)}
     with pytest.raises(FusebenchError, match=r"short\.npy: image embeddings has 79 rows but the corpus has 80 images"):
         run(compose_cfg(_overrides(case["manifest"], files)), str(tmp_path / "out"))
+
+
+@pytest.mark.slow
+def test_a_tie_with_an_earlier_caption_less_copy_now_ranks_the_test_image_first(compose_cfg, tmp_path, case,
+                                                                              monkeypatch):
+    """The one documented difference: a caption-less line holding a copy of a test image's row, before it in the
+    manifest, tied it and ranked first in memory; in the gallery every distractor comes after the test images."""
+    records, captioned = case["records"], case["captioned"]
+    target = int(captioned[0])
+    copy = next(i for i in range(target) if not records[i]["captions"])
+    image, text = case["files"]["a"]
+    rows = np.load(image)
+    rows[copy] = rows[target]
+    np.save(tmp_path / "tied.npy", rows)
+    files = {"a": (tmp_path / "tied.npy", text)}
+    overrides = [o if o != "fusion=dbsf" else "fusion=none" for o in _overrides(case["manifest"], files)]
+    config = run_config(compose_cfg(overrides))
+    run(config, str(tmp_path / "streamed"))
+    monkeypatch.setattr(gallery_stage, "_in_memory_reason", lambda _config: "forced by the test")
+    run(config, str(tmp_path / "memory"))
+    streamed, memory = (np.load(tmp_path / d / "ranks" / "a.t2i.npy") for d in ("streamed", "memory"))
+    tied = load_manifest(case["manifest"]).caption_image == target
+    np.testing.assert_array_equal(memory[tied], streamed[tied] + 1)
+    np.testing.assert_array_equal(memory[~tied], streamed[~tied])
