@@ -229,3 +229,32 @@ def test_a_tie_with_an_earlier_caption_less_copy_now_ranks_the_test_image_first(
     tied = load_manifest(case["manifest"]).caption_image == target
     np.testing.assert_array_equal(memory[tied], streamed[tied] + 1)
     np.testing.assert_array_equal(memory[~tied], streamed[~tied])
+
+
+@pytest.mark.slow
+def test_stored_lists_are_read_only_for_the_same_rows(compose_cfg, tmp_path, case, capsys):
+    """The list store's key holds the distractor rows: a rerun reads its lists; one changed caption-less row in
+    the image .npy (same shape, same name) is another key, computed afresh, and the table names the source."""
+    image, text = case["files"]["a"]
+    rows = np.load(image)
+    np.save(tmp_path / "a.npy", rows)
+    files = {"a": (tmp_path / "a.npy", text)}
+    overrides = [o if o != "fusion=dbsf" else "fusion=none" for o in _overrides(case["manifest"], files)]
+    config = run_config(compose_cfg([*overrides, f"embed.cache.dir={tmp_path / 'cache'}"]))
+    first = run(config, str(tmp_path / "1"))
+    assert "30 test images + 50 distractors (the manifest's caption-less lines, every one kept)" in capsys.readouterr().out
+    again = run(config, str(tmp_path / "2"))
+    assert first.run.lists["a"]["hit"] is False and again.run.lists["a"]["hit"] is True
+    assert first.retrievers["a"].to_json() == again.retrievers["a"].to_json()
+    listed = np.load(tmp_path / "1" / "topk" / "a.t2i.npz")["ids"][:, :5]
+    without = [i for i, r in enumerate(case["records"]) if not r["captions"]]
+    hard = without[int(np.bincount(listed[listed >= 30] - 30).argmax())]  # the distractor most often listed
+    rows[hard] *= -1  # it now scores the opposite for every caption
+    np.save(tmp_path / "a.npy", rows)
+    changed = run(config, str(tmp_path / "3"))
+    assert changed.run.lists["a"]["hit"] is False
+    assert changed.run.lists["a"]["key"] != first.run.lists["a"]["key"]
+    expected = _reference_ranks({**case, "files": files})["a"]
+    np.testing.assert_array_equal(np.load(tmp_path / "3" / "ranks" / "a.t2i.npy"), expected)
+    item = without.index(hard) + 30
+    assert (np.load(tmp_path / "3" / "topk" / "a.t2i.npz")["ids"][:, :5] == item).sum() < (listed == item).sum()
