@@ -1,14 +1,16 @@
 """The gallery stage of a run: each model's distractor rows attached, near-duplicates of test images dropped, the
 corpus extended with the distractors' ids, and what the gallery is and costs for the record.
 
-Between embedding (the test split's rows, every model) and search. With ``gallery=none`` nothing changes.
+Between embedding (the test split's rows, every model) and search. With ``gallery=none`` nothing changes, except
+for a manifest's caption-less lines with ``vectors`` models (:func:`manifest_split`): those are the distractors of
+a gallery of kind ``manifest``, searched by the same streamed path, every one kept (docs/galleries.md).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -18,7 +20,7 @@ from fusebench.config.run import RunConfig
 from fusebench.config.specs import RealModel
 from fusebench.data.corpus import Corpus
 from fusebench.data.distractor_items import with_distractors
-from fusebench.encoders.base import ModelEmbeddings
+from fusebench.encoders.base import ModelEmbeddings, RawEmbeddings
 from fusebench.encoders.distractors import DistractorRows, KeptRows
 from fusebench.evaluation.subrecords import GalleryModelCost, GalleryRecord
 from fusebench.runtime.progress import bar as progress_bar
@@ -121,10 +123,18 @@ def attach_gallery(config: RunConfig, corpus: Corpus, embeddings: list[ModelEmbe
         ids = [ids[i] for i in keep]
         log.info("gallery: %d of %d distractors dropped as near-duplicates of test images (cosine > %s)",
                  int(dropped.sum()), gallery.size, gallery.near_duplicate)
-    n_test = corpus.n_images
     record = GalleryRecord(kind=gallery.kind, size=gallery.size, distractors=len(ids),
                            near_duplicates=int(dropped.sum()), near_duplicate=gallery.near_duplicate,
                            seed=gallery.seed, source=source)
+    return _attached(record, corpus, embeddings, rows, ids, costs)
+
+
+def _attached(record: GalleryRecord, corpus: Corpus, embeddings: list[ModelEmbeddings],
+              rows: dict[str, DistractorRows], ids: list[str], costs: dict
+              ) -> tuple[list[ModelEmbeddings], Corpus, GalleryRecord]:
+    """Each model with its distractor ``rows``, the corpus with their ``ids`` after its images, and ``record`` with
+    what each model's gallery costs."""
+    n_test = corpus.n_images
     for model in embeddings:
         cost = costs[model.name]
         n_rows, dim = n_test + len(ids), model.index_dim
@@ -132,8 +142,83 @@ def attach_gallery(config: RunConfig, corpus: Corpus, embeddings: list[ModelEmbe
             dim=dim, bytes_fp32=4 * n_rows * dim, bytes_stored=int(cost["value_bytes"]) * len(ids) * dim,
             stored_dtype=cost["stored_dtype"], embed_device=cost.get("embed_device"),
             images_per_second=cost.get("images_per_second"))
-    summary = {"gallery_kind": gallery.kind, "gallery_size": gallery.size, "gallery_distractors": len(ids),
-               "gallery_seed": gallery.seed, "test_images": n_test}
+    summary = {"gallery_kind": record.kind, "gallery_size": record.size, "gallery_distractors": len(ids),
+               "gallery_seed": record.seed, "test_images": n_test}
     embeddings = [replace(m, distractors=rows[m.name]) for m in embeddings]
-    log.info("gallery: %d test images + %d distractors (%s)", n_test, len(ids), gallery.kind)
+    log.info("gallery: %d test images + %d distractors (%s)", n_test, len(ids), record.kind)
     return embeddings, with_distractors(corpus, ids, summary), record
+
+
+@dataclass(frozen=True)
+class ManifestSplit:
+    """A manifest's caption-less lines as a gallery: ``test`` the corpus of its lines with captions (in order),
+    ``test_rows`` and ``distractor_rows`` those lines' image indices in the manifest (rows of each image .npy),
+    ``ids`` the caption-less lines' image ids, ``n_images`` the manifest's images in all."""
+
+    test: Corpus
+    test_rows: np.ndarray
+    distractor_rows: np.ndarray
+    ids: list[str]
+    n_images: int
+
+
+def _in_memory_reason(config: RunConfig) -> str | None:
+    """Why this run searches a manifest's caption-less lines in memory, among its images, as before (None: it
+    streams them as a gallery)."""
+    not_vectors = [name for name, spec in config.models.items() if spec.kind != "vectors"]
+    reasons = [(bool(not_vectors), f"models {', '.join(not_vectors)} are not kind vectors (their images are "
+                                   "embedded with the corpus)"),
+               (config.gallery.active, f"gallery={config.gallery.kind} adds distractors of its own"),
+               (config.search.approximate, f"search={config.search.backend} indexes the corpus in memory"),
+               (config.tune is not None, "tune=weights splits the corpus's images"),
+               (bool(config.eval.positives), "eval.positives maps extra positives over every image"),
+               (config.fusion.top_k is None, "fusion.top_k=null fuses whole rankings")]
+    return next((why for bad, why in reasons if bad), None)
+
+
+def manifest_split(config: RunConfig, corpus: Corpus) -> ManifestSplit | None:
+    """A manifest's caption-less lines as a streamed gallery of kind ``manifest`` (None: the corpus has none, or
+    the run keeps them among its images, logged with the reason: :func:`_in_memory_reason`)."""
+    without = corpus.captions_per_image == 0
+    if corpus.kind != "manifest" or not without.any():
+        return None
+    why = _in_memory_reason(config)
+    if why is not None:
+        log.info("manifest: its %d caption-less images are searched in memory with the others: %s",
+                 int(without.sum()), why)
+        return None
+    test, test_rows, _ = corpus.without_images(without)
+    distractor_rows = np.flatnonzero(without)
+    return ManifestSplit(test=replace(test, meta=corpus.meta), test_rows=test_rows, distractor_rows=distractor_rows,
+                         ids=[corpus.image_ids[i] for i in distractor_rows], n_images=corpus.n_images)
+
+
+def manifest_raws(split: ManifestSplit, config: RunConfig) -> tuple[list[RawEmbeddings], dict[str, DistractorRows]]:
+    """Each ``vectors`` model's rows of the test split (its .npy files' headers checked against the whole manifest,
+    then the test rows read: never the file whole) and its distractor rows (read by tile during the search)."""
+    from fusebench.encoders.vectors import ManifestRows, checked_rows, vector_arrays
+
+    raws, rows = [], {}
+    for name, spec in config.models.items():
+        _, text, image_src, text_src = vector_arrays(name, spec.image_embeddings, spec.text_embeddings,
+                                                     (split.n_images, split.test.n_captions))
+        image = ManifestRows(image_src, split.test_rows).raw(0, len(split.test_rows))
+        checked_rows(image, split.test_rows, image_src)  # a bad row is named by its row in the .npy
+        raws.append(RawEmbeddings(name, image, text, image_src, text_src, dict(spec.given)))
+        rows[name] = ManifestRows(image_src, split.distractor_rows)
+    return raws, rows
+
+
+def attach_manifest(split: ManifestSplit, corpus: Corpus, embeddings: list[ModelEmbeddings],
+                    rows: dict[str, DistractorRows]) -> tuple[list[ModelEmbeddings], Corpus, GalleryRecord]:
+    """``embeddings`` with the manifest's caption-less lines as distractors (every one kept, in manifest order),
+    the corpus with their ids after the test images, and the gallery's record (kind ``manifest``)."""
+    from fusebench.data.distractor_sources import listing_digest
+
+    n = len(split.ids)
+    source = {"kind": "manifest", "manifest": str(corpus.meta.get("source")), "available": n,
+              "ids_sha256": listing_digest(split.ids, [None] * n)}
+    record = GalleryRecord(kind="manifest", size=n, distractors=n, near_duplicates=0, near_duplicate=None, seed=0,
+                           source=source)
+    costs = {name: {"stored_dtype": str(r.dtype), "value_bytes": r.dtype.itemsize} for name, r in rows.items()}
+    return _attached(record, corpus, embeddings, rows, split.ids, costs)

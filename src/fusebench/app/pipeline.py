@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError, __version__
 from fusebench.app import interrupts
-from fusebench.app.gallery_stage import attach_gallery, distractor_sources
+from fusebench.app.gallery_stage import attach_gallery, attach_manifest, distractor_sources, manifest_raws, manifest_split
 from fusebench.app.run_config import run_config
 from fusebench.app.rundir import check_writable
 from fusebench.app.tracking import log_run
@@ -149,6 +149,9 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
         check_writable(config.embed.cache.dir, "embed.cache.dir")  # before any work: the stores write there
     corpus = load_corpus(config.dataset) if inputs is None else inputs.corpus
     log.info("corpus %s: %d images, %d captions", corpus.name, corpus.n_images, corpus.n_captions)
+    split = manifest_split(config, corpus) if inputs is None else None  # caption-less lines: a streamed gallery
+    raws, manifest_rows = manifest_raws(split, config) if split is not None else (None, None)
+    corpus = corpus if split is None else split.test
     extra = [load_positives(name, corpus) for name in settings.positives]  # refused before any embedding work
     keep_k = _list_length(settings, fusion, extra, corpus, len(config.models))
     backend = backends.get(config.search.backend)
@@ -164,13 +167,16 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
 
     # the distractors' sources first: a bad one is refused before the test split is embedded
     sources = distractor_sources(config, corpus) if config.gallery.active else None
-    embeddings, corpus = _embeddings(config, corpus, None if inputs is None else inputs.raws)
+    embeddings, corpus = _embeddings(config, corpus, raws if inputs is None else inputs.raws)
     if extra and corpus.meta.get("dropped_images"):  # unreadable images left out: map the positives again
         extra = [load_positives(name, corpus) for name in settings.positives]
         keep_k = _list_length(settings, fusion, extra, corpus, len(config.models))
     store_dir = config.embed.cache.dir if settings.lists.store else None
-    embeddings, corpus, gallery = attach_gallery(config, corpus, embeddings, sources, device, settings.item_chunk_size,
-                                                  store_dir)
+    if split is None:
+        embeddings, corpus, gallery = attach_gallery(config, corpus, embeddings, sources, device,
+                                                      settings.item_chunk_size, store_dir)
+    else:
+        embeddings, corpus, gallery = attach_manifest(split, corpus, embeddings, manifest_rows)
     search = SearchSettings(device=device, chunk_size=settings.chunk_size, item_chunk_size=settings.item_chunk_size,
                             depth=settings.lists.depth, max_scores_mb=settings.lists.max_scores_mb,
                             store_dir=store_dir,

@@ -64,6 +64,27 @@ def _read_into(fd: int, buffer: memoryview, offset: int) -> int:
     return done
 
 
+def read_sorted_rows(npy: Path, offset: int, dim: int, dtype: np.dtype, local: np.ndarray) -> np.ndarray:
+    """Rows ``local`` (ascending) of the C-order (rows, ``dim``) ``dtype`` array whose data starts at byte ``offset``
+    of ``npy``, each run of consecutive rows read by one system call straight into the result (no byte read that
+    is not returned; never mapped)."""
+    row_bytes = dim * dtype.itemsize
+    out = np.empty((len(local), dim), dtype=dtype)
+    if out.size == 0:
+        return out
+    view = memoryview(out).cast("B")
+    cut = np.flatnonzero(np.diff(local) != 1) + 1
+    fd = os.open(npy, os.O_RDONLY)
+    try:
+        for a, b in zip([0, *cut.tolist()], [*cut.tolist(), len(local)]):
+            wanted = view[a * row_bytes:b * row_bytes]
+            if _read_into(fd, wanted, offset + int(local[a]) * row_bytes) != len(wanted):
+                raise OSError(f"{npy} ended early")
+    finally:
+        os.close(fd)
+    return out
+
+
 class DumpShard:
     """One ``img_emb_{i}.npy`` (its header read: rows, dim, dtype, where the data starts) and its metadata file."""
 
@@ -88,21 +109,8 @@ class DumpShard:
                                  f"{needed:,}).")
 
     def read_sorted(self, local: np.ndarray) -> np.ndarray:
-        """Rows ``local`` (ascending) of this shard, each run of consecutive rows read by one system call straight
-        into the result (no byte read that is not returned)."""
-        row_bytes = self.dim * self.dtype.itemsize
-        out = np.empty((len(local), self.dim), dtype=self.dtype)
-        view = memoryview(out).cast("B")
-        cut = np.flatnonzero(np.diff(local) != 1) + 1
-        fd = os.open(self.npy, os.O_RDONLY)
-        try:
-            for a, b in zip([0, *cut.tolist()], [*cut.tolist(), len(local)]):
-                wanted = view[a * row_bytes:b * row_bytes]
-                if _read_into(fd, wanted, self.offset + int(local[a]) * row_bytes) != len(wanted):
-                    raise OSError(f"{self.npy} ended early")
-        finally:
-            os.close(fd)
-        return out
+        """Rows ``local`` (ascending) of this shard (:func:`read_sorted_rows`)."""
+        return read_sorted_rows(self.npy, self.offset, self.dim, self.dtype, local)
 
     def fingerprint(self) -> dict:
         npy, meta = self.npy.stat(), self.metadata.stat()

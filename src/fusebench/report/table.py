@@ -86,6 +86,13 @@ def search_lines(record: RunRecord) -> list[str]:
     return lines
 
 
+def _gallery_source(gallery) -> str:
+    """Where a gallery's distractors come from, for the table: the kind and seed; a manifest's caption-less lines
+    (kind ``manifest``) have no seeded order."""
+    if gallery.kind == "manifest":
+        return "the manifest's caption-less lines, every one kept"
+    return f"{gallery.kind}, seed {gallery.seed}"
+
 def format_table(record: RunRecord) -> str:
     ks = record.ks
     dataset = record.dataset
@@ -100,7 +107,7 @@ def format_table(record: RunRecord) -> str:
         dropped = (f", {gallery.near_duplicates:,} near-duplicates of test images dropped" if gallery.near_duplicates
                    else "") + (f", {undecodable:,} undecodable left out" if undecodable else "")
         title += (f"\ngallery: {dataset.n_images - gallery.distractors:,} test images + {gallery.distractors:,} "
-                  f"distractors ({gallery.kind}, seed {gallery.seed}{dropped}); queries: the test split's")
+                  f"distractors ({_gallery_source(gallery)}{dropped}); queries: the test split's")
     name_width = max(22, *(len(n) + 2 for n in record.retrievers))
     columns = [(d, k, f"{d} R@{k}") for d in DIRECTIONS for k in ks]
     width = {label: max(11, len(label) + 2) for _, _, label in columns}  # a space before every header, any k
