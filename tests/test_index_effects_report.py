@@ -284,8 +284,8 @@ def test_each_backend_gets_one_sentence_on_whether_the_gain_survives(tmp_path):
              for n, g, lo, kept in ((10000, 1.9, 0.5, 0.95), (100000, 0.4, -0.3, 0.2))]
     rows += [{"backend": "faiss ivf_flat", "distractors": n, "gain": 0.1, "ci_low": -0.5, "gain_kept": 0.05}
              for n in (10000, 100000)]
-    rows += [{"backend": "faiss ivf_pq", "distractors": n, "gain": 2.1, "ci_low": 0.2, "gain_kept": 1.05}
-             for n in (10000, 100000)]
+    rows += [{"backend": "faiss ivf_pq", "distractors": n, "gain": 2.1, "ci_low": 0.2, "gain_kept": 1.05,
+              "exact_minus_backend": d, "diff_ci_low": lo} for n, d, lo in ((10000, 0.3, -0.1), (100000, 2.5, 1.5))]
     sentences = survival_sentences(_effects(rows))
     assert sentences == [
         "exact: the fusion's t2i R@1 gain survives at every gallery size measured (10,000, 100,000 distractors).",
@@ -294,7 +294,8 @@ def test_each_backend_gets_one_sentence_on_whether_the_gain_survives(tmp_path):
         "faiss ivf_flat: the fusion's t2i R@1 gain does not survive at any gallery size measured (10,000, 100,000 "
         "distractors: no interval above 0), keeping 5% of the exact gain.",
         "faiss ivf_pq: the fusion's t2i R@1 gain survives at every gallery size measured (10,000, 100,000 "
-        "distractors), keeping 105% of the exact gain."]
+        "distractors), keeping 105% of the exact gain; its fused R@1 is below the same fusion on exact lists at "
+        "100,000 (+2.50)."]
     effects = _effects(rows)
     assert recall_time_plot(effects, tmp_path / "rt.png").stat().st_size > 5000
     assert gain_kept_plot(effects, tmp_path / "kept.png").stat().st_size > 5000

@@ -205,7 +205,11 @@ def survival_sentences(effects: IndexEffects) -> list[str]:
             kept_at = ", ".join(f"{r['distractors']:,}" for r in held)
             lost_at = ", ".join(f"{r['distractors']:,}" for r in mine if r["ci_low"] <= 0)
             verdict = f"survives at {kept_at} distractors, not at {lost_at} (interval not above 0)"
-        out.append(f"{backend}: the fusion's t2i R@{k} gain {verdict}{share}.")
+        below = [r for r in mine if r.get("diff_ci_low") is not None and r["diff_ci_low"] > 0]
+        cost = "" if not below else (f"; its fused R@{k} is below the same fusion on exact lists at "
+                                     + ", ".join(f"{r['distractors']:,} ({r['exact_minus_backend']:+.2f})"
+                                                 for r in below))
+        out.append(f"{backend}: the fusion's t2i R@{k} gain {verdict}{share}{cost}.")
     return out
 
 
