@@ -296,6 +296,16 @@ def test_a_prediction_never_goes_past_what_the_source_holds(tmp_path):
     assert any("a: no prediction past 2,000 distractors: the source holds 2,000" in why for why in s.refused)
 
 
+def test_runs_whose_ranks_fall_as_distractors_are_added_are_not_paired(tmp_path):
+    ranks = _study(tmp_path, sizes=(0, 1000))["ranks"][1000]
+    better = np.maximum(ranks["a"]["t2i"] - 1, 1)  # not the same model over nested galleries
+    _write_run(tmp_path / "4", 10000, {**ranks, "a": {**ranks["a"], "t2i": better}}, "dbsf")
+    s = build_report(tmp_path, draws=100).scaling
+    assert [e["model"] for e in s.extrapolation if e["measured R@1"] is not None] == ["b"]  # a's check refused
+    assert any("a: no extrapolation from 1,000 distractors: " in why and "rank better with distractors" in why
+               for why in s.refused)
+
+
 def test_runs_whose_queries_differ_are_not_paired(tmp_path):
     _study(tmp_path, change_queries_at=10000)
     s = build_report(tmp_path, draws=100).scaling

@@ -61,6 +61,17 @@ def _by_backend(effects) -> dict[str, list[dict]]:
             for b in dict.fromkeys(r["backend"] for r in rows)}
 
 
+def _finish(fig, ax, path: Path, effects, xlabel: str, ylabel: str, title: str) -> Path:
+    """The two gallery-size plots' common frame: log x, labels, grid, legend, the title (flagged when simulated)."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title + (" [SIMULATED]" if effects.simulated else ""), fontsize=9, y=TITLE_Y)
+    return _save(fig, path)
+
+
 def recall_time_plot(effects, path: Path) -> Path | None:
     """ann-benchmarks' picture with fusion on it: the fused retriever's t2i R@k (first k) against its query time
     per backend (log x), one marker per gallery size, labelled; exact search's time is its streamed gallery
@@ -77,19 +88,13 @@ def recall_time_plot(effects, path: Path) -> Path | None:
         return None
     fig, ax = subplots(figsize=(7.5, 5.2))
     for i, (backend, points) in enumerate(series.items()):
-        ms, recall, sizes = zip(*points)
+        ms, recall, _ = zip(*points)
         ax.plot(ms, recall, marker="o", lw=1, label="\n".join(textwrap.wrap(backend, 40)),
                 color="black" if backend == "exact" else f"C{i}")
         for x, y, n in points:
             ax.annotate(f"{n:,}", (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_xlabel("query time per t2i query, summed over the fused models (ms, log)")
-    ax.set_ylabel(f"fused t2i R@{k} (percent)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title("fused recall against query time per backend (points: distractors)"
-                 + (" [SIMULATED]" if effects.simulated else ""), fontsize=9, y=TITLE_Y)
-    return _save(fig, path)
+    return _finish(fig, ax, path, effects, "query time per t2i query, summed over the fused models (ms, log)",
+                   f"fused t2i R@{k} (percent)", "fused recall against query time per backend (points: distractors)")
 
 
 def gain_kept_plot(effects, path: Path) -> Path | None:
@@ -107,11 +112,6 @@ def gain_kept_plot(effects, path: Path) -> Path | None:
         x, y = zip(*[(max(n, floor), kept) for n, kept in points])
         ax.plot(x, y, marker="o", lw=1, color=f"C{i}", label="\n".join(textwrap.wrap(backend, 40)))
     ax.axhline(100, color="black", linestyle="--", lw=1, label="the exact gain")
-    ax.set_xscale("log")
-    ax.set_xlabel("distractors in the gallery (log; the test split alone drawn at the left)")
-    ax.set_ylabel(f"gain kept, t2i R@{effects.ks[0]} (percent of exact)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title("how much of the fusion gain each backend keeps as the gallery grows"
-                 + (" [SIMULATED]" if effects.simulated else ""), fontsize=9, y=TITLE_Y)
-    return _save(fig, path)
+    return _finish(fig, ax, path, effects, "distractors in the gallery (log; the test split alone drawn at the left)",
+                   f"gain kept, t2i R@{effects.ks[0]} (percent of exact)",
+                   "how much of the fusion gain each backend keeps as the gallery grows")

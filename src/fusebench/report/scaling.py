@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fusebench.evaluation.comparisons import compare
-from fusebench.evaluation.extrapolation import METHOD, Prediction, ScalingError, predict_recall
+from fusebench.evaluation.extrapolation import METHOD, Prediction, displacements, predict_recall
 from fusebench.evaluation.metrics import recall_at_k
 from fusebench.report.index_effects import EXACT, search_label
 from fusebench.report.labels import distinct, study_labels
@@ -217,12 +217,24 @@ def source_limit(run: Run) -> int | None:
     return None if available is None else int(available)
 
 
-def _prediction(s: Series, source_size: int, target: int, draws: int, level: float, seed: int) -> Prediction:
+def _prediction(s: Series, source_size: int, target: int, draws: int, level: float,
+                seed: int) -> tuple[Prediction | None, str | None]:
+    """(the prediction at ``target`` from the run at ``source_size``, None) or (None, why it cannot be made). When
+    ``target`` was measured, the two runs must hold the same queries over nested galleries (:func:`query_problem`,
+    and no rank may fall: :func:`displacements`)."""
     run, name = s.points[source_size]
-    ids, scores = run.topk(name, "t2i")
-    clusters = run.clusters("t2i")
-    return predict_recall(run.ranks(name, "t2i"), clusters, ids, scores, run.n_test, clusters, source_size,
-                          target, 1, draws, level, seed)
+    try:
+        if target in s.points:
+            problem = query_problem(run, s.points[target][0])
+            if problem:
+                return None, problem
+            displacements(run.ranks(name, "t2i"), s.points[target][0].ranks(s.points[target][1], "t2i"))
+        ids, scores = run.topk(name, "t2i")
+        clusters = run.clusters("t2i")
+        return predict_recall(run.ranks(name, "t2i"), clusters, ids, scores, run.n_test, clusters, source_size,
+                              target, 1, draws, level, seed), None
+    except (OSError, KeyError, ValueError) as err:  # ScalingError is a ValueError; a damaged list file too
+        return None, str(err)
 
 
 def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 1000, level: float = 0.95,
@@ -237,18 +249,12 @@ def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 10
             continue
         checks_held = True
         for source_size, target in zip(sizes, sizes[1:]):
-            run_n, measured = s.points[source_size][0], s.points[target]
-            problem = query_problem(run_n, measured[0])
-            prediction = None
-            if not problem:
-                try:
-                    prediction = _prediction(s, source_size, target, draws, level, seed)
-                except (ScalingError, OSError, KeyError, ValueError) as err:
-                    problem = str(err)
+            prediction, problem = _prediction(s, source_size, target, draws, level, seed)
             if prediction is None:
                 refused.append(f"{s.study}: {s.label}: no extrapolation from {source_size:,} distractors: {problem}")
                 checks_held = False
                 continue
+            measured = s.points[target]
             value = recall_at_k(measured[0].ranks(measured[1], "t2i"), 1)
             inside = prediction.low <= value <= prediction.high
             checks_held &= inside
@@ -264,10 +270,9 @@ def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 10
             refused.append(f"{s.study}: {s.label}: no prediction at {target:,} distractors: a check between the "
                            "sizes measured missed or could not be made (above), so the tail model does not hold here")
             continue
-        try:
-            prediction = _prediction(s, largest, target, draws, level, seed)
-        except (ScalingError, OSError, KeyError, ValueError) as err:
-            refused.append(f"{s.study}: {s.label}: no prediction from {largest:,} distractors: {err}")
+        prediction, problem = _prediction(s, largest, target, draws, level, seed)
+        if prediction is None:
+            refused.append(f"{s.study}: {s.label}: no prediction from {largest:,} distractors: {problem}")
             continue
         rows.append(_row(s, largest, target, prediction, None, None))
     return rows
