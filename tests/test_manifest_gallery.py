@@ -177,11 +177,34 @@ def test_a_manifest_without_caption_less_lines_is_searched_as_before(compose_cfg
     np.testing.assert_array_equal(split.test_rows, case["captioned"])
 
 
-@pytest.mark.parametrize("extra", [["search=faiss_flat"], ["tune=weights"], ["fusion.top_k=null"]])
+@pytest.mark.parametrize("extra", [["tune=weights"], ["fusion.top_k=null"]])
 def test_runs_the_streamed_path_cannot_serve_keep_the_in_memory_search(compose_cfg, case, extra):
     config = run_config(compose_cfg(_overrides(case["manifest"], case["files"], extra)))
     assert gallery_stage._in_memory_reason(config) is not None
     assert gallery_stage.manifest_split(config, load_manifest(case["manifest"])) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("search,module", [(["search=faiss_flat"], "faiss"),
+                                           (["search=lancedb", "fusion=lancedb_rrf"], "lancedb")])
+def test_an_index_or_engine_searches_the_caption_less_lines_streamed(compose_cfg, tmp_path, case, search, module):
+    """FAISS's gallery index and an engine take the caption-less lines as a streamed gallery too: a flat one's
+    lists are the exact search's (neighbour recall 1), so each model's recall equals the exact run's."""
+    pytest.importorskip(module)
+    config = run_config(compose_cfg(_overrides(case["manifest"], case["files"], search)))
+    split = gallery_stage.manifest_split(config, load_manifest(case["manifest"]))
+    assert split is not None and len(split.ids) == 50
+    out = {}
+    for name, extra in (("exact", ["fusion=rrf"]), ("index", search)):
+        run(compose_cfg(_overrides(case["manifest"], case["files"], ["fusion.top_k=40", "eval.lists.depth=40",
+                                                                     *extra])),
+            str(tmp_path / name))
+        out[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    for model in ("a", "b"):
+        assert out["index"]["search"]["models"][model]["t2i"]["neighbour_recall"] == pytest.approx(1.0)
+        for direction in ("t2i", "i2t"):  # FAISS's i2t over a gallery is the exact path's
+            assert out["index"]["retrievers"][model][direction]["R@1"] == out["exact"]["retrievers"][model][direction]["R@1"]
+    assert (tmp_path / "index" / "topk" / "gallery_items.jsonl").is_file()  # the streamed path's item ids
 
 
 @pytest.mark.parametrize("where", ["test", "distractor"])

@@ -49,7 +49,6 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     (["search=milvus", "fusion.rrf_k=10"], ("fusion=milvus_rrf",)),
     (["search=lancedb", "fusion.fuse_on=document"], ("fusion.fuse_on=document", "source_object")),
     (["search=faiss_hnsw", "fusion.top_k=null"], ("fusion.top_k",)),
-    (["search=qdrant", "gallery=sim", "gallery.size=100"], ("search=qdrant over a gallery", "search=faiss_*")),
     (["search=faiss_ivf_flat", "search.max_memory_gb=1"], ("search.max_memory_gb only over a gallery",)),
     (["search=faiss_flat", "tune=weights"], ("search=exact",)),
     (["search=milvus", "models.sim_dfn5b_like.weight=2"], ("milvus_rrf takes no per-model weights", "equal weights")),

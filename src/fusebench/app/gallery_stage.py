@@ -169,7 +169,6 @@ def _in_memory_reason(config: RunConfig) -> str | None:
     reasons = [(bool(not_vectors), f"models {', '.join(not_vectors)} are not kind vectors (their images are "
                                    "embedded with the corpus)"),
                (config.gallery.active, f"gallery={config.gallery.kind} adds distractors of its own"),
-               (config.search.approximate, f"search={config.search.backend} indexes the corpus in memory"),
                (config.tune is not None, "tune=weights splits the corpus's images"),
                (bool(config.eval.positives), "eval.positives maps extra positives over every image"),
                (config.fusion.top_k is None, "fusion.top_k=null fuses whole rankings")]

@@ -162,7 +162,9 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
 
             check_engine_dir(out_dir)
         gallery_size = config.gallery.size if config.gallery.active else 0  # at most (before near-duplicates)
-        check_sizes(config.search, {"t2i": corpus.n_images + gallery_size, "i2t": corpus.n_captions},
+        images = (split.n_images if split is not None else corpus.n_images) + gallery_size
+        backends.check_capacity(backend, images, f"a gallery of {images:,} images")
+        check_sizes(config.search, {"t2i": images, "i2t": corpus.n_captions},
                     max(settings.lists.depth, fusion.top_k or 0, keep_k or 0))
 
     # the distractors' sources first: a bad one is refused before the test split is embedded

@@ -43,9 +43,6 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
     what = f"search={search.backend}" + (f" (search.index={search.index})" if not backend.engine else "")
     unsupported = [(fusion.top_k is None and len(models) > 1 and fusion.method != "none",
                     "returns lists, not whole rankings: set fusion.top_k (e.g. 100, the default)"),
-                   (gallery.active and backend.engine, "over a gallery with distractors is not supported (an engine "
-                    "loads the rows whole; FAISS indexes stream them): use search=faiss_* or search=exact with a "
-                    "gallery, or gallery=none"),
                    (search.max_memory_gb is not None and not gallery.active,
                     "reads search.max_memory_gb only over a gallery (gallery=...; the test split's index is small): "
                     "leave it unset (null)"),
@@ -56,6 +53,8 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
     for bad, why in unsupported:
         if bad:
             raise FusebenchError(f"{what} {why}.")
+    if gallery.active:  # the distractors alone, now; with the test images once the corpus is read (pipeline)
+        backends.check_capacity(backend, gallery.size, f"a gallery of {gallery.size:,} distractors")
     check_depth(search, max(evaluation.lists.depth, fusion.top_k or 0, evaluation.save_topk or 0))
 
 

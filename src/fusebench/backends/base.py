@@ -41,6 +41,16 @@ class BackendResult:
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """The most items an embedded engine holds in one run on the machine class fusebench is checked on (2 cores,
+    24 GB), and the measurement that set it (scripts/bench_engine_gallery.py; docs/search.md)."""
+
+    items: int  # gallery items (test images and distractors) at most
+    measured: str  # what was measured, for the message: "ingest 1,090 s and 5.1 GB at 200,000 items ..."
+    server: str  # the engine's server form, for sizes past it: "Milvus standalone or distributed"
+
+
+@dataclass(frozen=True)
 class Backend:
     name: str  # search.backend
     indexes: tuple[str, ...]  # the search.index values it builds (the first is what it builds by default)
@@ -55,6 +65,7 @@ class Backend:
     run: Callable[..., BackendResult] | None = None  # (models, caption_image, fusion, keep_k, search, settings,
     #   source, out_dir) -> BackendResult
     version: Callable[[], str] | None = None  # the library's version, for the record
+    capacity: Capacity | None = None  # an engine: the most items it holds here (None: as many as the gallery has)
 
     @property
     def engine(self) -> bool:
@@ -162,3 +173,16 @@ def check_engine(backend: Backend, search: SearchConfig, fusion: FusionConfig, w
     if fusion.fuse_on == "document" and not backend.document:
         raise FusebenchError(f"fusion.fuse_on=document needs one entry per model's hit, which {what} does not hold "
                              "(one row per image with every model's vector): valid fusion.fuse_on=source_object.")
+
+
+def check_capacity(backend: Backend, n_items: int, what: str) -> None:
+    """Refuse an engine asked to hold more items than it holds on this class of machine (its measured
+    :class:`Capacity`), before any work: one line with the measurement and the engine's server form. ``what``
+    names the items ("a gallery of 1,005,000 images")."""
+    cap = backend.capacity
+    if cap is None or n_items <= cap.items:
+        return
+    raise FusebenchError(f"search={backend.name} over {what} is past the {cap.items:,} items its embedded form holds on "
+                         f"this class of machine (2 cores, 24 GB; measured: {cap.measured}); valid: a gallery of at "
+                         f"most {cap.items:,} images (gallery.size), or the engine's server form ({cap.server}), "
+                         "which fusebench does not drive, or search=faiss_* for an index over the whole gallery.")

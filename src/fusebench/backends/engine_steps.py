@@ -17,7 +17,7 @@ inside ``run``/``version``, through :func:`~fusebench.backends.base.require`, so
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,11 +36,13 @@ if TYPE_CHECKING:
     from fusebench.encoders.base import ModelEmbeddings
 
 log = logging.getLogger(__name__)
+GALLERY_TILE = 16384  # gallery rows read at a time (FAISS's gallery index reads the same tiles)
 
 @dataclass
 class EngineRequest:
     direction: str  # "t2i": items are images, queries captions | "i2t": items are captions, queries images
-    items: dict[str, np.ndarray]  # model -> (n_items, dim) float32 L2-normalised rows; item id = row index
+    items: dict[str, np.ndarray | GalleryRows]  # model -> (n_items, dim) float32 L2-normalised rows; item id = row
+    #   index (a gallery's: GalleryRows, read block by block through item_blocks, never whole)
     queries: dict[str, np.ndarray]  # model -> (n_queries, dim) float32 L2-normalised rows (same models, same order)
     weights: dict[str, float]  # model -> its weight (engines that take weights pass them on)
     fusion: FusionConfig  # the engine preset (fusion.preset names it; fuse_on says source_object or document)
@@ -61,6 +63,69 @@ class EngineRequest:
     @property
     def n_queries(self) -> int:
         return len(next(iter(self.queries.values())))
+
+    def dim(self, model: str) -> int:
+        return int(self.items[model].shape[1])
+
+    def item_blocks(self, size: int) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
+        """(start, stop, model -> its float32 rows start:stop) for every block of ``size`` items, in id order: what
+        an engine loads, one block in memory at a time (a gallery's rows are read tile by tile, never whole)."""
+        yield from item_blocks(self.items, size)
+
+
+class GalleryRows:
+    """One model's t2i items over a gallery: the test images, then its distractors (``ModelEmbeddings.distractors``),
+    in the gallery's index order (item i is the exact path's t2i item i), read tile by tile through
+    :class:`~fusebench.search.gallery_search.GalleryTiles`, as FAISS's gallery index reads them."""
+
+    def __init__(self, image: np.ndarray, distractors, tile: int = GALLERY_TILE):
+        self.image, self.distractors, self.tile = image, distractors, tile
+        self.shape = (int(image.shape[0]) + int(distractors.n), int(image.shape[1]))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def tiles(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(first item, rows) per tile, in order; a tile is released once the next is asked for."""
+        from fusebench.search.gallery_search import GalleryTiles
+
+        tiles = GalleryTiles(self.image, self.distractors, self.tile)
+        for t, (c0, _c1) in enumerate(tiles.tiles):
+            yield c0, tiles.rows(t)
+            tiles.release(t)
+
+
+def _array_tiles(rows: np.ndarray, tile: int) -> Iterator[tuple[int, np.ndarray]]:
+    for start in range(0, len(rows), tile):
+        yield start, rows[start:start + tile]
+
+
+def item_blocks(items: dict[str, np.ndarray | GalleryRows], size: int
+                ) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
+    """Every model's rows in aligned blocks of ``size`` (the last one shorter): each model's source read tile by
+    tile in step, a block cut from the current tiles (copied across a tile's edge)."""
+    import numpy as np
+
+    n = len(next(iter(items.values())))
+    sources = {m: (rows.tiles() if isinstance(rows, GalleryRows) else _array_tiles(rows, max(size, GALLERY_TILE)))
+               for m, rows in items.items()}
+    held: dict[str, tuple[int, np.ndarray]] = {m: (0, np.empty((0, rows.shape[1]), np.float32))
+                                               for m, rows in items.items()}
+    for start in range(0, n, size):
+        stop = min(start + size, n)
+        block = {}
+        for m, source in sources.items():
+            parts, at = [], start
+            while at < stop:
+                first, rows = held[m]
+                if at >= first + len(rows):
+                    held[m] = next(source)
+                    continue
+                take = rows[at - first: stop - first]
+                parts.append(take)
+                at += len(take)
+            block[m] = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts), dtype=np.float32)
+        yield start, stop, block
 
 
 @dataclass
@@ -136,14 +201,16 @@ def quality(index_ids: np.ndarray, exact: np.ndarray, depth: int) -> tuple[float
 
 
 def engine_request_rows(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, direction: str
-                        ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(items, queries) per model for one direction: t2i searches images with captions, i2t captions with the
-    images that have captions (in index order)."""
+                        ) -> tuple[dict[str, np.ndarray | GalleryRows], dict[str, np.ndarray]]:
+    """(items, queries) per model for one direction: t2i searches images with captions (over a gallery: the test
+    images and the distractors, as :class:`GalleryRows`), i2t captions with the images that have captions (in
+    index order: distractors ask no i2t query)."""
     import numpy as np
 
     query_images = np.unique(np.asarray(caption_image, dtype=np.int64))
     if direction == "t2i":
-        return ({m.name: np.asarray(m.image, dtype=np.float32) for m in models},
+        return ({m.name: np.asarray(m.image, dtype=np.float32) if m.distractors is None else
+                 GalleryRows(np.asarray(m.image, dtype=np.float32), m.distractors) for m in models},
                 {m.name: np.asarray(m.text, dtype=np.float32) for m in models})
     return ({m.name: np.asarray(m.text, dtype=np.float32) for m in models},
             {m.name: np.asarray(m.image, dtype=np.float32)[query_images] for m in models})
@@ -182,12 +249,16 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     import numpy as np
     import torch
 
+    from fusebench.backends.base import check_capacity, get
     from fusebench.backends.engine_dirs import ENGINE_DIR, fresh_workdir, remove_engine_dir, remove_workdir, seal
     from fusebench.backends.retrieval import exact_lists, list_depth, retrieve
     from fusebench.evaluation.parity import difference_rows, parity
     from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
     from fusebench.search.ranked import RankedLists
 
+    gallery = models[0].distractors is not None
+    if gallery:  # an API caller's rows, checked as the pipeline checks a config's (before any work)
+        check_capacity(get(config.backend), models[0].n_items, f"a gallery of {models[0].n_items:,} images")
     depth = list_depth(fusion, keep_k, settings)
     exact = exact_lists(models, caption_image, depth, settings, source)
     exact_results = retrieve(models, caption_image, fusion, None, settings, source, stored=exact)  # whole final_k
@@ -196,7 +267,9 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     results[FUSED] = {}
     results[EXACT_FUSED] = {d: r.cut(keep_k) for d, r in exact_results[FUSED].items()}
     qualities: dict[str, dict[str, IndexQuality]] = {m.name: {} for m in models}
-    costs, parities, differences, notes = {}, {}, [], []
+    costs, parities, differences = {}, {}, []
+    notes = [f"gallery: t2i over the test images and every distractor ({n_items['t2i']:,} items), loaded block by "
+             "block from the gallery's rows; i2t as without one (only test images ask i2t queries)"] if gallery else []
     root = Path(out_dir) / ENGINE_DIR
     for direction in DIRECTIONS:
         items, queries = engine_request_rows(models, caption_image, direction)

@@ -82,7 +82,7 @@ def check_items(request: EngineRequest) -> None:
     model's width (the corpus-size rules, such as IVF_PQ's training rows, are config.search.check_sizes')."""
     if request.search.index == "ivf_pq":
         for m in request.models:
-            resolve_pq_m(request.search, request.items[m].shape[1], m)
+            resolve_pq_m(request.search, request.dim(m), m)
 
 
 @contextmanager
@@ -112,11 +112,10 @@ def _batches(pa, request: EngineRequest, schema) -> Iterator:
     import numpy as np
 
     tick = ticker(request, "lancedb: writing items", request.n_items)
-    for start in range(0, request.n_items, WRITE_ROWS):
-        stop = min(start + WRITE_ROWS, request.n_items)
+    for start, stop, blocks in request.item_blocks(WRITE_ROWS):
         arrays = [pa.array(np.arange(start, stop, dtype=np.int64))]
         for m in request.models:
-            block = np.ascontiguousarray(request.items[m][start:stop], dtype=np.float32)
+            block = blocks[m]
             arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(block.ravel()), block.shape[1]))
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
         tick(stop - start)
@@ -124,7 +123,7 @@ def _batches(pa, request: EngineRequest, schema) -> Iterator:
 
 def _ingest(db, pa, request: EngineRequest):
     fields = [pa.field("id", pa.int64(), nullable=False)]
-    fields += [pa.field(name, pa.list_(pa.float32(), int(request.items[m].shape[1])))
+    fields += [pa.field(name, pa.list_(pa.float32(), int(request.dim(m))))
                for m, name in columns(request).items()]
     schema = pa.schema(fields)
     return db.create_table(TABLE, data=_batches(pa, request, schema), schema=schema)
@@ -137,7 +136,7 @@ def index_config(request: EngineRequest, model: str):
     search = request.search
     if search.index == "ivf_pq":
         return IvfPq(distance_type=DISTANCE, num_partitions=resolved_nlist(search, request.n_items),
-                     num_sub_vectors=resolve_pq_m(search, request.items[model].shape[1], model), num_bits=search.nbits)
+                     num_sub_vectors=resolve_pq_m(search, request.dim(model), model), num_bits=search.nbits)
     if search.index == "hnsw":
         return HnswSq(distance_type=DISTANCE, num_partitions=1, m=search.hnsw_m, ef_construction=search.ef_construction)
     return None
@@ -169,7 +168,8 @@ def _query(table, request: EngineRequest, column: str, vectors: np.ndarray):
     if search.index == "flat":
         return builder.bypass_vector_index()
     if search.index == "ivf_pq":
-        return builder.nprobes(search.nprobe)
+        builder = builder.nprobes(search.nprobe)
+        return builder if search.refine_factor is None else builder.refine_factor(search.refine_factor)
     return builder.nprobes(1).ef(search.ef_search)
 
 
@@ -268,7 +268,10 @@ def notes(request: EngineRequest) -> list[str]:
     search = request.search
     if search.index == "ivf_pq":
         out.append(f"lancedb: IVF_PQ (num_partitions={resolved_nlist(search, request.n_items)}, num_bits={search.nbits}, "
-                   f"nprobes={search.nprobe}, no refine_factor): the singles' scores are PQ-approximate distances")
+                   f"nprobes={search.nprobe}, "
+                   + ("no refine_factor): the singles' scores are PQ-approximate distances" if search.refine_factor is None
+                      else f"refine_factor={search.refine_factor}): the {search.refine_factor} x limit best PQ candidates "
+                      "re-ranked by their full vectors, whose distances the singles' scores are"))
     elif search.index == "hnsw":
         out.append(f"lancedb: IVF_HNSW_SQ with one partition (m={search.hnsw_m}, ef_construction={search.ef_construction}, "
                    f"ef={search.ef_search}): the singles' scores are 8-bit scalar-quantised distances")
@@ -276,6 +279,7 @@ def notes(request: EngineRequest) -> list[str]:
 
 
 BACKEND = register(Backend(name="lancedb", indexes=("flat", "ivf_pq", "hnsw"),
-                           reads=("threads", "latency_queries", "batch_size", "keep_db"), presets=("lancedb_rrf",),
+                           reads=("threads", "latency_queries", "batch_size", "keep_db", "refine_factor"),
+                           presets=("lancedb_rrf",),
                            extra="lancedb", module="lancedb", check=check, run=engine_runner(run, version),
                            version=version))

@@ -106,16 +106,15 @@ def _create(client, pymilvus, request: EngineRequest) -> None:
     schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field(PK, pymilvus.DataType.INT64, is_primary=True)
     for model, name in fields(request).items():
-        schema.add_field(name, pymilvus.DataType.FLOAT_VECTOR, dim=int(request.items[model].shape[1]))
+        schema.add_field(name, pymilvus.DataType.FLOAT_VECTOR, dim=request.dim(model))
     client.create_collection(COLLECTION, schema=schema)
 
 
 def _insert(client, request: EngineRequest) -> None:
     names = fields(request)
     tick = ticker(request, "milvus: inserting items", request.n_items)
-    for start in range(0, request.n_items, INSERT_ROWS):
-        stop = min(start + INSERT_ROWS, request.n_items)
-        columns = {name: request.items[m][start:stop] for m, name in names.items()}
+    for start, stop, blocks in request.item_blocks(INSERT_ROWS):
+        columns = {name: blocks[m] for m, name in names.items()}
         rows = [{PK: i, **{name: columns[name][i - start] for name in names.values()}} for i in range(start, stop)]
         client.insert(COLLECTION, rows)
         tick(stop - start)

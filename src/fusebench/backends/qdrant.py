@@ -29,6 +29,7 @@ folder). The rules that make Qdrant's lists differ from fusebench's preset are i
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections.abc import Iterator
@@ -90,8 +91,10 @@ def rrf_k(request: EngineRequest) -> int:
 def _check_unit(request: EngineRequest) -> None:
     import numpy as np
 
-    for m in request.models:
-        for rows in (request.items[m], request.queries[m]):
+    items = (block for _start, _stop, block in request.item_blocks(UPLOAD_POINTS * 16))
+    for block in itertools.chain(items, [request.queries]):  # one block of items in memory at a time
+        for m in request.models:
+            rows = block[m]
             norms = np.linalg.norm(rows, axis=1) if len(rows) else np.ones(1)
             if np.abs(norms - 1.0).max() > UNIT_TOLERANCE:
                 raise FusebenchError(f"search=qdrant: model {m}'s vectors are not unit rows (norm {norms.min():.4g}.."
@@ -125,7 +128,7 @@ def point_ids(request: EngineRequest) -> list[np.ndarray]:
 
 def _ingest(client, models, request: EngineRequest) -> None:
     names = vector_names(request)
-    config = {names[m]: models.VectorParams(size=int(request.items[m].shape[1]), distance=models.Distance.DOT)
+    config = {names[m]: models.VectorParams(size=request.dim(m), distance=models.Distance.DOT)
               for m in request.models}
     client.create_collection(COLLECTION, vectors_config=config)
     if request.search.qdrant_unsynced and not unsynced(local_collection(client, COLLECTION)):
@@ -134,13 +137,12 @@ def _ingest(client, models, request: EngineRequest) -> None:
                              "with a patch it lacks: drop search.qdrant_unsynced (stock local mode).")
     ids = point_ids(request)
     tick = ticker(request, "qdrant: loading points", request.n_items)
-    for start in range(0, request.n_items, UPLOAD_POINTS):
-        stop = min(start + UPLOAD_POINTS, request.n_items)
+    for start, stop, rows in request.item_blocks(UPLOAD_POINTS):
         if request.fusion.fuse_on == "source_object":
-            points = [models.PointStruct(id=int(ids[0][i]), vector={names[m]: request.items[m][i] for m in request.models})
+            points = [models.PointStruct(id=int(ids[0][i]), vector={names[m]: rows[m][i - start] for m in request.models})
                       for i in range(start, stop)]
         else:
-            points = [models.PointStruct(id=int(ids[k][i]), vector={names[m]: request.items[m][i]})
+            points = [models.PointStruct(id=int(ids[k][i]), vector={names[m]: rows[m][i - start]})
                       for k, m in enumerate(request.models) for i in range(start, stop)]
         client.upload_points(COLLECTION, points=points)
         tick(stop - start)

@@ -31,7 +31,7 @@ INDEXES = ("flat", "ivf_flat", "hnsw", "ivf_pq")
 # which index, and the settings each backend reads, are the backends' own (fusebench.backends: their registry).
 INDEX_READS = {"flat": (), "ivf_flat": ("nlist", "nprobe", "seed", "target_recall"),
                "hnsw": ("hnsw_m", "ef_construction", "ef_search", "target_recall"),
-               "ivf_pq": ("nlist", "nprobe", "pq_m", "nbits", "seed", "target_recall")}
+               "ivf_pq": ("nlist", "nprobe", "pq_m", "nbits", "seed", "target_recall", "refine_factor")}
 # the search-time setting search.target_recall chooses for each index type (FAISS's name, the config key)
 TUNED = {"ivf_flat": ("nprobe", "nprobe"), "ivf_pq": ("nprobe", "nprobe"), "hnsw": ("efSearch", "ef_search")}
 IVF_MIN_POINTS = 39  # FAISS k-means wants at least 39 training points per list (it warns below that)
@@ -50,6 +50,8 @@ class SearchConfig:
     pq_m: int | None = None  # ivf_pq: sub-quantizers (FAISS zero-pads the width to a multiple; an engine's must divide
     #   it); null = width / 4, at most 64
     nbits: int = 8  # ivf_pq: bits per sub-quantizer code (4..12)
+    refine_factor: int | None = None  # lancedb ivf_pq: re-rank refine_factor x limit PQ candidates by their full
+    #   vectors (LanceDB's own refine_factor); null = PQ distances as they are
     seed: int = 1234  # k-means training seed (FAISS's default); part of an index's store key
     threads: int | None = None  # FAISS/engine threads; null = every core
     latency_queries: int = 100  # engines: queries sent again one request at a time (median and p95 latency); 0 = none
@@ -74,6 +76,7 @@ class SearchConfig:
         checks.integer(self.ef_search, "search.ef_search", 1, "at least the list depth (fusion.top_k, eval.save_topk)")
         checks.optional_integer(self.pq_m, "search.pq_m", 1, "at most each model's width; null = width / 4")
         checks.integer(self.nbits, "search.nbits", 4)
+        checks.optional_integer(self.refine_factor, "search.refine_factor", 1, "null = no re-ranking")
         if self.nbits > 12:
             raise FusebenchError(f"search.nbits={self.nbits} is not valid; valid: 4..12 (bits per PQ code).")
         checks.integer(self.seed, "search.seed", 0)
@@ -140,7 +143,9 @@ class SearchConfig:
         if self.index == "ivf_flat":
             return {"nlist": self.nlist or "auto", "nprobe": self.nprobe}
         if self.index == "ivf_pq":
-            return {"nlist": self.nlist or "auto", "m": self.pq_m or "auto", "nbits": self.nbits, "nprobe": self.nprobe}
+            refine = {"refine_factor": self.refine_factor} if self.refine_factor else {}  # absent: earlier labels hold
+            return {"nlist": self.nlist or "auto", "m": self.pq_m or "auto", "nbits": self.nbits, "nprobe": self.nprobe,
+                    **refine}
         return {}
 
 
