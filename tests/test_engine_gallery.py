@@ -128,6 +128,22 @@ def test_capacity_counts_the_test_images_too(compose_cfg, tmp_path, monkeypatch)
                        "gallery.size=900", "gallery.near_duplicate=null", "search=qdrant", "fusion=qdrant_rrf", "logger=none",
                        "plots=false",
                        f"paths.output_dir={tmp_path}", f"embed.cache.dir={tmp_path / 'cache'}"])
-    with pytest.raises(FusebenchError, match=r"a gallery of 1,100 images is past the 1,000 items.*Qdrant server"):
+    with pytest.raises(FusebenchError, match=r"200 images and 900 distractors, 400 captions \(1,100 items in one collection\) "
+                                             r"is past the 1,000 its embedded form serves.*valid: gallery.size at most 800.*Qdrant server"):
         run(cfg, str(tmp_path / "run"))
     assert not list(tmp_path.rglob("*.npy")) and not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_a_document_collection_counts_a_point_per_model(compose_cfg, tmp_path):
+    """fuse_on=document holds each model's vector as its own point: half the capacity in distractors is past it with
+    two models, and within it as one point per image."""
+    from fusebench.app.run_config import run_config
+
+    cap = base.get("qdrant").capacity.items
+    assert base.engine_points(100, 400, 2, False) == 400 and base.engine_points(500, 400, 3, True) == 1500
+    common = ["dataset=sim", "gallery=sim", f"gallery.size={cap // 2 + 1}", "search=qdrant", "fusion=qdrant_rrf",
+              "logger=none", f"paths.output_dir={tmp_path}"]
+    assert run_config(compose_cfg(common)).gallery.size == cap // 2 + 1
+    with pytest.raises(FusebenchError, match=rf"\({cap + 2:,} items in one collection\).*valid: gallery.size well "
+                                             rf"under {cap // 2:,}"):
+        run_config(compose_cfg(common + ["fusion.fuse_on=document"]))

@@ -309,10 +309,11 @@ def test_the_gallery_indexes_experiment_says_per_backend_whether_the_gain_surviv
     import sys
 
     pytest.importorskip("faiss")
+    pytest.importorskip("milvus_lite")
     fusebench = str(Path(sys.executable).with_name("fusebench"))
     result = subprocess.run(
         [fusebench, "experiment=gallery_indexes", "dataset.n_images=200", "dataset.n_captions=1000",
-         "gallery.size=1500,6000", "search=exact,faiss_ivf_flat_recall95,faiss_hnsw_recall95",
+         "gallery.size=1500,6000", "search=exact,faiss_ivf_flat_recall95,faiss_hnsw_recall95,milvus_hnsw",
          "eval.bootstrap.draws=100", "logger=none", f"hydra.sweep.dir={tmp_path / 'study'}",
          f"embed.cache.dir={tmp_path / 'cache'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900,
@@ -321,12 +322,16 @@ def test_the_gallery_indexes_experiment_says_per_backend_whether_the_gain_surviv
     summary = (tmp_path / "study" / "summary.md").read_text()
     section = summary[summary.index("Does the fusion's gain survive each backend?"):]
     for backend in ("exact: ", "faiss ivf_flat nlist=auto target_recall=0.95: ",
-                    "faiss hnsw M=32 efConstruction=200 target_recall=0.95: "):
+                    "faiss hnsw M=32 efConstruction=200 target_recall=0.95: ",
+                    "milvus hnsw M=16 efConstruction=100 efSearch=256: "):  # the stock engine over the gallery
         assert f"- {backend}the fusion's t2i R@1 gain " in section
     rows = list(csv.DictReader((tmp_path / "study" / "index_effects.csv").open()))
     at_target = [r for r in rows if "target_recall" in r["backend"] and r["k"] == "1"]
     assert len(at_target) == 4 and {r["distractors"] for r in at_target} == {"1500", "6000"}
     for r in at_target:  # t2i over the whole gallery, at the target (measured on every query: near it)
         assert float(r["neighbour_recall sim_siglip2_like"]) > 0.9
+    engine = [r for r in rows if r["backend"].startswith("milvus") and r["k"] == "1"]
+    assert {r["distractors"] for r in engine} == {"1500", "6000"}
+    assert all(float(r["neighbour_recall sim_siglip2_like"]) > 0.9 for r in engine)
     for name in ("index_recall_time.png", "index_gain_kept.png"):
         assert (tmp_path / "study" / "plots" / name).stat().st_size > 5000

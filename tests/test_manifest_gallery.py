@@ -207,6 +207,20 @@ def test_an_index_or_engine_searches_the_caption_less_lines_streamed(compose_cfg
     assert (tmp_path / "index" / "topk" / "gallery_items.jsonl").is_file()  # the streamed path's item ids
 
 
+def test_max_memory_gb_reads_a_manifests_streamed_gallery_and_nothing_else(compose_cfg, tmp_path, case):
+    """search.max_memory_gb is checked once the manifest is read: accepted where its caption-less lines stream as a
+    gallery (FAISS's gallery index reads it), one line where every image is searched in memory."""
+    pytest.importorskip("faiss")
+    extra = ["search=faiss_ivf_flat", "search.nlist=4", "search.nprobe=4", "search.max_memory_gb=1"]
+    config = run_config(compose_cfg(_overrides(case["manifest"], case["files"], extra)))
+    assert gallery_stage.manifest_split(config, load_manifest(case["manifest"])) is not None
+    only = write_manifest(case["dir"] / "only.jsonl", [r for r in case["records"] if r["captions"]])
+    with pytest.raises(FusebenchError, match=r"search=faiss reads search.max_memory_gb only over a gallery.*"
+                                             r"manifest's images are all searched in memory") as err:
+        run(compose_cfg(_overrides(only, case["files"], extra)), str(tmp_path / "out"))
+    assert "\n" not in str(err.value) and not (tmp_path / "out" / "metrics.json").exists()
+
+
 @pytest.mark.parametrize("where", ["test", "distractor"])
 def test_a_bad_row_is_one_line_naming_its_row_of_the_npy(compose_cfg, tmp_path, case, where):
     image, text = case["files"]["a"]

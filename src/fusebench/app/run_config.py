@@ -32,7 +32,7 @@ from fusebench.runtime import checks
 
 
 def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, ModelSpec], evaluation: EvalConfig,
-                 gallery: GalleryConfig, tuning: TuneConfig | None) -> None:
+                 gallery: GalleryConfig, tuning: TuneConfig | None, dataset_kind: str = "") -> None:
     """Refuse a search backend this run cannot use, before any work (``fusion`` after its preset label was checked):
     what no approximate backend does yet, the list depth HNSW must reach, then the backend's own rules. The index's
     sizes against the corpus (nlist, nprobe, ef_search) are checked once the corpus is read
@@ -43,7 +43,7 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
     what = f"search={search.backend}" + (f" (search.index={search.index})" if not backend.engine else "")
     unsupported = [(fusion.top_k is None and len(models) > 1 and fusion.method != "none",
                     "returns lists, not whole rankings: set fusion.top_k (e.g. 100, the default)"),
-                   (search.max_memory_gb is not None and not gallery.active,
+                   (search.max_memory_gb is not None and not gallery.active and dataset_kind != "manifest",
                     "reads search.max_memory_gb only over a gallery (gallery=...; the test split's index is small): "
                     "leave it unset (null)"),
                    (tuning is not None, "with tune=weights is not supported: tune with search=exact, then run the "
@@ -53,8 +53,12 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
     for bad, why in unsupported:
         if bad:
             raise FusebenchError(f"{what} {why}.")
-    if gallery.active:  # the distractors alone, now; with the test images once the corpus is read (pipeline)
-        backends.check_capacity(backend, gallery.size, f"a gallery of {gallery.size:,} distractors")
+    if gallery.active and backend.engine:  # the distractors alone, now; the rest once the corpus is read (pipeline)
+        points = backends.engine_points(gallery.size, 0, len(models), fusion.fuse_on == "document")
+        cap = backend.capacity.items if backend.capacity else 0
+        backends.check_capacity(backend, points, f"gallery.size={gallery.size:,}",
+                                f"gallery.size well under {cap // (len(models) if fusion.fuse_on == 'document' else 1):,}"
+                                " (the test images count too)")
     check_depth(search, max(evaluation.lists.depth, fusion.top_k or 0, evaluation.save_topk or 0))
 
 
@@ -82,7 +86,7 @@ def run_config(cfg) -> RunConfig:
     check_gallery(gallery, dataset, models, fusion, tuning)
     fusion = true_label(fusion, weights=[spec.weight for spec in models.values()])
     search = checks.typed(SearchConfig, group["search"], "search")
-    check_search(search, fusion, models, evaluation, gallery, tuning)
+    check_search(search, fusion, models, evaluation, gallery, tuning, dataset.kind)
     if tuning is not None:
         fusion.check_ks([tuning.k], "tune.criterion")
     resolved = {str(key): group[key] for key in cfg if key != "hydra"}  # the composed order

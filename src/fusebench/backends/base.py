@@ -175,14 +175,21 @@ def check_engine(backend: Backend, search: SearchConfig, fusion: FusionConfig, w
                              "(one row per image with every model's vector): valid fusion.fuse_on=source_object.")
 
 
-def check_capacity(backend: Backend, n_items: int, what: str) -> None:
-    """Refuse an engine asked to hold more items than it holds on this class of machine (its measured
-    :class:`Capacity`), before any work: one line with the measurement and the engine's server form. ``what``
-    names the items ("a gallery of 1,005,000 images")."""
+def engine_points(n_images: int, n_captions: int, n_models: int, document: bool) -> int:
+    """The most items one engine collection holds in a run: the larger direction's (t2i: the images with any
+    distractors; i2t: the captions), once per model with ``fusion.fuse_on=document`` (a point per model's vector)."""
+    return max(n_images, n_captions) * (n_models if document else 1)
+
+
+def check_capacity(backend: Backend, points: int, what: str, valid: str) -> None:
+    """Refuse an engine asked to hold more than it serves on this class of machine (its measured :class:`Capacity`),
+    before any work: one line with the measurement, what is valid here, and the engine's server form. ``points``:
+    :func:`engine_points` (or a lower bound of it); ``what`` names them ("a gallery of 1,005,000 images");
+    ``valid``: what the user can set instead ("gallery.size at most 95,000")."""
     cap = backend.capacity
-    if cap is None or n_items <= cap.items:
+    if cap is None or points <= cap.items:
         return
-    raise FusebenchError(f"search={backend.name} over {what} is past the {cap.items:,} items its embedded form holds on "
-                         f"this class of machine (2 cores, 24 GB; measured: {cap.measured}); valid: a gallery of at "
-                         f"most {cap.items:,} images (gallery.size), or the engine's server form ({cap.server}), "
-                         "which fusebench does not drive, or search=faiss_* for an index over the whole gallery.")
+    raise FusebenchError(f"search={backend.name} with {what} ({points:,} items in one collection) is past the "
+                         f"{cap.items:,} its embedded form serves on this class of machine (2 cores, 24 GB; measured: "
+                         f"{cap.measured}); valid: {valid}, or the engine's server form ({cap.server}), which "
+                         "fusebench does not drive, or search=faiss_* for an index over the whole gallery.")

@@ -106,6 +106,9 @@ def item_blocks(items: dict[str, np.ndarray | GalleryRows], size: int
     tile in step, a block cut from the current tiles (copied across a tile's edge)."""
     import numpy as np
 
+    lengths = {m: len(rows) for m, rows in items.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"every model's items must be the same rows; lengths {lengths}")
     n = len(next(iter(items.values())))
     sources = {m: (rows.tiles() if isinstance(rows, GalleryRows) else _array_tiles(rows, max(size, GALLERY_TILE)))
                for m, rows in items.items()}
@@ -249,7 +252,7 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     import numpy as np
     import torch
 
-    from fusebench.backends.base import check_capacity, get
+    from fusebench.backends.base import check_capacity, engine_points, get
     from fusebench.backends.engine_dirs import ENGINE_DIR, fresh_workdir, remove_engine_dir, remove_workdir, seal
     from fusebench.backends.retrieval import exact_lists, list_depth, retrieve
     from fusebench.evaluation.parity import difference_rows, parity
@@ -257,8 +260,10 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     from fusebench.search.ranked import RankedLists
 
     gallery = models[0].distractors is not None
-    if gallery:  # an API caller's rows, checked as the pipeline checks a config's (before any work)
-        check_capacity(get(config.backend), models[0].n_items, f"a gallery of {models[0].n_items:,} images")
+    # an API caller's rows, checked as the pipeline checks a config's (before any work)
+    check_capacity(get(config.backend), engine_points(models[0].n_items, len(caption_image), len(models),
+                                                      fusion.fuse_on == "document"),
+                   f"{models[0].n_items:,} images and {len(caption_image):,} captions", "fewer items")
     depth = list_depth(fusion, keep_k, settings)
     exact = exact_lists(models, caption_image, depth, settings, source)
     exact_results = retrieve(models, caption_image, fusion, None, settings, source, stored=exact)  # whole final_k
