@@ -245,6 +245,35 @@ def test_server_stopped_and_lock_released_on_error(tmp_path, monkeypatch):
     assert Segment.row_to_dict is reader
 
 
+@pytest.mark.slow  # starts Milvus Lite
+@pytest.mark.parametrize("same", [True, False])
+def test_a_retried_create_index_that_was_applied_is_taken_only_when_it_is_the_index_asked(tmp_path, monkeypatch, same):
+    """pymilvus re-sends create_index after an RPC failure; when the first request was applied, the retry is refused
+    as "index already exists" (met at a million rows). The run goes on when the index there is the one asked for
+    (neighbour recall of HNSW as without the retry), and fails when it is another."""
+    import pymilvus
+
+    original = pymilvus.MilvusClient.create_index
+
+    def applied_then_retried(self, collection, params, **kwargs):
+        first = params
+        if not same:  # the lost first request made another index than the one asked for
+            first = self.prepare_index_params()
+            for p in params:
+                first.add_index(field_name=p.field_name, index_type="FLAT", metric_type="IP")
+        original(self, collection, first, **kwargs)
+        return original(self, collection, params, **kwargs)  # the retry: "index already exists"
+
+    monkeypatch.setattr(pymilvus.MilvusClient, "create_index", applied_then_retried)
+    req = _request(tmp_path, n_queries=20, index="hnsw", ef_search=64)
+    if same:
+        out = engine.run(req)
+        assert (out.fused_ids[:, 0] >= 0).all() and out.build_seconds > 0
+    else:
+        with pytest.raises(pymilvus.MilvusException, match="index already exists"):
+            engine.run(req)
+
+
 WATCHED_RUN = """
 import json, sys
 from pathlib import Path

@@ -38,6 +38,7 @@ PK = "id"
 # Milvus' per-request limits (quotaAndLimits.limits.topK and .nq, both 16384: pkg/util/paramtable/quota_param.go; a
 # search past them is refused). Milvus Lite 3.2.2 checks neither, but a real Milvus would refuse the run.
 MAX_TOPK = MAX_NQ = 16384
+INDEX_EXISTS = 35  # the status code of "index already exists" (Milvus Lite engine/collection.py IndexAlreadyExistsError)
 INSERT_ROWS = 2048  # rows per insert call (a 2 x 1152-float batch is ~20 MB of protobuf, under the 256 MB cap)
 METRICS = {"milvus_rrf": "IP", "milvus_weighted": "COSINE", "milvus_weighted_ip": "IP"}
 NOTES = [
@@ -121,16 +122,31 @@ def _insert(client, request: EngineRequest) -> None:
     client.flush(COLLECTION)
 
 
-def _build(client, request: EngineRequest, metric: str) -> None:
+def _build(client, pymilvus, request: EngineRequest, metric: str) -> None:
     kind, build, _ = index_params(request)
-    params = client.prepare_index_params()
     for name in fields(request).values():
+        params = client.prepare_index_params()
         # nested: pymilvus 3 flattens ``params`` into one key per setting, which Milvus Lite 3.2.2 drops (it reads
         # only a JSON ``params`` key: adapter/grpc/translators/index.py kv_pairs_to_index_params_dict), so M,
         # efConstruction and nlist would silently be its defaults (16, 200, 128)
         params.add_index(field_name=name, index_type=kind, metric_type=metric, params={"params": build} if build else None)
-    client.create_index(COLLECTION, params, sync=False)  # Lite builds in load_collection; no 0.5 s polls per field
+        try:
+            client.create_index(COLLECTION, params, sync=False)  # Lite builds in load_collection: no 0.5 s polls
+        except pymilvus.MilvusException as err:
+            # pymilvus re-sends create_index after an RPC failure (decorators.retry_on_rpc_failure); with a million
+            # rows the server thread can be busy long enough that the first request is applied but its answer lost,
+            # and the retry is refused as "index already exists" (code 35): the index it made is the one asked for
+            if getattr(err, "code", None) != INDEX_EXISTS or not _built_as_asked(client, name, kind, build, metric):
+                raise
     client.load_collection(COLLECTION)
+
+
+def _built_as_asked(client, field: str, kind: str, build: dict, metric: str) -> bool:
+    """Whether ``field``'s index is ``kind`` with ``metric`` and every setting of ``build`` (describe_index)."""
+    made = client.describe_index(COLLECTION, index_name=field) or {}
+    params = made.get("params") or {}
+    return (str(made.get("index_type", "")).upper() == kind and str(made.get("metric_type", "")).upper() == metric
+            and all(params.get(k) == v for k, v in build.items()))
 
 
 def _rows(result) -> list[list[tuple[int, float]]]:
@@ -235,7 +251,7 @@ def run(request: EngineRequest) -> EngineLists:
         _insert(client, request)
         ingest = time.perf_counter() - began
         began = time.perf_counter()
-        _build(client, request, metric)
+        _build(client, pymilvus, request, metric)
         build = time.perf_counter() - began
         disk = folder_bytes(request.workdir)
         searcher = _Searcher(client, pymilvus, request, metric)
