@@ -23,7 +23,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
-from fusebench.backends.base import Backend, register, require
+from fusebench.backends.base import Backend, Capacity, register, require
 from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
 from fusebench.backends.milvus_internals import lean_rows
 from fusebench.config.search import SearchConfig, resolved_nlist
@@ -38,6 +38,13 @@ PK = "id"
 # Milvus' per-request limits (quotaAndLimits.limits.topK and .nq, both 16384: pkg/util/paramtable/quota_param.go; a
 # search past them is refused). Milvus Lite 3.2.2 checks neither, but a real Milvus would refuse the run.
 MAX_TOPK = MAX_NQ = 16384
+# What Milvus Lite holds here (scripts/bench_engine_gallery.py, 2-core EPYC, 24 GB, clustered sim, d = 256, two models,
+# HNSW M 16 / efConstruction 100): 1,001,000 items took 235.5 s to ingest and 252.6 s to index at a 6.07 GB peak
+# (3.15 GB at 301,000): about 5 GB a million more, so twice the measured million stays well under 24 GB
+CAPACITY = Capacity(items=2_000_000, measured="Milvus Lite keeps every vector in this process: 6.07 GB peak at "
+                    "1,001,000 items of two 256-wide models (3.15 GB at 301,000), ingest 235.5 s and HNSW build "
+                    "252.6 s; about 5 GB more a million, so at most twice the measured million on 24 GB",
+                    server="Milvus standalone or distributed")
 INDEX_EXISTS = 35  # the status code of "index already exists" (Milvus Lite engine/collection.py IndexAlreadyExistsError)
 INSERT_ROWS = 2048  # rows per insert call (a 2 x 1152-float batch is ~20 MB of protobuf, under the 256 MB cap)
 METRICS = {"milvus_rrf": "IP", "milvus_weighted": "COSINE", "milvus_weighted_ip": "IP"}
@@ -285,4 +292,5 @@ def notes(request: EngineRequest) -> list[str]:
 BACKEND = register(Backend(name="milvus", indexes=("flat", "ivf_flat", "hnsw"),
                            reads=("latency_queries", "batch_size", "keep_db", "milvus_lean_rows"),
                            presets=("milvus_rrf", "milvus_weighted", "milvus_weighted_ip"), extra="milvus",
-                           module="pymilvus", check=check, run=engine_runner(run, version), version=version))
+                           module="pymilvus", check=check, run=engine_runner(run, version), version=version,
+                           capacity=CAPACITY))
