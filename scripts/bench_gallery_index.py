@@ -12,7 +12,8 @@ agreement against the exact gallery lists, the parameters that ran (a target rec
 command's wall time and its peak RSS (os.wait4, the command's own).
 
 Usage: python scripts/bench_gallery_index.py [--size 200000] [--dim 256] [--n-images 1000] [--n-captions 5000]
-       [--indexes flat ivf_flat ivf_pq hnsw] [--target-recall 0.95] [--extra "search.max_memory_gb=0.05"]
+       [--indexes flat ivf_flat ivf_pq hnsw] [--target-recall 0.95] [--pq-refine 4] [--dataset sim_clustered]
+       [--extra "search.max_memory_gb=0.05"]
        [--json FILE]; ``--size 1000000`` for users with the time (hours on 2 cores for HNSW).
 """
 
@@ -30,7 +31,7 @@ MODEL = "sim_siglip2_like"
 
 
 def base_args(args, cache: Path) -> list[str]:
-    return ["dataset=sim", f"dataset.n_images={args.n_images}", f"dataset.n_captions={args.n_captions}",
+    return [f"dataset={args.dataset}", f"dataset.n_images={args.n_images}", f"dataset.n_captions={args.n_captions}",
             f"models=[{MODEL}]", f"models.{MODEL}.dim={args.dim}", "fusion=none", "gallery=sim",
             f"gallery.size={args.size}", "gallery.near_duplicate=null", f"fusion.top_k={args.depth}",
             f"eval.lists.depth={args.depth}", "eval.bootstrap.draws=200", "plots=false", "logger=none",
@@ -45,6 +46,7 @@ def index_args(kind: str, args) -> list[str]:
         out.append("search.nlist=null")
     if kind == "ivf_pq":
         out += [f"search.nprobe={args.pq_nprobe}"] if args.pq_nprobe else []
+        out += [f"search.refine_factor={args.pq_refine}"] if args.pq_refine else []
     if kind != "flat" and args.target_recall and not (kind == "ivf_pq" and args.pq_nprobe):
         out.append(f"search.target_recall={args.target_recall}")
     return out + [a for a in args.extra.split() if kind != "flat" or "max_memory" not in a]
@@ -65,6 +67,8 @@ def main() -> None:
     parser.add_argument("--indexes", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     parser.add_argument("--target-recall", type=float, default=0.95, help="ivf_*, hnsw; 0 = the presets' settings")
     parser.add_argument("--pq-nprobe", type=int, default=0, help="IVF-PQ at this nprobe instead of the target")
+    parser.add_argument("--pq-refine", type=int, default=0, help="IVF-PQ re-ranked (search.refine_factor); 0 = none")
+    parser.add_argument("--dataset", default="sim", help="sim (isotropic) | sim_clustered (docs/simulated.md)")
     parser.add_argument("--hnsw-m", type=int, default=16)
     parser.add_argument("--ef-construction", type=int, default=100)
     parser.add_argument("--extra", default="", help="more overrides for every index run")

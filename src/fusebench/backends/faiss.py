@@ -66,6 +66,6 @@ def version() -> str:
     return faiss_version()
 
 
-BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads", "target_recall", "max_memory_gb"),
+BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads", "target_recall", "max_memory_gb", "refine_factor"),
                            extra="faiss", module="faiss", run=run,
                            version=version))

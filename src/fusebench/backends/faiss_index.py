@@ -17,8 +17,11 @@ cached embeddings (inner product on L2-normalised rows = cosine), searched ``dep
 * Lists: ids int32 best first (-1 where the index returned fewer than asked), scores the index's own inner
   products (-inf beside -1), ranks the 1-based position of the first correct item IN THE LIST (0 = not listed:
   the query counts as missed at every k).
+* ``search.refine_factor`` (IVF-PQ): an IndexRefineFlat around it keeps the full vectors (build parameter
+  ``refine: flat``) and re-ranks ``k_factor`` = refine_factor x k hits of the codes by exact inner products.
 * ``device.type == "cuda"`` with FAISS's GPU build: flat and IVF indexes are copied to the GPU for the search
-  (HNSW has no GPU form in FAISS and stays on the CPU); ``where`` records which one searched.
+  (HNSW has no GPU form in FAISS and stays on the CPU, as does a refined IVF-PQ); ``where`` records which one
+  searched.
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ def build_params(config: SearchConfig, n_items: int, dim: int, model: str) -> di
     if config.index == "ivf_pq":
         m, width = search_config.pq_layout(config, dim, model)
         padded = {"width": width} if width != dim else {}  # absent when nothing is padded: earlier keys hold
+        refine = {"refine": "flat"} if config.refine_factor else {}  # the full vectors kept beside the codes
         return {"nlist": search_config.resolved_nlist(config, n_items), "m": m, **padded, "nbits": config.nbits,
-                "seed": config.seed}
+                "seed": config.seed, **refine}
     return {}
 
 
@@ -81,7 +85,8 @@ def search_params(config: SearchConfig) -> dict:
     """The search-time parameters of ``config.index`` (not in the store key)."""
     if config.index == "hnsw":
         return {"efSearch": config.ef_search}
-    return {"nprobe": config.nprobe} if config.index in ("ivf_flat", "ivf_pq") else {}
+    refine = {"k_factor": config.refine_factor} if config.index == "ivf_pq" and config.refine_factor else {}
+    return {"nprobe": config.nprobe, **refine} if config.index in ("ivf_flat", "ivf_pq") else {}
 
 
 def new_index(faiss, kind: str, dim: int, build: dict):
@@ -105,7 +110,9 @@ def new_index(faiss, kind: str, dim: int, build: dict):
         index.pq.cp.min_points_per_centroid = 1
     index.cp.seed = build["seed"]
     if width != dim:  # the first dim coordinates as they are, zeros after (RemapDimensionsTransform, not uniform)
-        return faiss.IndexPreTransform(faiss.RemapDimensionsTransform(dim, width, False), index)
+        index = faiss.IndexPreTransform(faiss.RemapDimensionsTransform(dim, width, False), index)
+    if build.get("refine") == "flat":  # search.refine_factor: k_factor x k codes' hits re-ranked by the full vectors
+        index = faiss.IndexRefineFlat(index)  # keeps a reference to the IVF-PQ index (add_ref_in_constructor)
     return index
 
 
@@ -129,6 +136,8 @@ def set_search_params(faiss, index, params: dict) -> None:
     if "nprobe" in params:  # the IVF index itself, inside an IndexPreTransform when the vectors are padded
         faiss.extract_index_ivf(index).nprobe = params["nprobe"]
     index = faiss.downcast_index(index)
+    if "k_factor" in params:  # IndexRefineFlat: how many codes' hits per result the full vectors re-rank
+        index.k_factor = float(params["k_factor"])
     if "efSearch" in params:
         index.hnsw.efSearch = params["efSearch"]
 
@@ -136,7 +145,7 @@ def set_search_params(faiss, index, params: dict) -> None:
 def searcher(faiss, index, kind: str, device: torch.device, k: int, params: dict) -> tuple[object, str, object]:
     """(the index to search, where it searches, the GPU resources to keep alive): a GPU copy of a flat or IVF
     index when ``device`` is CUDA and this FAISS has GPUs, else the CPU index itself."""
-    if (device.type != "cuda" or kind == "hnsw" or not hasattr(faiss, "StandardGpuResources")
+    if (device.type != "cuda" or kind == "hnsw" or "k_factor" in params or not hasattr(faiss, "StandardGpuResources")
             or faiss.get_num_gpus() < 1 or k > GPU_MAX_K or params.get("nprobe", 0) > GPU_MAX_K):
         return index, "cpu", None
     try:
@@ -188,8 +197,10 @@ def _tune(faiss, index, config: SearchConfig, build: dict, queries: np.ndarray, 
           what: str) -> Tuned:
     """The smallest nprobe / efSearch reaching ``config.target_recall`` (:mod:`.target_recall`), searched on the
     CPU index itself."""
+    fixed = search_params(config)  # the settings not tuned (a refined IVF-PQ's k_factor) as they will search
+
     def search(rows: np.ndarray, value: int) -> np.ndarray:
-        set_search_params(faiss, index, {config.tuned: value})
+        set_search_params(faiss, index, {**fixed, config.tuned: value})
         return index.search(np.ascontiguousarray(rows, dtype=np.float32), k)[1]
 
     low, high = target_recall.bounds(config.tuned, build.get("nlist"), k, n_items)

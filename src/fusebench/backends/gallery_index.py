@@ -98,7 +98,9 @@ def memory_plan(kind: str, n: int, dim: int, build: dict, chunk: int, max_gb: fl
     else:
         width = build.get("width", dim)
         pq = 4 * width * 2 ** build["nbits"] if kind == "ivf_pq" else 0  # the PQ codebooks
-        structure = 4 * width * build["nlist"] + pq + 4 * dim * train_size(kind, n, build) + 8 * build["nlist"]
+        refine = 4 * dim * n if build.get("refine") == "flat" else 0  # IndexRefineFlat's full vectors, in memory
+        structure = (4 * width * build["nlist"] + pq + 4 * dim * train_size(kind, n, build) + 8 * build["nlist"]
+                     + refine)
         codes = n * (code_bytes(kind, dim, build) + 8)
     if max_gb is None:
         return MemoryPlan(structure + tile, codes, False)
@@ -107,7 +109,8 @@ def memory_plan(kind: str, n: int, dim: int, build: dict, chunk: int, max_gb: fl
         need = math.ceil((structure + tile) / GB * 1000) / 1000
         what = {"flat": "every vector (a flat index keeps no part on disk)",
                 "hnsw": "its vectors and graph (HNSW keeps no part on disk)"}.get(
-            kind, "its quantizer, codebooks, training sample and one tile of rows")
+            kind, "its quantizer, codebooks, training sample and one tile of rows"
+            + (", and the full vectors search.refine_factor re-ranks by" if build.get("refine") else ""))
         raise FusebenchError(f"search.max_memory_gb={max_gb:g} is less than the {need:g} GB a {kind} index of "
                              f"{n:,} vectors of width {dim} needs in memory for {what}: valid search.max_memory_gb "
                              f">= {need:g}" + (", or search.index=ivf_flat | ivf_pq (their lists go to disk)"

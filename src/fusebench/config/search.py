@@ -50,8 +50,8 @@ class SearchConfig:
     pq_m: int | None = None  # ivf_pq: sub-quantizers (FAISS zero-pads the width to a multiple; an engine's must divide
     #   it); null = width / 4, at most 64
     nbits: int = 8  # ivf_pq: bits per sub-quantizer code (4..12)
-    refine_factor: int | None = None  # lancedb ivf_pq: re-rank refine_factor x limit PQ candidates by their full
-    #   vectors (LanceDB's own refine_factor); null = PQ distances as they are
+    refine_factor: int | None = None  # ivf_pq (faiss, lancedb): re-rank refine_factor x k PQ hits by their full
+    #   vectors (FAISS IndexRefineFlat's k_factor, LanceDB's refine_factor); null = PQ distances as they are
     seed: int = 1234  # k-means training seed (FAISS's default); part of an index's store key
     threads: int | None = None  # FAISS/engine threads; null = every core
     latency_queries: int = 100  # engines: queries sent again one request at a time (median and p95 latency); 0 = none
