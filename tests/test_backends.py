@@ -199,3 +199,54 @@ def test_a_target_recall_run_records_what_it_chose_and_an_unreachable_one_writes
         _run(compose_cfg, tmp_path, "unreached", ["search=faiss_ivf_pq", "search.nlist=4", "search.nbits=4",
                                                   "search.pq_m=2", "search.target_recall=1"])
     assert not (tmp_path / "unreached" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("kill_after", [0, 1, 2, 3])
+def test_a_removal_killed_midway_leaves_a_folder_the_rerun_still_removes(tmp_path, monkeypatch, kill_after):
+    """The marker goes last (then the empty folder): a removal killed after any unlink leaves the folder marked or
+    empty, which the next run removes and rebuilds, never a dead end ('a folder fusebench did not make')."""
+    import os
+
+    from fusebench.backends import engine_dirs
+
+    out = tmp_path / "run"
+    folder = engine_dirs.fresh_workdir(out, "t2i")
+    for name in ("a.bin", "b.bin"):
+        (folder / name).write_text("the engine's")
+    engine_dirs.seal(folder)
+    unlinks, real = [], os.unlink
+
+    class Killed(BaseException):
+        pass
+
+    def dies(path, *args, **kwargs):
+        if len(unlinks) == kill_after:
+            raise Killed
+        unlinks.append(path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", dies)
+    with pytest.raises(Killed):
+        engine_dirs.remove_workdir(folder)
+    monkeypatch.setattr(os, "unlink", real)
+    engine_dirs.check_engine_dir(out)  # not refused
+    again = engine_dirs.fresh_workdir(out, "t2i")
+    assert again == folder and sorted(p.name for p in again.iterdir()) == [engine_dirs.MARKER]
+    empty = out / "engine_db" / "i2t"  # the folder left empty by a kill between its marker and its rmdir
+    empty.mkdir()
+    engine_dirs.check_engine_dir(out)
+    assert (engine_dirs.fresh_workdir(out, "i2t") / engine_dirs.MARKER).is_file()
+
+
+def test_a_refusal_inside_the_engine_leaves_no_engine_folder(compose_cfg, tmp_path):
+    """search.pq_m that does not divide a width is LanceDB's refusal once the rows are known: one line, and the
+    engine_db folder made for the run is gone with it."""
+    pytest.importorskip("lancedb")
+    from fusebench.app.pipeline import run
+
+    cfg = compose_cfg(["dataset=sim", "dataset.n_images=300", "dataset.n_captions=600", "search=lancedb",
+                       "search.index=ivf_pq", "search.nlist=8", "search.nprobe=4", "search.pq_m=7", "logger=none",
+                       "plots=false", f"paths.output_dir={tmp_path}", f"embed.cache.dir={tmp_path / 'cache'}"])
+    with pytest.raises(FusebenchError, match=r"search.pq_m=7 does not divide"):
+        run(cfg, str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "engine_db").exists()

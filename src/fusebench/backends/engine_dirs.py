@@ -28,8 +28,37 @@ SEAL_FORMAT = "fusebench engine files"
 log = logging.getLogger(__name__)
 
 
+def _empty_folder(folder: Path) -> bool:
+    """A real, empty folder: what a removal killed between the marker and the folder itself leaves (nothing in it
+    is anyone's, so it is taken as fusebench's)."""
+    try:
+        return folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())
+    except OSError:
+        return False
+
+
+def _remove_marked(folder: Path) -> None:
+    """Remove a marked folder with its marker LAST, so that a kill midway leaves it marked (or empty): a rerun
+    still knows it as fusebench's and removes it."""
+    for entry in folder.iterdir():
+        if entry.name == MARKER:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    (folder / MARKER).unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+
+
 def _marked(folder: Path) -> bool:
-    """Whether ``folder`` is a real folder (not a link) holding fusebench's marker, as fusebench writes it."""
+    """Whether ``folder`` is a real folder (not a link) holding fusebench's marker, as fusebench writes it, or an
+    empty one (:func:`_empty_folder`)."""
+    if _empty_folder(folder):
+        return True
     marker = folder / MARKER
     try:
         return folder.is_dir() and not folder.is_symlink() and marker.is_file() and not marker.is_symlink() \
@@ -113,13 +142,13 @@ def fresh_workdir(out_dir: str | Path, direction: str) -> Path:
     search.keep_db) is reported and removed, never read; anything fusebench did not make is refused."""
     check_engine_dir(out_dir)
     root = Path(out_dir) / ENGINE_DIR
-    if not os.path.lexists(root):
+    if not os.path.lexists(root / MARKER):  # new, or left empty by a removal killed before its rmdir
         _make_marked(root)
     folder = root / direction
     if os.path.lexists(folder):
         log.warning("%s holds an engine database from an earlier run in this dir (left by a run that did not finish, "
                     "or kept by search.keep_db): removed, rebuilt; never read", folder)
-        shutil.rmtree(folder)
+        _remove_marked(folder)
     _make_marked(folder)
     return folder
 
@@ -127,7 +156,7 @@ def fresh_workdir(out_dir: str | Path, direction: str) -> Path:
 def remove_workdir(folder: Path) -> None:
     """Remove a direction's database folder, when it carries fusebench's marker."""
     if _marked(folder):
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove_marked(folder)
 
 
 def remove_engine_dir(out_dir: str | Path) -> None:

@@ -276,50 +276,55 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     notes = [f"gallery: t2i over the test images and every distractor ({n_items['t2i']:,} items), loaded block by "
              "block from the gallery's rows; i2t as without one (only test images ask i2t queries)"] if gallery else []
     root = Path(out_dir) / ENGINE_DIR
-    for direction in DIRECTIONS:
-        items, queries = engine_request_rows(models, caption_image, direction)
-        workdir = fresh_workdir(out_dir, direction)
-        request = EngineRequest(direction=direction, items=items, queries=queries,
-                                weights={m.name: float(m.weight) for m in models}, fusion=fusion,
-                                per_model_k=fusion.per_model_k(n_items[direction]),
-                                final_k=fusion.final_k(n_items[direction], len(models)), search=config,
-                                workdir=workdir, progress=settings.progress)
-        log.info("%s %s: loading %d items x %d models, %d queries", config.backend, direction, request.n_items,
-                 len(models), request.n_queries)
-        try:
-            out = lists(request)
-        finally:
-            if not config.keep_db:
-                remove_workdir(workdir)
-        if config.keep_db:  # what the engine wrote, so that a file put there later is never taken for it
-            seal(workdir)
-        notes += [n for n in out.notes if n not in notes]
-        for m in models:
-            ids, scores = out.singles[m.name]
-            results[m.name][direction] = RankedLists(ranks=_list_ranks(ids, direction, caption_image),
-                                                     ids=_cut(ids, keep_k), scores=_cut(scores, keep_k))
-            recall, top1 = quality(ids, exact[m.name][direction].ids.numpy(), request.per_model_k)
-            qualities[m.name][direction] = IndexQuality(neighbour_recall=recall, top1_agreement=top1,
-                                                        depth=request.per_model_k)
-        fused_ranks = _list_ranks(out.fused_ids, direction, caption_image)
-        if out.fused_models is not None:  # document form: each entry is one model's hit
-            contributors = torch.from_numpy(np.where(out.fused_models >= 0, np.left_shift(1, np.maximum(out.fused_models, 0)), 0))
-        else:
-            contributors = _contributors(out.fused_ids, [out.singles[m.name][0] for m in models])
-        cut = slice(None) if keep_k is None else slice(0, keep_k)
-        results[FUSED][direction] = RankedLists(ranks=fused_ranks, ids=_cut(out.fused_ids, keep_k),
-                                                scores=_cut(out.fused_scores, keep_k), contributors=contributors[:, cut])
-        latency = np.asarray(out.latency_ms, dtype=np.float64)
-        costs[direction] = EngineCost(ingest_seconds=round(out.ingest_seconds, 3), build_seconds=round(out.build_seconds, 3),
-                                      search_seconds=round(out.search_seconds, 3),
-                                      latency_ms_median=round(float(np.median(latency)), 4) if latency.size else None,
-                                      latency_ms_p95=round(float(np.percentile(latency, 95)), 4) if latency.size else None,
-                                      latency_queries=int(latency.size), disk_bytes=int(out.disk_bytes))
-        reference = exact_results[FUSED][direction]
-        block, differ, explained = parity(out.fused_ids, reference.ids.numpy(), reference.scores.numpy(), PARITY_K)
-        parities[direction] = block
-        differences += difference_rows(direction, differ, explained, out.fused_ids, out.fused_scores,
-                                       reference.ids.numpy(), reference.scores.numpy(), PARITY_K)
+    try:  # a refusal or an interrupt mid-run leaves no engine folder behind (a kept one is the user's choice)
+        for direction in DIRECTIONS:
+            items, queries = engine_request_rows(models, caption_image, direction)
+            workdir = fresh_workdir(out_dir, direction)
+            request = EngineRequest(direction=direction, items=items, queries=queries,
+                                    weights={m.name: float(m.weight) for m in models}, fusion=fusion,
+                                    per_model_k=fusion.per_model_k(n_items[direction]),
+                                    final_k=fusion.final_k(n_items[direction], len(models)), search=config,
+                                    workdir=workdir, progress=settings.progress)
+            log.info("%s %s: loading %d items x %d models, %d queries", config.backend, direction, request.n_items,
+                     len(models), request.n_queries)
+            try:
+                out = lists(request)
+            finally:
+                if not config.keep_db:
+                    remove_workdir(workdir)
+            if config.keep_db:  # what the engine wrote, so that a file put there later is never taken for it
+                seal(workdir)
+            notes += [n for n in out.notes if n not in notes]
+            for m in models:
+                ids, scores = out.singles[m.name]
+                results[m.name][direction] = RankedLists(ranks=_list_ranks(ids, direction, caption_image),
+                                                         ids=_cut(ids, keep_k), scores=_cut(scores, keep_k))
+                recall, top1 = quality(ids, exact[m.name][direction].ids.numpy(), request.per_model_k)
+                qualities[m.name][direction] = IndexQuality(neighbour_recall=recall, top1_agreement=top1,
+                                                            depth=request.per_model_k)
+            fused_ranks = _list_ranks(out.fused_ids, direction, caption_image)
+            if out.fused_models is not None:  # document form: each entry is one model's hit
+                contributors = torch.from_numpy(np.where(out.fused_models >= 0, np.left_shift(1, np.maximum(out.fused_models, 0)), 0))
+            else:
+                contributors = _contributors(out.fused_ids, [out.singles[m.name][0] for m in models])
+            cut = slice(None) if keep_k is None else slice(0, keep_k)
+            results[FUSED][direction] = RankedLists(ranks=fused_ranks, ids=_cut(out.fused_ids, keep_k),
+                                                    scores=_cut(out.fused_scores, keep_k), contributors=contributors[:, cut])
+            latency = np.asarray(out.latency_ms, dtype=np.float64)
+            costs[direction] = EngineCost(ingest_seconds=round(out.ingest_seconds, 3), build_seconds=round(out.build_seconds, 3),
+                                          search_seconds=round(out.search_seconds, 3),
+                                          latency_ms_median=round(float(np.median(latency)), 4) if latency.size else None,
+                                          latency_ms_p95=round(float(np.percentile(latency, 95)), 4) if latency.size else None,
+                                          latency_queries=int(latency.size), disk_bytes=int(out.disk_bytes))
+            reference = exact_results[FUSED][direction]
+            block, differ, explained = parity(out.fused_ids, reference.ids.numpy(), reference.scores.numpy(), PARITY_K)
+            parities[direction] = block
+            differences += difference_rows(direction, differ, explained, out.fused_ids, out.fused_scores,
+                                           reference.ids.numpy(), reference.scores.numpy(), PARITY_K)
+    except BaseException:
+        if not config.keep_db:
+            remove_engine_dir(out_dir)
+        raise
     if config.keep_db:
         log.info("the engine's databases are kept in %s (search.keep_db=true)", root)
     else:
