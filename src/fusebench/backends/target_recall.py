@@ -31,7 +31,7 @@ MIN_SAMPLE = 300  # at least this many (every query where there are fewer)
 MAX_SAMPLE = 1000  # at most this many
 MAX_EF_SEARCH = 4096  # HNSW: the largest efSearch tried
 # what reaches more when the largest value does not reach the target, per setting (for the message)
-MORE = {"nprobe": "a larger search.pq_m or search.nbits (IVF-PQ), or search.index=ivf_flat",
+MORE = {"nprobe": "a larger search.pq_m, search.nbits or search.refine_factor (IVF-PQ), or search.index=ivf_flat",
         "efSearch": "a larger search.hnsw_m or search.ef_construction"}
 
 
