@@ -250,3 +250,25 @@ def test_a_refusal_inside_the_engine_leaves_no_engine_folder(compose_cfg, tmp_pa
     with pytest.raises(FusebenchError, match=r"search.pq_m=7 does not divide"):
         run(cfg, str(tmp_path / "run"))
     assert not (tmp_path / "run" / "engine_db").exists()
+
+
+def test_cleanup_after_a_stopped_run_keeps_an_earlier_kept_database_and_a_users_file(tmp_path):
+    """remove_bare_root takes engine_db/ only when nothing but its mark is left; remove_workdir leaves a kept
+    database that someone put a file into (refused by the next run, naming it, never deleted)."""
+    from fusebench.backends import engine_dirs
+
+    out = tmp_path / "run"
+    kept = engine_dirs.fresh_workdir(out, "i2t")
+    (kept / "data.bin").write_text("an earlier run's kept database")
+    engine_dirs.seal(kept)
+    engine_dirs.remove_bare_root(out)
+    assert (kept / "data.bin").is_file()
+    (kept / "my_notes.txt").write_text("the user's")
+    engine_dirs.remove_workdir(kept)
+    assert (kept / "my_notes.txt").is_file() and (kept / "data.bin").is_file()
+    with pytest.raises(FusebenchError, match="my_notes.txt"):
+        engine_dirs.check_engine_dir(out)
+    (kept / "my_notes.txt").unlink()
+    engine_dirs.remove_workdir(kept)
+    engine_dirs.remove_bare_root(out)
+    assert not (out / "engine_db").exists()

@@ -148,6 +148,28 @@ def test_refine_keeps_the_full_vectors_in_memory_and_raises_neighbour_recall(gal
     assert target["sample_recall"] >= 0.95 and with_quality(result, exact)["t2i"].neighbour_recall >= 0.93, target
 
 
+@pytest.mark.parametrize("pq_m,budget", [(6, None), (5, None), (6, 1e-4)])  # 5: padded to width 25; 1e-4: on disk
+def test_a_refined_index_is_stored_read_back_and_never_taken_for_an_unrefined_one(gallery, tmp_path, pq_m, budget,
+                                                                                   caplog):
+    """IndexRefineFlat around the IVF-PQ (padded or not, lists in memory or on disk) is read back from the store
+    on the next run with the same lists; the same index without re-ranking is another key."""
+    model, caption_image, distractors = gallery
+    build = {"nlist": 8, "m": pq_m, "nbits": 8, "seed": 1234, "refine": "flat"}
+    plan = gallery_index.memory_plan("ivf_pq", 3000, 24, build, GALLERY_CHUNK, None)
+    budget_gb = None if budget is None else (plan.structure_bytes + 1000) / 1e9  # the structure fits, the codes not
+    config = SearchConfig(backend="faiss", index="ivf_pq", nlist=8, nprobe=3, pq_m=pq_m, refine_factor=4,
+                          max_memory_gb=budget_gb)
+    if budget is not None:
+        assert gallery_index.memory_plan("ivf_pq", 3000, 24, build, GALLERY_CHUNK, budget_gb).on_disk
+    first, exact = lists(model, caption_image, distractors, config, tmp_path)
+    again, _ = lists(model, caption_image, distractors, config, tmp_path, exact)
+    assert not first.costs["t2i"].hit and again.costs["t2i"].hit, caplog.text
+    assert "corrupt" not in caplog.text.lower() and "expected" not in caplog.text
+    np.testing.assert_array_equal(again.lists["t2i"].ids.numpy(), first.lists["t2i"].ids.numpy())
+    plain, _ = lists(model, caption_image, distractors, replace(config, refine_factor=None), tmp_path, exact)
+    assert not plain.costs["t2i"].hit and plain.costs["t2i"].key != first.costs["t2i"].key
+
+
 def test_the_stored_index_is_keyed_by_the_gallery(gallery, tmp_path):
     model, caption_image, distractors = gallery
     config = SearchConfig(backend="faiss", index="ivf_flat", nlist=16, nprobe=4)

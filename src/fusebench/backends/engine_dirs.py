@@ -2,7 +2,9 @@
 
 fusebench writes a marker file (``MARKER``) into ``engine_db/`` and into each direction's folder when it creates
 them; the engine writes its database inside the direction folders. fusebench removes only folders that carry its
-marker (a killed run's leftovers, a database kept by ``search.keep_db``); anything else under ``engine_db/`` (a
+marker (a killed run's leftovers, a database kept by ``search.keep_db``), the marker last, so that a removal killed
+midway leaves the folder marked, or empty (an empty folder holds nothing of anyone's and counts as fusebench's);
+anything else under ``engine_db/`` (a
 user's file or folder, a folder without the marker) is refused before any work, naming it, and never removed. A
 kept database is sealed when its engine finishes (``SEAL``: every path the engine left in the folder): a file or
 folder put into it afterwards is someone else's, refused the same way (a folder a killed run left, unsealed, is
@@ -47,6 +49,9 @@ def _remove_marked(folder: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
+    left = [entry.name for entry in folder.iterdir() if entry.name != MARKER]
+    if left:  # the mark stays, so that the folder is still known as fusebench's (and never read as fresh)
+        raise OSError(f"could not remove {', '.join(left[:3])} from {folder}")
     (folder / MARKER).unlink(missing_ok=True)
     try:
         folder.rmdir()
@@ -154,9 +159,22 @@ def fresh_workdir(out_dir: str | Path, direction: str) -> Path:
 
 
 def remove_workdir(folder: Path) -> None:
-    """Remove a direction's database folder, when it carries fusebench's marker."""
-    if _marked(folder):
+    """Remove a direction's database folder, when it carries fusebench's marker and nothing was put into it after
+    its engine sealed it."""
+    if _marked(folder) and _added(folder) is None:
         _remove_marked(folder)
+
+
+def remove_bare_root(out_dir: str | Path) -> None:
+    """After a run stopped in the engine stage: ``engine_db/`` when it holds only its marker (what this run made
+    and removed); any other folder in it (a database an earlier run kept) is left as it is."""
+    root = Path(out_dir) / ENGINE_DIR
+    try:
+        if _marked(root) and all(entry.name == MARKER for entry in root.iterdir()):
+            (root / MARKER).unlink(missing_ok=True)
+            root.rmdir()
+    except OSError as err:
+        log.warning("could not remove %s (%s)", root, err)
 
 
 def remove_engine_dir(out_dir: str | Path) -> None:

@@ -231,6 +231,14 @@ def _contributors(fused_ids: np.ndarray, singles: list[np.ndarray]) -> torch.Ten
     return torch.from_numpy(np.where(fused_ids >= 0, bits, 0))
 
 
+def _quietly(remove: Callable[[Path], None], folder: Path) -> None:
+    """A cleanup that must not replace the error being raised (or a Ctrl-C): a failure is a warning."""
+    try:
+        remove(folder)
+    except OSError as err:
+        log.warning("could not remove %s (%s); the next run in this dir removes it", folder, err)
+
+
 def engine_runner(lists: Callable[[EngineRequest], EngineLists], version: Callable[[], str]) -> Callable[..., BackendResult]:
     """An engine's ``Backend.run``: :func:`engine_backend` around its own ``run(request)`` and ``version()``."""
     def run(models, caption_image, fusion, keep_k, config, settings, source, out_dir) -> BackendResult:
@@ -253,7 +261,14 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     import torch
 
     from fusebench.backends.base import check_capacity, engine_points, get
-    from fusebench.backends.engine_dirs import ENGINE_DIR, fresh_workdir, remove_engine_dir, remove_workdir, seal
+    from fusebench.backends.engine_dirs import (
+        ENGINE_DIR,
+        fresh_workdir,
+        remove_bare_root,
+        remove_engine_dir,
+        remove_workdir,
+        seal,
+    )
     from fusebench.backends.retrieval import exact_lists, list_depth, retrieve
     from fusebench.evaluation.parity import difference_rows, parity
     from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
@@ -291,7 +306,7 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
                 out = lists(request)
             finally:
                 if not config.keep_db:
-                    remove_workdir(workdir)
+                    _quietly(remove_workdir, workdir)
             if config.keep_db:  # what the engine wrote, so that a file put there later is never taken for it
                 seal(workdir)
             notes += [n for n in out.notes if n not in notes]
@@ -322,8 +337,7 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
             differences += difference_rows(direction, differ, explained, out.fused_ids, out.fused_scores,
                                            reference.ids.numpy(), reference.scores.numpy(), PARITY_K)
     except BaseException:
-        if not config.keep_db:
-            remove_engine_dir(out_dir)
+        remove_bare_root(out_dir)  # this run's direction folders went in its finally; an earlier kept one stays
         raise
     if config.keep_db:
         log.info("the engine's databases are kept in %s (search.keep_db=true)", root)

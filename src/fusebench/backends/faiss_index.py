@@ -134,7 +134,7 @@ def build_index(faiss, kind: str, items: np.ndarray, build: dict, update) -> obj
 def set_search_params(faiss, index, params: dict) -> None:
     """``nprobe`` / ``efSearch`` on a CPU index (after it was built or read: never stored)."""
     if "nprobe" in params:  # the IVF index itself, inside an IndexPreTransform when the vectors are padded
-        faiss.extract_index_ivf(index).nprobe = params["nprobe"]
+        gallery_index.ivf_part(faiss, index).nprobe = params["nprobe"]
     index = faiss.downcast_index(index)
     if "k_factor" in params:  # IndexRefineFlat: how many codes' hits per result the full vectors re-rank
         index.k_factor = float(params["k_factor"])

@@ -118,6 +118,15 @@ def memory_plan(kind: str, n: int, dim: int, build: dict, chunk: int, max_gb: fl
     return MemoryPlan(structure + tile, codes, structure + tile + codes > limit)
 
 
+def ivf_part(faiss, index):
+    """The IndexIVF inside ``index``: through an IndexRefineFlat (search.refine_factor) by hand, then FAISS's
+    extract_index_ivf (an IndexPreTransform when padded); older FAISS releases do not unwrap IndexRefine."""
+    outer = faiss.downcast_index(index)
+    if isinstance(outer, faiss.IndexRefine):
+        index = outer.base_index
+    return faiss.extract_index_ivf(index)
+
+
 def build_streamed(faiss, index, kind: str, tiles: GalleryTiles, sample: np.ndarray, ivfdata: Path | None,
                    update) -> object:
     """``index`` (empty, of ``kind``: :func:`fusebench.backends.faiss_index.new_index`) trained on the rows at
@@ -135,7 +144,7 @@ def build_streamed(faiss, index, kind: str, tiles: GalleryTiles, sample: np.ndar
         tiles.release(t)
         update(len(rows))
     if growing is not None:  # copied list by list into a file of exactly the codes' size (FAISS's merge_from)
-        built = faiss.extract_index_ivf(index).invlists
+        built = ivf_part(faiss, index).invlists
         _on_disk_lists(faiss, index, ivfdata, 0, built)
         growing.unlink()
     return index
@@ -144,7 +153,7 @@ def build_streamed(faiss, index, kind: str, tiles: GalleryTiles, sample: np.ndar
 def _on_disk_lists(faiss, index, path: Path, entries: int, source=None) -> None:
     """Give ``index``'s IVF part OnDiskInvertedLists at ``path`` (sized for ``entries`` codes), holding ``source``'s
     entries when given; the index owns them (and frees the lists it held)."""
-    ivf = faiss.extract_index_ivf(index)
+    ivf = ivf_part(faiss, index)
     lists = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(path))
     if entries:
         lists.update_totsize(entries * (ivf.code_size + 8) + 2 * ivf.nlist * (ivf.code_size + 8))

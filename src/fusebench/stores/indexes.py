@@ -59,7 +59,8 @@ STORE = "index store"
 DATA = "index.faiss"
 IVFDATA = "index.ivfdata"  # an IVF index's inverted lists on disk (OnDiskInvertedLists)
 CRC_BLOCK = 1 << 26  # bytes read at a time for a checksum
-# the FAISS class each index kind builds (what a read-back index must be)
+# the FAISS class each index kind builds (what a read-back index must be; an IVF-PQ with search.refine_factor sits
+# inside an IndexRefineFlat holding the full vectors, build parameter refine=flat)
 KIND_CLASSES = {"flat": "IndexFlatIP", "ivf_flat": "IndexIVFFlat", "hnsw": "IndexHNSWFlat", "ivf_pq": "IndexIVFPQ"}
 
 
@@ -79,6 +80,17 @@ def index_problem(index, material: dict) -> str | None:
     expected = KIND_CLASSES[material["index"]]
     build = material["build"]
     outer = index = faiss.downcast_index(index)
+    refined = isinstance(index, faiss.IndexRefineFlat)
+    if refined != (build.get("refine") == "flat"):  # search.refine_factor: IndexRefineFlat(the index), full vectors
+        return (f"holds a {type(index).__name__}, expected "
+                + ("an IndexRefineFlat (search.refine_factor)" if not refined else f"a {expected} without re-ranking"))
+    if refined:
+        refine = faiss.downcast_index(index.refine_index)
+        if (not isinstance(refine, faiss.IndexFlat) or refine.ntotal != material["n"] or refine.d != material["dim"]
+                or refine.metric_type != faiss.METRIC_INNER_PRODUCT):
+            return (f"holds re-ranking vectors ({type(refine).__name__}, {refine.ntotal} of width {refine.d}) that are "
+                    f"not {material['n']} inner-product rows of width {material['dim']}")
+        index = faiss.downcast_index(index.base_index)
     if "width" in build:  # zero-padded vectors: IndexPreTransform(RemapDimensionsTransform(dim, width)) -> the index
         padding = _padding_problem(faiss, index, material["dim"], build["width"])
         if padding:
