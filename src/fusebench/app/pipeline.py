@@ -136,20 +136,6 @@ def _progress_bar(desc: str, total: int, unit: str = "query"):
     return update
 
 
-def _check_engine_capacity(backend, config: RunConfig, images: int, gallery_size: int, n_captions: int) -> None:
-    """An engine's collection against its measured capacity, once the corpus is read (before any embedding work)."""
-    document = config.fusion.fuse_on == "document"
-    per_point = len(config.models) if document else 1
-    points = backends.engine_points(images, n_captions, len(config.models), document)
-    cap = backend.capacity.items if backend.capacity else 0
-    test = images - gallery_size
-    valid = (f"gallery.size at most {max(cap // per_point - max(test, 0), 0):,}" if gallery_size
-             and cap // per_point > test and cap // per_point >= n_captions
-             else f"a corpus of at most {cap // per_point:,} images and captions")
-    backends.check_capacity(backend, points, f"{test:,} images" + (f" and {gallery_size:,} distractors" if gallery_size
-                                                                   else "") + f", {n_captions:,} captions", valid)
-
-
 def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = None) -> RunRecord:
     """Evaluate every selected model and their fusion on the dataset; write outputs into ``out_dir``; return
     the run record (what metrics.json holds). ``config``: the job's typed config (a composed DictConfig is
@@ -182,7 +168,8 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
                                  "manifest's images are all searched in memory (no caption-less lines streamed as a "
                                  "gallery): leave it unset (null).")
         if backend.engine:
-            _check_engine_capacity(backend, config, images, gallery_size, corpus.n_captions)
+            backends.check_capacity(backend, len(config.models), config.fusion.fuse_on == "document", gallery_size,
+                                    images - gallery_size, corpus.n_captions)
         check_sizes(config.search, {"t2i": images, "i2t": corpus.n_captions},
                     max(settings.lists.depth, fusion.top_k or 0, keep_k or 0))
 

@@ -54,11 +54,7 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
         if bad:
             raise FusebenchError(f"{what} {why}.")
     if gallery.active and backend.engine:  # the distractors alone, now; the rest once the corpus is read (pipeline)
-        points = backends.engine_points(gallery.size, 0, len(models), fusion.fuse_on == "document")
-        cap = backend.capacity.items if backend.capacity else 0
-        backends.check_capacity(backend, points, f"gallery.size={gallery.size:,}",
-                                f"gallery.size well under {cap // (len(models) if fusion.fuse_on == 'document' else 1):,}"
-                                " (the test images count too)")
+        backends.check_capacity(backend, len(models), fusion.fuse_on == "document", gallery.size)
     check_depth(search, max(evaluation.lists.depth, fusion.top_k or 0, evaluation.save_topk or 0))
 
 

@@ -181,14 +181,26 @@ def engine_points(n_images: int, n_captions: int, n_models: int, document: bool)
     return max(n_images, n_captions) * (n_models if document else 1)
 
 
-def check_capacity(backend: Backend, points: int, what: str, valid: str) -> None:
+def check_capacity(backend: Backend, n_models: int, document: bool, distractors: int, n_test: int | None = None,
+                   n_captions: int = 0) -> None:
     """Refuse an engine asked to hold more than it serves on this class of machine (its measured :class:`Capacity`),
-    before any work: one line with the measurement, what is valid here, and the engine's server form. ``points``:
-    :func:`engine_points` (or a lower bound of it); ``what`` names them ("a gallery of 1,005,000 images");
-    ``valid``: what the user can set instead ("gallery.size at most 95,000")."""
+    before any work: one line with the measurement, what is valid here, and the engine's server form. The one
+    rule, checked with what is known: ``n_test`` None when the config is checked (the distractors alone, as a lower
+    bound), then the test images and the captions once the corpus is read (:func:`engine_points`)."""
     cap = backend.capacity
-    if cap is None or points <= cap.items:
+    if cap is None:
         return
+    points = engine_points((n_test or 0) + distractors, n_captions, n_models, document)
+    if points <= cap.items:
+        return
+    most = cap.items // (n_models if document else 1)  # images (or captions) one collection may hold
+    if n_test is None:
+        what, valid = f"gallery.size={distractors:,}", f"gallery.size well under {most:,} (the test images count too)"
+    else:
+        what = f"{n_test:,} images" + (f" and {distractors:,} distractors" if distractors else "") + \
+            f", {n_captions:,} captions"
+        valid = (f"gallery.size at most {most - n_test:,}" if distractors and most > n_test and most >= n_captions
+                 else f"a corpus of at most {most:,} images and captions")
     raise FusebenchError(f"search={backend.name} with {what} ({points:,} items in one collection) is past the "
                          f"{cap.items:,} its embedded form serves on this class of machine (2 cores, 24 GB; measured: "
                          f"{cap.measured}); valid: {valid}, or the engine's server form ({cap.server}), which "

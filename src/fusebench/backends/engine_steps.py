@@ -260,7 +260,7 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     import numpy as np
     import torch
 
-    from fusebench.backends.base import check_capacity, engine_points, get
+    from fusebench.backends.base import check_capacity, get
     from fusebench.backends.engine_dirs import (
         ENGINE_DIR,
         fresh_workdir,
@@ -276,9 +276,9 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
 
     gallery = models[0].distractors is not None
     # an API caller's rows, checked as the pipeline checks a config's (before any work)
-    check_capacity(get(config.backend), engine_points(models[0].n_items, len(caption_image), len(models),
-                                                      fusion.fuse_on == "document"),
-                   f"{models[0].n_items:,} images and {len(caption_image):,} captions", "fewer items")
+    n_test = len(models[0].image)
+    check_capacity(get(config.backend), len(models), fusion.fuse_on == "document", models[0].n_items - n_test, n_test,
+                   len(caption_image))
     depth = list_depth(fusion, keep_k, settings)
     exact = exact_lists(models, caption_image, depth, settings, source)
     exact_results = retrieve(models, caption_image, fusion, None, settings, source, stored=exact)  # whole final_k
