@@ -29,7 +29,6 @@ folder). The rules that make Qdrant's lists differ from fusebench's preset are i
 
 from __future__ import annotations
 
-import itertools
 import time
 import warnings
 from collections.abc import Iterator
@@ -94,17 +93,15 @@ def rrf_k(request: EngineRequest) -> int:
     return int(k)
 
 
-def _check_unit(request: EngineRequest) -> None:
+def _check_unit(block: dict[str, np.ndarray]) -> None:
+    """Every model's rows in ``block`` (the queries, or one block of items as it is loaded) are unit rows."""
     import numpy as np
 
-    items = (block for _start, _stop, block in request.item_blocks(UPLOAD_POINTS * 16))
-    for block in itertools.chain(items, [request.queries]):  # one block of items in memory at a time
-        for m in request.models:
-            rows = block[m]
-            norms = np.linalg.norm(rows, axis=1) if len(rows) else np.ones(1)
-            if np.abs(norms - 1.0).max() > UNIT_TOLERANCE:
-                raise FusebenchError(f"search=qdrant: model {m}'s vectors are not unit rows (norm {norms.min():.4g}.."
-                                     f"{norms.max():.4g}); valid: L2-normalised embeddings.")
+    for m, rows in block.items():
+        norms = np.linalg.norm(rows, axis=1) if len(rows) else np.ones(1)
+        if np.abs(norms - 1.0).max() > UNIT_TOLERANCE:
+            raise FusebenchError(f"search=qdrant: model {m}'s vectors are not unit rows (norm {norms.min():.4g}.."
+                                 f"{norms.max():.4g}); valid: L2-normalised embeddings.")
 
 
 @contextmanager
@@ -144,6 +141,7 @@ def _ingest(client, models, request: EngineRequest) -> None:
     ids = point_ids(request)
     tick = ticker(request, "qdrant: loading points", request.n_items)
     for start, stop, rows in request.item_blocks(UPLOAD_POINTS):
+        _check_unit(rows)  # as each block is read: the gallery is read once
         if request.fusion.fuse_on == "source_object":
             points = [models.PointStruct(id=int(ids[0][i]), vector={names[m]: rows[m][i - start] for m in request.models})
                       for i in range(start, stop)]
@@ -228,7 +226,7 @@ def _latency(searcher: _Searcher, request: EngineRequest, fused: list) -> tuple[
 
 
 def run(request: EngineRequest) -> EngineLists:
-    _check_unit(request)
+    _check_unit(request.queries)
     qdrant_client = require("qdrant")
     from qdrant_client import models
 
