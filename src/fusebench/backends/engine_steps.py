@@ -95,38 +95,33 @@ class GalleryRows:
             tiles.release(t)
 
 
-def _array_tiles(rows: np.ndarray, tile: int) -> Iterator[tuple[int, np.ndarray]]:
-    for start in range(0, len(rows), tile):
-        yield start, rows[start:start + tile]
-
-
 def item_blocks(items: dict[str, np.ndarray | GalleryRows], size: int
                 ) -> Iterator[tuple[int, int, dict[str, np.ndarray]]]:
-    """Every model's rows in aligned blocks of ``size`` (the last one shorter): each model's source read tile by
-    tile in step, a block cut from the current tiles (copied across a tile's edge)."""
+    """Every model's rows in aligned blocks of ``size`` (the last one shorter): an array sliced, a gallery read
+    tile by tile in step (a block cut from the current tile, copied across a tile's edge)."""
     import numpy as np
 
     lengths = {m: len(rows) for m, rows in items.items()}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"every model's items must be the same rows; lengths {lengths}")
     n = len(next(iter(items.values())))
-    sources = {m: (rows.tiles() if isinstance(rows, GalleryRows) else _array_tiles(rows, max(size, GALLERY_TILE)))
-               for m, rows in items.items()}
-    held: dict[str, tuple[int, np.ndarray]] = {m: (0, np.empty((0, rows.shape[1]), np.float32))
-                                               for m, rows in items.items()}
+    tiles = {m: rows.tiles() for m, rows in items.items() if isinstance(rows, GalleryRows)}
+    held = {m: (0, np.empty((0, items[m].shape[1]), np.float32)) for m in tiles}  # (first item, rows) of its tile
     for start in range(0, n, size):
         stop = min(start + size, n)
         block = {}
-        for m, source in sources.items():
+        for m, rows in items.items():
+            if m not in tiles:
+                block[m] = np.ascontiguousarray(rows[start:stop], dtype=np.float32)
+                continue
             parts, at = [], start
             while at < stop:
-                first, rows = held[m]
-                if at >= first + len(rows):
-                    held[m] = next(source)
+                first, tile = held[m]
+                if at >= first + len(tile):
+                    held[m] = next(tiles[m])
                     continue
-                take = rows[at - first: stop - first]
-                parts.append(take)
-                at += len(take)
+                parts.append(tile[at - first: stop - first])
+                at += len(parts[-1])
             block[m] = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts), dtype=np.float32)
         yield start, stop, block
 
