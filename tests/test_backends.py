@@ -191,11 +191,16 @@ def test_a_target_recall_run_records_what_it_chose_and_an_unreachable_one_writes
             target = quality["target"]
             params = saved["params"][direction]
             chosen = (params[model] if model in params else params)["nprobe"]
-            assert target["value"] == chosen and 1 <= chosen <= 8 and target["sample_recall"] >= 0.9
-            assert target["tried"][str(chosen)] == target["sample_recall"] and quality["neighbour_recall"] > 0.8
-            assert chosen == 1 or target["tried"].get(str(chosen - 1), 0) < 0.9
-    with pytest.raises(FusebenchError, match=r"search.target_recall=1 is not reached by model .* the best neighbour "
-                                             r"recall@\d+ on its 300 held-out queries is 0\.\d+, at nprobe="):
+            assert target["value"] == chosen and 1 <= chosen <= 8 and target["sample_recall_low"] >= 0.9
+            assert target["tried"][str(chosen)]["low"] == target["sample_recall_low"]
+            assert chosen == 1 or target["tried"].get(str(chosen - 1), {"low": 0})["low"] < 0.9
+            assert quality["neighbour_recall"] > 0.8 and target["queries"]["source"] == "split"
+    # the tuning queries are the sim corpus's val draw: the reported corpus is the one an exact run reports on
+    assert record.dataset.n_captions == _run(compose_cfg, tmp_path, "exact", [])[0].dataset.n_captions
+    assert "index_tuning_held_out_images" not in record.dataset.meta
+    with pytest.raises(FusebenchError, match=r"search.target_recall=1 is not reached by model .* on its \d+ tuning "
+                                             r"queries the best neighbour recall@\d+ is 0\.\d+ \(one-sided 95% lower "
+                                             r"bound 0\.\d+\), at nprobe="):
         _run(compose_cfg, tmp_path, "unreached", ["search=faiss_ivf_pq", "search.nlist=4", "search.nbits=4",
                                                   "search.pq_m=2", "search.target_recall=1"])
     assert not (tmp_path / "unreached" / "metrics.json").exists()

@@ -1,7 +1,8 @@
 """``search.target_recall`` (fusebench.backends.target_recall): the nprobe / efSearch chosen is the smallest that
-reaches the target on the held-out queries (against a slow reference that builds FAISS's own index and tries every
-value), what it chose and the recall it reached are recorded, an unreachable target is one line naming the best,
-and bad values are one line each; a null target changes no label, parameter or record."""
+reaches the target, by the one-sided lower bound of its recall, on tuning queries outside the reported ones
+(against a slow reference that builds FAISS's own index, searches exactly one query at a time and tries every
+value), what it chose, on what and the recall it reached are recorded, an unreachable target is one line naming
+the best, and bad values are one line each; a null target changes no label, parameter or record."""
 
 from __future__ import annotations
 
@@ -31,9 +32,43 @@ def clustered():
     return model, caption_image, compute_model_lists(model.text, model.image, caption_image, DEPTH)
 
 
+@pytest.fixture(scope="module")
+def tuning():
+    """Queries of another split of the same kind as ``clustered``'s (same centres: same seed's first draws)."""
+    other, other_caption_image = make_case(n_images=1500, dim=24, seed=11, clusters=16)
+    rng = np.random.default_rng(99)
+    image = other.image + 0.05 * rng.standard_normal(other.image.shape)
+    image = (image / np.linalg.norm(image, axis=1, keepdims=True)).astype(np.float32)
+    text = other.text[rng.choice(len(other.text), 400, replace=False)]
+    text = text + 0.05 * rng.standard_normal(text.shape)
+    text = (text / np.linalg.norm(text, axis=1, keepdims=True)).astype(np.float32)
+    return tr.TuningQueries("split", "val", 300, len(text), {"m": {"t2i": text, "i2t": image[:300]}})
+
+
 def slow_recall(found: np.ndarray, exact: np.ndarray, k: int) -> float:
     """Mean over queries of |found top k & exact top k| / k, one query at a time."""
-    return float(np.mean([len(set(f[:k].tolist()) & set(e[:k].tolist())) / k for f, e in zip(found, exact)]))
+    return float(np.mean(slow_recalls(found, exact, k)))
+
+
+def slow_recalls(found: np.ndarray, exact: np.ndarray, k: int) -> list[float]:
+    return [len(set(f[:k].tolist()) & set(e[:k].tolist())) / k for f, e in zip(found, exact)]
+
+
+def slow_lower_bound(values: list[float]) -> float:
+    """mean - 1.6449 * sample sd / sqrt(n), written out."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+    return mean - 1.6449 * sd / n ** 0.5
+
+
+def slow_exact_top(queries: np.ndarray, items: np.ndarray, k: int) -> np.ndarray:
+    """Each query's top k items by cosine, ties to the lower id, one query at a time."""
+    out = []
+    for q in queries.astype(np.float64):
+        scores = items.astype(np.float32) @ q.astype(np.float32)
+        out.append(sorted(range(len(items)), key=lambda i: (-scores[i], i))[:k])
+    return np.array(out)
 
 
 def own_index(kind: str, items: np.ndarray, nlist: int = 0, seed: int = 1234, m: int = 8, ef_construction: int = 40):
@@ -50,49 +85,74 @@ def own_index(kind: str, items: np.ndarray, nlist: int = 0, seed: int = 1234, m:
     return index
 
 
-def scan_every_value(index, kind: str, queries, exact_ids, values, target) -> dict[int, float]:
-    """The sample recall at every value of the setting (the slow reference of the doubling and bisection)."""
+def scan_every_value(index, kind: str, queries, exact_ids, values) -> dict[int, tuple[float, float]]:
+    """The tuning queries' (mean recall, lower bound) at every value of the setting (the slow reference of the
+    doubling and bisection and of the rule)."""
     out = {}
     for value in values:
         if kind == "hnsw":
             index.hnsw.efSearch = value
         else:
             index.nprobe = value
-        out[value] = slow_recall(index.search(queries, DEPTH)[1], exact_ids, DEPTH)
+        per_query = slow_recalls(index.search(queries, DEPTH)[1], exact_ids, DEPTH)
+        out[value] = (float(np.mean(per_query)), slow_lower_bound(per_query))
     return out
 
 
 @pytest.mark.parametrize("kind,settings,target", [("ivf_flat", {"nlist": 40}, 0.9), pytest.param(
     "hnsw", {"hnsw_m": 8, "ef_construction": 40}, 0.95, marks=pytest.mark.slow)])  # ~4 s: the scan of every efSearch
-def test_the_chosen_setting_is_the_smallest_reaching_the_target_on_the_held_out_queries(clustered, kind, settings,
-                                                                                          target):
+def test_the_chosen_setting_is_the_smallest_whose_lower_bound_reaches_the_target_on_the_tuning_queries(
+        clustered, tuning, kind, settings, target):
     model, caption_image, exact = clustered
     config = SearchConfig(backend="faiss", index=kind, target_recall=target, **settings)
-    result = faiss_lists(model, caption_image, DEPTH, config, CPU, None, exact=exact)
+    result = faiss_lists(model, caption_image, DEPTH, config, CPU, None, exact=exact, tuning=tuning)
     quality = with_quality(result, exact)
     setting = "nprobe" if kind == "ivf_flat" else "efSearch"
     sides = {"t2i": (model.image, model.text), "i2t": (model.text, model.image[np.unique(caption_image)])}
-    for direction, (items, queries) in sides.items():
+    for direction, (items, _queries) in sides.items():
         chosen = result.params[direction][setting]
-        sample = tr.held_out(len(queries), config.seed)
-        assert len(sample) == min(len(queries), 300) and len(np.unique(sample)) == len(sample)
+        queries = tuning.rows["m"][direction]
         index = own_index(kind, items, settings.get("nlist", 0), m=settings.get("hnsw_m", 8))
-        exact_ids = exact[direction].ids.numpy()[sample]
+        exact_ids = slow_exact_top(queries, items, DEPTH)
         low = 1 if kind == "ivf_flat" else DEPTH
         values = range(low, chosen + 1) if kind == "hnsw" else range(1, settings["nlist"] + 1)
-        scanned = scan_every_value(index, kind, queries[sample], exact_ids, values, target)
-        assert scanned[chosen] >= target
-        assert chosen == low or scanned[chosen - 1] < target  # the next smaller one does not reach it
+        scanned = scan_every_value(index, kind, queries, exact_ids, values)
+        assert scanned[chosen][1] >= target  # the lower bound reaches it, not only the mean
+        assert chosen == low or scanned[chosen - 1][1] < target  # the next smaller one does not
         if kind == "ivf_flat":  # recall never falls as lists are added: the smallest of a full scan
-            assert chosen == min(v for v, r in scanned.items() if r >= target)
+            assert chosen == min(v for v, (_r, lo) in scanned.items() if lo >= target)
         record = quality[direction].target
         assert record["setting"] == setting and record["value"] == chosen and record["target_recall"] == target
-        assert record["sample_queries"] == len(sample) and record["sample_recall"] == pytest.approx(scanned[chosen])
-        assert all(r == pytest.approx(scanned[int(v)]) for v, r in record["tried"].items() if int(v) in scanned)
+        assert record["queries"] == {"source": "split", "split": "val", "images": 300, "captions": 400}
+        assert record["sample_queries"] == len(queries) and record["seconds"] > 0
+        assert record["sample_recall"] == pytest.approx(scanned[chosen][0])
+        assert record["sample_recall_low"] == pytest.approx(scanned[chosen][1])
+        assert all(r == {"recall": pytest.approx(scanned[int(v)][0]), "low": pytest.approx(scanned[int(v)][1])}
+                   for v, r in record["tried"].items() if int(v) in scanned)
         every = slow_recall(result.lists[direction].ids.numpy(), exact[direction].ids.numpy(), DEPTH)
         assert quality[direction].neighbour_recall == pytest.approx(every)  # on every query, with the chosen value
     assert config.label() == f"faiss {kind} " + ("nlist=40 target_recall=0.9" if kind == "ivf_flat" else
                                                  "M=8 efConstruction=40 target_recall=0.95")
+
+
+def test_exact_top_over_blocks_equals_a_scan_one_query_at_a_time():
+    rng = np.random.default_rng(4)
+    items = rng.standard_normal((300, 8)).astype(np.float32)
+    items[17] = items[3]  # an exact tie: the lower id first
+    queries = rng.standard_normal((25, 8)).astype(np.float32)
+    queries[0] = items[3]
+    for block in (300, 64, 7):
+        got = tr.exact_top(queries, tr.array_blocks(items, block), 10)
+        np.testing.assert_array_equal(got, slow_exact_top(queries, items, 10))
+    short = tr.exact_top(queries, tr.array_blocks(items[:4], 3), 6)  # fewer items than k: -1 after them
+    np.testing.assert_array_equal(short[:, 4:], -1)
+    np.testing.assert_array_equal(short[:, :4], slow_exact_top(queries, items[:4], 4))
+
+
+def test_the_lower_bound_is_the_one_sided_normal_bound():
+    values = [1.0, 0.9, 0.95, 0.8, 1.0, 0.85]
+    assert tr.lower_bound(np.array(values)) == pytest.approx(slow_lower_bound(values))
+    assert tr.lower_bound(np.array([0.7])) == 0.7 and tr.lower_bound(np.ones(50)) == 1.0
 
 
 def test_doubling_then_bisection_equals_a_scan_of_every_value():
@@ -103,30 +163,32 @@ def test_doubling_then_bisection_equals_a_scan_of_every_value():
         curve = np.sort(rng.random(high + 1))  # recall grows with the setting
         target = float(rng.random())
         calls = []
-        value, tried = tr.smallest_reaching(lambda v, calls=calls, curve=curve: calls.append(v) or curve[v], low, high, target)
+        value = tr.smallest_reaching(lambda v, calls=calls, curve=curve, t=target: calls.append(v) or curve[v] >= t,
+                                     low, high)
         reaching = [v for v in range(low, high + 1) if curve[v] >= target]
         assert value == (reaching[0] if reaching else None)
-        assert len(calls) == len(set(calls)) == len(tried) and len(calls) <= 2 * np.log2(high) + 3
+        assert len(calls) <= 2 * np.log2(high) + 3
 
 
-def test_held_out_sample_sizes_and_seed():
-    assert len(tr.held_out(25_010, 1)) == 1000 and len(tr.held_out(5_000, 1)) == 500
-    assert len(tr.held_out(2_000, 1)) == 300 and len(tr.held_out(120, 1)) == 120
-    np.testing.assert_array_equal(tr.held_out(5_000, 7), tr.held_out(5_000, 7))
-    assert not np.array_equal(tr.held_out(5_000, 7), tr.held_out(5_000, 8))
-
-
-def test_an_unreachable_target_is_one_line_naming_the_best_recall_and_setting(clustered):
+def test_an_unreachable_target_is_one_line_naming_the_best_recall_and_setting(clustered, tuning):
     model, caption_image, exact = clustered
     config = SearchConfig(backend="faiss", index="ivf_pq", nlist=8, pq_m=2, nbits=4, target_recall=0.99)
     with pytest.raises(FusebenchError) as err:
-        faiss_lists(model, caption_image, DEPTH, config, CPU, None, exact=exact)
+        faiss_lists(model, caption_image, DEPTH, config, CPU, None, exact=exact, tuning=tuning)
     message = str(err.value)
     assert "\n" not in message and "search.target_recall=0.99 is not reached by model m's t2i index" in message
     assert "at nprobe=8 (every list)" in message and "nprobe tried 1..8" in message
-    best = float(message.split("held-out queries is ")[1].split(",")[0])
+    assert "on its 400 tuning queries the best neighbour recall@20 is " in message
+    best = float(message.split("lower bound ")[1].split(")")[0])
     valid = float(message.split("search.target_recall at most ")[1].split(" ")[0])
     assert best < 0.99 and best - 1e-4 <= valid <= best  # a target it reaches
+
+
+def test_a_target_without_tuning_queries_is_a_bug_not_a_silent_choice(clustered):
+    model, caption_image, exact = clustered
+    with pytest.raises(ValueError, match="needs tuning queries of model m"):
+        faiss_lists(model, caption_image, DEPTH, SearchConfig(backend="faiss", index="ivf_flat", nlist=40,
+                                                               target_recall=0.9), CPU, None, exact=exact)
 
 
 @pytest.mark.parametrize("settings,fragments", [
@@ -137,6 +199,12 @@ def test_an_unreachable_target_is_one_line_naming_the_best_recall_and_setting(cl
     ({"backend": "exact", "index": "flat", "target_recall": 0.9}, ("search.target_recall=0.9", "search=exact")),
     ({"index": "ivf_flat", "target_recall": 0.9, "nprobe": 8}, ("search.nprobe=8 is chosen by search.target_recall",)),
     ({"index": "hnsw", "target_recall": 0.9, "ef_search": 300}, ("search.ef_search=300 is chosen",)),
+    ({"index": "ivf_flat", "tune_queries": "held_out"}, ("search.tune_queries=held_out is read only with "
+                                                         "search.target_recall set",)),
+    ({"index": "ivf_flat", "tune_images": 50}, ("search.tune_images=50 is read only with search.target_recall",)),
+    ({"index": "ivf_flat", "target_recall": 0.9, "tune_queries": "val"}, ("search.tune_queries='val'",
+                                                                          "auto, split, held_out")),
+    ({"index": "ivf_flat", "target_recall": 0.9, "tune_images": 0}, ("search.tune_images=0",)),
 ])
 def test_bad_target_recall_is_one_line(settings, fragments):
     with pytest.raises(FusebenchError) as err:

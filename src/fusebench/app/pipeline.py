@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from fusebench import DIRECTIONS, FUSED, FusebenchError, __version__
 from fusebench.app import interrupts
 from fusebench.app.gallery_stage import attach_gallery, attach_manifest, distractor_sources, manifest_raws, manifest_split
+from fusebench.app.index_tuning import HELD_OUT_KEY, tuning_queries
 from fusebench.app.run_config import run_config
 from fusebench.app.rundir import check_writable
 from fusebench.app.tracking import log_run
@@ -179,6 +180,9 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
     if extra and corpus.meta.get("dropped_images"):  # unreadable images left out: map the positives again
         extra = [load_positives(name, corpus) for name in settings.positives]
         keep_k = _list_length(settings, fusion, extra, corpus, len(config.models))
+    index_tuning, corpus, embeddings = tuning_queries(config, corpus, embeddings, _embeddings, inputs is not None)
+    if extra and HELD_OUT_KEY in corpus.meta:  # the test split lost the images the index is tuned on
+        extra = [load_positives(name, corpus) for name in settings.positives]
     store_dir = config.embed.cache.dir if settings.lists.store else None
     if split is None:
         embeddings, corpus, gallery = attach_gallery(config, corpus, embeddings, sources, device,
@@ -189,7 +193,7 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
                             depth=settings.lists.depth, max_scores_mb=settings.lists.max_scores_mb,
                             store_dir=store_dir,
                             precision=None if settings.search_precision == "auto" else settings.search_precision,
-                            progress=_progress_bar)
+                            progress=_progress_bar, tuning=index_tuning)
     tuned, tuning = None, config.tune
     if tuning is not None:  # choose the weights on the tuning split, then evaluate that one setting below
         tuned, corpus, embeddings, fusion = _tune(tuning, config, corpus, embeddings, fusion, search)

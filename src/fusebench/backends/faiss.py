@@ -39,7 +39,7 @@ def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: Fu
     exact_results = retrieve(models, caption_image, fusion, keep_k, settings, source, stored=exact)
     device = torch.device(settings.device)
     ann = {m.name: faiss_lists(m, caption_image, depth, config, device, settings.store_dir, settings.progress,
-                               exact[m.name]) for m in models}
+                               exact[m.name], settings.tuning) for m in models}
     results = retrieve(models, caption_image, fusion, keep_k, settings, source,
                        stored={name: a.lists for name, a in ann.items()})
     if FUSED in exact_results:
@@ -66,6 +66,7 @@ def version() -> str:
     return faiss_version()
 
 
-BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads", "target_recall", "max_memory_gb", "refine_factor"),
+BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads", "target_recall", "tune_queries", "tune_images",
+                                                                     "max_memory_gb", "refine_factor"),
                            extra="faiss", module="faiss", run=run,
                            version=version))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ import torch
 from fusebench import FusebenchError
 from fusebench.backends import gallery_index, target_recall
 from fusebench.backends.base import require
-from fusebench.backends.target_recall import Tuned
+from fusebench.backends.target_recall import Tuned, TuningQueries
 from fusebench.config import search as search_config
 from fusebench.config.search import SearchConfig
 from fusebench.encoders.base import ModelEmbeddings
@@ -193,33 +194,42 @@ def _index(faiss, model: ModelEmbeddings, direction: str, items: np.ndarray, bui
     return IndexStore(store_dir).get_or_build(material, make, {"model": model.name, "direction": direction})
 
 
-def _tune(faiss, index, config: SearchConfig, build: dict, queries: np.ndarray, exact_ids, k: int, n_items: int,
-          what: str) -> Tuned:
-    """The smallest nprobe / efSearch reaching ``config.target_recall`` (:mod:`.target_recall`), searched on the
-    CPU index itself."""
+def _tune(faiss, index, config: SearchConfig, build: dict, tuning: TuningQueries, model: str, direction: str,
+          blocks: Callable[[], Iterable[tuple[int, np.ndarray]]], k: int, n_items: int, what: str) -> Tuned:
+    """The smallest nprobe / efSearch reaching ``config.target_recall`` (:mod:`.target_recall`) on ``tuning``'s
+    queries of ``model`` in ``direction``, searched on the CPU index itself, against exact search over the same
+    items (``blocks()``: the items as :func:`.target_recall.exact_top` reads them)."""
     fixed = search_params(config)  # the settings not tuned (a refined IVF-PQ's k_factor) as they will search
+    queries = np.ascontiguousarray(tuning.rows[model][direction], dtype=np.float32)
+    started = time.perf_counter()
+    exact_ids = target_recall.exact_top(queries, blocks(), k)
+    exact_seconds = time.perf_counter() - started
 
     def search(rows: np.ndarray, value: int) -> np.ndarray:
         set_search_params(faiss, index, {**fixed, config.tuned: value})
-        return index.search(np.ascontiguousarray(rows, dtype=np.float32), k)[1]
+        return index.search(rows, k)[1]
 
     low, high = target_recall.bounds(config.tuned, build.get("nlist"), k, n_items)
     return target_recall.choose(search, queries, exact_ids, k, config.tuned, low, high, config.target_recall,
-                                config.seed, what)
+                                what, tuning.describe(), exact_seconds)
 
 
-def _direction(faiss, model, direction, items, queries, depth, config, device, store_dir, progress, exact_ids=None):
-    """One direction's (ids, scores, cost, params); ``exact_ids``: exact search's lists of ``queries`` (what a
-    target recall is measured against)."""
+def _tuned(tuning: TuningQueries | None, model: str) -> TuningQueries:
+    if tuning is None or model not in tuning.rows:
+        raise ValueError(f"search.target_recall needs tuning queries of model {model} (the app gathers them)")
+    return tuning
+
+
+def _direction(faiss, model, direction, items, queries, depth, config, device, store_dir, progress, tuning=None):
+    """One direction's (ids, scores, cost, params); ``tuning``: the queries a target recall is chosen on."""
     k = min(depth, len(items))
     build = build_params(config, len(items), items.shape[1], model.name)
     params = {**build, **search_params(config)}
     stored = _index(faiss, model, direction, items, build, config, store_dir, progress)
     tuned = None
     if config.tuned:
-        if exact_ids is None:
-            raise ValueError("search.target_recall needs exact search's lists of the queries")
-        tuned = _tune(faiss, stored.index, config, build, queries, exact_ids, k, len(items),
+        tuned = _tune(faiss, stored.index, config, build, _tuned(tuning, model.name), model.name, direction,
+                      lambda: target_recall.array_blocks(items), k, len(items),
                       f"model {model.name}'s {direction} index")
         params[config.tuned] = tuned.value
     set_search_params(faiss, stored.index, params)
@@ -268,8 +278,16 @@ def _gallery_index(faiss, model: ModelEmbeddings, config: SearchConfig, store_di
     return stored, build, plan.on_disk
 
 
+def _tile_blocks(tiles: GalleryTiles):
+    """A gallery's items as :func:`.target_recall.exact_top` reads them: tile by tile, each read once."""
+    for t, (c0, _c1) in enumerate(tiles.tiles):
+        yield c0, tiles.rows(t)
+        tiles.release(t)
+
+
 def _gallery_lists(faiss, model: ModelEmbeddings, caption_image: np.ndarray, depth: int, config: SearchConfig,
-                   device: torch.device, store_dir: str | None, progress: Progress, exact: ModelLists) -> AnnLists:
+                   device: torch.device, store_dir: str | None, progress: Progress, exact: ModelLists,
+                   tuning: TuningQueries | None = None) -> AnnLists:
     """t2i from the index over the whole gallery; i2t as the exact path gives it (only test images ask i2t
     queries, and distractors are no i2t item): ``exact``'s i2t lists, cut to ``depth``, exact ranks."""
     stored, build, on_disk = _gallery_index(faiss, model, config, store_dir, progress)
@@ -278,8 +296,9 @@ def _gallery_lists(faiss, model: ModelEmbeddings, caption_image: np.ndarray, dep
     params = {**build, **search_params(config)}
     tuned = None
     if config.tuned:
-        tuned = _tune(faiss, stored.index, config, build, model.text, exact["t2i"].ids.numpy(), k, n,
-                      f"model {model.name}'s t2i index (gallery)")
+        tiles = GalleryTiles(model.image, model.distractors, GALLERY_CHUNK)
+        tuned = _tune(faiss, stored.index, config, build, _tuned(tuning, model.name), model.name, "t2i",
+                      lambda: _tile_blocks(tiles), k, n, f"model {model.name}'s t2i index (gallery)")
         params[config.tuned] = tuned.value
     if on_disk:
         params["on_disk"] = True
@@ -302,19 +321,21 @@ def _gallery_lists(faiss, model: ModelEmbeddings, caption_image: np.ndarray, dep
 
 def faiss_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, config: SearchConfig,
                 device: torch.device, store_dir: str | None, progress: Progress | None = None,
-                exact: ModelLists | None = None) -> AnnLists:
+                exact: ModelLists | None = None, tuning: TuningQueries | None = None) -> AnnLists:
     """``model``'s lists ``depth`` deep in both directions from FAISS indexes of ``config.index`` (see the module);
-    ``exact``: the model's exact lists, at least ``depth`` deep (needed when ``config.target_recall`` is set)."""
+    ``exact``: the model's exact lists, at least ``depth`` deep (needed over a gallery: its i2t lists);
+    ``tuning``: the queries ``config.target_recall`` chooses the search-time setting on (needed when it is set)."""
     faiss = require("faiss")
     progress = progress or _no_progress
     if model.distractors is not None:
         if exact is None:
-            raise ValueError("an index over a gallery needs the exact gallery lists (i2t, and a target recall)")
+            raise ValueError("an index over a gallery needs the exact gallery lists (its i2t lists)")
         threads = faiss.omp_get_max_threads()
         if config.threads:
             faiss.omp_set_num_threads(config.threads)
         try:
-            return _gallery_lists(faiss, model, caption_image, depth, config, device, store_dir, progress, exact)
+            return _gallery_lists(faiss, model, caption_image, depth, config, device, store_dir, progress, exact,
+                                  tuning)
         finally:
             faiss.omp_set_num_threads(threads)
     caption_image = np.asarray(caption_image, dtype=np.int64)
@@ -324,8 +345,7 @@ def faiss_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, c
     if config.threads:
         faiss.omp_set_num_threads(config.threads)
     try:
-        out = {d: _direction(faiss, model, d, items, queries, depth, config, device, store_dir, progress,
-                             None if exact is None else exact[d].ids.numpy())
+        out = {d: _direction(faiss, model, d, items, queries, depth, config, device, store_dir, progress, tuning)
                for d, (items, queries) in sides.items()}
     finally:
         faiss.omp_set_num_threads(threads)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
 from fusebench.stores.lists import ListStore, list_materials
 from fusebench.stores.scores import ScoreStore
 
+if TYPE_CHECKING:
+    from fusebench.backends.target_recall import TuningQueries
+
 
 @dataclass
 class SearchSettings:
@@ -44,6 +48,7 @@ class SearchSettings:
     max_scores_mb: int = 2048  # top_k null: store a model's whole score matrices up to this size (MB)
     precision: str | None = None  # a gallery's distractor tiles: None (bf16 on cuda, fp32 elsewhere) | fp32 | bf16 | tf32
     progress: Progress | None = None
+    tuning: TuningQueries | None = None  # search.target_recall: the queries outside the metrics it is chosen on
 
     @property
     def tile_bytes(self) -> int:

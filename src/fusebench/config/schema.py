@@ -138,6 +138,7 @@ class EmbedConfig:
         return "bf16" if device.type == "cuda" else "fp32"
 
 
+SIM_SPLITS = ("test", "val")  # dataset.split of a sim corpus: two independent draws from one world
 SIM_STRUCTURES = ("isotropic", "clustered")  # dataset.structure (docs/simulated.md)
 # The keys only dataset.structure=clustered reads (any other structure must leave them at their defaults)
 SIM_STRUCTURE_READS = {"isotropic": (), "clustered": ("topics", "subtopics", "topic_spread", "subtopic_spread", "own_spread",
@@ -154,6 +155,8 @@ class SimDatasetConfig:
     caption_noise: float = 1.3  # what each caption adds or misses on its own
     shared_caption_noise: float = 1.36  # what all captions of an image miss alike
     seed: int = 0
+    split: str = "test"  # test | val: val is a fresh draw of images and captions from the same world and models
+    #   (what search.target_recall tunes an index on: docs/search.md), never the test split's
     structure: str = "isotropic"  # isotropic | clustered: latents shaped like real embeddings (docs/simulated.md)
     # structure=clustered only: a topic hierarchy, an anisotropic spectrum, a cone and a modality gap
     topics: int = 32  # coarse topics
@@ -172,6 +175,7 @@ class SimDatasetConfig:
         for key in ("caption_noise", "shared_caption_noise"):
             setattr(self, key, checks.number(getattr(self, key), f"dataset.{key}", 0))
         self.seed = checks.integer(self.seed, "dataset.seed", 0)
+        checks.choice(self.split, "dataset.split", SIM_SPLITS)
         checks.choice(self.structure, "dataset.structure", SIM_STRUCTURES)
         for key in ("topics", "subtopics"):
             setattr(self, key, checks.integer(getattr(self, key), f"dataset.{key}", 1))

@@ -29,9 +29,11 @@ INDEXES = ("flat", "ivf_flat", "hnsw", "ivf_pq")
 # The settings each index type reads (a setting the chosen index does not read must keep its default: refused
 # otherwise, as checks.unread says); the k-means seed is FAISS's (the engines train their own). Which backend builds
 # which index, and the settings each backend reads, are the backends' own (fusebench.backends: their registry).
-INDEX_READS = {"flat": (), "ivf_flat": ("nlist", "nprobe", "seed", "target_recall"),
-               "hnsw": ("hnsw_m", "ef_construction", "ef_search", "target_recall"),
-               "ivf_pq": ("nlist", "nprobe", "pq_m", "nbits", "seed", "target_recall", "refine_factor")}
+TARGET_READS = ("target_recall", "tune_queries", "tune_images")  # an index with a search-time setting to choose
+INDEX_READS = {"flat": (), "ivf_flat": ("nlist", "nprobe", "seed", *TARGET_READS),
+               "hnsw": ("hnsw_m", "ef_construction", "ef_search", *TARGET_READS),
+               "ivf_pq": ("nlist", "nprobe", "pq_m", "nbits", "seed", "refine_factor", *TARGET_READS)}
+TUNE_QUERIES = ("auto", "split", "held_out")  # search.tune_queries (backends.target_recall)
 # the search-time setting search.target_recall chooses for each index type (FAISS's name, the config key)
 TUNED = {"ivf_flat": ("nprobe", "nprobe"), "ivf_pq": ("nprobe", "nprobe"), "hnsw": ("efSearch", "ef_search")}
 IVF_MIN_POINTS = 39  # FAISS k-means wants at least 39 training points per list (it warns below that)
@@ -64,7 +66,11 @@ class SearchConfig:
     max_memory_gb: float | None = None  # faiss ivf_*: inverted lists past this (GB, 1e9 bytes) go to disk
     #   (OnDiskInvertedLists in the index store); the index's own structure must fit; null = all in memory
     target_recall: float | None = None  # faiss ivf_*/hnsw: the smallest nprobe / ef_search whose neighbour recall at
-    #   the list depth reaches this (0 < t <= 1) on a seeded sample of each index's queries; null = as set
+    #   the list depth reaches this (0 < t <= 1) on queries outside every reported metric; null = as set
+    tune_queries: str = "auto"  # target_recall's queries: split (the dataset's other split: Karpathy val, a sim val
+    #   draw) | held_out (test images held out of every reported metric) | auto (split where there is one)
+    tune_images: int = 200  # target_recall: images of those queries (their captions: t2i; themselves: i2t); held_out
+    #   takes at most 10% of the test images with captions
 
     def __post_init__(self):
         checks.text(self.backend, "search.backend")
@@ -96,7 +102,14 @@ class SearchConfig:
     def _check_target(self) -> None:
         """``target_recall`` in (0, 1], with a backend that has an index to tune, and not beside the setting it
         chooses (an index type without one, or an engine, is refused by the backends' ``unread`` check)."""
+        checks.choice(self.tune_queries, "search.tune_queries", TUNE_QUERIES)
+        checks.integer(self.tune_images, "search.tune_images", 1, "images whose captions tune the index")
         if self.target_recall is None:
+            for key in ("tune_queries", "tune_images"):
+                if getattr(self, key) != getattr(SearchConfig, key):
+                    raise FusebenchError(f"search.{key}={getattr(self, key)} is read only with search.target_recall "
+                                         "set (the queries it tunes an index on): set search.target_recall, or leave "
+                                         f"search.{key} unset.")
             return
         checks.number(self.target_recall, "search.target_recall", 0, 1, open_low=True,
                       hint="neighbour recall at the list depth, e.g. 0.95; null = nprobe / ef_search as set")

@@ -39,15 +39,17 @@ def make_sim_corpus(settings: SimDatasetConfig) -> Corpus:
     counts = caption_counts(n_images, n_captions)
     caption_image = np.repeat(np.arange(n_images, dtype=np.int64), counts)
     rank_in_image = np.arange(n_captions) - np.repeat(np.cumsum(counts) - counts, counts)
+    val = settings.split != "test"
     corpus = Corpus(
         name=name,
-        image_ids=[f"sim{i:06d}" for i in range(n_images)],
-        captions=[f"simulated caption {r + 1} of image {i}" for i, r in zip(caption_image, rank_in_image)],
+        image_ids=[f"sim{'val' if val else ''}{i:06d}" for i in range(n_images)],
+        captions=[f"simulated {'val ' if val else ''}caption {r + 1} of image {i}"
+                  for i, r in zip(caption_image, rank_in_image)],
         caption_image=caption_image,
         image_paths=None,
         meta={"simulated": True, "sim_seed": int(seed), "sim_latent_dim": int(latent_dim),
               "sim_caption_noise": float(caption_noise), "sim_shared_caption_noise": float(shared_caption_noise),
-              **structure_meta(settings)},
+              **({"sim_split": settings.split} if val else {}), **structure_meta(settings)},
         kind="sim",
     )
     return validate_corpus(corpus, "sim dataset")
@@ -69,6 +71,15 @@ def structure_meta(settings: SimDatasetConfig) -> dict:
         return {}
     return {"sim_structure": settings.structure,
             **{f"sim_{key}": getattr(settings, key) for key in SIM_STRUCTURE_READS[settings.structure]}}
+
+
+def sim_split(corpus: Corpus) -> str:
+    """The corpus's ``dataset.split``: ``test`` unless it records another (a test corpus's keys and digests stay as
+    they were before splits existed)."""
+    return str(corpus.meta.get("sim_split", "test"))
+
+
+SPLIT_STREAM = {"test": (), "val": (6,)}  # what each split's generators add to their seeds: independent draws
 
 
 def sim_structure(corpus: Corpus) -> str:
@@ -116,7 +127,7 @@ def _image_latents(corpus: Corpus, rng: np.random.Generator) -> tuple[np.ndarray
 
 def _latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     require_sim_corpus(corpus)
-    rng = np.random.default_rng([int(corpus.meta["sim_seed"]), 0])
+    rng = np.random.default_rng([int(corpus.meta["sim_seed"]), 0, *SPLIT_STREAM[sim_split(corpus)]])
     dim = int(corpus.meta["sim_latent_dim"])
     images, subtopics = _image_latents(corpus, rng)
     noise = rng.standard_normal((corpus.n_captions, dim), dtype=np.float32)
@@ -243,7 +254,9 @@ def sim_model_embeddings(corpus: Corpus, dim: int, image_noise: float, text_nois
     ``score``)."""
     images, captions = sim_latents(corpus)
     rng = model_rng(corpus.meta["sim_seed"], seed)
-    proj = model_projection(rng, dim, images.shape[1])
+    proj = model_projection(rng, dim, images.shape[1])  # one model in every split: its projection is the test's
+    if sim_split(corpus) != "test":  # its own noise on another split's rows
+        rng = np.random.default_rng([int(corpus.meta["sim_seed"]), 1, int(seed), *SPLIT_STREAM[sim_split(corpus)]])
     seen_images = seen_rows(images, image_noise, rng, proj)
     seen_captions = seen_rows(captions, text_noise, rng, proj)
     if sim_structure(corpus) != "isotropic":  # a cone per modality, the gap between them: where scores sit too

@@ -13,6 +13,16 @@ from fusebench.evaluation.subrecords import RecordError
 EXACT_FUSED = "exact_fused"  # the run's fusion over exact lists, evaluated beside an approximate backend's
 
 
+TUNING_SOURCES = {"split": "the dataset's {split} split", "held_out": "test images held out of every reported metric"}
+
+
+def tuning_words(queries: dict, direction: str) -> str:
+    """What a target recall's tuning queries were (an IndexQuality target's ``queries``), in one direction: '1,000
+    captions of the dataset's val split'."""
+    what = f"{queries['captions']:,} captions" if direction == "t2i" else f"{queries['images']:,} images"
+    return f"{what} of {TUNING_SOURCES[queries['source']].format(split=queries['split'])}"
+
+
 @dataclass
 class IndexQuality:
     """One model's index in one direction, against exact search at the list depth."""
@@ -27,8 +37,9 @@ class IndexQuality:
     hit: bool = False  # read from the store, not built in this run
     key: str | None = None  # the index store key
     where: str = "cpu"  # cpu | cuda (FAISS's GPU build)
-    target: dict | None = None  # search.target_recall set: the setting it chose, on how many held-out queries, the
-    #   recall there and each value tried (backends.target_recall.Tuned); absent from the JSON when not set
+    target: dict | None = None  # search.target_recall set: the setting it chose, the tuning queries (outside every
+    #   reported metric), their recall and its lower bound, each value tried, the seconds it took
+    #   (backends.target_recall.Tuned); absent from the JSON when not set
 
     def to_json(self) -> dict:
         out = asdict(self)
