@@ -15,6 +15,7 @@ from fusebench.evaluation.record import RunRecord
 from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, Parity, SearchRecord
 from fusebench.evaluation.subrecords import DatasetSummary, FusionRecord, ModelRecord, RunInfo
 from fusebench.fusion.config import FusionConfig
+from fusebench.report.index_effects import verdict
 from fusebench.report.sweep import write_report
 
 N_IMAGES, KS, DRAWS = 40, [1, 5, 10], 200
@@ -131,23 +132,34 @@ def test_rows_match_the_records_and_the_ranks(study):
     assert exact_gain > 0
 
     e = rows["exact"]
-    assert e["fusion"] == "dbsf" and e["best_single"] == exact_best and e["gain_kept"] == 1.0
-    assert e["gain"] == pytest.approx(exact_gain) and e["exact_minus_backend"] is None and e["neighbour_recall a"] is None
-    assert effects.exact_gains == {"sim (simulated)": e["gain"]}  # the corpus label every report table uses
+    assert e["fusion"] == "dbsf" and e["best_single"] == exact_best == e["exact_best_single"]
+    assert e["gain"] == pytest.approx(exact_gain) == e["vs_exact_best"] and e["vs_exact_fusion"] is None
+    assert e["neighbour_recall a"] is None and e["dataset"] == "sim (simulated)"  # the corpus label every table uses
+    assert e["verdict"] == verdict(e["vs_exact_best_cluster_ci_low"], e["vs_exact_best_cluster_ci_high"])
 
     h, hr, rec = rows[HNSW], ranks["hnsw"], records["hnsw"]
     h_best = best(hr)
     assert h["best_single"] == h_best and h["version"] == "faiss 1.15.1" and h["depth"] == 100
     assert h["fused_recall"] == pytest.approx(r1(hr["fused"]["t2i"]))
     assert h["gain"] == pytest.approx(r1(hr["fused"]["t2i"]) - r1(hr[h_best]["t2i"]))
-    c = rec.comparison("fused", h_best, "t2i", 1)
-    assert (h["ci_low"], h["ci_high"], h["cluster_ci_low"]) == (c.ci_low, c.ci_high, c.cluster_ci_low)
-    assert h["exact_minus_backend"] == pytest.approx(r1(hr[EXACT_FUSED]["t2i"]) - r1(hr["fused"]["t2i"]))
-    d = rec.comparison(EXACT_FUSED, "fused", "t2i", 1)
-    assert (h["diff_ci_low"], h["diff_ci_high"], h["diff_p_value"]) == (d.ci_low, d.ci_high, d.p_value)
+    c = rec.comparison("fused", h_best, "t2i", 1)  # the run's own comparison, at the report's draws and seed
+    assert (h["gain_ci_low"], h["gain_ci_high"], h["gain_cluster_ci_low"]) == (c.ci_low, c.ci_high, c.cluster_ci_low)
+    # fused through HNSW minus the best single model of the EXACT run, query by query
+    fused, base = hr["fused"]["t2i"] == 1, ranks["exact"][exact_best]["t2i"] == 1
+    assert h["exact_best_single"] == exact_best
+    assert h["vs_exact_best"] == pytest.approx(r1(hr["fused"]["t2i"]) - r1(ranks["exact"][exact_best]["t2i"]))
+    assert (h["vs_exact_best_wins"], h["vs_exact_best_losses"]) == (int(np.sum(fused & ~base)), int(np.sum(base & ~fused)))
+    again = compare("fused", exact_best, {"t2i": hr["fused"]["t2i"]}, {"t2i": ranks["exact"][exact_best]["t2i"]},
+                    {"t2i": CAPTION_IMAGE}, [1], DRAWS, 0.95, 0, directions=("t2i",))[0]
+    assert (h["vs_exact_best_cluster_ci_low"], h["vs_exact_best_cluster_ci_high"]) == (again.cluster_ci_low,
+                                                                                         again.cluster_ci_high)
+    assert h["verdict"] == verdict(again.cluster_ci_low, again.cluster_ci_high)
+    # fused through HNSW minus the same fusion on exact lists (backend minus exact: negative = the index's cost)
+    assert h["vs_exact_fusion"] == pytest.approx(r1(hr["fused"]["t2i"]) - r1(hr[EXACT_FUSED]["t2i"]))
+    d = rec.comparison(EXACT_FUSED, "fused", "t2i", 1)  # recorded the other way round: exact minus backend
+    assert (h["vs_exact_fusion_wins"], h["vs_exact_fusion_losses"]) == (d.losses, d.wins)
     assert h["exact_fused_recall"] == pytest.approx(r1(ranks["exact"]["fused"]["t2i"]))
-    assert h["exact_gain"] == pytest.approx(exact_gain)
-    assert h["gain_kept"] == pytest.approx(h["gain"] / exact_gain)
+    assert "gain_kept" not in h and "exact_gain" not in h  # no ratio of two gains
     quality = rec.search.models
     assert (h["neighbour_recall a"], h["neighbour_recall b"], h["top1_agreement b"]) == (
         quality["a"]["t2i"].neighbour_recall, quality["b"]["t2i"].neighbour_recall, quality["b"]["t2i"].top1_agreement)
@@ -159,9 +171,10 @@ def test_rows_match_the_records_and_the_ranks(study):
     assert m["fusion"] == "milvus_rrf" and m["identical_top10"] == 0.99 and m["identical_top1"] == 0.995
     assert (m["parity_differ"], m["parity_explained"]) == (2, 2)
     milvus_exact_gain = r1(mr[EXACT_FUSED]["t2i"]) - r1(ranks["exact"][exact_best]["t2i"])  # its preset, exact lists
-    assert m["exact_gain"] == pytest.approx(milvus_exact_gain)
+    assert m["vs_exact_fusion"] == pytest.approx(r1(mr["fused"]["t2i"]) - r1(mr[EXACT_FUSED]["t2i"]))
+    assert m["vs_exact_fusion"] - m["vs_exact_best"] == pytest.approx(-milvus_exact_gain)  # its preset, exact lists
     m_best = best(mr)
-    assert m["gain_kept"] == pytest.approx((r1(mr["fused"]["t2i"]) - r1(mr[m_best]["t2i"])) / milvus_exact_gain)
+    assert m["gain"] == pytest.approx(r1(mr["fused"]["t2i"]) - r1(mr[m_best]["t2i"]))
     assert (m["build_s"], m["ingest_s"], m["latency_ms_median"], m["latency_ms_p95"], m["disk_bytes"]) == (
         0.5, 3.0, 2.0, 4.5, 123456)
     assert m["query_ms"] == pytest.approx(1000 * 0.8 / Q)
@@ -179,12 +192,16 @@ def test_files_and_sections_are_written(study):
     assert "## Index effects [SIMULATED" in summary and "counts as missed" in summary
     section = summary.split("## Index effects", 1)[1].split("\n## ", 1)[0]
     assert f"| {HNSW} | dbsf |" in section and f"| {MILVUS} | milvus_rrf |" in section and "| exact | dbsf |" in section
-    assert "| 100% |" in section  # the exact run keeps its own gain
+    assert "%" not in section.split("Notes:")[0].replace("95% ", "")  # no share of a gain anywhere
+    assert "Does fusing through each backend beat the best single model searched exactly?" in section
     with open(folder / "index_effects.csv", newline="") as f:
         table = list(csv.DictReader(f))
-    assert len(table) == 9 and {"gain", "ci_low", "exact_minus_backend", "gain_kept", "identical_top10",
-                                "neighbour_recall a", "latency_ms_p95", "disk_bytes"} <= set(table[0])
-    assert (folder / "plots" / "index_effects.png").stat().st_size > 5000
+    assert len(table) == 9 and {"gain", "gain_ci_low", "vs_exact_best", "vs_exact_best_cluster_ci_low", "verdict",
+                                "vs_exact_fusion", "identical_top10", "neighbour_recall a", "latency_ms_p95",
+                                "disk_bytes"} <= set(table[0])
+    assert not {"gain_kept", "exact_gain", "exact_minus_backend"} & set(table[0])
+    for name in ("index_effects.png", "index_verdict.png"):
+        assert (folder / "plots" / name).stat().st_size > 5000
 
 
 @pytest.mark.slow  # a whole sweep report, plots drawn (the module's fixture)
@@ -270,36 +287,73 @@ def test_a_search_block_round_trips_through_metrics_json():
 def _effects(rows: list[dict]):
     from fusebench.report.index_effects import IndexEffects
 
-    base = {"k": 1, "fused_recall": 50.0, "query_ms": 1.0, "exact_query_ms": None, "gain_kept": None}
-    return IndexEffects(True, [1], 0.95, [{**base, **r} for r in rows], {})
+    base = {"k": 1, "dataset": "sim", "fusion": "dbsf", "fused_recall": 50.0, "query_ms": 1.0, "exact_query_ms": None,
+            "vs_exact_fusion": None, "identical_top10": None, "build_s": None, "latency_ms_p95": None,
+            "index_bytes": None, "disk_bytes": None}
+    return IndexEffects(True, [1], 0.95, [{**base, **r} for r in rows])
 
 
-def test_each_backend_gets_one_sentence_on_whether_the_gain_survives(tmp_path):
+def _pair(prefix: str, value: float, low: float, high: float) -> dict:
+    return {prefix: value, f"{prefix}_cluster_ci_low": low, f"{prefix}_cluster_ci_high": high}
+
+
+def test_the_verdict_is_read_off_the_interval():
+    assert verdict(0.1, 2.0) == "survives" and verdict(-2.0, -0.01) == "loses"
+    assert verdict(0.0, 1.0) == verdict(-1.0, 0.0) == verdict(-1.0, 1.0) == "not distinguishable"
+
+
+def test_each_backend_gets_one_sentence_on_whether_fusing_through_it_beats_not_fusing(tmp_path):
     from fusebench.report.index_effects import survival_sentences
-    from fusebench.report.index_plots import gain_kept_plot, recall_time_plot
+    from fusebench.report.index_plots import recall_time_plot, verdict_plot
 
-    rows = [{"backend": "exact", "distractors": n, "gain": 2.0, "ci_low": 1.0, "exact_query_ms": 2.0 * (i + 1)}
+    def row(backend, n, best, fusion=None, gain=(1.0, 0.5, 1.5)):
+        r = {"backend": backend, "distractors": n, **_pair("vs_exact_best", *best), **_pair("gain", *gain),
+             "verdict": verdict(best[1], best[2])}
+        return {**r, **(_pair("vs_exact_fusion", *fusion) if fusion else {})}
+
+    rows = [{**row("exact", n, (2.0, 1.0, 3.0), gain=(2.0, 1.0, 3.0)), "exact_query_ms": 2.0 * (i + 1)}
             for i, n in enumerate((10000, 100000))]
-    rows += [{"backend": "faiss hnsw", "distractors": n, "gain": g, "ci_low": lo, "gain_kept": kept}
-             for n, g, lo, kept in ((10000, 1.9, 0.5, 0.95), (100000, 0.4, -0.3, 0.2))]
-    rows += [{"backend": "faiss ivf_flat", "distractors": n, "gain": 0.1, "ci_low": -0.5, "gain_kept": 0.05}
-             for n in (10000, 100000)]
-    rows += [{"backend": "faiss ivf_pq", "distractors": n, "gain": 2.1, "ci_low": 0.2, "gain_kept": 1.05,
-              "exact_minus_backend": d, "diff_ci_low": lo} for n, d, lo in ((10000, 0.3, -0.1), (100000, 2.5, 1.5))]
+    rows += [row("faiss hnsw", 10000, (1.9, 0.5, 3.3), (-0.1, -0.4, 0.2)),
+             row("faiss hnsw", 100000, (0.4, -0.3, 1.1), (-1.6, -2.0, -1.2))]
+    # finding 1 of issue 39: IVF-PQ hurts the single models more than the fusion, so its own gain is large
+    # (a "share of the exact gain" of 167%), yet fusing through it loses to the best single model searched exactly
+    rows += [row("faiss ivf_pq", n, b, f, gain=(4.8, 4.3, 5.3)) for n, b, f in (
+        (10000, (-0.92, -1.36, -0.48), (-3.80, -4.21, -3.40)), (100000, (-0.20, -0.70, 0.30), (-2.1, -2.6, -1.6)))]
     sentences = survival_sentences(_effects(rows))
     assert sentences == [
-        "exact: the fusion's t2i R@1 gain survives at every gallery size measured (10,000, 100,000 distractors).",
-        "faiss hnsw: the fusion's t2i R@1 gain survives at 10,000 distractors, not at 100,000 (interval not above "
-        "0), keeping 20%-95% of the exact gain.",
-        "faiss ivf_flat: the fusion's t2i R@1 gain does not survive at any gallery size measured (10,000, 100,000 "
-        "distractors: no interval above 0), keeping 5% of the exact gain.",
-        "faiss ivf_pq: the fusion's t2i R@1 gain survives at every gallery size measured (10,000, 100,000 "
-        "distractors), keeping 105% of the exact gain; its fused R@1 is below the same fusion on exact lists at "
-        "100,000 (+2.50)."]
+        "exact: fusion on exact lists survives at every gallery size measured (fused minus the best single model "
+        "searched exactly, t2i R@1, points, 95% interval over images: 10,000: +2.00 [+1.00, +3.00]; 100,000: +2.00 "
+        "[+1.00, +3.00]).",
+        "faiss hnsw: fusion through it survives at 10,000 distractors, not distinguishable at 100,000 (fused minus "
+        "the best single model searched exactly, t2i R@1, points, 95% interval over images: 10,000: +1.90 [+0.50, "
+        "+3.30]; 100,000: +0.40 [-0.30, +1.10]); against the same fusion on exact lists: 10,000: -0.10 [-0.40, "
+        "+0.20]; 100,000: -1.60 [-2.00, -1.20].",
+        "faiss ivf_pq: fusion through it loses at 10,000 distractors, not distinguishable at 100,000 (fused minus "
+        "the best single model searched exactly, t2i R@1, points, 95% interval over images: 10,000: -0.92 [-1.36, "
+        "-0.48]; 100,000: -0.20 [-0.70, +0.30]); against the same fusion on exact lists: 10,000: -3.80 [-4.21, "
+        "-3.40]; 100,000: -2.10 [-2.60, -1.60]."]
+    assert not any("%" in s.replace("95% interval", "") for s in sentences)
+    one = survival_sentences(_effects([row("faiss ivf_pq", 10000, (-0.92, -1.36, -0.48))]))
+    assert one[0].startswith("faiss ivf_pq: fusion through it loses at 10,000 distractors (")
     effects = _effects(rows)
     assert recall_time_plot(effects, tmp_path / "rt.png").stat().st_size > 5000
-    assert gain_kept_plot(effects, tmp_path / "kept.png").stat().st_size > 5000
-    assert gain_kept_plot(_effects([r for r in rows if r["backend"] == "exact"]), tmp_path / "none.png") is None
+    assert verdict_plot(effects, tmp_path / "verdict.png").stat().st_size > 5000
+    assert verdict_plot(_effects([{"backend": "exact", "distractors": 0}]), tmp_path / "none.png") is None
+    from fusebench.report.index_effects import markdown_section
+
+    text = "\n".join(markdown_section(effects))
+    assert "| loses |" in text and "-0.92 [-1.36, -0.48]" in text and "kept" not in text
+
+
+def test_two_fusions_through_one_backend_get_a_sentence_each():
+    from fusebench.report.index_effects import survival_sentences
+
+    rows = [{"backend": "faiss hnsw", "fusion": f, "distractors": 10000, **_pair("vs_exact_best", v, v - 0.5, v + 0.5),
+             "verdict": verdict(v - 0.5, v + 0.5)} for f, v in (("dbsf", 1.0), ("rrf", -1.0))]
+    sentences = survival_sentences(_effects(rows))
+    assert [s.split(" (fused")[0] for s in sentences] == [
+        "faiss hnsw (dbsf): fusion through it survives at 10,000 distractors",
+        "faiss hnsw (rrf): fusion through it loses at 10,000 distractors"]
 
 
 @pytest.mark.slow  # a small sweep of the gallery_indexes experiment end to end (FAISS over galleries, two sizes)
@@ -320,11 +374,11 @@ def test_the_gallery_indexes_experiment_says_per_backend_whether_the_gain_surviv
         env={**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "WANDB_MODE": "disabled"})
     assert result.returncode == 0, result.stderr[-3000:]
     summary = (tmp_path / "study" / "summary.md").read_text()
-    section = summary[summary.index("Does the fusion's gain survive each backend?"):]
+    section = summary[summary.index("Does fusing through each backend beat the best single model searched exactly?"):]
     for backend in ("exact: ", "faiss ivf_flat nlist=auto target_recall=0.95: ",
                     "faiss hnsw M=32 efConstruction=200 target_recall=0.95: ",
                     "milvus hnsw M=16 efConstruction=100 efSearch=256: "):  # the stock engine over the gallery
-        assert f"- {backend}the fusion's t2i R@1 gain " in section
+        assert f"- {backend}fusion " in section
     rows = list(csv.DictReader((tmp_path / "study" / "index_effects.csv").open()))
     at_target = [r for r in rows if "target_recall" in r["backend"] and r["k"] == "1"]
     assert len(at_target) == 4 and {r["distractors"] for r in at_target} == {"1500", "6000"}
@@ -333,5 +387,5 @@ def test_the_gallery_indexes_experiment_says_per_backend_whether_the_gain_surviv
     engine = [r for r in rows if r["backend"].startswith("milvus") and r["k"] == "1"]
     assert {r["distractors"] for r in engine} == {"1500", "6000"}
     assert all(float(r["neighbour_recall sim_siglip2_like"]) > 0.9 for r in engine)
-    for name in ("index_recall_time.png", "index_gain_kept.png"):
+    for name in ("index_recall_time.png", "index_verdict.png"):
         assert (tmp_path / "study" / "plots" / name).stat().st_size > 5000

@@ -130,6 +130,18 @@ def test_a_later_report_removes_only_the_files_the_earlier_one_recorded(runs):
     assert (runs / "plots" / "mine.png").read_bytes() == b"\x89PNG mine"  # never recorded: left alone
 
 
+def test_a_later_report_removes_a_plot_an_earlier_release_drew(runs):
+    """plots/index_gain_kept.png (a share of the exact gain, retired by issue 39) recorded by an earlier report is
+    removed by the next one, never left beside the new report."""
+    assert report_main([str(runs), "--draws", "50"]) == 0
+    old = runs / "plots" / "index_gain_kept.png"
+    old.write_bytes(b"\x89PNG kept")
+    report_files._write_manifest(runs, {**report_files.read_manifest(runs),
+                                        "plots/index_gain_kept.png": {report_files.remembered_checksum(old)}})
+    assert report_main([str(runs), "--draws", "50"]) == 0
+    assert not old.exists() and "plots/index_gain_kept.png" not in report_files.read_manifest(runs)
+
+
 # ---------------------------------------------------------------- a user's files are never replaced
 
 @pytest.mark.parametrize("name", ["summary.md", "summary.csv", "gains.csv", "cost.csv", "plots/cost_vs_gain.png",

@@ -1,5 +1,7 @@
-"""The index-effects plot of a sweep (:mod:`fusebench.report.index_effects`): each search backend's fused t2i gain
-over its best single model, with its interval, exact first, against the exact run's gain."""
+"""The index-effects plots of a sweep (:mod:`fusebench.report.index_effects`): the study's paired differences
+with their intervals over images (fused through each backend minus the best single model searched exactly, minus
+the same fusion on exact lists, minus the best single model through the same backend), the first also against
+gallery size, and the fused recall against query time."""
 
 from __future__ import annotations
 
@@ -19,37 +21,46 @@ def _label(row: dict, several: bool) -> str:
     return "\n".join(textwrap.wrap(text, LABEL_WIDTH)) + f"\n({row['fusion']})"
 
 
+SERIES = (("vs_exact_best", "minus the best single model searched exactly", "tab:blue", "o"),
+          ("vs_exact_fusion", "minus the same fusion on exact lists", "tab:red", "s"),
+          ("gain", "minus the best single model through the same backend", "gray", "^"))
+
+
+def _error(rows: list[dict], prefix: str) -> np.ndarray:
+    """The interval over images as error bars (a percentile interval need not hold its point: draw what it spans)."""
+    values = np.array([r[prefix] for r in rows], dtype=float)
+    low = np.array([r[f"{prefix}_cluster_ci_low"] for r in rows], dtype=float)
+    high = np.array([r[f"{prefix}_cluster_ci_high"] for r in rows], dtype=float)
+    return np.maximum(0, [values - low, high - values])
+
+
 def index_effects_plot(effects, path: Path) -> Path | None:
-    """The gain at the study's first k per backend (point and its interval over queries), the gain of the same
-    fusion over exact lists beside it (x), and a dashed line per dataset at the exact run's gain."""
+    """Per run at the study's first k, the fused retriever through its backend minus three baselines (points with
+    their intervals over images, side by side): the best single model searched exactly (the verdict's), the same
+    fusion on exact lists, and the best single model through the same backend."""
     k = effects.ks[0]
-    rows = [r for r in effects.rows if r["k"] == k and r["gain"] is not None]
+    rows = [r for r in effects.rows if r["k"] == k and (r.get("vs_exact_best") is not None or r.get("gain") is not None)]
     if not rows:
         return None
     several = len({r["dataset"] for r in rows}) > 1
     x = np.arange(len(rows))
-    gains = np.array([r["gain"] for r in rows])
-    # a percentile interval need not hold its point estimate (a few discordant queries): draw what it spans
-    err = np.maximum(0, [gains - [r["ci_low"] for r in rows], np.array([r["ci_high"] for r in rows]) - gains])
-    fig, ax = subplots(figsize=(max(7.0, 1.15 * len(rows) + 2), 5.2))
-    exact = [r["backend"] == "exact" for r in rows]
-    ax.errorbar(x, gains, yerr=err, fmt="none", ecolor="gray", capsize=4)
-    ax.scatter(x, gains, c=["black" if e else "tab:blue" for e in exact], zorder=3,
-               label=f"the backend's gain ({level_label(effects.level)} CI over queries)")
-    same = [(i, r["exact_gain"]) for i, r in enumerate(rows) if r["exact_gain"] is not None and r["backend"] != "exact"]
-    if same:
-        ax.scatter([i for i, _ in same], [g for _, g in same], marker="x", color="tab:red", zorder=3,
-                   label="the same fusion on exact lists")
-    for i, (dataset, gain) in enumerate(effects.exact_gains.items()):
-        ax.axhline(gain, color="black", linestyle="--", lw=1,
-                   label=f"exact ({dataset})" if several else "exact gain", alpha=0.8 - 0.2 * (i % 3))
-    ax.axhline(0, color="black", lw=0.6)
+    fig, ax = subplots(figsize=(max(7.0, 1.3 * len(rows) + 2), 5.2))
+    for j, (prefix, label, color, marker) in enumerate(SERIES):
+        shown = [(i, r) for i, r in enumerate(rows) if r.get(prefix) is not None]
+        if not shown:
+            continue
+        xs = np.array([i for i, _ in shown]) + (j - 1) * 0.22
+        mine = [r for _, r in shown]
+        ax.errorbar(xs, [r[prefix] for r in mine], yerr=_error(mine, prefix), fmt=marker, color=color, capsize=3,
+                    ms=5, label=f"fused {label}")
+    ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(x, [_label(r, several) for r in rows], fontsize=7)
-    ax.set_ylabel(f"t2i R@{k} minus the best single model's (points)")
+    ax.set_ylabel(f"t2i R@{k} difference (points, {level_label(effects.level)} interval over images)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_xlim(-0.6, len(rows) - 0.4)
-    ax.set_title(f"fusion gain under each search backend, t2i R@{k}" + (" [SIMULATED]" if effects.simulated else "")
+    ax.set_title(f"the fused retriever through each search backend, t2i R@{k}" + (" [SIMULATED]" if effects.simulated
+                                                                               else "")
                  + "\n(ranks past an index's list count as missed)", fontsize=9, y=TITLE_Y)
     return _save(fig, path)
 
@@ -97,21 +108,25 @@ def recall_time_plot(effects, path: Path) -> Path | None:
                    f"fused t2i R@{k} (percent)", "fused recall against query time per backend (points: distractors)")
 
 
-def gain_kept_plot(effects, path: Path) -> Path | None:
-    """The share of the exact fusion gain each backend keeps, against the gallery's distractors (log x; 0 drawn
-    at the axis' left end)."""
-    series = {b: [(r["distractors"], 100 * r["gain_kept"]) for r in rows if r["gain_kept"] is not None]
-              for b, rows in _by_backend(effects).items() if b != "exact"}
-    series = {b: pts for b, pts in series.items() if pts}
+def verdict_plot(effects, path: Path) -> Path | None:
+    """Per backend, fused through it minus the best single model searched exactly (the verdict's difference, with
+    its interval over images) against the gallery's distractors (log x; the test split alone drawn at the axis'
+    left end), and 0: above it, fusing through the backend beats not fusing."""
+    series = {b: [r for r in rows if r.get("vs_exact_best") is not None] for b, rows in _by_backend(effects).items()}
+    series = {b: rows for b, rows in series.items() if rows}
     if not series:
         return None
-    sizes = sorted({n for pts in series.values() for n, _ in pts})
+    sizes = sorted({r["distractors"] for rows in series.values() for r in rows})
     floor = min([n for n in sizes if n > 0], default=1) / 10
     fig, ax = subplots(figsize=(7.5, 5.2))
-    for i, (backend, points) in enumerate(series.items()):
-        x, y = zip(*[(max(n, floor), kept) for n, kept in points])
-        ax.plot(x, y, marker="o", lw=1, color=f"C{i}", label="\n".join(textwrap.wrap(backend, 40)))
-    ax.axhline(100, color="black", linestyle="--", lw=1, label="the exact gain")
+    for i, (backend, rows) in enumerate(series.items()):
+        shift = 1.0 + 0.04 * (i - (len(series) - 1) / 2)  # backends side by side at one size (log x)
+        x = [max(r["distractors"], floor) * shift for r in rows]
+        ax.errorbar(x, [r["vs_exact_best"] for r in rows], yerr=_error(rows, "vs_exact_best"), marker="o", lw=1,
+                    capsize=3, color="black" if backend == "exact" else f"C{i}",
+                    label="\n".join(textwrap.wrap(backend, 40)))
+    ax.axhline(0, color="black", linestyle="--", lw=1, label="the best single model searched exactly")
     return _finish(fig, ax, path, effects, "distractors in the gallery (log; the test split alone drawn at the left)",
-                   f"gain kept, t2i R@{effects.ks[0]} (percent of exact)",
-                   "how much of the fusion gain each backend keeps as the gallery grows")
+                   f"fused t2i R@{effects.ks[0]} minus the best single model searched exactly (points)",
+                   "does fusing through each backend beat the best single model searched exactly?\n"
+                   f"({level_label(effects.level)} interval over images)")

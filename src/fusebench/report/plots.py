@@ -373,11 +373,11 @@ def sweep_plots(folder: str | Path, report, subdir: str | None = None) -> list[P
     if getattr(report, "scaling", None) is not None:
         made += scaling_plots(report.scaling, out)
     if getattr(report, "index_effects", None) is not None:
-        from fusebench.report.index_plots import gain_kept_plot, index_effects_plot, recall_time_plot
+        from fusebench.report.index_plots import index_effects_plot, recall_time_plot, verdict_plot
 
         made += [index_effects_plot(report.index_effects, out / "index_effects.png"),
                  recall_time_plot(report.index_effects, out / "index_recall_time.png"),
-                 gain_kept_plot(report.index_effects, out / "index_gain_kept.png")]
+                 verdict_plot(report.index_effects, out / "index_verdict.png")]
     return [p for p in made if p is not None]
 
 

@@ -31,9 +31,11 @@ TABLES = ("summary.md", "summary.csv", "gains.csv", "cost.csv", "positives.csv",
           "scaling_gains.csv", "scaling_changes.csv", "scaling_extrapolation.csv", "index_effects.csv")
 # every plot a report may draw (report.plots.sweep_plots), in plots_dir()
 PLOTS = ("paired_gains.png", "wins_losses.png", "cost_vs_gain.png", "scaling_recall.png", "scaling_gain.png",
-         "index_effects.png", "index_recall_time.png", "index_gain_kept.png")
+         "index_effects.png", "index_recall_time.png", "index_verdict.png")
+RETIRED_PLOTS = ("index_gain_kept.png",)  # drawn by earlier releases: an earlier report's is removed, never drawn
 PLOT_DIRS = ("plots", "report_plots")  # a report folder's, and a run dir's (whose plots/ is the run's)
-KNOWN = frozenset({*TABLES, *(f"{sub}/{name}" for sub in PLOT_DIRS for name in PLOTS)})  # all a manifest may name
+KNOWN = frozenset({*TABLES, *(f"{sub}/{name}" for sub in PLOT_DIRS for name in (*PLOTS, *RETIRED_PLOTS))})  # all a
+# manifest may name
 STAGING = ".report-staging-"
 _LINE = re.compile(r"([0-9a-f]{64})  (\S.*)")
 

@@ -318,7 +318,7 @@ def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
                         beside_article=beside_article_rows(runs, draws=draws, level=level, seed=seed),
                         positives=positive_rows(runs), positive_gains=positive_gain_rows(runs), tuned=tuned_rows(runs),
                         scaling=scaling_report(runs, ks, draws=draws, level=level, seed=seed),
-                        index_effects=index_effects_report(runs, ks))
+                        index_effects=index_effects_report(runs, ks, draws=draws, level=level, seed=seed))
 
 
 def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
