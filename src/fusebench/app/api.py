@@ -157,8 +157,7 @@ def override_list(overrides, key: str = "overrides") -> list[str]:
     if not isinstance(overrides, (list, tuple)):
         raise FusebenchError(f"{key} must be a list of override strings (e.g. ['fusion.top_k=100']); got "
                              f"{type(overrides).__name__}.")
-    bad = next((o for o in overrides if not isinstance(o, str)), None)
-    if bad is not None:
+    for bad in (o for o in overrides if not isinstance(o, str)):
         raise FusebenchError(f"{key} must be a list of override strings (e.g. ['fusion.top_k=100']); "
                              f"{bad!r} ({type(bad).__name__}) is not a string.")
     parser = OverridesParser.create()
