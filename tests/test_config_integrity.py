@@ -49,16 +49,18 @@ def test_a_changed_preset_loses_its_label(preset, change):
 
 
 def _unread_cases() -> list[tuple[str, str, object]]:
-    """(preset, setting, value) for every preset and every setting of PRESET_KEPT its method never reads, at a valid
-    value that is neither the default nor the preset's own: derived from the preset files and the methods' registry."""
-    from fusebench.fusion.config import PRESET_KEPT, method_reads
+    """(preset, setting, value) for every preset and every setting only some methods read that its method never
+    reads, at a valid value other than the default and the preset's own: from the preset files and the registry."""
+    from fusebench.fusion.config import method_dependent, method_reads
 
-    other = {"rrf_k": 5.0, "ddof": 1, "flat_score": 0.25}
+    other = {"rrf_k": 5.0, "ddof": 1, "flat_score": 0.25, "score_map": "atan", "rrf_weighting": "rank",
+             "rrf_ranks": "concatenated"}
+    assert set(other) == set(method_dependent())  # a setting added to a method's reads gets a value here
     cases = []
     for name in sorted(preset_files([package_conf()])):
         own = definition(name, [package_conf()])
-        cases += [(name, key, other[key]) for key in PRESET_KEPT if key not in method_reads(own["method"])]
-    assert {"milvus_weighted", "qdrant_rrf"} <= {c[0] for c in cases} and len(cases) >= 22
+        cases += [(name, key, other[key]) for key in method_dependent() if key not in method_reads(own["method"])]
+    assert {"milvus_weighted", "qdrant_rrf"} <= {c[0] for c in cases} and len(cases) >= 44
     return cases
 
 
@@ -70,14 +72,26 @@ def test_a_preset_setting_its_method_never_reads_is_refused(name, key, value, ca
     from fusebench.fusion.config import method_reads
 
     own = definition(name, [package_conf()])
-    fusion = FusionConfig(**{**own, key: value, "preset": name})  # as composed: not refused before the file is read
     with pytest.raises(FusebenchError) as err:
+        fusion = FusionConfig(**{**own, key: value, "preset": name})  # as composed: before the preset's file is read
         true_label(fusion, [package_conf()])
     message = str(err.value)
-    assert message.startswith(f"fusion.{key}={value!r} is never read with fusion.method={own['method']} "
-                              f"(fusion={name} runs fusion.method={own['method']}, which reads"), message
-    assert all(f"fusion.{read}" in message for read in method_reads(own["method"])) and "\n" not in message
-    assert "dropped" not in caplog.text
+    assert f"fusion.{key}=" in message and "\n" not in message and "dropped" not in caplog.text
+    if "is never read" in message:  # else another rule of the combination names it (rank weighting with a mean)
+        assert message.startswith(f"fusion.{key}={value!r} is never read with fusion.method={own['method']} "
+                                  f"(with fusion={name}, fusion.method={own['method']} reads"), message
+        assert all(f"fusion.{read}" in message for read in method_reads(own["method"]))
+    else:
+        assert key == "rrf_weighting" and own["combine"] in ("mean", "geometric", "harmonic"), message
+
+
+def test_a_preset_turned_into_a_method_that_never_reads_its_values_drops_them():
+    """The preset's own values the new method never reads (milvus_weighted's score_map, ties aside) are dropped with
+    the label; the record holds what ran."""
+    fusion = FusionConfig(**{**definition("milvus_weighted", [package_conf()]), "method": "rrf",
+                             "preset": "milvus_weighted"})
+    ran = true_label(fusion, [package_conf()])
+    assert ran == FusionConfig(method="rrf", ties="id")
 
 
 def test_a_preset_turned_into_another_method_warns_only_of_what_changed_what_runs(caplog):

@@ -26,7 +26,6 @@ TIES = ("first", "id")  # equal fused scores: first appearance (lists read model
 RRF_RANKS = ("own", "concatenated")  # concatenated: ranks run on through the models' lists (older LanceDB)
 
 
-PRESET_KEPT = ("rrf_k", "ddof", "flat_score")  # a preset's own values another method may not read (see method_reads)
 # what a run with no fusion (method none) reads of the group: each model's list length (its search depth and saved
 # lists); every other setting, and every model's weight, is the fusion's and is refused there (issue 39, item 6)
 NO_FUSION_READS = ("top_k",)
@@ -40,7 +39,10 @@ def method_reads(name: str) -> tuple[str, ...]:
             *(("flat_score",) if spec.kind == "affine" else ()))
 
 
-def _some_methods_read() -> tuple[str, ...]:
+def method_dependent() -> tuple[str, ...]:
+    """The settings only some methods read (every method's :func:`method_reads`, from the registry as it is now): an
+    engine preset's own value of one may be carried to a method that never reads it (``fusion=qdrant_dbsf
+    fusion.method=rrf`` carries ddof=1), and ``presets.true_label`` drops it with the label."""
     return tuple(dict.fromkeys(key for name in registry.names() for key in method_reads(name)))
 
 
@@ -50,7 +52,7 @@ def fusion_reads(name: str) -> tuple[str, ...]:
     lists in :func:`method_reads`) and its own :func:`method_reads`."""
     if name == "none":
         return NO_FUSION_READS
-    some = _some_methods_read()
+    some = method_dependent()
     common = tuple(k for k in checks.config_keys(FusionConfig) if k not in ("method", "params", *some))
     return (*common, *method_reads(name))
 
@@ -138,10 +140,11 @@ class FusionConfig:
     def _check_method_settings(self, own: dict | None = None) -> None:
         """A setting the run never reads is refused, not recorded as if it had changed the result: the one rule
         (``checks.unread``) every group's kind-dependent settings go through, over what each method reads
-        (:func:`fusion_reads`; with no fusion, only ``top_k``). An engine preset's ``PRESET_KEPT`` settings are
-        let through while its file is unknown (as the group is built); ``own`` (the preset's definition,
-        ``presets.true_label`` passes it) lets through only those at the preset's own value, which the user did
-        not set (``fusion=qdrant_dbsf fusion.method=rrf`` carries the preset's ddof=1), and refuses the others."""
+        (:func:`fusion_reads`; with no fusion, only ``top_k``). An engine preset's :func:`method_dependent`
+        settings are let through while its file is unknown (as the group is built); ``own`` (the preset's
+        definition, ``presets.true_label`` passes it) lets through only those at the preset's own value, which the
+        user did not set (``fusion=qdrant_dbsf fusion.method=rrf`` carries the preset's ddof=1), and refuses the
+        others."""
         if self.method == "none" and self.preset is not None:
             raise FusebenchError(f"fusion.method=none runs no fusion, so fusion.preset={self.preset} has nothing to "
                                  "label: use fusion=none (not a preset with fusion.method=none), or drop "
@@ -156,21 +159,21 @@ class FusionConfig:
         if self.preset is not None:
             keys = [f"fusion.{key}" for key in method_reads(self.method)]
             reads = ", ".join(keys[:-1]) + " and " + keys[-1] if len(keys) > 1 else keys[0]
-            return (f" (fusion={self.preset} runs fusion.method={self.method}, which reads, of the settings only some "
+            return (f" (with fusion={self.preset}, fusion.method={self.method} reads, of the settings only some "
                     f"methods read, {reads}{'; its evidence is the rank alone' if spec.kind == 'rank' else ''})")
         return " (it reads only ranks)" if spec.kind == "rank" else ""
 
     def reads_by_method(self, own: dict | None = None) -> dict[str, tuple[str, ...]]:
-        """Each method's settings (:func:`fusion_reads`; ``none``: no fusion). An engine preset's rrf_k, ddof and
-        flat_score are not refused while they may be the preset's own (``own`` None: the preset's file not read
-        yet; else those equal to ``own``'s): ``presets.true_label`` drops them, with the preset's label, where the
-        method never reads them (the record then shows what ran)."""
+        """Each method's settings (:func:`fusion_reads`; ``none``: no fusion). An engine preset's
+        :func:`method_dependent` settings are not refused while they may be the preset's own (``own`` None: the
+        preset's file not read yet; else those equal to ``own``'s): ``presets.true_label`` drops them, with the
+        preset's label, where the method never reads them (the record then shows what ran)."""
         if self.preset is None:
             kept = ()
         elif own is None:
-            kept = PRESET_KEPT
+            kept = method_dependent()
         else:
-            kept = tuple(key for key in PRESET_KEPT if getattr(self, key) == own.get(key))
+            kept = tuple(key for key in method_dependent() if getattr(self, key) == own.get(key))
         return {name: (*fusion_reads(name), *kept) for name in ("none", *registry.names())}
 
     def check_preset_values(self, own: dict) -> None:

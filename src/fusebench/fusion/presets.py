@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from fusebench import FusebenchError
-from fusebench.fusion.config import PRESET_KEPT, FusionConfig, method_reads
+from fusebench.fusion.config import FusionConfig, method_dependent, method_reads
 from fusebench.runtime import checks
 from fusebench.runtime.layout import CONFIG_DIR
 
@@ -97,7 +97,7 @@ def true_label(fusion: FusionConfig, folders: list[Path] | None = None,
     own = definition(fusion.preset, config_folders() if folders is None else folders)
     fusion.check_preset_values(own)
     reads = method_reads(fusion.method) if fusion.method != "none" else ()
-    unread = tuple(key for key in PRESET_KEPT if key not in reads)  # the preset's own values (checked above)
+    unread = tuple(key for key in method_dependent() if key not in reads)  # the preset's own values (checked above)
     changed = changes(fusion, own, ignore=unread)
     if fusion.preset in UNWEIGHTED and weights is not None and len(set(weights)) > 1:
         changed.append(f"weights={'/'.join(f'{w:g}' for w in weights)} ({UNWEIGHTED[fusion.preset]})")
