@@ -134,6 +134,27 @@ def _bad_cases():
         (models, ci, {"name": ""}, "name='' must be a non-empty string"),
         ({"a": (a_img, a_txt[:-1])}, ci, {}, "text"),  # one caption short: the rows' own check names it
         ({"a": (np.zeros_like(a_img), a_txt)}, ci, {}, "a"),  # all-zero rows: refused by the vectors checks
+        # a wrong type is one error naming the argument, and so is a setting the run never reads (issue 39, items 6, 8)
+        (models, ci, {"overrides": "fusion.top_k=50"}, "overrides='fusion.top_k=50' is one string; overrides takes a "
+                                                        "list of override strings, e.g. overrides=['fusion.top_k=50']"),
+        (models, ci, {"overrides": ["hydra.run.dir=x"]}, "'hydra.run.dir=x' sets Hydra's own hydra.run.dir, which the "
+                                                         "Python API never reads"),
+        (models, ci, {"overrides": ["hydra.run.dir=x"]}, "use out_dir=..."),
+        (models, ci, {"overrides": ["+hydra.job.chdir=true"]}, "sets Hydra's own hydra.job.chdir"),
+        (models, ci, {"overrides": ["hydra/launcher=basic"]}, "sets Hydra's own hydra/launcher"),
+        (models, ci, {"overrides": [5]}, "overrides must be a list of override strings"),
+        (models, ci, {"overrides": {"fusion.top_k": 5}}, "overrides must be a list of override strings"),
+        (models, ci, {"weights": [0.5, 1.0]}, "weights must be a mapping: model name -> weight"),
+        (models, ci, {"fusion": None}, "fusion=None must be a conf/fusion option's name"),
+        (models, ci, {"out_dir": 5}, "out_dir must be a folder (a str or a Path)"),
+        (models, ci, {"image_ids": 5}, "image_ids must be a list of 10 ids"),
+        (models, ci, {"caption_ids": "abc"}, "caption_ids must be a list of 30 ids"),
+        (models, ci, {"caption_ids": ["x"] * 30}, "caption_ids must hold integers"),
+        (models, ci, {"fusion": "none", "weights": {"a": 0.5}}, "models.a.weight=0.5 is never read: no fusion runs"),
+        (models, ci, {"fusion": "none", "overrides": ["fusion.fuse_on=document"]},
+         "fusion.fuse_on='document' is never read with fusion.method=none"),
+        (models, ci, {"fusion": "milvus_weighted", "overrides": ["fusion.rrf_k=5"]},
+         "fusion.rrf_k=5.0 is never read with fusion.method=sum (with fusion=milvus_weighted, fusion.method=sum"),
     ]
 
 
@@ -145,6 +166,22 @@ def test_bad_arguments_are_one_error_naming_them(index, tmp_path, monkeypatch):
         fusebench.evaluate(models, caption_image, **{"overrides": ["eval.bootstrap.draws=50"], **keywords})
     assert fragment in str(err.value), str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_run_takes_a_list_of_overrides_and_no_hydra_key(tmp_path, monkeypatch):
+    """fusebench.run("a=b") split the string into characters; hydra.run.dir=... was ignored silently (issue 39,
+    item 8): each refused before any work, saying what to use."""
+    monkeypatch.chdir(tmp_path)
+    for overrides, fragment in (("fusion=rrf", "overrides='fusion=rrf' is one string"),
+                                (["hydra.run.dir=R"], "use out_dir=..."),
+                                (["hydra.sweep.dir=S"], "one call per job, each with its out_dir=..."),
+                                (["fusion=rrf", None], "None (NoneType) is not a string")):
+        with pytest.raises(FusebenchError) as err:
+            fusebench.run(overrides)
+        assert fragment in str(err.value) and "\n" not in str(err.value), str(err.value)
+    with pytest.raises(FusebenchError, match="out_dir must be a folder"):
+        fusebench.run(["fusion=rrf"], out_dir=3)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_api_is_imported_on_first_use():

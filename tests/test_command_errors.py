@@ -178,3 +178,67 @@ def test_a_failed_rerun_leaves_the_earlier_runs_log_as_it_was(tmp_path):
                    "hydra.run.dir=R", cwd=tmp_path)
     assert done.returncode == 2 and "gallery.near_duplicate=0.1 drops all" in done.stderr
     assert (tmp_path / "R" / "fusebench.log").read_bytes() == log
+
+
+# -- every setting read or refused (issue 39, item 6): the probe's cases -----------------------------------------------
+
+@pytest.mark.slow  # runs a fusebench command in a subprocess
+@pytest.mark.parametrize("args,fragments", [
+    (["fusion=none", "fusion.rrf_k=5"], ("fusion.rrf_k=5.0 is never read with fusion.method=none",
+                                         "read only with fusion.method=rrf")),
+    (["fusion=none", "fusion.fuse_on=document"], ("fusion.fuse_on='document' is never read with fusion.method=none",)),
+    (["fusion=none", "models.sim_siglip2_like.weight=0.5"],
+     ("models.sim_siglip2_like.weight=0.5 is never read: no fusion runs (fusion.method=none)",)),
+    (["fusion=milvus_weighted", "fusion.rrf_k=5"],
+     ("fusion.rrf_k=5.0 is never read", "with fusion=milvus_weighted, fusion.method=sum reads",
+      "fusion.score_map and fusion.flat_score")),
+    (["fusion=qdrant_rrf", "fusion.ddof=1"],
+     ("fusion.ddof=1 is never read", "with fusion=qdrant_rrf, fusion.method=rrf reads",
+      "fusion.rrf_k, fusion.rrf_weighting and fusion.rrf_ranks", "read only with fusion.method=zscore | dbsf")),
+])
+def test_a_setting_the_run_never_reads_is_refused(tmp_path, args, fragments):
+    """Each ran with exit 0 before, recording the value (or warning that the preset had changed while it ran as the
+    plain preset): one line naming the key, nothing written."""
+    done = command("fusebench", *SIM, *args, "hydra.run.dir=R", cwd=tmp_path)
+    one_line_error(done, *fragments)
+    assert not (tmp_path / "R").exists() and "dropped" not in done.stdout + done.stderr
+
+
+@pytest.mark.slow  # runs a sweep in a subprocess
+def test_a_sweep_job_with_a_setting_it_never_reads_fails_alone(tmp_path):
+    """fusion=none,rrf fusion.rrf_k=5: the none job fails with the same message (error.txt, the sweep's jobs file),
+    the rrf job runs with rrf_k=5; exit 1 (some jobs failed)."""
+    import json
+
+    done = command("fusebench", "-m", *SIM, "eval.bootstrap.draws=100", "fusion=none,rrf", "fusion.rrf_k=5",
+                   "hydra.sweep.dir=S", cwd=tmp_path, timeout=300)
+    assert done.returncode == 1, done.stderr
+    message = "fusion.rrf_k=5.0 is never read with fusion.method=none"
+    assert f"job 0 failed: {message}" in done.stderr
+    assert message in (tmp_path / "S" / "0" / "error.txt").read_text()
+    assert not (tmp_path / "S" / "0" / "metrics.json").exists()
+    ran = json.loads((tmp_path / "S" / "1" / "metrics.json").read_text())
+    assert ran["fusion"]["method"] == "rrf" and ran["fusion"]["rrf_k"] == 5.0
+
+
+@pytest.mark.slow  # runs a sweep in a subprocess
+def test_a_setting_the_method_reads_changes_the_ranks_and_the_record(tmp_path):
+    """fusion=rrf fusion.rrf_k=5 and fusion=qdrant_rrf fusion.rrf_k=5 run (exit 0) and rank otherwise than with the
+    preset's own rrf_k (1; qdrant_rrf keeps its label there, loses it at 5 with a warning naming rrf_k, and records 5)."""
+    import json
+
+    import numpy as np
+
+    done = command("fusebench", "-m", *SIM, "eval.bootstrap.draws=100", "fusion=qdrant_rrf,rrf", "fusion.rrf_k=1,5",
+                   "hydra.sweep.dir=S", cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    jobs = {(f, k): tmp_path / "S" / str(i) for i, (f, k) in enumerate((f, k) for f in ("qdrant_rrf", "rrf")
+                                                                         for k in (1, 5))}
+    records = {job: json.loads((path / "metrics.json").read_text())["fusion"] for job, path in jobs.items()}
+    assert records[("qdrant_rrf", 1)]["preset"] == "qdrant_rrf" and records[("qdrant_rrf", 5)]["preset"] is None
+    assert records[("qdrant_rrf", 5)]["rrf_k"] == 5.0 and records[("qdrant_rrf", 5)]["rrf_weighting"] == "rank"
+    assert records[("rrf", 5)]["rrf_k"] == 5.0 and records[("rrf", 1)]["rrf_k"] == 1.0
+    assert "fusion.preset=qdrant_rrf dropped: this fusion changes the preset's own settings (rrf_k=5.0)" in done.stdout
+    for fusion in ("qdrant_rrf", "rrf"):
+        ranks = [np.load(jobs[(fusion, k)] / "ranks" / "fused.t2i.npy") for k in (1, 5)]
+        assert not np.array_equal(*ranks), fusion

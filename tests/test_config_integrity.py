@@ -32,18 +32,75 @@ def _refused(compose_cfg, tmp_path: Path, overrides: list[str], *fragments: str)
 # -- presets: the name labels a fusion only while it is that preset ---------------------------------------------
 
 @pytest.mark.parametrize("preset, change", [
-    ("qdrant_dbsf", {"method": "zscore"}),  # another method (rrf would not read ddof=1: refused)
+    ("qdrant_dbsf", {"method": "zscore"}),  # another method (which reads the preset's ddof=1)
+    ("qdrant_dbsf", {"method": "rrf"}),  # one that does not read it: the preset's own value, dropped with the label
     ("qdrant_dbsf", {"ddof": 0}),  # another field of the same preset
     ("qdrant_rrf", {"rrf_k": 60.0}),
     ("opensearch_minmax", {"floor": None}),  # a field the preset sets to non-default, put back to the default
     ("ranx_combmnz", {"combine": "sum"}),
-    ("milvus_rrf", {"score_map": "none", "flat_score": 0.5}),  # a field the preset leaves at its default
+    ("milvus_rrf", {"score_map": "none", "rrf_ranks": "concatenated"}),  # a field the preset leaves at its default
+    ("qdrant_rrf", {"rrf_k": 5.0}),  # a setting the method reads: it changes what runs (test_command_errors.py)
 ])
 def test_a_changed_preset_loses_its_label(preset, change):
     base = {k: v for k, v in definition(preset, [package_conf()]).items()}
     fusion = FusionConfig(**{**base, **change, "preset": preset})
     assert true_label(fusion, [package_conf()]).preset is None
     assert true_label(FusionConfig(**{**base, "preset": preset}), [package_conf()]).preset == preset
+
+
+def _unread_cases() -> list[tuple[str, str, object]]:
+    """(preset, setting, value) for every preset and every setting only some methods read that its method never
+    reads, at a valid value other than the default and the preset's own: from the preset files and the registry."""
+    from fusebench.fusion.config import method_dependent, method_reads
+
+    other = {"rrf_k": 5.0, "ddof": 1, "flat_score": 0.25, "score_map": "atan", "rrf_weighting": "rank",
+             "rrf_ranks": "concatenated"}
+    assert set(other) == set(method_dependent())  # a setting added to a method's reads gets a value here
+    cases = []
+    for name in sorted(preset_files([package_conf()])):
+        own = definition(name, [package_conf()])
+        cases += [(name, key, other[key]) for key in method_dependent() if key not in method_reads(own["method"])]
+    assert {"milvus_weighted", "qdrant_rrf"} <= {c[0] for c in cases} and len(cases) >= 44
+    return cases
+
+
+@pytest.mark.parametrize("name,key,value", fast_first(_unread_cases(), 4, unpack=True))
+def test_a_preset_setting_its_method_never_reads_is_refused(name, key, value, caplog):
+    """fusion=milvus_weighted fusion.rrf_k=5 and fusion=qdrant_rrf fusion.ddof=1 ran as the plain preset, with a
+    warning that the preset's settings had changed (issue 39, item 6): refused, naming the setting and what the preset's
+    method reads; never a warning."""
+    from fusebench.fusion.config import method_reads
+
+    own = definition(name, [package_conf()])
+    with pytest.raises(FusebenchError) as err:
+        fusion = FusionConfig(**{**own, key: value, "preset": name})  # as composed: before the preset's file is read
+        true_label(fusion, [package_conf()])
+    message = str(err.value)
+    assert f"fusion.{key}=" in message and "\n" not in message and "dropped" not in caplog.text
+    if "is never read" in message:  # else another rule of the combination names it (rank weighting with a mean)
+        assert message.startswith(f"fusion.{key}={value!r} is never read with fusion.method={own['method']} "
+                                  f"(with fusion={name}, fusion.method={own['method']} reads"), message
+        assert all(f"fusion.{read}" in message for read in method_reads(own["method"]))
+    else:
+        assert key == "rrf_weighting" and own["combine"] in ("mean", "geometric", "harmonic"), message
+
+
+def test_a_preset_turned_into_a_method_that_never_reads_its_values_drops_them():
+    """The preset's own values the new method never reads (milvus_weighted's score_map, ties aside) are dropped with
+    the label; the record holds what ran."""
+    fusion = FusionConfig(**{**definition("milvus_weighted", [package_conf()]), "method": "rrf",
+                             "preset": "milvus_weighted"})
+    ran = true_label(fusion, [package_conf()])
+    assert ran == FusionConfig(method="rrf", ties="id")
+
+
+def test_a_preset_turned_into_another_method_warns_only_of_what_changed_what_runs(caplog):
+    """The preset's ddof=1 that rrf never reads, set back to the default by hand, is not named as a change."""
+    fusion = FusionConfig(**{**definition("qdrant_dbsf", [package_conf()]), "method": "rrf", "ddof": 0,
+                             "preset": "qdrant_dbsf"})
+    ran = true_label(fusion, [package_conf()])
+    assert ran.preset is None and ran.method == "rrf" and ran.ddof == 0
+    assert "changes the preset's own settings (method=rrf)" in caplog.text and "ddof" not in caplog.text
 
 
 @pytest.mark.slow  # composes every fusion option (the fast tier composes presets in test_config.py)

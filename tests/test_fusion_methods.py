@@ -170,3 +170,64 @@ def test_a_preset_turned_into_another_method_drops_what_that_method_never_reads(
     preset = FusionConfig(**{**definition("qdrant_dbsf", [package_conf()]), "method": "rrf", "preset": "qdrant_dbsf"})
     ran = true_label(preset, [package_conf()])
     assert ran.preset is None and ran.method == "rrf" and ran.ddof == 0  # rrf never read the preset's ddof=1
+
+
+# -- fusion=none reads only top_k: every other setting is refused, naming it (issue 39, item 6) ----------------------
+
+# a valid value other than the default for each setting; a setting added to FusionConfig without one fails the test
+# below, so what fusion=none refuses is never left unchecked
+NOT_DEFAULT = {"fuse_on": "document", "final_top_k": 5, "rrf_k": 5.0, "ddof": 1, "rrf_weighting": "rank",
+               "combine": "max", "score_map": "atan", "flat_score": 0.5, "floor": 0.001, "rrf_ranks": "concatenated",
+               "ties": "id", "preset": "qdrant_rrf", "params": {"phi": 0.5}}
+
+
+def test_what_each_method_reads_comes_from_the_registry():
+    from fusebench.fusion.config import NO_FUSION_READS, fusion_reads, method_reads
+    from fusebench.runtime.checks import config_keys
+
+    keys = set(config_keys(FusionConfig))
+    assert set(NOT_DEFAULT) == keys - {"method", "top_k"}  # every setting but the selector and what none reads
+    assert fusion_reads("none") == NO_FUSION_READS == ("top_k",)
+    some = {key for name in registry.names() for key in method_reads(name)}
+    for name in registry.names():
+        reads = set(fusion_reads(name))
+        assert reads - some == keys - some - {"method", "params"}  # what every method reads
+        assert reads & some == set(method_reads(name))  # and its own, from its Method in the registry
+        assert set(registry.method(name).reads) <= reads
+    assert "rrf_k" in fusion_reads("rrf") and "rrf_k" not in fusion_reads("dbsf") and "ddof" in fusion_reads("dbsf")
+
+
+@pytest.mark.parametrize("key", sorted(NOT_DEFAULT))
+def test_no_fusion_refuses_every_setting_it_never_reads(key):
+    from fusebench.fusion.config import fusion_reads
+
+    with pytest.raises(FusebenchError) as err:
+        FusionConfig(method="none", **{key: NOT_DEFAULT[key]})
+    message = str(err.value)
+    assert f"fusion.{key}" in message and "\n" not in message
+    if key not in ("preset", "params"):  # the one rule: never read with none, and who reads it
+        assert message.startswith(f"fusion.{key}={NOT_DEFAULT[key]!r} is never read with fusion.method=none "
+                                  "(no fusion: each model is evaluated alone"), message
+        readers = [m for m in registry.names() if key in fusion_reads(m)]
+        assert (f"read only with fusion.method={' | '.join(readers)}" in message if len(readers) < len(registry.names())
+                else "read with every fusion.method but none" in message), message
+
+
+def test_no_fusion_takes_its_list_length_and_the_defaults():
+    assert FusionConfig(method="none").top_k == 100
+    assert FusionConfig(method="none", top_k=None).top_k is None
+    assert FusionConfig(method="none", top_k=7, fuse_on="source_object", rrf_k=60).top_k == 7  # defaults set again
+
+
+def test_a_record_of_no_fusion_written_before_the_rule_is_read():
+    """A metrics.json of a fusion=none run holding a setting nothing read (written before they were refused) is read,
+    with those settings at their defaults; a fusion's settings are read as written."""
+    from dataclasses import asdict
+
+    from fusebench.evaluation.subrecords import fusion_from_json
+
+    old = {**asdict(FusionConfig(method="none")), "fuse_on": "document", "rrf_k": 5.0, "top_k": 20}
+    read = fusion_from_json(old, "metrics.json: 'fusion'")
+    assert read == FusionConfig(method="none", top_k=20)
+    fused = {**asdict(FusionConfig(method="rrf")), "fuse_on": "document", "rrf_k": 5.0}
+    assert asdict(fusion_from_json(fused, "metrics.json: 'fusion'")) == fused

@@ -22,12 +22,16 @@ the run dir's rules (a folder holding files fusebench did not write under a run 
 into a temporary folder that is removed (the record and the ranks stay in the result). The stores write where the
 command's do (``embed.cache.dir``, default ``outputs/cache``: each model's ranked lists, reused by the next call on
 the same rows; ``eval.lists.store=false`` keeps them in memory). W&B is off unless
-``logger=wandb`` is among the overrides. A mistake is a :class:`~fusebench.FusebenchError` naming the argument or
-key and what is valid.
+``logger=wandb`` is among the overrides. ``overrides`` is a list of ``KEY=VALUE`` strings (one string is refused,
+not split into characters); Hydra's own keys (``hydra.run.dir=...``, ``hydra/launcher=...``: the API runs one job in
+this process, with no Hydra run dir, sweep or launcher) are refused, naming what to use (``out_dir`` for the run's
+folder). A mistake, an argument of the wrong type too, is a :class:`~fusebench.FusebenchError` naming the argument
+or key and what is valid.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,10 +110,16 @@ def _caption_image(caption_image, n_images: int) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def _ids(values, n: int, what: str, default) -> list:
+def _ids(values, n: int, what: str, default, integers: bool = False) -> list:
     if values is None:
         return default
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise FusebenchError(f"{what} must be a list of {n} ids (one per {what.split('_')[0]}), or None; got "
+                             f"{type(values).__name__}.")
     values = list(values)
+    if integers and not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        bad = next(v for v in values if not isinstance(v, (int, np.integer)) or isinstance(v, bool))
+        raise FusebenchError(f"{what} must hold integers (the captions' ids); got {bad!r}.")
     if len(values) != n:
         raise FusebenchError(f"{what} holds {len(values)} ids for {n} {what.split('_')[0]}s.")
     if len(set(map(str, values))) != n:
@@ -123,10 +133,44 @@ def in_memory_corpus(caption_image: np.ndarray, n_images: int, name: str, image_
     from fusebench.data.corpus import Corpus
 
     images = [str(i) for i in _ids(image_ids, n_images, "image_ids", list(range(n_images)))]
-    captions = _ids(caption_ids, len(caption_image), "caption_ids", None)
+    captions = _ids(caption_ids, len(caption_image), "caption_ids", None, integers=True)
     return Corpus(name=name, image_ids=images, captions=[f"caption {q}" for q in range(len(caption_image))],
                   caption_image=caption_image, caption_ids=None if captions is None else [int(c) for c in captions],
                   kind="arrays", meta={"source": "fusebench.evaluate"})
+
+
+HYDRA_KEYS = {"hydra.run.dir": "out_dir=... (the run's folder; None: a temporary one)",
+              "hydra.sweep.dir": "one call per job, each with its out_dir=..."}  # Hydra's key -> the API's way
+
+
+def override_list(overrides, key: str = "overrides") -> list[str]:
+    """``overrides`` as a list of strings: a single string (which a loop would split into characters), or anything
+    but a list or tuple of strings, is refused, and so is a Hydra key (``hydra.*``, ``hydra/GROUP=``): the API
+    composes one job and runs it here, so Hydra's run dir, sweeps and launchers are never read (:data:`HYDRA_KEYS`
+    names what to use instead)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if isinstance(overrides, (str, bytes)):
+        raise FusebenchError(f"{key}={overrides!r} is one string; {key} takes a list of override strings, e.g. "
+                             f"{key}=[{str(overrides)!r}].")
+    if not isinstance(overrides, (list, tuple)):
+        raise FusebenchError(f"{key} must be a list of override strings (e.g. ['fusion.top_k=100']); got "
+                             f"{type(overrides).__name__}.")
+    for bad in (o for o in overrides if not isinstance(o, str)):
+        raise FusebenchError(f"{key} must be a list of override strings (e.g. ['fusion.top_k=100']); "
+                             f"{bad!r} ({type(bad).__name__}) is not a string.")
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            name = parser.parse_overrides([override])[0].key_or_group
+        except HydraException:  # compose names a bad override itself
+            continue
+        if name == "hydra" or name.startswith(("hydra.", "hydra/")):
+            instead = f"use {HYDRA_KEYS[name]}" if name in HYDRA_KEYS else "leave it out"
+            raise FusebenchError(f"{key}: {override!r} sets Hydra's own {name}, which the Python API never reads (it "
+                                 f"runs one job in this process: no Hydra run dir, sweep or launcher); {instead}.")
+    return list(overrides)
 
 
 def compose(overrides: Sequence[str] = ()):
@@ -140,7 +184,7 @@ def compose(overrides: Sequence[str] = ()):
 
     from fusebench.config import CONFIG_DIR, schema
 
-    overrides = [str(o) for o in overrides]
+    overrides = override_list(overrides)
     schema.register()
     if GlobalHydra.instance().is_initialized():  # another compose (or a Hydra app) left it set: ours is composed fresh
         GlobalHydra.instance().clear()
@@ -160,6 +204,9 @@ def _execute(cfg, out_dir, corpus=None, rows: Mapping[str, tuple] | None = None)
     from fusebench.app.run_config import run_config
     from fusebench.encoders.base import RawEmbeddings
 
+    if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+        raise FusebenchError(f"out_dir must be a folder (a str or a Path), or None for a temporary one; got "
+                             f"{type(out_dir).__name__}.")
     config = run_config(cfg)  # a mistake in the config is refused here, before any work
     inputs = None
     if rows is not None:
@@ -186,11 +233,20 @@ def evaluate(models: Mapping[str, object], caption_image, *, fusion: str = "dbsf
              image_ids: Sequence | None = None, caption_ids: Sequence[int] | None = None,
              name: str = "arrays") -> Result:
     """Evaluate the models' embeddings the caller holds, and their fusion (``fusion``: a ``conf/fusion`` option;
-    ``none`` for the single models alone); see the module's docstring."""
+    ``none`` for the single models alone, which takes no ``weights`` and no fusion setting in ``overrides``);
+    ``overrides``: a list of ``KEY=VALUE`` strings, Hydra's own keys refused (``out_dir``: the run's folder);
+    see the module's docstring."""
     from omegaconf import open_dict
 
     if not isinstance(models, Mapping) or not models:
         raise FusebenchError("models must be a non-empty mapping: name -> (image rows, text rows).")
+    overrides = override_list(overrides)
+    if not isinstance(fusion, str) or not fusion.strip():
+        raise FusebenchError(f"fusion={fusion!r} must be a conf/fusion option's name (e.g. 'dbsf', 'rrf', or 'none' "
+                             "for the single models alone).")
+    if weights is not None and not isinstance(weights, Mapping):
+        raise FusebenchError(f"weights must be a mapping: model name -> weight (e.g. {{'a': 0.5}}), or None; got "
+                             f"{type(weights).__name__}.")
     rows = {str(n): _pair(str(n), v) for n, v in models.items()}
     n_images = {n: image.shape[0] for n, (image, _) in rows.items()}
     if len(set(n_images.values())) > 1:
@@ -213,7 +269,8 @@ def evaluate(models: Mapping[str, object], caption_image, *, fusion: str = "dbsf
 
 
 def run(overrides: Sequence[str] = (), out_dir: str | Path | None = None) -> Result:
-    """The job ``fusebench OVERRIDES`` runs (W&B off unless ``logger=wandb`` is given), returning its result."""
-    given = [str(o) for o in overrides]
+    """The job ``fusebench OVERRIDES`` runs (W&B off unless ``logger=wandb`` is given), returning its result;
+    ``overrides``: a list of ``KEY=VALUE`` strings, Hydra's own keys refused (``out_dir``: the run's folder)."""
+    given = override_list(overrides)
     quiet = [] if any(o.startswith("logger=") for o in given) else ["logger=none"]
     return _execute(compose([*quiet, *given]), out_dir)

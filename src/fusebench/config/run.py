@@ -32,7 +32,7 @@ from fusebench.config.schema import (
     TuneConfig,
 )
 from fusebench.config.search import SearchConfig
-from fusebench.config.specs import ModelSpec
+from fusebench.config.specs import DEFAULT_WEIGHT, ModelSpec
 from fusebench.fusion.config import FusionConfig
 from fusebench.runtime import checks
 
@@ -123,6 +123,15 @@ def check_fusion_models(fusion: FusionConfig, models: dict[str, ModelSpec], tuni
     if tuning is not None and (len(models) < 2 or fusion.method == "none"):
         raise FusebenchError("tune tunes a fusion's weights: select at least two models and a fusion method "
                              "(e.g. fusion=dbsf), or set tune=none.")
+    fusing = fusion.method != "none" and len(models) > 1
+    unread = [(name, spec.weight) for name, spec in models.items() if spec.weight != DEFAULT_WEIGHT]
+    if not fusing and unread:
+        name, weight = unread[0]
+        why, fix = (("fusion.method=none", "pick a fusion method (e.g. fusion=dbsf)") if fusion.method == "none" else
+                    (f"one model selected ({name})", "select two or more models"))
+        raise FusebenchError(f"models.{name}.weight={weight:g} is never read: no fusion runs ({why}), so each model "
+                             f"is evaluated alone, and a weight is read only by a fusion of two or more models; "
+                             f"leave it at {DEFAULT_WEIGHT:g} (the default), or {fix}.")
     if len(models) < 2:
         if fusion.method != "none":
             log.warning("fusion.method=%s is skipped: one model is selected (%s), and fusion needs two or more",

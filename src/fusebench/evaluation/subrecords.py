@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from fusebench import FusebenchError
 from fusebench.config.schema import BootstrapConfig, EvalConfig, ListsConfig
 from fusebench.config.specs import DEFAULT_WEIGHT
-from fusebench.fusion.config import FusionConfig
+from fusebench.fusion.config import FusionConfig, no_fusion_values
 
 
 class RecordError(ValueError):
@@ -156,7 +156,7 @@ def fusion_from_json(data: dict, where: str) -> FusionConfig:
     """A recorded fusion's settings (a record of today's version: ``record_versions.migrate`` filled in those an
     older record lacks)."""
     try:
-        return FusionConfig(**{f.name: data[f.name] for f in fields(FusionConfig) if f.name in data})
+        return FusionConfig(**no_fusion_values({f.name: data[f.name] for f in fields(FusionConfig) if f.name in data}))
     except (FusebenchError, TypeError) as err:
         raise RecordError(f"{where}: the fusion settings cannot be read ({err})") from None
 

@@ -26,7 +26,9 @@ TIES = ("first", "id")  # equal fused scores: first appearance (lists read model
 RRF_RANKS = ("own", "concatenated")  # concatenated: ranks run on through the models' lists (older LanceDB)
 
 
-PRESET_KEPT = ("rrf_k", "ddof", "flat_score")  # a preset's own values another method may not read (see method_reads)
+# what a run with no fusion (method none) reads of the group: each model's list length (its search depth and saved
+# lists); every other setting, and every model's weight, is the fusion's and is refused there (issue 39, item 6)
+NO_FUSION_READS = ("top_k",)
 
 
 def method_reads(name: str) -> tuple[str, ...]:
@@ -35,6 +37,33 @@ def method_reads(name: str) -> tuple[str, ...]:
     spec = registry.method(name)
     return (*spec.reads, "rrf_ranks" if spec.kind == "rank" else "score_map",
             *(("flat_score",) if spec.kind == "affine" else ()))
+
+
+def method_dependent() -> tuple[str, ...]:
+    """The settings only some methods read (every method's :func:`method_reads`, from the registry as it is now): an
+    engine preset's own value of one may be carried to a method that never reads it (``fusion=qdrant_dbsf
+    fusion.method=rrf`` carries ddof=1), and ``presets.true_label`` drops it with the label."""
+    return tuple(dict.fromkeys(key for name in registry.names() for key in method_reads(name)))
+
+
+def fusion_reads(name: str) -> tuple[str, ...]:
+    """Every setting of the group that a run with ``fusion.method=name`` reads (``method`` and ``params``, checked on
+    their own, aside): ``NO_FUSION_READS`` for none; for a method, what every method reads (each setting no method
+    lists in :func:`method_reads`) and its own :func:`method_reads`."""
+    if name == "none":
+        return NO_FUSION_READS
+    some = method_dependent()
+    common = tuple(k for k in checks.config_keys(FusionConfig) if k not in ("method", "params", *some))
+    return (*common, *method_reads(name))
+
+
+def no_fusion_values(values: dict) -> dict:
+    """A recorded fusion with ``method: none`` as it is read: the settings no run without fusion reads at their
+    defaults (records written before those were refused with fusion.method=none could hold other values, which
+    nothing read)."""
+    if values.get("method") != "none":
+        return values
+    return {k: v if k in ("method", *NO_FUSION_READS) else checks.default_of(FusionConfig, k) for k, v in values.items()}
 
 
 @dataclass
@@ -108,22 +137,49 @@ class FusionConfig:
             return {}
         return asdict(checks.typed(spec.params, given, "fusion.params", every_key=False))
 
-    def _check_method_settings(self) -> None:
-        """A setting the method never reads is refused, not recorded as if it had changed the result: the one rule
-        (``checks.unread``) every group's kind-dependent settings go through, over what each method reads."""
-        if self.method == "none":
-            return
-        kind = registry.method(self.method).kind
-        checks.unread(self, "fusion", "method", self.reads_by_method(),
-                      " (it reads only ranks)" if kind == "rank" else "")
+    def _check_method_settings(self, own: dict | None = None) -> None:
+        """A setting the run never reads is refused, not recorded as if it had changed the result: the one rule
+        (``checks.unread``) every group's kind-dependent settings go through, over what each method reads
+        (:func:`fusion_reads`; with no fusion, only ``top_k``). An engine preset's :func:`method_dependent`
+        settings are let through while its file is unknown (as the group is built); ``own`` (the preset's
+        definition, ``presets.true_label`` passes it) lets through only those at the preset's own value, which the
+        user did not set (``fusion=qdrant_dbsf fusion.method=rrf`` carries the preset's ddof=1), and refuses the
+        others."""
+        if self.method == "none" and self.preset is not None:
+            raise FusebenchError(f"fusion.method=none runs no fusion, so fusion.preset={self.preset} has nothing to "
+                                 "label: use fusion=none (not a preset with fusion.method=none), or drop "
+                                 "fusion.method=none.")
+        checks.unread(self, "fusion", "method", self.reads_by_method(own), self._unread_why())
 
-    def reads_by_method(self) -> dict[str, tuple[str, ...]]:
-        """Each method's settings among those only some methods read (:func:`method_reads`). An engine preset's
-        rrf_k, ddof and flat_score are not refused: they may be the preset's own
-        (``fusion=qdrant_dbsf fusion.method=rrf`` carries the preset's ddof=1), and ``presets.true_label`` drops
-        them, with the preset's label, where the method never reads them (the record then shows what ran)."""
-        kept = PRESET_KEPT if self.preset is not None else ()
-        return {name: (*method_reads(name), *kept) for name in registry.names()}
+    def _unread_why(self) -> str:
+        """What the chosen method reads instead, for the message of a setting it never reads."""
+        if self.method == "none":
+            return " (no fusion: each model is evaluated alone, its lists fusion.top_k long)"
+        spec = registry.method(self.method)
+        if self.preset is not None:
+            keys = [f"fusion.{key}" for key in method_reads(self.method)]
+            reads = ", ".join(keys[:-1]) + " and " + keys[-1] if len(keys) > 1 else keys[0]
+            return (f" (with fusion={self.preset}, fusion.method={self.method} reads, of the settings only some "
+                    f"methods read, {reads}{'; its evidence is the rank alone' if spec.kind == 'rank' else ''})")
+        return " (it reads only ranks)" if spec.kind == "rank" else ""
+
+    def reads_by_method(self, own: dict | None = None) -> dict[str, tuple[str, ...]]:
+        """Each method's settings (:func:`fusion_reads`; ``none``: no fusion). An engine preset's
+        :func:`method_dependent` settings are not refused while they may be the preset's own (``own`` None: the
+        preset's file not read yet; else those equal to ``own``'s): ``presets.true_label`` drops them, with the
+        preset's label, where the method never reads them (the record then shows what ran)."""
+        if self.preset is None:
+            kept = ()
+        elif own is None:
+            kept = method_dependent()
+        else:
+            kept = tuple(key for key in method_dependent() if getattr(self, key) == own.get(key))
+        return {name: (*fusion_reads(name), *kept) for name in ("none", *registry.names())}
+
+    def check_preset_values(self, own: dict) -> None:
+        """Refuse a setting of an engine preset's that its method never reads and that is not the preset's own
+        value ``own[key]`` (the user set it: ``fusion=milvus_weighted fusion.rrf_k=5``)."""
+        self._check_method_settings(own)
 
     def per_model_k(self, n_items: int) -> int:
         return n_items if self.top_k is None else min(self.top_k, n_items)

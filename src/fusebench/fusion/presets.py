@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from fusebench import FusebenchError
-from fusebench.fusion.config import PRESET_KEPT, FusionConfig, method_reads
+from fusebench.fusion.config import FusionConfig, method_dependent, method_reads
 from fusebench.runtime import checks
 from fusebench.runtime.layout import CONFIG_DIR
 
@@ -80,24 +80,30 @@ def definition(name: str, folders: list[Path]) -> dict:
             if f.name not in RUN_SETTINGS}
 
 
-def changes(fusion: FusionConfig, preset: dict) -> list[str]:
-    """``key=value`` for every formula setting of ``fusion`` that is not the preset's value."""
-    return [f"{key}={getattr(fusion, key)}" for key, value in preset.items() if getattr(fusion, key) != value]
+def changes(fusion: FusionConfig, preset: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    """``key=value`` for every formula setting of ``fusion`` that is not the preset's value (``ignore`` aside)."""
+    return [f"{key}={getattr(fusion, key)}" for key, value in preset.items()
+            if key not in ignore and getattr(fusion, key) != value]
 
 
 def true_label(fusion: FusionConfig, folders: list[Path] | None = None,
                weights: list[float] | None = None) -> FusionConfig:
     """``fusion`` with its preset label kept only while every formula setting is the preset's own (and, for a
-    preset whose engine takes no weights, while the models' ``weights`` are all equal)."""
+    preset whose engine takes no weights, while the models' ``weights`` are all equal). A setting the method never
+    reads that is not the preset's own value is refused (``FusionConfig.check_preset_values``): the warning
+    names only settings that changed what runs."""
     if fusion.preset is None:
         return fusion
-    changed = changes(fusion, definition(fusion.preset, config_folders() if folders is None else folders))
+    own = definition(fusion.preset, config_folders() if folders is None else folders)
+    fusion.check_preset_values(own)
+    reads = method_reads(fusion.method) if fusion.method != "none" else ()
+    unread = tuple(key for key in method_dependent() if key not in reads)  # the preset's own values (checked above)
+    changed = changes(fusion, own, ignore=unread)
     if fusion.preset in UNWEIGHTED and weights is not None and len(set(weights)) > 1:
         changed.append(f"weights={'/'.join(f'{w:g}' for w in weights)} ({UNWEIGHTED[fusion.preset]})")
     if not changed:
         return fusion
     log.warning("fusion.preset=%s dropped: this fusion changes the preset's own settings (%s), so it is labelled "
                 "by its method, %s, and its settings", fusion.preset, ", ".join(changed), fusion.method)
-    reads = method_reads(fusion.method) if fusion.method != "none" else ()
-    unread = {key: checks.default_of(FusionConfig, key) for key in PRESET_KEPT if key not in reads}
-    return replace(fusion, preset=None, **unread)  # the preset's values the method never reads: not recorded
+    # the preset's values the method never reads: not recorded
+    return replace(fusion, preset=None, **{key: checks.default_of(FusionConfig, key) for key in unread})

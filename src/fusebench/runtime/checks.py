@@ -202,7 +202,8 @@ def unread(config, group: str, selector: str, readers: Mapping[str, Sequence[str
             continue
         setting = _differs(getattr(config, name), default_of(type(config), name), name)
         if setting is not None:
-            by = " | ".join(kind for kind, names in readers.items() if name in names)
+            by = [kind for kind, names in readers.items() if name in names]
+            where = (f"with every {group}.{selector} but {chosen}" if len(by) == len(readers) - 1 > 1 else
+                     f"only with {group}.{selector}={' | '.join(by)}")
             raise FusebenchError(f"{group}.{setting} is never read with {group}.{selector}={chosen}{why}; "
-                                 f"{group}.{name} is read only with {group}.{selector}={by}: leave it unset or "
-                                 "pick one of those.")
+                                 f"{group}.{name} is read {where}: leave it unset or pick one of those.")
