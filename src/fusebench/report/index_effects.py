@@ -171,6 +171,22 @@ def _cost_columns(run: Run) -> dict:
             "index_bytes": cost["index_bytes"], "disk_bytes": cost["disk_bytes"]}
 
 
+def split_labels(runs: list[Run]) -> dict[tuple, str]:
+    """What the study calls each test split (:attr:`Run.corpus_key`), whatever its gallery: its dataset's name and
+    flags, numbered when two splits share one (the sentences follow a backend across gallery sizes of one split)."""
+    names: dict[tuple, str] = {}
+    for run in runs:
+        d = run.record.dataset
+        names.setdefault(run.corpus_key, d.name + (" (simulated)" if d.simulated else "")
+                         + (" (non-standard)" if d.nonstandard else ""))
+    seen: dict[str, int] = {}
+    out = {}
+    for key, name in names.items():
+        seen[name] = seen.get(name, 0) + 1
+        out[key] = name if list(names.values()).count(name) == 1 else f"{name} [test split {seen[name]}]"
+    return out
+
+
 def effect_row(runs: list[Run], run: Run, k: int, boot: Bootstrap) -> dict:
     """One run's row at t2i R@k (the columns of index_effects.csv): the three paired differences of the module's
     docstring, each with its intervals (``vs_exact_best``, ``vs_exact_fusion``, ``gain``), the verdict, and the
@@ -187,7 +203,8 @@ def effect_row(runs: list[Run], run: Run, k: int, boot: Bootstrap) -> dict:
     vs_best = None if exact_best is None else _paired(run, FUSED, reference, exact_best, k, boot)
     exact_fused = None if search is None else record.retrievers.get(EXACT_FUSED)
     vs_fusion = None if exact_fused is None else _paired(run, FUSED, run, EXACT_FUSED, k, boot)
-    return {"dataset": dataset_labels(runs)[run.dataset_key], "run": run.name, "backend": search_label(run, FUSED),
+    return {"dataset": dataset_labels(runs)[run.dataset_key], "test_split": split_labels(runs)[run.corpus_key],
+            "run": run.name, "backend": search_label(run, FUSED),
             "distractors": 0 if record.gallery is None else int(record.gallery.distractors),
             "exact_query_ms": _exact_query_ms(run, fused.members),
             "version": None if search is None else search.version, "fusion": _fusion_name(run), "k": k,
@@ -238,14 +255,14 @@ def survival_sentences(effects: IndexEffects) -> list[str]:
     k = effects.ks[0]
     rows = [r for r in effects.rows if r["k"] == k and r.get("verdict") is not None]
     level = level_label(effects.level)
-    several = {c: len({r[c] for r in rows}) > 1 for c in ("dataset", "fusion")}
+    several = {c: len({r.get(c) for r in rows}) > 1 for c in ("test_split", "fusion")}
     out = []
-    for key in dict.fromkeys((r["dataset"], r["backend"], r["fusion"]) for r in rows):
-        mine = sorted((r for r in rows if (r["dataset"], r["backend"], r["fusion"]) == key),
+    for key in dict.fromkeys((r.get("test_split"), r["backend"], r["fusion"]) for r in rows):
+        mine = sorted((r for r in rows if (r.get("test_split"), r["backend"], r["fusion"]) == key),
                       key=lambda r: r["distractors"])
-        dataset, backend, fusion = key
+        split, backend, fusion = key
         subject = "fusion on exact lists" if backend == EXACT else "fusion through it"
-        backend = (f"{dataset}: " if several["dataset"] else "") + backend + (f" ({fusion})" if several["fusion"]
+        backend = (f"{split}: " if several["test_split"] else "") + backend + (f" ({fusion})" if several["fusion"]
                                                                                else "")
         values = "; ".join(f"{r['distractors']:,}: {_interval_text(r, 'vs_exact_best')}" for r in mine)
         sentence = (f"{backend}: {subject} {_verdict_phrase(mine)} (fused minus the best single model searched "
