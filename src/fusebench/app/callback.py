@@ -31,8 +31,9 @@ class RunDirRefused(BaseException):
 
 
 def _check_dir(config: DictConfig, key: str) -> Path | None:
-    """The run or sweep dir (``key``), refused with ``RunDirRefused`` when ``rundir.check_dir`` refuses it;
-    None when only Hydra can resolve it now (Hydra then reports what is wrong)."""
+    """The run or sweep dir (``key``), refused with ``RunDirRefused`` when ``rundir.check_dir`` refuses it (another
+    live run holding it too: its lock, taken here for this run's or sweep's life, ``runtime.run_lock``); None when
+    only Hydra can resolve it now (Hydra then reports what is wrong; the job takes the lock when it starts)."""
     from fusebench import FusebenchError
     from fusebench.app import rundir
 
@@ -45,7 +46,7 @@ def _check_dir(config: DictConfig, key: str) -> Path | None:
     inside = [Path(f).resolve() for f in folders if isinstance(f, str) and f.strip()]
     own = tuple(f.relative_to(cwd).parts[0] for f in inside if f != cwd and f.is_relative_to(cwd))
     try:
-        return rundir.check_dir(value, key, own, subdir=_value(config, "hydra.output_subdir"))
+        return rundir.check_dir(value, key, own, subdir=_value(config, "hydra.output_subdir"), hold=True)
     except FusebenchError as err:
         raise RunDirRefused(str(err)) from None
 
@@ -179,7 +180,7 @@ def _without_failed_jobs(folder: Path, failed: list[str]):
     held = [r for r in scan.runs if r.path.resolve() in gone]
     reasons = {**scan.failed, **{gone[r.path.resolve()]: "the sweep's job failed; its dir still holds an earlier "
                                  "run's results, not reported" for r in held}}
-    return Scan([r for r in scan.runs if r not in held], reasons)
+    return Scan([r for r in scan.runs if r not in held], reasons, damaged=[d for d in scan.damaged if d not in failed])
 
 
 def _check_report_files(folder: Path) -> None:
@@ -267,11 +268,14 @@ class SweepReport(Callback):
                            f"not written: {err}. Write it into another folder with fusebench-report {folder} --out "
                            f"FOLDER, or move the file away and run fusebench-report {folder}")
                 raise RunDirRefused(message) from None  # cli.main: exit 2, this one line
-            SweepReport.failed = sorted({*report.failed, *SweepReport.jobs_failed})
-            log.info("sweep report: %s (%d runs, %d failed)", folder / "summary.md", len(report.runs),
-                     len(report.failed))
+            SweepReport.failed = sorted({*report.not_reported, *SweepReport.jobs_failed})
+            log.info("sweep report: %s (%d runs, %d failed%s)", folder / "summary.md", len(report.runs),
+                     len(report.failed), f", {len(report.damaged)} damaged" if report.damaged else "")
             if report.failed:
                 log.error("failed jobs (see error.txt in each): %s", ", ".join(report.failed))
+            if report.damaged:
+                log.error("damaged runs (their files changed since they finished; summary.md says which): %s",
+                          ", ".join(report.damaged))
             from fusebench.app.tracking import log_sweep
             from fusebench.config.run import logger_config
 
