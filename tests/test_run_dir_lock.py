@@ -104,7 +104,7 @@ def test_the_engine_cleanup_never_takes_a_live_runs_database_for_leftovers(tmp_p
     assert again == live and not (live / "data.lance").exists()
 
 
-def test_a_second_run_into_a_live_run_dir_is_refused_and_a_killed_runs_leftovers_are_cleaned(tmp_path):
+def test_a_second_run_into_a_live_run_dir_is_refused_and_a_killed_runs_leftovers_are_cleaned(tmp_path, capsys):
     pytest.importorskip("lancedb")
     run_dir = tmp_path / "X"
     leftover = engine_dirs.fresh_workdir(run_dir, "t2i")
@@ -124,6 +124,14 @@ def test_a_second_run_into_a_live_run_dir_is_refused_and_a_killed_runs_leftovers
     scan = scan_runs(run_dir)  # the lock file beside the outputs changes no scan, no checksum
     assert [r.path for r in scan.runs] == [run_dir] and scan.failed == {}
     assert "search=lancedb" in run_lock.holder(run_dir)["command"] and not run_lock.held_here(run_dir)
+    from fusebench.report.cli import main as report_main
+
+    with held(run_dir) as holder:  # a report into a run dir a run writes now: refused (its outputs would swap in)
+        assert report_main([str(run_dir), "--draws", "50"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"fusebench-report: error: the report folder {run_dir} is in use") and "\n" not in err
+        assert f"pid {holder.pid}" in err and not (run_dir / "summary.md").exists()
+    assert report_main([str(run_dir), "--draws", "50"]) == 0 and not run_lock.held_here(run_dir)
 
 
 def test_a_sweep_into_a_sweep_dir_in_use_is_refused_before_any_job(tmp_path):
