@@ -171,3 +171,17 @@ def test_the_api_refuses_an_out_dir_in_use_and_releases_its_own(tmp_path):
     assert result.out_dir == out_dir and not run_lock.held_here(out_dir)
     with held(out_dir):  # released when the call returned: another process takes it at once
         pass
+
+
+def test_a_filesystem_without_file_locks_is_one_line_naming_the_key(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(FusebenchError, match=r"cannot lock .*\.fusebench\.lock \(No locks available\): its filesystem "
+                                             r"offers no file locks .* hydra\.sweep\.dir=\.\.\.$"):
+        run_lock.hold(tmp_path, "hydra.sweep.dir")
+    assert not run_lock.held_here(tmp_path)

@@ -16,6 +16,7 @@ and for a sweep's dir (before any job starts), each sweep job for its job dir, a
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -27,6 +28,7 @@ from fusebench import FusebenchError
 
 LOCK_NAME = ".fusebench.lock"  # in a run (or sweep) dir
 LOCK_FORMAT = "fusebench run dir lock"
+NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP}  # a filesystem without flock (some network mounts)
 _HELD: dict[str, object] = {}  # resolved run dir -> the FileLock this process holds on it
 
 
@@ -103,11 +105,18 @@ def hold(run_dir: str | Path, key: str = "hydra.run.dir", what: str | None = Non
 
     if held_here(run_dir):
         return False
-    lock = FileLock(str(_lock_path(run_dir, key)), thread_local=False, on_acquired=_write_holder)
+    path = _lock_path(run_dir, key)
+    lock = FileLock(str(path), thread_local=False, on_acquired=_write_holder)
     try:
         lock.acquire(blocking=False)
     except Timeout:
         raise RunDirInUse(in_use_message(run_dir, key, what)) from None
+    except OSError as err:
+        if err.errno not in NO_LOCKS:
+            raise
+        raise FusebenchError(f"cannot lock {path} ({err.strerror}): its filesystem offers no file locks (flock), "
+                             "which fusebench needs to keep two runs out of one dir; choose a folder on another "
+                             f"filesystem (a local disk) with {key}=...") from None
     _HELD[_key(run_dir)] = lock
     return True
 
