@@ -303,7 +303,8 @@ def test_a_rerun_replaces_a_damaged_metrics_json_and_says_so(tmp_path, how):
     assert "metrics.json is damaged" in result.stdout + result.stderr and "this run replaces it" in result.stdout
     record = json.loads((tmp_path / "X" / "metrics.json").read_text())
     assert record["fusion"]["method"] == "rrf"
-    assert report_files.written(tmp_path / "X", "summary.md")  # the report beside it: kept, still fusebench's
+    # the report of the run it replaced went with that run (issue 39, item 8): never beside the new metrics.json
+    assert not (tmp_path / "X" / "summary.md").exists() and not (tmp_path / "X" / report_files.MANIFEST).exists()
     assert (tmp_path / "X" / "plots" / "paired_gains.png").is_file()  # the rerun's own plots: not refused
 
 

@@ -150,8 +150,9 @@ def test_a_sweep_whose_job_dir_is_in_use_stops_naming_it(tmp_path):
         assert sorted(p.name for p in (sweep_dir / "1").iterdir()) == [run_lock.LOCK_NAME]  # untouched
         assert not list(sweep_dir.rglob("metrics.json"))  # refused before any job ran
     with held(sweep_dir / "1") as holder:  # a job dir taken after the sweep was checked: the job stops it
-        hold = subprocess.run([sys.executable, "-c", "from fusebench.app.cli import hold_job_dir; import sys; "
-                               "hold_job_dir(sys.argv[1], 1)", str(sweep_dir / "1")], capture_output=True, text=True)
+        hold = subprocess.run([sys.executable, "-c", "from fusebench.app.callback import job_started; import sys; "
+                               "job_started(sys.argv[1], sys.argv[2], 1, None)", str(sweep_dir / "1"),
+                               str(sweep_dir)], capture_output=True, text=True)
         assert "RunDirRefused" in hold.stderr and f"pid {holder.pid}" in hold.stderr
 
 

@@ -136,7 +136,8 @@ def _check_jobs(config: DictConfig) -> None:
 def job_started(out_dir: str, sweep_dir: str, job: int, output_subdir: str | None) -> None:
     """A sweep job starts in ``out_dir`` (Hydra has created it and written its .hydra files): refused when the
     dir does not lie inside the sweep dir, or when a job of this sweep in this process already wrote it (its
-    .hydra files, which Hydra has just overwritten, are put back). A backstop: the sweep's job dir pattern is
+    .hydra files, which Hydra has just overwritten, are put back); its dir's lock is taken for the job's life, and
+    another live run holding it is refused (``runtime.run_lock``). A backstop: the sweep's job dir pattern is
     checked when it starts, and every job's dir before any job runs (fusebench's sweeper)."""
     from fusebench.app import rundir
 
@@ -156,13 +157,23 @@ def job_started(out_dir: str, sweep_dir: str, job: int, output_subdir: str | Non
         raise RunDirRefused(f"hydra.sweep.subdir gives job {job} the dir {path}, not a folder inside the sweep dir "
                             f"{base}; use a relative path that differs per job, e.g. "
                             "hydra.sweep.subdir='${hydra.job.num}' (the default).")
+    from fusebench import FusebenchError
+    from fusebench.runtime import run_lock
+
+    try:  # held for the job's life (job_ended releases it): another live run in it (started by hand) stops the sweep
+        run_lock.hold(path, "hydra.sweep.dir", what=f"job dir (job {job})")
+    except FusebenchError as err:
+        raise RunDirRefused(str(err)) from None
 
 
 def job_ended(out_dir: str, job: int, output_subdir: str | None) -> None:
-    """A sweep job in ``out_dir`` ended (finished or failed): no later job of this sweep may write there."""
+    """A sweep job in ``out_dir`` ended (finished or failed): no later job of this sweep may write there; its dir's
+    lock is released."""
     from fusebench.app import rundir
+    from fusebench.runtime import run_lock
 
     path = os.path.normpath(os.path.abspath(out_dir))
+    run_lock.release(path)
     try:
         kept = rundir.read_hydra_files(Path(path, output_subdir)) if output_subdir else None
     except OSError:
@@ -239,7 +250,12 @@ class SweepReport(Callback):
         folder = SweepReport.sweep_dir = _check_dir(config, "hydra.sweep.dir")
         if folder is not None:
             if SweepReport.kind == "run":
-                _check_report_files(folder)
+                try:
+                    _check_report_files(folder)
+                except RunDirRefused:  # refused before any job: the dir as it was, without the lock file made here
+                    if rundir.lock_made_here(folder):
+                        rundir.drop_lock(folder)
+                    raise
             for metrics in folder.rglob("metrics.json"):  # the job dirs of an earlier sweep into this dir
                 rundir.keep_earlier_config(metrics.parent, config.hydra.output_subdir)
 

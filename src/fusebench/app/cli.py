@@ -366,10 +366,8 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     _places(cfg, key, hydra_cfg.sweep.dir if multirun else out_dir)
-    taken = False
     if multirun:  # a dir another job of this sweep wrote, or outside the sweep dir: the sweep stops (exit 2)
         job_started(out_dir, hydra_cfg.sweep.dir, hydra_cfg.job.num, hydra_cfg.output_subdir)
-        taken = hold_job_dir(out_dir, hydra_cfg.job.num)
     try:
         config = run_config(cfg)  # the typed config: a mistake in it is one line before anything heavy is imported
         work(config, out_dir, key)
@@ -395,23 +393,6 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
     finally:
         if multirun:
             job_ended(out_dir, hydra_cfg.job.num, hydra_cfg.output_subdir)
-        if taken:
-            from fusebench.runtime import run_lock
-
-            run_lock.release(out_dir)
-
-
-def hold_job_dir(out_dir: str, job: int) -> bool:
-    """Take a sweep job's dir's lock for the job's life (``runtime.run_lock``); another live run holding it (a run
-    started into that dir by hand) stops the sweep (exit 2, naming it): the job would take its files for an
-    earlier run's. Returns whether it was taken here."""
-    from fusebench.app.callback import RunDirRefused
-    from fusebench.runtime import run_lock
-
-    try:
-        return run_lock.hold(out_dir, "hydra.sweep.dir", what=f"job dir (job {job})")
-    except FusebenchError as err:
-        raise RunDirRefused(str(err)) from None
 
 
 if __name__ == "__main__":
