@@ -10,8 +10,11 @@ A run dir whose lock is free holds no live run, so only then can what a run left
 ``backends.engine_dirs``) be a killed run's leftovers (:func:`check_free`).
 
 Who takes it: the ``fusebench`` command for its run dir (in the Hydra callback, before Hydra rewrites ``.hydra/``)
-and for a sweep's dir (before any job starts), each sweep job for its job dir, and the Python API for its
-``out_dir``; the command releases every lock it took when it ends (``release_all``), the API when its run ends.
+and for a sweep's dir (before any job starts), each sweep job for its job dir (the sweeper checks every job dir is
+free before the first job runs), the Python API for its ``out_dir``, and ``fusebench-report`` for a run dir it
+writes a report into; the command releases every lock it took when it ends (``release_all``), a sweep job, the API
+and the report when theirs end. Within one process the lock is taken once (a second ``hold`` is a no-op): it keeps
+other processes out, not threads of the same one.
 """
 
 from __future__ import annotations
