@@ -295,3 +295,19 @@ def test_stored_lists_are_read_only_for_the_same_rows(compose_cfg, tmp_path, cas
     np.testing.assert_array_equal(np.load(tmp_path / "3" / "ranks" / "a.t2i.npy"), expected)
     item = without.index(hard) + 30
     assert (np.load(tmp_path / "3" / "topk" / "a.t2i.npz")["ids"][:, :5] == item).sum() < (listed == item).sum()
+
+
+@pytest.mark.parametrize("extra,key", [(["gallery.size=50"], "gallery.size=50"),
+                                       (["gallery.near_duplicate=0.5"], "gallery.near_duplicate=0.5")])
+def test_a_gallery_setting_a_manifest_run_does_not_read_is_refused_describing_that_run(compose_cfg, case, extra, key):
+    """With gallery=none a manifest's caption-less lines are the run's gallery, every one kept: the refusal says
+    so, and what is valid, never "the test split alone" (issue 39, item 8)."""
+    with pytest.raises(FusebenchError) as err:
+        run_config(compose_cfg(_overrides(case["manifest"], case["files"], extra)))
+    message = str(err.value)
+    assert message.startswith(key) and "dataset=manifest" in message and "gallery=none" in message
+    assert "the manifest's lines without captions (its gallery)" in message and "test split alone" not in message
+    assert "every one" in message and "folder | webdataset | paths | vectors" in message
+    assert "\n" not in message
+    with pytest.raises(FusebenchError, match="test split alone"):  # a run with no such lines: as before
+        run_config(compose_cfg(["dataset=sim", *extra]))

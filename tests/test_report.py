@@ -209,3 +209,21 @@ def test_a_run_file_damaged_after_it_was_hashed_here_is_read_again(tmp_path):
     stat = path.stat()  # a later mtime (the filesystem's clock may not have ticked within this test)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     assert remembered_checksum(path) == file_sha256(path) != first
+
+
+def test_the_summary_head_lists_failed_and_damaged_runs_apart():
+    """A run whose files were changed after it finished is listed as damaged, a job that did not finish as failed
+    (docs/guarantees.md; issue 39, item 8); every one with its reason."""
+    from types import SimpleNamespace
+
+    from fusebench.report.sweep import SweepSummary
+    from fusebench.report.sweep_markdown import _head
+
+    reasons = {"0": "no metrics.json (the job failed or was stopped)",
+               "2": "ranks/fused.t2i.npy does not match the checksum metrics.json recorded"}
+    report = SimpleNamespace(folder="S", runs=[object()], reasons=reasons, damaged=["2"])
+    report.failed = SweepSummary.failed.fget(report)
+    assert report.failed == ["0"] and SweepSummary.not_reported.fget(report) == ["0", "2"]
+    lines = _head(report)
+    assert lines[2] == "1 finished runs, 1 failed: 0, 1 damaged: 2."
+    assert f"- 2: {reasons['2']}" in lines and f"- 0: {reasons['0']}" in lines

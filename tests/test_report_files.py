@@ -315,7 +315,8 @@ def test_a_rerun_replaces_a_damaged_metrics_json_and_says_so(tmp_path, how):
     assert "metrics.json is damaged" in result.stdout + result.stderr and "this run replaces it" in result.stdout
     record = json.loads((tmp_path / "X" / "metrics.json").read_text())
     assert record["fusion"]["method"] == "rrf"
-    assert report_files.written(tmp_path / "X", "summary.md")  # the report beside it: kept, still fusebench's
+    # the report of the run it replaced went with that run (issue 39, item 8): never beside the new metrics.json
+    assert not (tmp_path / "X" / "summary.md").exists() and not (tmp_path / "X" / report_files.MANIFEST).exists()
     assert (tmp_path / "X" / "plots" / "paired_gains.png").is_file()  # the rerun's own plots: not refused
 
 
@@ -328,3 +329,41 @@ def test_every_table_a_report_writes_is_known(runs):
                ("rrf", "dbsf")}
     assert written - {report_files.MANIFEST} == set(report_files.read_manifest(runs))
     assert written <= set(report_files.candidates(runs))
+
+
+# ---------------------------------------------------------------- a rerun into a reported run dir (issue 39, item 8)
+
+def test_a_rerun_takes_away_the_report_of_the_run_it_replaces(runs, compose_cfg, monkeypatch):
+    """``fusebench-report RUN_DIR`` describes the run in it: a rerun that writes its outputs moves that report away
+    with the earlier run (never a summary of the old run beside the new metrics.json); a rerun that fails leaves
+    both as they were; a report file someone edited since is theirs, left as it is."""
+    import errno
+
+    run_dir = runs / "rrf"
+    assert report_main([str(run_dir), "--draws", "50"]) == 0
+    reported = {name for name in report_files.read_manifest(run_dir)}
+    assert {"summary.md", "summary.csv", "gains.csv", "report_plots/paired_gains.png"} <= reported
+    assert "rrf" in (run_dir / "summary.csv").read_text()
+    before = snapshot(run_dir)
+    real = os.replace
+
+    def fails_at_metrics(src, dst):  # the new outputs cannot be moved in: the earlier run and its report stay
+        if Path(dst).name == "metrics.json" and Path(src).parent.name.startswith(".staging-"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr("fusebench.report.outputs.os.replace", fails_at_metrics)
+    with pytest.raises(FusebenchError, match="could not write the outputs"):
+        run(compose_cfg([*TINY, "fusion=dbsf", "plots=false"]), str(run_dir))
+    monkeypatch.setattr("fusebench.report.outputs.os.replace", real)
+    assert snapshot(run_dir) == before
+    (run_dir / "cost.csv").write_text("my notes\n")  # edited since the report: someone else's now
+    run(compose_cfg([*TINY, "fusion=dbsf", "plots=false"]), str(run_dir))
+    left = {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()}
+    assert not left & (reported - {"cost.csv"}) and report_files.MANIFEST not in left
+    assert not (run_dir / "report_plots").exists() and (run_dir / "cost.csv").read_text() == "my notes\n"
+    assert json.loads((run_dir / "metrics.json").read_text())["fusion"]["method"] == "dbsf"
+    assert not list(run_dir.glob(".staging-*"))
+    (run_dir / "cost.csv").unlink()
+    assert report_main([str(run_dir), "--draws", "50"]) == 0  # drawn again: of the new run
+    assert "dbsf" in (run_dir / "summary.csv").read_text() and "rrf" not in (run_dir / "summary.csv").read_text()

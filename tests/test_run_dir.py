@@ -27,7 +27,7 @@ from fusebench import FusebenchError
 from fusebench.app import cli, rundir
 from fusebench.app.pipeline import run
 from fusebench.report.runs import scan_runs
-from fusebench.runtime import layout
+from fusebench.runtime import layout, run_lock
 
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 SMALL = ["dataset.n_images=200", "dataset.n_captions=1000", "eval.bootstrap.draws=100", "logger=none", "plots=false"]
@@ -85,7 +85,10 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def without_logs(files: dict[str, bytes]) -> dict[str, bytes]:
-    return {name: data for name, data in files.items() if not name.endswith(".log")}
+    """``files`` less the logs and the run dir's lock (``runtime.run_lock``: it names the last run that took it,
+    a refused one too; no result)."""
+    return {name: data for name, data in files.items() if not name.endswith(".log")
+            and Path(name).name != run_lock.LOCK_NAME}
 
 
 # ---------------------------------------------------------------- item 6: a failed rerun keeps the earlier run

@@ -203,6 +203,7 @@ def _execute(cfg, out_dir, corpus=None, rows: Mapping[str, tuple] | None = None)
     from fusebench.app.pipeline import run as run_pipeline
     from fusebench.app.run_config import run_config
     from fusebench.encoders.base import RawEmbeddings
+    from fusebench.runtime import run_lock
 
     if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
         raise FusebenchError(f"out_dir must be a folder (a str or a Path), or None for a temporary one; got "
@@ -220,11 +221,15 @@ def _execute(cfg, out_dir, corpus=None, rows: Mapping[str, tuple] | None = None)
         raise FusebenchError(f"out_dir={out_dir!r} is empty; give the run a folder, or None for a temporary one.")
     with tempfile.TemporaryDirectory(prefix="fusebench-") as scratch:
         folder = Path(out_dir).expanduser() if out_dir is not None else Path(scratch) / "run"
-        rundir.start_fresh(folder, "out_dir")
-        record = run_pipeline(config, str(folder), inputs)
-        rundir.forget(folder)
-        ranks = {name: {d: np.load(folder / "ranks" / f"{name}.{d}.npy") for d in DIRECTIONS}
-                 for name in record.retrievers}
+        taken = rundir.start_fresh(folder, "out_dir")  # the dir's lock, held while the run writes it
+        try:
+            record = run_pipeline(config, str(folder), inputs)
+            rundir.forget(folder)
+            ranks = {name: {d: np.load(folder / "ranks" / f"{name}.{d}.npy") for d in DIRECTIONS}
+                     for name in record.retrievers}
+        finally:
+            if taken:
+                run_lock.release(folder)
     return Result(record=record, ranks=ranks, out_dir=None if out_dir is None else folder)
 
 

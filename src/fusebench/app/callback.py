@@ -31,8 +31,9 @@ class RunDirRefused(BaseException):
 
 
 def _check_dir(config: DictConfig, key: str) -> Path | None:
-    """The run or sweep dir (``key``), refused with ``RunDirRefused`` when ``rundir.check_dir`` refuses it;
-    None when only Hydra can resolve it now (Hydra then reports what is wrong)."""
+    """The run or sweep dir (``key``), refused with ``RunDirRefused`` when ``rundir.check_dir`` refuses it (another
+    live run holding it too: its lock, taken here for this run's or sweep's life, ``runtime.run_lock``); None when
+    only Hydra can resolve it now (Hydra then reports what is wrong; the job takes the lock when it starts)."""
     from fusebench import FusebenchError
     from fusebench.app import rundir
 
@@ -45,7 +46,7 @@ def _check_dir(config: DictConfig, key: str) -> Path | None:
     inside = [Path(f).resolve() for f in folders if isinstance(f, str) and f.strip()]
     own = tuple(f.relative_to(cwd).parts[0] for f in inside if f != cwd and f.is_relative_to(cwd))
     try:
-        return rundir.check_dir(value, key, own, subdir=_value(config, "hydra.output_subdir"))
+        return rundir.check_dir(value, key, own, subdir=_value(config, "hydra.output_subdir"), hold=True)
     except FusebenchError as err:
         raise RunDirRefused(str(err)) from None
 
@@ -135,7 +136,8 @@ def _check_jobs(config: DictConfig) -> None:
 def job_started(out_dir: str, sweep_dir: str, job: int, output_subdir: str | None) -> None:
     """A sweep job starts in ``out_dir`` (Hydra has created it and written its .hydra files): refused when the
     dir does not lie inside the sweep dir, or when a job of this sweep in this process already wrote it (its
-    .hydra files, which Hydra has just overwritten, are put back). A backstop: the sweep's job dir pattern is
+    .hydra files, which Hydra has just overwritten, are put back); its dir's lock is taken for the job's life, and
+    another live run holding it is refused (``runtime.run_lock``). A backstop: the sweep's job dir pattern is
     checked when it starts, and every job's dir before any job runs (fusebench's sweeper)."""
     from fusebench.app import rundir
 
@@ -155,13 +157,23 @@ def job_started(out_dir: str, sweep_dir: str, job: int, output_subdir: str | Non
         raise RunDirRefused(f"hydra.sweep.subdir gives job {job} the dir {path}, not a folder inside the sweep dir "
                             f"{base}; use a relative path that differs per job, e.g. "
                             "hydra.sweep.subdir='${hydra.job.num}' (the default).")
+    from fusebench import FusebenchError
+    from fusebench.runtime import run_lock
+
+    try:  # held for the job's life (job_ended releases it): another live run in it (started by hand) stops the sweep
+        run_lock.hold(path, "hydra.sweep.dir", what=f"job dir (job {job})")
+    except FusebenchError as err:
+        raise RunDirRefused(str(err)) from None
 
 
 def job_ended(out_dir: str, job: int, output_subdir: str | None) -> None:
-    """A sweep job in ``out_dir`` ended (finished or failed): no later job of this sweep may write there."""
+    """A sweep job in ``out_dir`` ended (finished or failed): no later job of this sweep may write there; its dir's
+    lock is released."""
     from fusebench.app import rundir
+    from fusebench.runtime import run_lock
 
     path = os.path.normpath(os.path.abspath(out_dir))
+    run_lock.release(path)
     try:
         kept = rundir.read_hydra_files(Path(path, output_subdir)) if output_subdir else None
     except OSError:
@@ -179,7 +191,7 @@ def _without_failed_jobs(folder: Path, failed: list[str]):
     held = [r for r in scan.runs if r.path.resolve() in gone]
     reasons = {**scan.failed, **{gone[r.path.resolve()]: "the sweep's job failed; its dir still holds an earlier "
                                  "run's results, not reported" for r in held}}
-    return Scan([r for r in scan.runs if r not in held], reasons)
+    return Scan([r for r in scan.runs if r not in held], reasons, damaged=[d for d in scan.damaged if d not in failed])
 
 
 def _check_report_files(folder: Path) -> None:
@@ -238,7 +250,12 @@ class SweepReport(Callback):
         folder = SweepReport.sweep_dir = _check_dir(config, "hydra.sweep.dir")
         if folder is not None:
             if SweepReport.kind == "run":
-                _check_report_files(folder)
+                try:
+                    _check_report_files(folder)
+                except RunDirRefused:  # refused before any job: the dir as it was, without the lock file made here
+                    if rundir.lock_made_here(folder):
+                        rundir.drop_lock(folder)
+                    raise
             for metrics in folder.rglob("metrics.json"):  # the job dirs of an earlier sweep into this dir
                 rundir.keep_earlier_config(metrics.parent, config.hydra.output_subdir)
 
@@ -267,11 +284,14 @@ class SweepReport(Callback):
                            f"not written: {err}. Write it into another folder with fusebench-report {folder} --out "
                            f"FOLDER, or move the file away and run fusebench-report {folder}")
                 raise RunDirRefused(message) from None  # cli.main: exit 2, this one line
-            SweepReport.failed = sorted({*report.failed, *SweepReport.jobs_failed})
-            log.info("sweep report: %s (%d runs, %d failed)", folder / "summary.md", len(report.runs),
-                     len(report.failed))
+            SweepReport.failed = sorted({*report.not_reported, *SweepReport.jobs_failed})
+            log.info("sweep report: %s (%d runs, %d failed%s)", folder / "summary.md", len(report.runs),
+                     len(report.failed), f", {len(report.damaged)} damaged" if report.damaged else "")
             if report.failed:
                 log.error("failed jobs (see error.txt in each): %s", ", ".join(report.failed))
+            if report.damaged:
+                log.error("damaged runs (their files changed since they finished; summary.md says which): %s",
+                          ", ".join(report.damaged))
             from fusebench.app.tracking import log_sweep
             from fusebench.config.run import logger_config
 

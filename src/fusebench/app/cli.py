@@ -289,6 +289,7 @@ def run_command(hydra_app: Callable[[], None], kind: str = "run",
         _fail(unknown_models_message(missing, extra))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # exceptions reach the handlers below instead of Hydra's printer
     from fusebench.app.callback import RunDirRefused, SweepReport
+    from fusebench.runtime import run_lock
 
     SweepReport.failed, SweepReport.kind, SweepReport.sweep_dir = None, kind, None
     PLACES.clear()
@@ -313,6 +314,8 @@ def run_command(hydra_app: Callable[[], None], kind: str = "run",
         if message is None:
             raise
         _fail(message)
+    finally:
+        run_lock.release_all()  # the run and sweep dirs this command held (a process that ends releases them too)
     if SweepReport.failed:
         print(f"fusebench: {len(SweepReport.failed)} job(s) of the sweep failed: {', '.join(SweepReport.failed)} "
               f"({failed_note})", file=sys.stderr)

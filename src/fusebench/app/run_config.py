@@ -78,7 +78,8 @@ def run_config(cfg) -> RunConfig:
     dataset = dataset_config(group["dataset"])
     tuning = tune_config(group["tune"], dataset)
     check_fusion_models(fusion, models, tuning)
-    gallery = checks.typed(GalleryConfig, group["gallery"], "gallery", nested={"sim": _nested(SimDistractorConfig)})
+    gallery = checks.typed(GalleryConfig, group["gallery"], "gallery", nested={"sim": _nested(SimDistractorConfig)},
+                           dataset_kind=dataset.kind)
     check_gallery(gallery, dataset, models, fusion, tuning)
     fusion = true_label(fusion, weights=[spec.weight for spec in models.values()])
     search = checks.typed(SearchConfig, group["search"], "search")

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from fusebench import FusebenchError
+from fusebench.runtime import run_lock
 from fusebench.runtime.layout import (
     OUTPUTS,
     PLOTS,
@@ -189,7 +190,8 @@ def check_job_dir(sweep_dir: str | Path, subdir, job: int, taken: dict[str, int]
                   output_subdir: str | None = ".hydra", key: str = "hydra.sweep.subdir") -> str:
     """The job dir of sweep job ``job`` (``subdir``: hydra.sweep.subdir resolved for it), refused when it does not
     lie inside the sweep dir, when another job of this sweep (``taken``: job dir -> job number, updated) has it,
-    or when it holds another app's Hydra folder. Returns the job dir (absolute)."""
+    when it holds another app's Hydra folder, or when another live run holds it (its lock). Returns the job dir
+    (absolute)."""
     text = "" if subdir is None else str(subdir)
     base = os.path.normpath(os.path.abspath(str(sweep_dir)))
     path = os.path.normpath(os.path.join(base, text))
@@ -209,6 +211,7 @@ def check_job_dir(sweep_dir: str | Path, subdir, job: int, taken: dict[str, int]
                              "it): move it away, or choose another hydra.sweep.dir=...")
     check_log(Path(path), "hydra.sweep.dir")
     check_hydra_files(path, "hydra.sweep.dir", output_subdir, what=f"job dir (job {job})")
+    run_lock.check_free(path, "hydra.sweep.dir", what=f"job dir (job {job})")  # a run in it now (each job takes it)
     taken[path] = job
     return path
 
@@ -307,45 +310,62 @@ def check_writable(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
                              f"{hint}, or fix its permissions.") from None
 
 
-def start_fresh(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
-    """Check a run dir before the work: it can be written, and nothing in it under a run output's name was
-    written by anyone but fusebench (fusebench never removes that: refused, naming ``key``). An earlier run's
-    outputs stay until this run writes its own (``write_run_outputs`` swaps them in), so a rerun that fails
-    leaves them as they were."""
+def start_fresh(out_dir: str | Path, key: str = "hydra.run.dir") -> bool:
+    """Check a run dir before the work: it can be written, no other live run holds it (its lock, taken here for
+    this run when the ``fusebench`` command has not taken it already: ``runtime.run_lock``), and nothing in it
+    under a run output's name was written by anyone but fusebench (fusebench never removes that: refused, naming
+    ``key``). An earlier run's outputs stay until this run writes its own (``write_run_outputs`` swaps them in),
+    so a rerun that fails leaves them as they were. Returns whether the lock was taken here (the caller releases
+    it when its run ends)."""
     check_writable(out_dir, key)
-    check_outputs(out_dir, key)
+    taken = run_lock.hold(out_dir, key)
+    try:
+        check_outputs(out_dir, key)
+    except BaseException:
+        if taken:
+            run_lock.release(out_dir)
+        raise
     if run_record(Path(out_dir) / "metrics.json") is None and damaged_record(out_dir):
         log.warning("%s is damaged (cut short or changed since fusebench wrote it: not a readable run record, so no "
                     "finished result); this run replaces it, with the ranks/, topk/ and plots/ beside it",
                     Path(out_dir) / "metrics.json")
+    return taken
 
 
-def check_dir(value, key: str, own: tuple[str, ...] = (), subdir: str | None = ".hydra") -> Path:
+def check_dir(value, key: str, own: tuple[str, ...] = (), subdir: str | None = ".hydra", hold: bool = False) -> Path:
     """The folder ``value`` of ``key`` (hydra.run.dir or hydra.sweep.dir), checked before Hydra creates it:
     refused (FusebenchError naming ``key``) when empty (an unset shell variable), when it is the current
     folder and that holds files fusebench did not write (besides run outputs, ``own``: the folders of
     paths.output_dir and embed.cache.dir there), when a run dir holds a run output fusebench did not
     write or another app's Hydra folder (``subdir``: hydra.output_subdir, which Hydra would overwrite; a
     sweep's job dirs are checked by the sweeper before any job runs, and as each job starts), or when it
-    cannot be created and written."""
+    cannot be created and written. ``hold``: take the dir's lock for this run (``runtime.run_lock``; another
+    live run's is ``RunDirInUse``, naming it), before anything in the dir is read as an earlier run's."""
     if value is None or not str(value).strip():
         raise FusebenchError(f"{key} is empty (an unset shell variable?); give the outputs a folder of their own, "
                              f"e.g. {key}=outputs/run1.")
     path = Path(str(value))
-    if path.is_dir() and path.resolve() == Path.cwd().resolve():
-        from fusebench.report.report_files import report_names
+    taken = hold and path.is_dir() and os.path.lexists(path / run_lock.LOCK_NAME) and run_lock.hold(path, key)
+    try:
+        if path.is_dir() and path.resolve() == Path.cwd().resolve():
+            from fusebench.report.report_files import report_names
 
-        ours = {*OUTPUTS, ".hydra", "fusebench.log", *own, *report_names(path)}  # and a report fusebench wrote
-        theirs = sorted(p.name for p in path.iterdir() if p.name not in ours)
-        if theirs:
-            raise FusebenchError(f"{key}={value} is the current folder, which holds files fusebench did not write "
-                                 f"({', '.join(theirs[:4])}{', ...' if len(theirs) > 4 else ''}); give the outputs "
-                                 f"a folder of their own, e.g. {key}=outputs/run1.")
-    if path.is_dir() and key != "hydra.sweep.dir":
-        check_log(path, key)
-        check_outputs(path, key)
-        check_hydra_files(path, key, subdir)
-    check_writable(path, key)
+            ours = {*OUTPUTS, ".hydra", "fusebench.log", run_lock.LOCK_NAME, *own, *report_names(path)}
+            theirs = sorted(p.name for p in path.iterdir() if p.name not in ours)  # and a report fusebench wrote
+            if theirs:
+                raise FusebenchError(f"{key}={value} is the current folder, which holds files fusebench did not "
+                                     f"write ({', '.join(theirs[:4])}{', ...' if len(theirs) > 4 else ''}); give "
+                                     f"the outputs a folder of their own, e.g. {key}=outputs/run1.")
+        if path.is_dir() and key != "hydra.sweep.dir":
+            check_log(path, key)
+            check_outputs(path, key)
+            check_hydra_files(path, key, subdir)
+        check_writable(path, key)
+        taken = (run_lock.hold(path, key) if hold else False) or taken
+    except BaseException:
+        if taken:
+            run_lock.release(path)
+        raise
     return path
 
 
@@ -433,14 +453,15 @@ def created_here(folder: str | Path) -> bool:
 
 def remove_if_fresh(run_dir: str | Path, subdir: str | None = ".hydra") -> bool:
     """After a refused config: remove what this run put into ``run_dir`` when it is only what Hydra writes there
-    (its config folder and fusebench.log, neither there before), and the dir itself when the run created it,
-    so that a mistake leaves nothing behind. Returns whether it removed anything."""
+    (its config folder and fusebench.log, neither there before) and the run's lock file (released first), and
+    the dir itself when the run created it, so that a mistake leaves nothing behind. Returns whether it removed
+    anything."""
     path = Path(run_dir).resolve()
     if path not in _FRESH or not path.is_dir():
         return False
     before = _FRESH.pop(path)
     new = {p.name for p in path.iterdir()} - (before or set())
-    ours = {name for name in ("fusebench.log", subdir) if name}
+    ours = {name for name in ("fusebench.log", subdir, run_lock.LOCK_NAME) if name}
     if not new or not new <= ours:
         return False
     hydra = path / subdir if subdir else None
@@ -453,10 +474,26 @@ def remove_if_fresh(run_dir: str | Path, subdir: str | None = ".hydra") -> bool:
         hydra.rmdir()
     if "fusebench.log" in new and (path / "fusebench.log").is_file():
         (path / "fusebench.log").unlink()
+    if run_lock.LOCK_NAME in new:
+        drop_lock(path)
     if before is None and not any(path.iterdir()):
         path.rmdir()
         remove_created_parents(path)
     return True
+
+
+def lock_made_here(folder: str | Path) -> bool:
+    """Whether ``folder``'s lock file was not there when this process's run or sweep started (``note_if_fresh``)."""
+    path = Path(folder).resolve()
+    return path in _FRESH and (_FRESH[path] is None or run_lock.LOCK_NAME not in _FRESH[path])
+
+
+def drop_lock(folder: str | Path) -> None:
+    """A dir's lock file that this run made, in a dir it leaves as it found it (refused before any work): the lock
+    released and its file removed (held here, so no other run is in the dir)."""
+    if run_lock.held_here(folder):
+        run_lock.release(folder)
+        (Path(folder) / run_lock.LOCK_NAME).unlink(missing_ok=True)
 
 
 def remove_created_parents(folder: str | Path) -> None:

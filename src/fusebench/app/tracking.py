@@ -176,7 +176,8 @@ def log_sweep(cfg: LoggerConfig | None, folder: str | Path, report: SweepSummary
     folder = Path(folder)
     try:
         wandb, run = _init(cfg, folder, {"sweep_dir": str(folder), "runs": len(report.runs),
-                                         "failed": report.failed}, folder.name, "sweep-summary", "summary")
+                                         "failed": report.failed, "damaged": report.damaged}, folder.name,
+                     "sweep-summary", "summary")
         try:
             payload = {}
             for key in ("article", "gains", "cost"):
@@ -186,7 +187,8 @@ def log_sweep(cfg: LoggerConfig | None, folder: str | Path, report: SweepSummary
                     payload[key] = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
             payload.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in report.plots})
             run.log(payload)
-            run.summary.update({"runs": len(report.runs), "failed_runs": len(report.failed)})
+            run.summary.update({"runs": len(report.runs), "failed_runs": len(report.failed),
+                                "damaged_runs": len(report.damaged)})
         finally:
             run.finish()
     except Exception as err:  # noqa: BLE001

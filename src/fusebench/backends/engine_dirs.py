@@ -6,6 +6,8 @@ marker (a killed run's leftovers, a database kept by ``search.keep_db``), the ma
 midway leaves the folder marked, or empty (an empty folder holds nothing of anyone's and counts as fusebench's);
 anything else under ``engine_db/`` (a
 user's file or folder, a folder without the marker) is refused before any work, naming it, and never removed. A
+folder is taken for a killed run's only when the run dir's lock is free or this process's (``runtime.run_lock``):
+two runs into one dir at once never remove each other's live database. A
 kept database is sealed when its engine finishes (``SEAL``: every path the engine left in the folder): a file or
 folder put into it afterwards is someone else's, refused the same way (a folder a killed run left, unsealed, is
 the engine's alone).
@@ -20,6 +22,7 @@ import shutil
 from pathlib import Path
 
 from fusebench import DIRECTIONS, FusebenchError
+from fusebench.runtime import run_lock
 from fusebench.runtime.layout import begins_as
 
 ENGINE_DIR = "engine_db"  # under the run dir: the engine's database while the run uses it
@@ -144,7 +147,10 @@ def _make_marked(folder: Path) -> None:
 
 def fresh_workdir(out_dir: str | Path, direction: str) -> Path:
     """An empty, marked folder for the engine's ``direction`` database: one left by a killed run (or kept by
-    search.keep_db) is reported and removed, never read; anything fusebench did not make is refused."""
+    search.keep_db) is reported and removed, never read; anything fusebench did not make is refused. Only a run
+    dir whose lock no other process holds can hold a killed run's leftovers (``runtime.run_lock``): a live run's
+    dir is refused (``RunDirInUse``, naming that run), and nothing of its database is touched."""
+    run_lock.check_free(out_dir)
     check_engine_dir(out_dir)
     root = Path(out_dir) / ENGINE_DIR
     if not os.path.lexists(root / MARKER):  # new, or left empty by a removal killed before its rmdir

@@ -16,7 +16,7 @@ Light on purpose: no numpy, torch or PIL.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from fusebench import FusebenchError
 from fusebench.runtime import checks
@@ -27,6 +27,8 @@ FILE_KINDS = ("folder", "webdataset", "paths")  # image files a real model embed
 GALLERY_READS = {"none": (), "sim": ("size", "seed", "near_duplicate", "sim"),
                  **{kind: ("size", "seed", "source", "near_duplicate", "shard_size", "shard") for kind in FILE_KINDS},
                  "vectors": ("size", "seed", "vectors", "near_duplicate")}
+# what a manifest run's gallery is with gallery=none (docs/galleries.md, "A manifest's caption-less lines")
+MANIFEST_LINES = "the manifest's lines without captions (its gallery)"
 NEAR_DUPLICATE = 0.94  # default image-image cosine threshold: clip-retrieval's dedup (docs/galleries.md)
 
 
@@ -60,8 +62,10 @@ class GalleryConfig:
     shard_size: int = 10000  # images per embedding shard (one cache entry, one fusebench-embed job)
     shard: int | None = None  # fusebench-embed: the one shard this job embeds; null = every shard `size` needs
     sim: SimDistractorConfig = field(default_factory=SimDistractorConfig)
+    # the run's dataset.kind, for the messages (an init-only value: no field, no config key)
+    dataset_kind: InitVar[str] = ""
 
-    def __post_init__(self):
+    def __post_init__(self, dataset_kind: str = ""):
         checks.choice(self.kind, "gallery.kind", GALLERY_KINDS)
         self.size = checks.integer(self.size, "gallery.size", 0, "distractor images to add; 0 = none")
         self.seed = checks.integer(self.seed, "gallery.seed", 0)
@@ -75,11 +79,20 @@ class GalleryConfig:
         self.shard = checks.optional_integer(self.shard, "gallery.shard", 0, "null = every shard")
         if isinstance(self.sim, dict):
             self.sim = checks.typed(SimDistractorConfig, self.sim, "gallery.sim", every_key=False)
+        manifest = self.kind == "none" and dataset_kind == "manifest"
+        if manifest and self.size:
+            raise FusebenchError(f"gallery.size={self.size} is not read with dataset=manifest and gallery=none: the "
+                                 f"run's distractors are {MANIFEST_LINES}, every one of them (their number is set by "
+                                 "the manifest, not by gallery.size), and gallery=none adds none of its own; leave "
+                                 "gallery.size unset (0), or add distractors from another source with gallery=folder "
+                                 "| webdataset | paths | vectors and gallery.size=N.")
         if self.kind == "none" and self.size:
             raise FusebenchError(f"gallery.size={self.size} needs a source: pick one with gallery=sim | folder | "
                                  "webdataset | paths | vectors (gallery=none is the test split alone).")
         checks.unread(self, "gallery", "kind", GALLERY_READS, {
-            "none": " (the test split alone)", "sim": " (it simulates its distractors)",
+            "none": f" and dataset=manifest (the run's distractors are {MANIFEST_LINES}, every one kept: no "
+                    "near-duplicate is dropped, none is sampled, and gallery=none adds none of its own)"
+                    if manifest else " (the test split alone)", "sim": " (it simulates its distractors)",
             "vectors": " (it reads the dumps of gallery.vectors)"}.get(self.kind, ""))
         if self.kind in FILE_KINDS and not self.source:
             raise FusebenchError(f"gallery={self.kind} needs gallery.source=... (the {self.kind} to read).")

@@ -56,6 +56,21 @@ def _report(argv: list[str] | None) -> int:
         return _error(f"{folder} is not a folder")
     if out.exists() and not out.is_dir():
         return _error(f"--out {out} is not a folder")
+    from fusebench.runtime import run_lock
+
+    try:  # a run dir's report: not while a run writes there (its outputs would swap in beside this report)
+        taken = (out / run_lock.LOCK_NAME).is_file() and run_lock.hold(out, "--out", what="report folder")
+    except FusebenchError as err:
+        return _error(str(err))
+    try:
+        return _write(folder, out, args)
+    finally:
+        if taken:
+            run_lock.release(out)
+
+
+def _write(folder: Path, out: Path, args) -> int:
+    """Scan the runs below ``folder`` and write their report into ``out``; the command's exit code."""
     from fusebench.report.report_files import ReportBlocked, check
     from fusebench.report.runs import scan_runs
     from fusebench.report.sweep import write_report

@@ -40,21 +40,26 @@ def _clean(value):
 
 def _swap_in(out_dir: Path, staging: Path) -> None:
     """Move the earlier run's outputs out of ``out_dir`` into ``staging``/earlier (removed with it), metrics.json
-    first, then the staged ranks/, topk/ and metrics.json in, metrics.json last; on an error the earlier
-    outputs are put back."""
-    earlier, moved, placed = staging / "earlier", [], []
+    first, and the files a report drew of it there (``fusebench-report RUN_DIR``: ``report_files.set_aside``),
+    then the staged ranks/, topk/ and metrics.json in, metrics.json last; on an error the earlier outputs and
+    report are put back."""
+    from fusebench.report import report_files
+
+    earlier, moved, placed, reported = staging / "earlier", [], [], []
     earlier.mkdir()
     try:
         for name in OUTPUTS:
             if os.path.lexists(out_dir / name):
                 os.replace(out_dir / name, earlier / name)
                 moved.append(name)
+        report_files.set_aside(out_dir, staging / "earlier_report", reported)
         for name in ("ranks", "topk", "metrics.json"):
             os.replace(staging / name, out_dir / name)
             placed.append(name)
     except BaseException:
         for name in reversed(placed):
             os.replace(out_dir / name, staging / name)
+        report_files.put_back(out_dir, staging / "earlier_report", reported)
         for name in reversed(moved):
             os.replace(earlier / name, out_dir / name)
         raise

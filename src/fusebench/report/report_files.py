@@ -10,7 +10,9 @@ never a dead end). A manifest cut short still vouches for each line that is whol
 
 The report's plots go in the folder's ``plots/``, except when the folder is itself a run dir, whose ``plots/`` is
 the run's (``fusebench-report RUN_DIR``): then in ``report_plots/`` (``plots_dir``). No report file has a run
-output's name, so a rerun into a run dir never meets one.
+output's name, so a rerun into a run dir never meets one; when the rerun writes its outputs, it moves the earlier
+report's files away with the earlier run's (``set_aside``: a report is never left beside a metrics.json it does not
+describe; ``fusebench-report RUN_DIR`` draws it again).
 """
 
 from __future__ import annotations
@@ -185,6 +187,38 @@ def commit(folder: str | Path, staged: dict[str, Path]) -> list[Path]:
                     pass
     _write_manifest(folder, new)
     return placed
+
+
+def set_aside(folder: str | Path, into: str | Path, moved: list[str]) -> None:
+    """Move the files a report wrote into ``folder`` (those ``report.sha256`` records with the bytes they hold
+    now; the manifest itself last) into ``into``, so that a new run's outputs (``report.outputs``) never stand
+    beside a report of the run they replace: a report describes the run dir's metrics.json of when it was drawn.
+    A file edited since, or a manifest that is not fusebench's, is left as it is (someone else's). ``moved``
+    gets each path (relative) as it is moved, for ``put_back``."""
+    folder, into = Path(folder), Path(into)
+    manifest = read_manifest(folder)
+    if not manifest:
+        return
+    for rel in sorted(manifest):
+        if written(folder, rel, manifest):
+            (into / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(folder / rel, into / rel)
+            moved.append(rel)
+    into.mkdir(parents=True, exist_ok=True)
+    os.replace(folder / MANIFEST, into / MANIFEST)
+    moved.append(MANIFEST)
+    for sub in {rel.split("/")[0] for rel in moved if "/" in rel}:
+        try:
+            (folder / sub).rmdir()  # only when nothing else is left in it
+        except OSError:
+            pass
+
+
+def put_back(folder: str | Path, into: str | Path, moved: list[str]) -> None:
+    """Undo ``set_aside``: move ``moved`` from ``into`` back into ``folder`` (the manifest first)."""
+    for rel in sorted(moved, key=lambda rel: rel != MANIFEST):
+        (Path(folder) / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(Path(into) / rel, Path(folder) / rel)
 
 
 def discard(folder: Path) -> None:

@@ -3,7 +3,8 @@
 A run dir is a folder with ``.hydra/config.yaml``, ``metrics.json`` or ``error.txt``. It is reported when its
 metrics.json is a readable object with the fields reports use and its rank files are readable, of one length per
 direction, and match the sha256 that metrics.json recorded for them (``files``); otherwise it is listed as
-failed (no metrics.json: the job failed or was stopped) or damaged (which file, and how). A dir holding the
+failed (no metrics.json: the job failed or was stopped) or damaged (``Scan.damaged``: which file, and how). A dir
+holding the
 error.txt fusebench writes for a failed sweep job is failed, even beside a metrics.json: that is an earlier
 run's, kept when the latest job in the dir failed (a finished run moves error.txt out with the earlier outputs),
 so it is not reported as this sweep's result.
@@ -177,6 +178,9 @@ class Scan:
     runs: list[Run]
     failed: dict[str, str]  # run dir (relative) -> why it is not reported: unfinished, or which file is damaged
     newer: list[str] = field(default_factory=list)  # metrics.json files a newer fusebench wrote (fusebench-report refuses)
+    # the run dirs of ``failed`` whose run finished but whose files are damaged (docs/guarantees.md: listed as damaged,
+    # not as failed): metrics.json unreadable or changed, a rank or topk file missing, changed or unreadable
+    damaged: list[str] = field(default_factory=list)
 
 
 def _finite(value):
@@ -264,7 +268,7 @@ def scan_runs(folder: str | Path) -> Scan:
     others with the reason (no metrics.json: failed or killed; error.txt: the latest job there failed, its
     earlier run's metrics.json not reported; or which file is damaged and how)."""
     folder = Path(folder)
-    runs, failed, newer = [], {}, []
+    runs, failed, newer, damaged = [], {}, [], []
     candidates = sorted({p.parent.parent for p in folder.rglob(".hydra/config.yaml")}
                         | {p.parent for p in folder.rglob("metrics.json")}
                         | {p.parent for p in folder.rglob("error.txt") if _failed_job(p.parent)})
@@ -293,13 +297,16 @@ def scan_runs(folder: str | Path) -> Scan:
             continue
         except RecordError as err:
             failed[label] = str(err)
+            damaged.append(label)
             continue
         except (OSError, UnicodeDecodeError, ValueError, TypeError) as err:
             failed[label] = f"metrics.json is damaged ({type(err).__name__}: {err})"
+            damaged.append(label)
             continue
         problem = _run_problem(path, record)
         if problem:
             failed[label] = problem
+            damaged.append(label)
             continue
         overrides_path = path / ".hydra" / "overrides.yaml"
         overrides = []
@@ -309,7 +316,7 @@ def scan_runs(folder: str | Path) -> Scan:
         name = " ".join(overrides) if overrides else (str(path.relative_to(folder)) or path.name)
         runs.append(Run(path, name, record, overrides))
     failed.update(missing_jobs(folder, {p.resolve() for p in candidates}))
-    return Scan(runs, failed, newer)
+    return Scan(runs, failed, newer, damaged)
 
 
 def load_runs(folder: str | Path) -> tuple[list[Run], list[str]]:

@@ -4,8 +4,8 @@ backend, the index-effects study (:mod:`fusebench.report.index_effects`), from r
 backend is one of its factors: a model's lists from an HNSW index are another retriever than its exact lists.
 
 Works on any folder holding run dirs (a Hydra multirun dir, or several run dirs): every intact run dir with a
-``metrics.json`` is reported; one without, or with damaged files, is listed as failed with the reason
-(``fusebench.report.runs``). Paired statistics use the saved per-query
+``metrics.json`` is reported; one without is listed as failed, one with damaged files as damaged, each with the
+reason (``fusebench.report.runs``). Paired statistics use the saved per-query
 ranks (``ranks/*.npy``), so retrievers from different jobs are compared query by query.
 """
 
@@ -292,9 +292,16 @@ class SweepSummary:
     plots: list[Path] = field(default_factory=list)
     scaling: ScalingReport | None = None  # runs that differ by gallery size (fusebench.report.scaling)
     index_effects: IndexEffects | None = None  # runs that differ by search backend (fusebench.report.index_effects)
+    damaged: list[str] = field(default_factory=list)  # run dirs of ``reasons`` whose files are damaged (Scan.damaged)
 
     @property
     def failed(self) -> list[str]:
+        """The run dirs not reported because their job failed, was stopped or is missing (not the damaged ones)."""
+        return [name for name in self.reasons if name not in self.damaged]
+
+    @property
+    def not_reported(self) -> list[str]:
+        """Every run dir not reported: failed and damaged."""
         return list(self.reasons)
 
     @property
@@ -312,7 +319,8 @@ def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
     scan = scan if scan is not None else scan_runs(folder)
     runs = scan.runs
     ks = sorted({k for r in runs for k in r.record.ks}) or [1, 5, 10]
-    return SweepSummary(folder=Path(folder), runs=runs, reasons=dict(scan.failed), ks=ks, level=level, draws=draws,
+    return SweepSummary(folder=Path(folder), runs=runs, reasons=dict(scan.failed), damaged=list(scan.damaged), ks=ks,
+                        level=level, draws=draws,
                         article=article_rows(runs, ks),
                         gains=paired_gain_rows(runs, ks, draws=draws, level=level, seed=seed), cost=cost_rows(runs),
                         beside_article=beside_article_rows(runs, draws=draws, level=level, seed=seed),

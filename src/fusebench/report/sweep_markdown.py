@@ -60,11 +60,11 @@ GAIN_COLUMNS = ["dataset", "factor", "candidate", "baseline", "direction", "k", 
 
 
 def _head(report: SweepSummary) -> list[str]:
-    failed = report.failed
+    failed, damaged = report.failed, report.damaged
     lines = [f"# Sweep summary: {report.folder}", "",
              f"{len(report.runs)} finished runs" + (f", {len(failed)} failed: {', '.join(failed)}" if failed else "")
-             + ".", ""]
-    return lines + ([f"- {name}: {why}" for name, why in report.reasons.items()] + [""] if failed else [])
+             + (f", {len(damaged)} damaged: {', '.join(damaged)}" if damaged else "") + ".", ""]
+    return lines + ([f"- {name}: {why}" for name, why in report.reasons.items()] + [""] if report.reasons else [])
 
 
 def _recall(report: SweepSummary) -> list[str]:

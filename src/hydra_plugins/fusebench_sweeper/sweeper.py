@@ -152,6 +152,8 @@ class ComposeOnceSweeper(BasicSweeper):
                         record.write_bytes(earlier)
                     else:
                         record.unlink(missing_ok=True)
+                    if rundir.lock_made_here(folder):
+                        rundir.drop_lock(folder)  # the sweep dir's lock, taken when the sweep started
                     if not existed and folder.is_dir() and not any(folder.iterdir()):
                         folder.rmdir()
                         rundir.remove_created_parents(folder)

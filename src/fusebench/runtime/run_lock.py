@@ -1,0 +1,154 @@
+"""One run per run dir at a time: the run dir's lock (``RUN_DIR/.fusebench.lock``), held for the run's life.
+
+It is the mechanism the stores lock their entries with (``stores.entries.entry_lock``: filelock's ``FileLock``, an
+OS advisory lock, ``fcntl.flock``), taken without waiting: a second run into a dir whose lock another process holds
+is refused (:class:`RunDirInUse`, one line naming the holder: its pid, host, start time and command, which the
+holder writes into the lock file when it takes the lock). The kernel releases the lock when its process ends,
+however it ends (a SIGKILL, a crash, a lost session), so a killed run never leaves a lock behind: the file stays (a
+few hundred bytes naming the last run that held it, read only while someone holds it) and the next run takes it.
+A run dir whose lock is free holds no live run, so only then can what a run left in it (an engine database:
+``backends.engine_dirs``) be a killed run's leftovers (:func:`check_free`).
+
+Who takes it: the ``fusebench`` command for its run dir (in the Hydra callback, before Hydra rewrites ``.hydra/``)
+and for a sweep's dir (before any job starts), each sweep job for its job dir (the sweeper checks every job dir is
+free before the first job runs), the Python API for its ``out_dir``, and ``fusebench-report`` for a run dir it
+writes a report into; the command releases every lock it took when it ends (``release_all``), a sweep job, the API
+and the report when theirs end. Within one process the lock is taken once (a second ``hold`` is a no-op): it keeps
+other processes out, not threads of the same one.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from fusebench import FusebenchError
+
+LOCK_NAME = ".fusebench.lock"  # in a run (or sweep) dir
+LOCK_FORMAT = "fusebench run dir lock"
+NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP}  # a filesystem without flock (some network mounts)
+_HELD: dict[str, object] = {}  # resolved run dir -> the FileLock this process holds on it
+
+
+class RunDirInUse(FusebenchError):
+    """A run dir another live process holds the lock of (a run in it now)."""
+
+
+def _key(run_dir: str | Path) -> str:
+    return os.path.realpath(os.path.abspath(os.fspath(run_dir)))
+
+
+def _holder_bytes() -> bytes:
+    """What the holder writes into the lock file: who it is, for a refused run's message."""
+    return (json.dumps({"format": LOCK_FORMAT, "pid": os.getpid(), "host": socket.gethostname(),
+                        "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+                        "command": " ".join([Path(sys.argv[0]).name if sys.argv else "python", *sys.argv[1:]])})
+            + "\n").encode("utf-8")
+
+
+def _write_holder(fd: int) -> None:
+    """filelock's ``on_acquired``: the lock is ours, so is the file's content (the previous holder's is replaced)."""
+    data = _holder_bytes()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def holder(run_dir: str | Path) -> dict | None:
+    """Who last took ``run_dir``'s lock (pid, host, started, command), or None when its file says nothing
+    fusebench wrote (absent, empty: a holder that has just taken it and not yet written)."""
+    try:
+        data = json.loads((Path(run_dir) / LOCK_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == LOCK_FORMAT else None
+
+
+def describe(info: dict | None) -> str:
+    """The holder named in one phrase: 'pid 4242 on host gpu1, started 2026-12-06 03:20:11 UTC: fusebench ...'."""
+    if info is None:
+        return "a run that has just started (it has not written its pid yet)"
+    command = str(info.get("command") or "").strip()
+    command = command if len(command) <= 120 else command[:117] + "..."
+    return (f"pid {info.get('pid')} on host {info.get('host')}, started {info.get('started')}"
+            + (f": {command}" if command else ""))
+
+
+def in_use_message(run_dir: str | Path, key: str, what: str | None = None) -> str:
+    """The one line refusing ``run_dir`` (``what`` it is: by ``key``, a run dir or a sweep dir) to a second run."""
+    what = what or ("sweep dir" if key == "hydra.sweep.dir" else "run dir")
+    return (f"the {what} {run_dir} is in use by another fusebench "
+            f"run ({describe(holder(run_dir))}), which holds its lock {LOCK_NAME} while it runs; wait for it to "
+            f"end (a killed run holds nothing: its lock ends with its process), or choose another {key}=...")
+
+
+def _lock_path(run_dir: str | Path, key: str) -> Path:
+    """The lock file of ``run_dir``, refused when something that is not a file (a folder, a link) has its name."""
+    path = Path(run_dir) / LOCK_NAME
+    if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
+        raise FusebenchError(f"{path} is not a file (fusebench keeps the run dir's lock there, and never removes what "
+                             f"it did not write): move it away, or choose another {key}=...")
+    return path
+
+
+def held_here(run_dir: str | Path) -> bool:
+    """Whether this process holds ``run_dir``'s lock."""
+    return _key(run_dir) in _HELD
+
+
+def hold(run_dir: str | Path, key: str = "hydra.run.dir", what: str | None = None) -> bool:
+    """Take ``run_dir``'s lock (the dir must exist) for this run's life, without waiting: another process holding
+    it is :class:`RunDirInUse`, naming it and ``key`` (``what``: what the dir is, for the message). Returns False
+    when this process held it already (nothing taken: the one who took it releases it), True when taken here."""
+    from filelock import FileLock, Timeout
+
+    if held_here(run_dir):
+        return False
+    path = _lock_path(run_dir, key)
+    lock = FileLock(str(path), thread_local=False, on_acquired=_write_holder)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise RunDirInUse(in_use_message(run_dir, key, what)) from None
+    except OSError as err:
+        if err.errno not in NO_LOCKS:
+            raise
+        raise FusebenchError(f"cannot lock {path} ({err.strerror}): its filesystem offers no file locks (flock), "
+                             "which fusebench needs to keep two runs out of one dir; choose a folder on another "
+                             f"filesystem (a local disk) with {key}=...") from None
+    _HELD[_key(run_dir)] = lock
+    return True
+
+
+def release(run_dir: str | Path) -> None:
+    """Release ``run_dir``'s lock when this process holds it (its file stays: see the module's doc)."""
+    lock = _HELD.pop(_key(run_dir), None)
+    if lock is not None:
+        lock.release(force=True)
+
+
+def release_all() -> None:
+    """Release every run dir lock this process holds (the command ends)."""
+    for run_dir in list(_HELD):
+        release(run_dir)
+
+
+def check_free(run_dir: str | Path, key: str = "hydra.run.dir", what: str | None = None) -> None:
+    """Refuse (:class:`RunDirInUse`) when another process holds ``run_dir``'s lock: what is in the dir may be a live
+    run's. Held by this process, or free (no process holds it: no live run there), passes; a probe only, which
+    neither keeps the lock nor rewrites who holds it."""
+    from filelock import FileLock, Timeout
+
+    path = Path(run_dir) / LOCK_NAME
+    if held_here(run_dir) or not path.is_file() or path.is_symlink():
+        return
+    probe = FileLock(str(path), thread_local=False)
+    try:
+        probe.acquire(blocking=False)
+    except Timeout:
+        raise RunDirInUse(in_use_message(run_dir, key, what)) from None
+    probe.release(force=True)
