@@ -255,17 +255,18 @@ def survival_sentences(effects: IndexEffects) -> list[str]:
     k = effects.ks[0]
     rows = [r for r in effects.rows if r["k"] == k and r.get("verdict") is not None]
     level = level_label(effects.level)
-    several = {c: len({r.get(c) for r in rows}) > 1 for c in ("test_split", "fusion")}
+    several_splits = len({r.get("test_split") for r in rows}) > 1
+    fusions = {b: {r["fusion"] for r in rows if r["backend"] == b} for b in {r["backend"] for r in rows}}
     out = []
     for key in dict.fromkeys((r.get("test_split"), r["backend"], r["fusion"]) for r in rows):
         mine = sorted((r for r in rows if (r.get("test_split"), r["backend"], r["fusion"]) == key),
                       key=lambda r: r["distractors"])
         split, backend, fusion = key
         subject = "fusion on exact lists" if backend == EXACT else "fusion through it"
-        backend = (f"{split}: " if several["test_split"] else "") + backend + (f" ({fusion})" if several["fusion"]
-                                                                               else "")
+        label = (f"{split}: " if several_splits else "") + backend + (f" ({fusion})" if len(fusions[backend]) > 1
+                                                                       else "")
         values = "; ".join(f"{r['distractors']:,}: {_interval_text(r, 'vs_exact_best')}" for r in mine)
-        sentence = (f"{backend}: {subject} {_verdict_phrase(mine)} (fused minus the best single model searched "
+        sentence = (f"{label}: {subject} {_verdict_phrase(mine)} (fused minus the best single model searched "
                     f"exactly, t2i R@{k}, points, {level} interval over images: {values})")
         costs = [r for r in mine if r.get("vs_exact_fusion") is not None]
         if costs:
