@@ -126,3 +126,36 @@ def test_cache_command_lists_and_removes(tmp_path, capsys):
     assert cache_main(["--dir", str(tmp_path), "clear"]) == 2
     assert cache_main(["--dir", str(tmp_path), "clear", "--yes"]) == 0
     assert cache.entries() == []
+
+
+def with_contents(rows, batch=3):
+    """A fake shard encoder: rows_of, and each row's content record [ref, digest] among the stats."""
+    for block, stats in rows_of(rows, batch=batch):
+        start = len(block)
+        yield block, {**stats, "contents": [[f"img{r}.png", f"{r:064x}"] for r in rows[:start]]}
+        rows = rows[start:]
+
+
+def test_a_content_record_goes_to_its_own_file_checked_like_the_rows(tmp_path, capsys):
+    """Issue 39 item 8: a shard's per-row content record is joined across chunks (a killed run's included) into
+    contents.json, never into meta.json; a damaged one is listed as damage and makes a run compute the entry again."""
+    from fusebench.stores.embeddings import entry_contents
+    from fusebench.stores.entries import read_meta
+
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    material = {**MATERIAL, "kind": "shard"}
+    with pytest.raises(KeyboardInterrupt):
+        cache.get_or_compute(material, 10, lambda r: rows_of(r, batch=2, fail_after=6))  # chunk 0 saved, no record
+    first = cache.get_or_compute(material, 10, lambda r: with_contents(r))
+    meta = read_meta(cache.entry_dir(first.key) / "meta.json")
+    assert "contents" not in first.stats and "contents" not in meta["stats"]
+    assert entry_contents(cache.entry_dir(first.key), meta) == (None, None)  # a chunk without a record: none at all
+    cache.get_or_compute({**material, "images": "other"}, 10, lambda r: with_contents(r))
+    second = cache.get_or_compute({**material, "images": "other"}, 10, lambda r: with_contents(r))
+    folder = cache.entry_dir(second.key)
+    record, problem = entry_contents(folder, read_meta(folder / "meta.json"))
+    assert problem is None and record == [[f"img{r}.png", f"{r:064x}"] for r in range(10)]
+    (folder / "contents.json").write_text(json.dumps(record[::-1]))  # same size, other bytes
+    assert cache_main(["--dir", str(tmp_path), "list"]) == 0
+    assert "damaged: contents.json does not match its recorded checksum" in capsys.readouterr().out
+    assert cache.complete_entry({**material, "images": "other"}, 10) is None and not folder.exists()

@@ -253,3 +253,18 @@ def test_layout_names_every_module_and_shared_names_are_explained():
     assert shared == set(SHARED_NAMES), (f"modules of one name in two packages: {sorted(shared - set(SHARED_NAMES))} "
                                          f"(say why in SHARED_NAMES or rename); no longer shared: "
                                          f"{sorted(set(SHARED_NAMES) - shared)}")
+
+
+def test_the_shard_key_is_described_in_the_same_words_by_both_pages():
+    """Issue 39 item 8: galleries.md and stores.md once disagreed on what a gallery shard's key holds; both now
+    carry one paragraph (what the key holds, what a rerun checks, what ``fusebench-cache verify`` finds), word for
+    word."""
+    start = "**What a gallery shard's key holds"
+
+    def paragraph(name: str) -> str:
+        text = (DOCS / name).read_text(encoding="utf-8")
+        assert text.count(start) == 1, f"{name} must carry the shard key paragraph once"
+        return text[text.index(start):].split("\n\n", 1)[0]
+
+    assert paragraph("galleries.md") == paragraph("stores.md")
+    assert "same size and the same mtime" in paragraph("stores.md") and "fusebench-cache verify" in paragraph("stores.md")

@@ -72,6 +72,14 @@ def test_a_second_run_reads_the_stored_lists(compose_cfg, tmp_path):
     assert not any(other.run.lists[n]["hit"] for n in ("sim_siglip2_like", "sim_dfn5b_like"))
     costs = first.gallery.models["sim_siglip2_like"]
     assert costs.bytes_fp32 == 4 * 600 * 1152 and costs.search_ms_per_query is not None
+    # issue 39 item 5: the exact search's time by direction; the gallery's ms per query is t2i's alone
+    timed = first.run.lists["sim_siglip2_like"]
+    assert timed["t2i_seconds"] > 0 and timed["i2t_seconds"] > 0
+    assert timed["t2i_seconds"] + timed["i2t_seconds"] <= timed["seconds"] + 0.002  # within the store's own timing
+    n_captions = first.retrievers["sim_siglip2_like"].t2i.n_queries
+    # the record keeps t2i_seconds to the ms, the ms per query from the unrounded seconds
+    assert costs.search_ms_per_query == pytest.approx(1000 * timed["t2i_seconds"] / n_captions, abs=0.5 / n_captions)
+    assert "t2i_seconds" not in second.run.lists["sim_siglip2_like"]  # read from the store: nothing timed
 
 
 def test_a_folder_gallery_embedded_in_shards_by_the_run(compose_cfg, tmp_path):

@@ -302,3 +302,19 @@ def test_200k_distractors_against_full_rows_counted_the_obvious_way():
         ahead = np.count_nonzero(row > row[target]) + np.count_nonzero(row[:target] == row[target])
         assert got["t2i"].ranks[q] == ahead + 1
     assert (got["t2i"].ranks > 1).mean() > 0.2  # the distractors do outrank targets
+
+
+def test_the_seconds_by_direction_split_the_one_pass(monkeypatch):
+    """Issue 39 item 5: ``stats`` gets the pass's time by direction: i2t's own work (the image heaps' columns, the
+    i2t lists and ranks: timed by the clock around them) and t2i, the rest; both cover the whole call between them."""
+    import fusebench.search.gallery_search as module
+
+    text, image, caption_image, rows = near_tie_case(1)
+    ticks = iter(range(1000))
+    monkeypatch.setattr(module.time, "perf_counter", lambda: float(next(ticks)))  # each reading one second later
+    stats: dict = {}
+    gallery_lists(text, image, caption_image, rows, 20, "cpu", 32, 256, precision="fp32", stats=stats)
+    readings = next(ticks)  # how many times the clock was read
+    offers = (readings - 4) // 2  # started, the two around i2t's tail and the last: the rest are offer_columns pairs
+    assert offers >= 1 and stats["i2t_seconds"] == offers + 1  # one second inside each bracket
+    assert stats["t2i_seconds"] + stats["i2t_seconds"] == readings - 1  # the last reading (value readings - 1) minus the first (0)

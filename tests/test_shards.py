@@ -122,8 +122,8 @@ def test_a_killed_shard_resumes_from_its_chunks(models, tmp_path, monkeypatch):
     run = real_run(models["oc"], runtime(tmp_path / "cache"))
     original = shards_module.embed_images
 
-    def dies_after_four(run, paths, rows, desc):
-        for i, item in enumerate(original(run, paths, rows, desc)):
+    def dies_after_four(run, paths, rows, desc, digests=None):
+        for i, item in enumerate(original(run, paths, rows, desc, digests)):
             if i == 4:
                 raise KeyboardInterrupt("killed")
             yield item
@@ -135,8 +135,13 @@ def test_a_killed_shard_resumes_from_its_chunks(models, tmp_path, monkeypatch):
     result, _ = embed_shard(run, plan, 1)
     assert (result.hit, result.computed, result.images) == (False, 1, 5)  # chunks of rows 0-1 and 2-3 were kept
     expected = unsharded(models["oc"], plan, tmp_path / "reference")
-    assert shard_rows(run, plan).read(5, 10).tobytes() == expected[5:10].tobytes()
+    rows = shard_rows(run, plan)
+    assert rows.read(5, 10).tobytes() == expected[5:10].tobytes()
     assert FAULT_ENV == "FUSEBENCH_FAULT_KILL_SHARD"
+    import hashlib  # the content record spans the chunks the killed job saved and those the resumed one made
+
+    record = json.loads((rows.paths[1].parent / "contents.json").read_text())
+    assert record == [[ref, hashlib.sha256(Path(ref).read_bytes()).hexdigest()] for ref in plan.part(1).refs]
 
 
 @pytest.mark.slow
@@ -323,3 +328,93 @@ def test_a_tar_rewritten_in_place_is_embedded_again(models, tmp_path):
     rows = shard_rows(run, plan).read(0, 6)
     assert rows.tobytes() == unsharded(models["oc"], plan, tmp_path / "reference").tobytes()
     assert not np.array_equal(rows, first)
+
+
+def write_same_size(path: Path, seed: int) -> None:
+    """A 20x20 PNG stored without compression: every such file has the same size, whatever its pixels."""
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(path, compress_level=0)
+
+
+def verify_cli(cache: Path, *args: str) -> int:
+    from fusebench.app.cache_cli import main as cache_main
+
+    return cache_main(["--dir", str(cache), "verify", *args])
+
+
+@pytest.mark.slow  # runs tiny real models
+def test_an_image_replaced_with_the_same_size_and_mtime_is_found_by_verify_and_embedded_again(models, tmp_path,
+                                                                                               capsys):
+    """Issue 39 item 8: the key holds each file's size and mtime, so a file replaced with both kept reads stale on
+    a rerun (what the docs say); ``fusebench-cache verify`` reads the images again against the SHA-256 recorded at
+    embedding, names the file, and with --remove removes that shard only, which the next run embeds again."""
+    import hashlib
+    import os
+
+    folder = write_gallery(tmp_path / "g", 10)
+    target = folder / "img_007.png"
+    write_same_size(target, 1)
+    cache = tmp_path / "cache"
+    plan = plan_of(folder, size=10)
+    before = shard_rows(real_run(models["oc"], runtime(cache)), plan)
+    old_rows = before.read(0, 10)
+    index = plan.items.refs.index(str(target)) // 5
+    # the record: each row's file and the SHA-256 of its bytes, computed the obvious way here
+    record = json.loads((before.paths[index].parent / "contents.json").read_text())
+    assert record == [[ref, hashlib.sha256(Path(ref).read_bytes()).hexdigest()] for ref in plan.part(index).refs]
+    assert "contents" not in before.metas[index]["stats"]  # kept out of meta.json, which every run reads
+
+    capsys.readouterr()
+    assert verify_cli(cache) == 0  # nothing changed: both shards checked, nothing embedded again
+    out = capsys.readouterr().out
+    assert out.count(": unchanged") == 2 and "2 shard(s): 2 unchanged, 0 changed or damaged" in out
+
+    stat = os.stat(target)
+    write_same_size(target, 2)  # other pixels, the same size, and the old mtime put back
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(target).st_size == stat.st_size and os.stat(target).st_mtime_ns == stat.st_mtime_ns
+    stale = real_run(models["oc"], runtime(cache))
+    read = shard_rows(stale, plan_of(folder, size=10))  # as documented: the same key, the old rows
+    assert read.keys == before.keys and read.read(0, 10).tobytes() == old_rows.tobytes() and not stale.lazy.loaded
+
+    assert verify_cli(cache) == 1
+    captured = capsys.readouterr()
+    row = plan.part(index).refs.index(str(target))
+    assert f"1 image(s) changed since embedded: row {row} {target} (content changed)" in captured.out
+    assert before.keys[index][:12] in captured.out and "1 unchanged, 1 changed or damaged" in captured.out
+    assert "verify --remove" in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert verify_cli(cache, "--remove") == 0
+    assert "removed" in capsys.readouterr().out
+
+    run = real_run(models["oc"], runtime(cache))
+    results = [embed_shard(run, plan, i)[0] for i in range(2)]
+    assert [r.hit for r in results] == [i != index for i in range(2)]  # only the changed shard embedded again
+    after = shard_rows(run, plan).read(0, 10)
+    assert after.tobytes() == unsharded(models["oc"], plan, tmp_path / "reference").tobytes()
+    position = plan.items.refs.index(str(target))
+    assert not np.array_equal(after[position], old_rows[position])
+    assert verify_cli(cache) == 0
+
+
+@pytest.mark.slow  # runs tiny real models
+def test_verify_names_bad_input_damaged_records_and_shards_without_one(models, tmp_path, capsys):
+    folder = write_gallery(tmp_path / "g", 10)
+    cache = tmp_path / "cache"
+    rows = shard_rows(real_run(models["oc"], runtime(cache)), plan_of(folder, size=10))
+    capsys.readouterr()
+    assert verify_cli(cache, "ffffffff") == 2  # bad input: one line naming the prefix and what is valid
+    err = capsys.readouterr().err
+    assert "'ffffffff' matches no entry; verify checks finished gallery shards (kind shard" in err
+    assert len(err.strip().splitlines()) == 1
+    assert verify_cli(cache, "ab") == 2 and "at least 4 characters" in capsys.readouterr().err
+    first, second = rows.paths[0].parent, rows.paths[1].parent
+    (first / "contents.json").write_text("[]")  # damaged: another size and checksum than recorded
+    meta = json.loads((second / "meta.json").read_text())
+    del meta["contents"]  # as a shard embedded before the record existed
+    (second / "meta.json").write_text(json.dumps(meta))
+    assert verify_cli(cache, rows.keys[0][:8], rows.keys[1][:8]) == 1
+    out = capsys.readouterr().out
+    assert "damaged (contents.json has 2 bytes" in out and "no content record" in out
+    assert verify_cli(cache, "--remove") == 1  # the damaged one removed; the one without a record cannot be checked
+    out = capsys.readouterr().out
+    assert "removed" in out and not first.exists() and second.exists()

@@ -8,6 +8,13 @@ distractors' near-duplicate maxima and FAISS indexes (``search=faiss_*``).
                                                a prefix that matches several entries is refused (they are listed)
     fusebench-cache remove --all KEY [...]     remove every entry each prefix matches
     fusebench-cache clear --yes                remove every entry
+    fusebench-cache verify [KEY ...] [--remove]
+                                               read every gallery shard's images again (or the shards the key
+                                               prefixes name) and check each against the SHA-256 recorded when it
+                                               was embedded: a file replaced with the same size and mtime keeps
+                                               its shard's key, and only this finds it; exit 1 naming the shards
+                                               with changed images (--remove: removes them, so the next run embeds
+                                               them again)
 The default DIR is the runs' own: embed.cache.dir of the composed config ($FUSEBENCH_OUTPUT/cache, else
 outputs/cache). A DIR given with --dir must be an existing folder (an empty --dir, such as an unset shell
 variable, is an error: never the default). State: complete (each data file's size and checksum are the
@@ -98,6 +105,7 @@ def default_cache_dir() -> str:
 
 
 BAR_BYTES = 256 << 20  # hashing more than this shows a progress bar (a few seconds of reading)
+BAR_IMAGES = 5000  # verify reading at least this many images shows a progress bar
 
 
 def listed(stores, verify: bool) -> list[dict]:
@@ -141,6 +149,11 @@ def _cache(argv: list[str] | None) -> int:
                                     help="remove every entry a prefix matches (without it, a prefix that matches "
                                          "several entries is refused and the matches are listed)")
     commands["clear"].add_argument("--yes", action="store_true", help="confirm")
+    commands["verify"] = sub.add_parser("verify", help="check gallery shards' images against their recorded digests")
+    commands["verify"].add_argument("--dir", default=argparse.SUPPRESS, help="cache folder")
+    commands["verify"].add_argument("keys", nargs="*", help="key prefixes of the shards to check (default: all)")
+    commands["verify"].add_argument("--remove", action="store_true",
+                                    help="remove each shard with a changed image (or a damaged record)")
     args = parser.parse_args(argv)
     try:
         args.dir = checked_dir(args.dir)
@@ -172,10 +185,88 @@ def _cache(argv: list[str] | None) -> int:
             for entry in entries:
                 remove_entry(entry)
             print(f"removed {len(entries)} entries from {args.dir}")
+        elif args.command == "verify":
+            return verify(stores, args.keys, args.remove)
     except FusebenchError as err:
         print(f"fusebench-cache: error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _chosen_shards(stores: dict, prefixes: list[str], shard_kind: str) -> list[dict]:
+    """The complete gallery shard entries to verify: every one, or those the key prefixes name (a prefix that
+    names no complete shard entry is an error naming what it names)."""
+    shards = [e for e in stores["embeddings"].entries(verify=False)
+              if e.get("kind") == shard_kind and (e["complete"] or e.get("problem"))]
+    if not prefixes:
+        return shards
+    every = listed(stores.values(), verify=False)
+    chosen = []
+    for prefix in prefixes:
+        found = matching(shards, prefix)
+        if not found:
+            others = sorted({f"{e.get('kind') or '-'} ({'complete' if e['complete'] else 'partial'})"
+                             for e in matching(every, prefix)})
+            named = f"names {', '.join(others)} entries only" if others else "matches no entry"
+            raise FusebenchError(f"{prefix!r} {named}; verify checks finished gallery shards (kind {shard_kind}: "
+                                 "see fusebench-cache list)")
+        chosen += [e for e in found if e not in chosen]
+    return chosen
+
+
+def verify(stores: dict, prefixes: list[str], remove: bool) -> int:
+    """``fusebench-cache verify``: each chosen shard's images read again and checked against its content record
+    (``encoders.shard_check``); a line per shard and a total. 0: every shard checked and unchanged (or removed,
+    with ``remove``); 1: a shard with a changed image or a damaged record left in place, or one without a
+    record (embedded before fusebench recorded them), which cannot be checked."""
+    from fusebench.encoders.shard_check import changed_images
+    from fusebench.encoders.shards import SHARD_KIND
+    from fusebench.runtime.progress import bar
+    from fusebench.stores.embeddings import entry_contents
+    from fusebench.stores.entries import read_meta
+
+    shards = _chosen_shards(stores, prefixes, SHARD_KIND)
+    if not shards:
+        print(f"no finished gallery shard entries in {stores['embeddings'].root}")
+        return 0
+    unchanged = bad = unrecorded = removed = 0
+    total = sum(e["shape"][0] for e in shards)
+    with bar(total=total, desc="reading images", unit="img", leave=False, file=sys.stderr,
+             disable=total < BAR_IMAGES) as progress:
+        for entry in shards:
+            folder = Path(entry["path"])
+            label = f"{entry['key'][:12]}  {entry.get('model') or '-'}  {entry['shape'][0]} images"
+            contents, problem = (None, entry["problem"]) if entry.get("problem") else entry_contents(
+                folder, read_meta(folder / "meta.json"))
+            if contents is None and problem is None:
+                unrecorded += 1
+                print(f"{label}: no content record (embedded before fusebench recorded one), not checked; "
+                      f"fusebench-cache remove {entry['key'][:12]} embeds it again on the next run")
+                progress.update(entry["shape"][0])
+                continue
+            changed = changed_images(contents, progress.update) if problem is None else []
+            if problem is None and not changed:
+                unchanged += 1
+                print(f"{label}: unchanged")
+                continue
+            bad += 1
+            what = (f"damaged ({problem}): a run removes it and embeds it again" if problem else
+                    f"{len(changed)} image(s) changed since embedded: " + "; ".join(
+                        f"row {c['row']} {c['ref']} ({c['why']})" for c in changed[:3])
+                    + (f"; and {len(changed) - 3} more" if len(changed) > 3 else ""))
+            if remove:
+                remove_entry(entry)
+                removed += 1
+                print(f"{label}: {what}; removed")
+            else:
+                print(f"{label}: {what}")
+    print(f"{len(shards)} shard(s): {unchanged} unchanged, {bad} changed or damaged"
+          + (f" ({removed} removed: the next run embeds them again)" if remove else "")
+          + (f", {unrecorded} without a content record" if unrecorded else ""))
+    if bad and not remove:
+        print(f"fusebench-cache: {bad} shard(s) hold rows of images that changed since they were embedded; "
+              "remove them (fusebench-cache verify --remove) so that the next run embeds them again", file=sys.stderr)
+    return 1 if (bad and not remove) or unrecorded else 0
 
 
 if __name__ == "__main__":

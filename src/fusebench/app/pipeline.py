@@ -245,9 +245,9 @@ def run(config: RunConfig | DictConfig, out_dir: str, inputs: Inputs | None = No
         gallery=gallery,
         search=answered.record,
     )
-    if gallery is not None:  # each model's search time over the whole gallery, when it was computed in this run
-        for name, seconds in source.search_seconds.items():
-            gallery.models[name].search_ms_per_query = round(1000 * seconds / corpus.n_captions, 4)
+    if gallery is not None:  # each model's t2i search time over the whole gallery, when computed in this run
+        for name, seconds in source.direction_seconds.items():
+            gallery.models[name].search_ms_per_query = round(1000 * seconds["t2i"] / corpus.n_captions, 4)
     if extra:
         blocks, record.positive_comparisons = evaluate_positives(
             extra, lists, clusters["i2t"], corpus.caption_image, settings.ks, [FUSED] if FUSED in lists else [],

@@ -62,7 +62,8 @@ class ListSource:
 
     records: dict[str, dict] = field(default_factory=dict)
     materials: dict[str, dict] = field(default_factory=dict)
-    search_seconds: dict[str, float] = field(default_factory=dict)  # per model, when its lists were computed here
+    # per model and direction, when its gallery lists were computed here (gallery_lists' t2i_seconds, i2t_seconds)
+    direction_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def prepare(self, models: Sequence[ModelEmbeddings], caption_image: np.ndarray, device_type: str) -> None:
         """Hash every model's key material at once, on all cores (the keys of a job's models in one go)."""
@@ -78,6 +79,15 @@ class ListSource:
         return self.materials[model.name]
 
 
+def _direction_record(source: ListSource, name: str, hit: bool) -> dict:
+    """A gallery search's seconds by direction, as metrics.json records them beside its lists (``run.lists.NAME``:
+    ``t2i_seconds``, ``i2t_seconds``), when this run computed them."""
+    found = source.direction_seconds.get(name)
+    if hit or found is None:
+        return {}
+    return {"t2i_seconds": round(found["t2i"], 3), "i2t_seconds": round(found["i2t"], 3)}
+
+
 def _no_progress(_desc: str, _total: int) -> Callable[[int], None]:
     return lambda _n: None
 
@@ -89,7 +99,6 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
     progress = settings.progress or _no_progress
 
     def compute(d: int) -> ModelLists:
-        started = time.perf_counter()
         update = progress(f"lists {model.name}", len(caption_image))
         if model.distractors is None:
             lists = compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
@@ -97,21 +106,23 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
         else:
             from fusebench.search.gallery_search import gallery_lists
 
+            stats: dict = {}
             lists = gallery_lists(model.text, model.image, caption_image, model.distractors, d, device,
-                                  settings.chunk_size, settings.item_chunk_size, update, settings.precision)
-        source.search_seconds[model.name] = time.perf_counter() - started
+                                  settings.chunk_size, settings.item_chunk_size, update, settings.precision, stats)
+            source.direction_seconds[model.name] = {"t2i": stats["t2i_seconds"], "i2t": stats["i2t_seconds"]}
         return lists
 
     n_images, n_captions = model.n_items, len(model.text)
     if settings.store_dir is None:
         lists = compute(depth)
-        source.records[model.name] = {"hit": False, "stored": False}
+        source.records[model.name] = {"hit": False, "stored": False, **_direction_record(source, model.name, False)}
         return lists
     store = ListStore(settings.store_dir)
     material = source.material(model, caption_image, device.type)
     found = store.get_or_compute(material, depth, n_images, n_captions, compute, {"model": model.name})
     source.records[model.name] = {"hit": found.hit, "stored": True, "key": found.key,
-                                  "depth": found.lists.depth, "seconds": round(found.seconds, 3)}
+                                  "depth": found.lists.depth, "seconds": round(found.seconds, 3),
+                                  **_direction_record(source, model.name, found.hit)}
     return found.lists
 
 

@@ -112,16 +112,22 @@ def real_run(spec: RealModel, runtime: EmbedConfig) -> RealRun:
     return RealRun(spec.name, encoder, device, precision, LazyModel(encoder, device), cache, runtime, common)
 
 
-def embed_images(run: RealRun, paths: Sequence[str | None], rows: np.ndarray, desc: str):
+def embed_images(run: RealRun, paths: Sequence[str | None], rows: np.ndarray, desc: str,
+                 digests: list | None = None):
     """The image loop: ``(block, stats)`` for the images ``paths[rows]``, in order, a DataLoader batch at a time
     (decoded in ``embed.num_workers`` processes, under ``embed.on_bad_image``), with a progress bar (images/s);
     an image skipped as unreadable is an all-NaN row of its block, counted in ``skipped_images``. The model is
-    loaded on the first batch. Precision is applied here, by autocast around each batch."""
+    loaded on the first batch. Precision is applied here, by autocast around each batch. ``digests``: a list that
+    gets each row's content digest (``images.content_digest`` of the bytes decoded; None: unreadable), in order,
+    before its block is yielded."""
     model, runtime, device = run.lazy.get(), run.runtime, run.device
     pin = device.type == "cuda"
     with progress_bar(total=len(rows), desc=desc, unit="img", leave=False) as bar:
-        for all_rows, good_rows, batch in image_batches(paths, rows, model.image_transform, runtime.batch_size,
-                                                        runtime.num_workers, pin, runtime.on_bad_image):
+        for all_rows, good_rows, batch, *found in image_batches(
+                paths, rows, model.image_transform, runtime.batch_size, runtime.num_workers, pin,
+                runtime.on_bad_image, digests=digests is not None):
+            if digests is not None:
+                digests.extend(found[0])
             block = np.full((len(all_rows), model.dim), np.nan, dtype=np.float32)
             if good_rows:
                 with autocast(device, run.precision):

@@ -19,8 +19,12 @@ fp32 on a CPU) are named in an error rather than embedded again. The gallery mus
 ``gallery.shard_size`` it was embedded with (a shard's key holds its items).
 
 The cache keys items by id, ref (path) and each file's size and mtime (a tar member by its tar's): a file or tar
-replaced under the same name gives its shard another key, so it is embedded again, never read stale. That costs one
-stat per image file when a shard's key is made (a tar: one per tar).
+replaced under the same name with another size or mtime gives its shard another key, so it is embedded again, never
+read stale. That costs one stat per image file when a shard's key is made (a tar: one per tar). A file replaced
+with the same size and mtime keeps the key; what catches it is the content record: each image's SHA-256, taken of
+the bytes decoded when it is embedded, is stored with the shard (the entry's ``contents.json``, rows in order), and
+``fusebench-cache verify`` (:func:`changed_images`) reads every image again and names the shards whose images
+changed (``--remove`` removes them, so the next run embeds them again). A run does not read images to check them.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from fusebench.encoders.distractors import KeptRows, normalised
 from fusebench.encoders.fingerprint import refs_fingerprint
 from fusebench.encoders.images import BadImageError, open_rgb
 from fusebench.encoders.real import RealRun, embed_images
-from fusebench.stores.embeddings import CompleteEntry
+from fusebench.stores.embeddings import CONTENTS, CompleteEntry
 from fusebench.stores.entries import discard_entry, entry_lock, entry_meta
 
 log = logging.getLogger(__name__)
@@ -140,9 +144,10 @@ def _compute(run: RealRun, part: DistractorItems, index: int, counter: list[int]
 
     def compute(rows: np.ndarray):
         run.lazy.get()  # loading the model is not embedding time
-        done, started = 0, time.perf_counter()
-        for block, _ in embed_images(run, part.refs, rows, desc):
+        done, started, digests = 0, time.perf_counter(), []
+        for block, _ in embed_images(run, part.refs, rows, desc, digests):
             block_rows = rows[done:done + len(block)]
+            digest_of = dict(zip(block_rows.tolist(), digests[done:done + len(block)]))
             seconds = time.perf_counter() - started
             done += len(block)
             counter[0] += len(block)
@@ -150,7 +155,8 @@ def _compute(run: RealRun, part: DistractorItems, index: int, counter: list[int]
                 bad = piece_rows[np.isnan(piece).all(axis=1)]
                 failed = [{"row": int(r), "id": part.ids[r], "ref": part.refs[r]} for r in bad]
                 yield piece, {"skipped_images": len(failed), "failed_images": failed,
-                              "embed_seconds": seconds * len(piece) / len(block)}
+                              "embed_seconds": seconds * len(piece) / len(block),
+                              CONTENTS: [[str(part.refs[r]), digest_of[int(r)]] for r in piece_rows]}
             if kill_after is not None and counter[0] >= kill_after:  # the cache has saved the chunks before
                 os.kill(os.getpid(), signal.SIGKILL)
             started = time.perf_counter()

@@ -24,6 +24,7 @@ with the same lists and ranks.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -174,7 +175,11 @@ def gallery_lists(text, image, caption_image: np.ndarray, distractors, depth: in
     """Top-``depth`` lists and exact ranks of one model over the test images and ``distractors`` (a
     ``DistractorRows``), both directions (see the module docstring). ``precision``: fp32, or bf16 / tf32 for the
     certified-margin path on distractor tiles (None: bf16 on CUDA, fp32 elsewhere). ``stats``, when given, gets
-    the precision and the entries rescored in fp32."""
+    the precision, the entries rescored in fp32, and the seconds by direction: ``i2t_seconds``, the work only i2t
+    needs (the image heaps' columns and the i2t lists and ranks; the similarity blocks are t2i's), and
+    ``t2i_seconds``, the rest: what a t2i-only search would take (the device synchronised around i2t's parts)."""
+    started = _clock(device)
+    i2t_seconds = 0.0
     device = torch.device(device)
     precision = resolve_precision(precision, device)
     image_np = np.ascontiguousarray(image, dtype=np.float32)
@@ -221,7 +226,9 @@ def gallery_lists(text, image, caption_image: np.ndarray, distractors, depth: in
                     read_target_scores(scores, r0, c0, target_item, target_score)
                 rows.offer(scores, r0, c0, target_item, target_score, ahead)
                 if tile_slot is not None:
+                    mark = _clock(device)
                     columns.offer_columns(scores, r0, tile_slot)
+                    i2t_seconds += _clock(device) - mark
             report(r1 - r0)
         del items, v_low
         gallery.release(t)
@@ -229,14 +236,23 @@ def gallery_lists(text, image, caption_image: np.ndarray, distractors, depth: in
     if bool(torch.isnan(target_score).any()):  # every target is a test image, in a tile already walked
         raise RuntimeError("gallery_lists: a target score was never read")
     t2i_scores, t2i_ids = rows.lists()
+    t2i_ranks = (ahead + 1).cpu().numpy()
+    mark = _clock(device)
     i2t_scores, i2t_ids = columns.lists()
     query_images = torch.as_tensor(query_images_np, device=device)
+    ranks = i2t_ranks(i2t_ids, text, float_rows(image_np, device), query_images, target_item, chunk * item_chunk)
+    i2t_seconds += _clock(device) - mark
     if stats is not None:
-        stats.update(precision=precision, entries=n_captions * n_items, rescored=int(getattr(rows, "rescored", 0)))
+        stats.update(precision=precision, entries=n_captions * n_items, rescored=int(getattr(rows, "rescored", 0)),
+                     t2i_seconds=_clock(device) - started - i2t_seconds, i2t_seconds=i2t_seconds)
     return ModelLists.from_arrays(depth, {
-        "t2i_ids": t2i_ids.astype(np.int32), "t2i_scores": t2i_scores.astype(np.float32),
-        "t2i_ranks": (ahead + 1).cpu().numpy(),
-        "i2t_ids": i2t_ids.astype(np.int32), "i2t_scores": i2t_scores.astype(np.float32),
-        "i2t_ranks": i2t_ranks(i2t_ids, text, float_rows(image_np, device), query_images, target_item,
-                               chunk * item_chunk),
+        "t2i_ids": t2i_ids.astype(np.int32), "t2i_scores": t2i_scores.astype(np.float32), "t2i_ranks": t2i_ranks,
+        "i2t_ids": i2t_ids.astype(np.int32), "i2t_scores": i2t_scores.astype(np.float32), "i2t_ranks": ranks,
     })
+
+
+def _clock(device) -> float:
+    """``time.perf_counter()`` once ``device``'s queued work is done (CUDA runs asynchronously)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -5,12 +5,19 @@ checkpoint fingerprint, preprocessing, corpus fingerprint, storage dtype, librar
 
     ROOT/ab/abcdef.../embeddings.npy   rows in corpus order, stored fp16 or fp32
     ROOT/ab/abcdef.../meta.json        the key material, shape, dtype, sha256 of the .npy, stats
+    ROOT/ab/abcdef.../contents.json    gallery shards: each row's [file, SHA-256 of its bytes] (``CONTENTS``)
     ROOT/ab/abcdef.../chunk-000003.npz while computing: finished chunks, so a killed run resumes
     ROOT/ab/abcdef....lock             held while an entry is computed (two sweep jobs never both write)
 
+A compute function may yield, among its per-chunk stats, ``CONTENTS``: one ``[ref, digest]`` per row (a gallery
+shard's images and their content digests). They are joined in row order and written to ``contents.json`` (its size
+and SHA-256 in meta.json's ``contents``) rather than into meta.json, which every run reads; only
+``fusebench-cache verify`` reads them (``entry_contents``).
+
 A complete entry is read only when the entry mechanism (``stores.entries``) proves it the one asked for (its
 meta.json records this entry's key and inputs) and its .npy matches its recorded size and checksum; else it is
-reported, removed and recomputed, never read as data. A chunk records its entry's key too. ``complete_entry``
+reported, removed and recomputed, never read as data (a shard's contents.json is checked the same way). A chunk
+records its entry's key too. ``complete_entry``
 verifies a complete entry the same way without loading it, for rows read in place (memory-mapped gallery shards).
 """
 
@@ -45,6 +52,8 @@ from fusebench.stores.files import atomic_save, atomic_write_text, file_sha256, 
 log = logging.getLogger(__name__)
 STORE_DTYPES = {"fp16": np.float16, "fp32": np.float32}
 Compute = Callable[[np.ndarray], Iterable[tuple[np.ndarray, dict]]]
+CONTENTS = "contents"  # the per-row stat kept in contents.json, not in meta.json
+CONTENTS_FILE = "contents.json"
 
 
 def _add_stats(total: dict, more: dict) -> None:
@@ -137,6 +146,8 @@ class EmbeddingCache:
             return None  # not computed yet, or unfinished: its chunks are resumed
         try:
             problem = problem or data_file_problem(data_path, meta, once_per_process=True)
+            if problem is None and CONTENTS in meta:  # a shard's content record: damaged is damaged, as listed
+                problem = data_file_problem(folder / CONTENTS_FILE, meta[CONTENTS], once_per_process=True)
             if problem is None:
                 rows = np.load(data_path, mmap_mode="r", allow_pickle=False).shape[0]  # the header only
                 if rows != n_rows:
@@ -218,11 +229,20 @@ class EmbeddingCache:
         stats: dict = {}
         for i in range(n_chunks):
             _add_stats(stats, done[i][1])
+        contents = stats.pop(CONTENTS, None)
+        if any(CONTENTS not in done[i][1] for i in range(n_chunks)):
+            contents = None  # chunks a run of an earlier version left: no record, rather than one with gaps
         data_path = folder / "embeddings.npy"
         atomic_save(data_path, lambda tmp: save_npy_synced(tmp, data))
         meta = {"key": key, "info": info, "material": material, "shape": list(data.shape), "dtype": self.dtype,
                 "bytes": data_path.stat().st_size, "sha256": file_sha256(data_path), "stats": stats,
                 "seconds": round(seconds, 3), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if contents is not None:
+            if len(contents) != n_rows:
+                raise RuntimeError(f"{label}: the encoder recorded the contents of {len(contents)} of {n_rows} rows")
+            contents_path = folder / CONTENTS_FILE
+            atomic_write_text(contents_path, json.dumps(contents))
+            meta[CONTENTS] = {"bytes": contents_path.stat().st_size, "sha256": file_sha256(contents_path)}
         atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
         for i in range(n_chunks):
             (folder / f"chunk-{i:06d}.npz").unlink(missing_ok=True)
@@ -234,13 +254,36 @@ class EmbeddingCache:
             return {"model": meta.get("info", {}).get("model", ""), "kind": meta.get("material", {}).get("kind", ""),
                     "shape": meta.get("shape"), "dtype": meta.get("dtype"), "created": meta.get("created")}
 
-        entries = scan_entries(self.root, describe, lambda meta: {"embeddings.npy": meta}, verify=verify,
-                               progress=progress)
+        entries = scan_entries(self.root, describe, _data_files, verify=verify, progress=progress)
         for info in entries:
             if not info["complete"] and not info.get("problem"):
                 info["chunks"] = len(list(Path(info["path"]).glob("chunk-*.npz")))
         return entries
 
+
+def _data_files(meta: dict) -> dict[str, dict]:
+    """An entry's data files and their records (size, checksum): the rows, and a shard's contents.json."""
+    return {"embeddings.npy": meta, **({CONTENTS_FILE: meta[CONTENTS]} if CONTENTS in meta else {})}
+
+
+def entry_contents(folder: Path, meta: dict) -> tuple[list | None, str | None]:
+    """A complete entry's content record: ``(rows, None)``, each row ``[ref, digest or None]`` in row order;
+    ``(None, None)`` when the entry has none (not a gallery shard, or embedded before fusebench recorded them);
+    ``(None, problem)`` when contents.json is missing, damaged or not one row per embedding row."""
+    record = meta.get(CONTENTS)
+    if record is None:
+        return None, None
+    path = folder / CONTENTS_FILE
+    try:
+        problem = data_file_problem(path, record)
+        if problem is not None:
+            return None, problem
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except UNREADABLE as err:
+        return None, unreadable(err)
+    if not isinstance(rows, list) or len(rows) != int(meta["shape"][0]):
+        return None, f"{CONTENTS_FILE} does not hold one row per embedding row"
+    return rows, None
 
 
 def _save_npz(path: Path, data: np.ndarray, stats: dict, key: str) -> None:
