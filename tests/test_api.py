@@ -168,6 +168,22 @@ def test_bad_arguments_are_one_error_naming_them(index, tmp_path, monkeypatch):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # two evaluate jobs
+def test_numpy_scalar_weights_are_the_numbers_they_hold(tmp_path, monkeypatch):
+    """weights={"b": np.float32(0.5)} (a weight from a NumPy grid) ended in omegaconf's UnsupportedValueType from
+    deep inside: it runs as 0.5, ranks and record those of the float; a NumPy bool is refused as a bool is."""
+    monkeypatch.chdir(tmp_path)
+    models, caption_image = _models(n=20)
+    overrides = ["eval.bootstrap.draws=50", f"embed.cache.dir={tmp_path / 'cache'}"]
+    plain = fusebench.evaluate(models, caption_image, weights={"b": 0.5}, overrides=overrides)
+    numpy = fusebench.evaluate(models, caption_image, weights={"b": np.float32(0.5), "a": np.int64(1)},
+                               overrides=overrides)
+    assert numpy.record.retrievers["b"].spec.to_json()["weight"] == 0.5
+    np.testing.assert_array_equal(numpy.ranks["fused"]["t2i"], plain.ranks["fused"]["t2i"])
+    with pytest.raises(FusebenchError, match="models.a.weight=True is not valid"):
+        fusebench.evaluate(models, caption_image, weights={"a": np.bool_(True)}, overrides=overrides)
+
+
 def test_run_takes_a_list_of_overrides_and_no_hydra_key(tmp_path, monkeypatch):
     """fusebench.run("a=b") split the string into characters; hydra.run.dir=... was ignored silently (issue 39,
     item 8): each refused before any work, saying what to use."""

@@ -67,24 +67,25 @@ def milvus_search() -> SearchRecord:
                         notes=["ties broken by primary key"])
 
 
-def make_record(ranks: dict, fusion: FusionConfig, search: SearchRecord | None) -> RunRecord:
+def make_record(ranks: dict, fusion: FusionConfig, search: SearchRecord | None, ks: list[int] = KS) -> RunRecord:
     """A run's record as the pipeline writes it: models, 'fused', and for a backend 'exact_fused' (a fusion too)
     with its comparison against 'fused' (exact minus backend)."""
     specs = {"a": ModelRecord({"kind": "sim", "dim": 16, "seed": 1}), "b": ModelRecord({"kind": "sim", "dim": 8, "seed": 2})}
-    retrievers = {m: retriever_result(m, ranks[m], KS, specs[m]) for m in "ab"}
+    retrievers = {m: retriever_result(m, ranks[m], ks, specs[m]) for m in "ab"}
     fusions = ["fused"] + ([EXACT_FUSED] if search else [])
     for name in fusions:
-        retrievers[name] = retriever_result(name, ranks[name], KS, FusionRecord(["a", "b"], fusion))
+        retrievers[name] = retriever_result(name, ranks[name], ks, FusionRecord(["a", "b"], fusion))
     clusters = {"t2i": CAPTION_IMAGE, "i2t": np.arange(N_IMAGES)}
-    comparisons = paired_comparisons(ranks, ["fused"], ["a", "b"], clusters, KS, DRAWS, 0.95, 0)
+    comparisons = paired_comparisons(ranks, ["fused"], ["a", "b"], clusters, ks, DRAWS, 0.95, 0)
     if search:
-        comparisons += compare(EXACT_FUSED, "fused", ranks[EXACT_FUSED], ranks["fused"], clusters, KS, DRAWS, 0.95, 0)
+        comparisons += compare(EXACT_FUSED, "fused", ranks[EXACT_FUSED], ranks["fused"], clusters, ks, DRAWS, 0.95, 0)
     dataset = DatasetSummary("sim", N_IMAGES, Q, meta={"simulated": True})
-    return RunRecord(dataset, retrievers, comparisons, fusion, EvalConfig(ks=KS), RunInfo(), search=search)
+    return RunRecord(dataset, retrievers, comparisons, fusion, EvalConfig(ks=ks), RunInfo(), search=search)
 
 
-def write_run(folder: Path, ranks: dict, fusion: FusionConfig, search: SearchRecord | None, override: str) -> RunRecord:
-    record = make_record(ranks, fusion, search)
+def write_run(folder: Path, ranks: dict, fusion: FusionConfig, search: SearchRecord | None, override: str,
+              ks: list[int] = KS) -> RunRecord:
+    record = make_record(ranks, fusion, search, ks)
     (folder / "ranks").mkdir(parents=True)
     (folder / ".hydra").mkdir()
     (folder / ".hydra" / "overrides.yaml").write_text(f"- {override}\n")
@@ -389,3 +390,25 @@ def test_the_gallery_indexes_experiment_says_per_backend_whether_the_gain_surviv
     assert all(float(r["neighbour_recall sim_siglip2_like"]) > 0.9 for r in engine)
     for name in ("index_recall_time.png", "index_verdict.png"):
         assert (tmp_path / "study" / "plots" / name).stat().st_size > 5000
+
+
+@pytest.mark.slow  # a whole sweep report, plots drawn
+def test_a_k_the_exact_run_did_not_measure_gets_no_best_single_guessed(tmp_path):
+    """The exact run measured R@5 and R@10 only, the HNSW run R@1 too: at R@1 the exact run's best single model is
+    unknown (its record holds no R@1), so no row pairs with a model picked by config order (which printed "fused
+    minus the best single model searched exactly: +30, survives" where the best single, b, beats the fusion)."""
+    from fusebench.report.index_effects import survival_sentences
+
+    a = {"t2i": np.where(np.arange(Q) % 10 < 2, 1, 3), "i2t": np.ones(N_IMAGES, dtype=np.int64)}
+    b = {"t2i": np.where(np.arange(Q) % 10 < 6, 1, 50), "i2t": np.ones(N_IMAGES, dtype=np.int64)}
+    fused = {"t2i": np.where(np.arange(Q) % 10 < 5, 1, 2), "i2t": np.ones(N_IMAGES, dtype=np.int64)}
+    write_run(tmp_path / "0", {"a": a, "b": b, "fused": fused}, DBSF, None, "search=exact", ks=[5, 10])
+    write_run(tmp_path / "1", {"a": a, "b": b, "fused": fused, EXACT_FUSED: fused}, DBSF, faiss_search(),
+              "search=faiss_hnsw")
+    effects = write_report(tmp_path, draws=DRAWS).index_effects
+    rows = {(r["backend"], r["k"]): r for r in effects.rows}
+    assert rows[(HNSW, 1)]["vs_exact_best"] is None and rows[(HNSW, 1)]["verdict"] is None
+    assert rows[(HNSW, 1)]["gain"] == pytest.approx(r1(fused["t2i"]) - r1(b["t2i"]))  # its own best at R@1: b
+    assert rows[(HNSW, 5)]["exact_best_single"] == "a" and rows[(HNSW, 5)]["vs_exact_best"] is not None
+    assert any("did not measure t2i R@1" in n for n in effects.notes)
+    assert "survives" not in "\n".join(survival_sentences(effects))

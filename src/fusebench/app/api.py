@@ -98,6 +98,12 @@ def _pair(name: str, value) -> tuple[np.ndarray, np.ndarray]:
     return arrays[0], arrays[1]
 
 
+def _plain(value):
+    """A NumPy scalar as the Python value it holds (np.float32(0.5) -> 0.5), which the config takes; others as given
+    (the model's weight check names a wrong one)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def _caption_image(caption_image, n_images: int) -> np.ndarray:
     array = np.asarray(caption_image)
     if array.ndim != 1 or array.size == 0 or not np.issubdtype(array.dtype, np.integer):
@@ -268,7 +274,7 @@ def evaluate(models: Mapping[str, object], caption_image, *, fusion: str = "dbsf
     with open_dict(cfg):
         for model in rows:
             cfg.models[model] = {"kind": "vectors", "image_embeddings": IN_MEMORY, "text_embeddings": IN_MEMORY,
-                                 **({"weight": weights[model]} if model in weights else {})}
+                                 **({"weight": _plain(weights[model])} if model in weights else {})}
     corpus = in_memory_corpus(caption_image, next(iter(n_images.values())), name, image_ids, caption_ids)
     return _execute(cfg, out_dir, corpus, rows)
 

@@ -198,6 +198,8 @@ def effect_row(runs: list[Run], run: Run, k: int, boot: Bootstrap) -> dict:
     reference = exact_reference(runs, run)
     if reference is not None and not run.same_queries(reference):
         reference = None
+    if reference is not None and k not in reference.record.ks:  # its best single at k is unknown, never guessed
+        reference = None
     exact_best = None if reference is None else reference.record.best_single(DIRECTION, k,
                                                                                among=reference.record.singles)
     vs_best = None if exact_best is None else _paired(run, FUSED, reference, exact_best, k, boot)
@@ -314,6 +316,11 @@ def index_effects_report(runs: list[Run], ks: list[int], draws: int = 2000, leve
         elif not run.same_queries(reference):
             notes.append(f"{run.name}: its queries are not those of {reference.name} (the exact run of its dataset "
                          "and models): fused minus the best single model searched exactly not computed")
+        unmeasured = [k for k in ks if k in run.record.ks and reference is not None and k not in reference.record.ks]
+        if unmeasured:
+            notes.append(f"{run.name}: {reference.name} (the exact run of its dataset and models) did not measure "
+                         f"t2i R@{', R@'.join(map(str, unmeasured))}: fused minus the best single model searched "
+                         "exactly not computed there")
         for note in (run.record.search.notes if run.record.search else []):
             notes.append(f"{search_label(run, FUSED)}: {note}")
         rows += [effect_row(runs, run, k, boot) for k in ks if k in run.record.ks]
