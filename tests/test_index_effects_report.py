@@ -346,6 +346,37 @@ def test_each_backend_gets_one_sentence_on_whether_fusing_through_it_beats_not_f
     assert "| loses |" in text and "-0.92 [-1.36, -0.48]" in text and "kept" not in text
 
 
+def test_two_model_sets_and_two_settings_of_one_method_are_told_apart(tmp_path):
+    """Rows of one backend that differ in their models or in a fusion setting are separate series, each named by
+    what differs (found by a review: two model sets on one split read as one backend at '0 distractors' twice)."""
+    from fusebench.report.index_effects import series, survival_sentences
+    from fusebench.report.index_plots import verdict_plot
+
+    def row(models, settings, n, v):
+        return {"backend": "faiss hnsw", "fusion": "rrf", "fusion_settings": settings, "models": models,
+                "test_split": "sim (simulated)", "distractors": n, **_pair("vs_exact_best", v, v - 0.5, v + 0.5),
+                "verdict": verdict(v - 0.5, v + 0.5)}
+
+    rows = [row("a+b", "rrf_k=1", n, 1.0) for n in (0, 1000)] + [row("a+b", "", n, 2.0) for n in (0, 1000)]
+    rows += [row("a+c", "rrf_k=1", 0, -1.0)]
+    groups = series(rows)
+    assert list(groups) == ["faiss hnsw (fusion_settings rrf_k=1; models a+b)",
+                            "faiss hnsw (fusion_settings defaults; models a+b)",
+                            "faiss hnsw (fusion_settings rrf_k=1; models a+c)"]
+    assert [[r["distractors"] for r in g] for g in groups.values()] == [[0, 1000], [0, 1000], [0]]
+    sentences = survival_sentences(_effects(rows))
+    assert [s.split(" (fused minus")[0] for s in sentences] == [
+        "faiss hnsw (fusion_settings rrf_k=1; models a+b): fusion through it survives at every gallery size measured",
+        "faiss hnsw (fusion_settings defaults; models a+b): fusion through it survives at every gallery size measured",
+        "faiss hnsw (fusion_settings rrf_k=1; models a+c): fusion through it loses at 0 distractors"]
+    assert verdict_plot(_effects(rows), tmp_path / "v.png").stat().st_size > 5000
+    from fusebench.report.index_effects import markdown_section
+
+    table = [line for line in "\n".join(markdown_section(_effects(rows))).splitlines() if line.startswith("| faiss hnsw")]
+    assert [line.split(" | ")[2:4] for line in table] == [["rrf_k=1", "a+b"], ["rrf_k=1", "a+b"], ["defaults", "a+b"],
+                                                          ["defaults", "a+b"], ["rrf_k=1", "a+c"]]
+
+
 def test_two_fusions_through_one_backend_get_a_sentence_each():
     from fusebench.report.index_effects import survival_sentences
 

@@ -26,12 +26,13 @@ table keys retrievers by (:func:`search_label`: a model's lists from an HNSW ind
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from fusebench import FUSED
 from fusebench.evaluation.comparisons import compare, level_label
 from fusebench.evaluation.record import Comparison
 from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
+from fusebench.fusion.config import FusionConfig
 from fusebench.report.labels import dataset_labels
 from fusebench.report.runs import Run
 
@@ -110,6 +111,19 @@ def exact_reference(runs: list[Run], run: Run) -> Run | None:
 def _fusion_name(run: Run) -> str:
     fusion = run.record.retrievers[FUSED].spec.fusion
     return fusion.preset or fusion.method
+
+
+def _fusion_settings(run: Run) -> str:
+    """The fused retriever's settings besides its method and preset that are not the defaults ('rrf_k=1'), and
+    its models' weights where they differ from 1: what tells two fusions of one name apart."""
+    fused = run.record.retrievers[FUSED]
+    defaults = asdict(FusionConfig())
+    settings = [f"{k}={v}" for k, v in asdict(fused.spec.fusion).items()
+                if k not in ("method", "preset") and v != defaults.get(k)]
+    weights = [run.record.retrievers[m].spec.weight for m in fused.members]
+    if any(w != 1 for w in weights):
+        settings.append("weights=" + "/".join(f"{w:g}" for w in weights))
+    return ", ".join(settings)
 
 
 VERDICTS = ("survives", "loses", "not distinguishable")
@@ -209,7 +223,8 @@ def effect_row(runs: list[Run], run: Run, k: int, boot: Bootstrap) -> dict:
             "run": run.name, "backend": search_label(run, FUSED),
             "distractors": 0 if record.gallery is None else int(record.gallery.distractors),
             "exact_query_ms": _exact_query_ms(run, fused.members),
-            "version": None if search is None else search.version, "fusion": _fusion_name(run), "k": k,
+            "version": None if search is None else search.version, "fusion": _fusion_name(run),
+            "fusion_settings": _fusion_settings(run), "models": "+".join(fused.members), "k": k,
             "depth": None if search is None else search.depth, **_quality_columns(run, fused.members),
             "fused_recall": fused.t2i.at(k),
             "exact_best_single": exact_best,
@@ -250,23 +265,37 @@ def _verdict_phrase(rows: list[dict]) -> str:
     return ", ".join(parts)
 
 
+SETUP = ("test_split", "backend", "fusion", "fusion_settings", "models")  # what one sentence (one series) follows
+
+
+def series(rows: list[dict]) -> dict[str, list[dict]]:
+    """``rows`` grouped into series, one per test split, backend, fusion and its settings and models, each sorted by
+    gallery size, under a label that says what tells it apart from the others: the split when there are several,
+    the backend, and in brackets what differs between the series of that backend (the fusion, its settings, the
+    models)."""
+    keys = list(dict.fromkeys(tuple(r.get(c) for c in SETUP) for r in rows))
+    splits = {k[0] for k in keys}
+    out = {}
+    for key in keys:
+        same_backend = [k for k in keys if k[:2] == key[:2]]
+        differ = [i for i in (2, 3, 4) if len({k[i] for k in same_backend}) > 1]
+        extra = [f"{SETUP[i]} {key[i] or 'defaults'}" if i > 2 else str(key[i]) for i in differ]
+        label = (f"{key[0]}: " if len(splits) > 1 else "") + str(key[1]) + (f" ({'; '.join(extra)})" if extra else "")
+        out[label] = sorted((r for r in rows if tuple(r.get(c) for c in SETUP) == key), key=lambda r: r["distractors"])
+    return out
+
+
 def survival_sentences(effects: IndexEffects) -> list[str]:
-    """One sentence per backend, at the study's first k: whether fusing through it survives against the best
-    single model searched exactly, at each gallery size (:func:`verdict` on the interval over images), with the
-    paired differences, and what the backend costs the fusion against the same fusion on exact lists."""
+    """One sentence per series (:func:`series`: a backend with one fusion of one model set on one test split), at
+    the study's first k: whether fusing through it survives against the best single model searched exactly, at
+    each gallery size (:func:`verdict` on the interval over images), with the paired differences, and what the
+    backend costs the fusion against the same fusion on exact lists."""
     k = effects.ks[0]
     rows = [r for r in effects.rows if r["k"] == k and r.get("verdict") is not None]
     level = level_label(effects.level)
-    several_splits = len({r.get("test_split") for r in rows}) > 1
-    fusions = {b: {r["fusion"] for r in rows if r["backend"] == b} for b in {r["backend"] for r in rows}}
     out = []
-    for key in dict.fromkeys((r.get("test_split"), r["backend"], r["fusion"]) for r in rows):
-        mine = sorted((r for r in rows if (r.get("test_split"), r["backend"], r["fusion"]) == key),
-                      key=lambda r: r["distractors"])
-        split, backend, fusion = key
-        subject = "fusion on exact lists" if backend == EXACT else "fusion through it"
-        label = (f"{split}: " if several_splits else "") + backend + (f" ({fusion})" if len(fusions[backend]) > 1
-                                                                       else "")
+    for label, mine in series(rows).items():
+        subject = "fusion on exact lists" if mine[0]["backend"] == EXACT else "fusion through it"
         values = "; ".join(f"{r['distractors']:,}: {_interval_text(r, 'vs_exact_best')}" for r in mine)
         sentence = (f"{label}: {subject} {_verdict_phrase(mine)} (fused minus the best single model searched "
                     f"exactly, t2i R@{k}, points, {level} interval over images: {values})")
@@ -321,6 +350,9 @@ def index_effects_report(runs: list[Run], ks: list[int], draws: int = 2000, leve
             notes.append(f"{run.name}: {reference.name} (the exact run of its dataset and models) did not measure "
                          f"t2i R@{', R@'.join(map(str, unmeasured))}: fused minus the best single model searched "
                          "exactly not computed there")
+        if ks[0] not in run.record.ks:
+            notes.append(f"{run.name}: it measured no t2i R@{ks[0]} (eval.ks={run.record.ks}), the study's first k: "
+                         "no verdict for it in the sentences and plots (its other ks are in index_effects.csv)")
         for note in (run.record.search.notes if run.record.search else []):
             notes.append(f"{search_label(run, FUSED)}: {note}")
         rows += [effect_row(runs, run, k, boot) for k in ks if k in run.record.ks]
@@ -368,6 +400,10 @@ def markdown_section(effects: IndexEffects | None) -> list[str]:
               "p95 ms": r["latency_ms_p95"], "index / disk": _bytes(r["index_bytes"] if r["index_bytes"] is not None
                                                               else r["disk_bytes"])}
              for r in shown]
+    apart = [(c, n) for c, n in (("fusion_settings", "fusion settings"), ("models", "models"))
+             if len({r.get(c) for r in shown}) > 1]  # shown where they tell rows of one backend apart
+    table = [{**{c: v for c, v in list(t.items())[:2]}, **{n: r.get(c) or "defaults" for c, n in apart},
+              **dict(list(t.items())[2:])} for r, t in zip(shown, table)]
     if len({r["dataset"] for r in shown}) > 1:
         table = [{"dataset": r["dataset"], **t} for r, t in zip(shown, table)]
     lines = [f"## Index effects{flag}", "",

@@ -66,10 +66,12 @@ def index_effects_plot(effects, path: Path) -> Path | None:
 
 
 def _by_backend(effects) -> dict[str, list[dict]]:
+    """The rows at the study's first k in the report's series (one per backend, fusion and models of a test split:
+    ``index_effects.series``), under the labels its sentences use."""
+    from fusebench.report.index_effects import series
+
     k = effects.ks[0]
-    rows = [r for r in effects.rows if r["k"] == k]
-    return {b: sorted((r for r in rows if r["backend"] == b), key=lambda r: r["distractors"])
-            for b in dict.fromkeys(r["backend"] for r in rows)}
+    return series([r for r in effects.rows if r["k"] == k])
 
 
 def _finish(fig, ax, path: Path, effects, xlabel: str, ylabel: str, title: str) -> Path:
@@ -88,10 +90,12 @@ def recall_time_plot(effects, path: Path) -> Path | None:
     per backend (log x), one marker per gallery size, labelled; exact search's time is its streamed gallery
     search's (absent when its lists came from the store)."""
     k = effects.ks[0]
-    series = {}
+    series, exact = {}, set()
     for backend, rows in _by_backend(effects).items():
-        points = [(r["exact_query_ms"] if backend == "exact" else r["query_ms"], r["fused_recall"], r["distractors"])
-                  for r in rows]
+        if rows[0]["backend"] == "exact":
+            exact.add(backend)
+        points = [(r["exact_query_ms"] if r["backend"] == "exact" else r["query_ms"], r["fused_recall"],
+                   r["distractors"]) for r in rows]
         points = [p for p in points if p[0] is not None and p[1] is not None and p[0] > 0]
         if points:
             series[backend] = points
@@ -101,7 +105,7 @@ def recall_time_plot(effects, path: Path) -> Path | None:
     for i, (backend, points) in enumerate(series.items()):
         ms, recall, _ = zip(*points)
         ax.plot(ms, recall, marker="o", lw=1, label="\n".join(textwrap.wrap(backend, 40)),
-                color="black" if backend == "exact" else f"C{i}")
+                color="black" if backend in exact else f"C{i}")
         for x, y, n in points:
             ax.annotate(f"{n:,}", (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     return _finish(fig, ax, path, effects, "query time per t2i query, summed over the fused models (ms, log)",
@@ -123,7 +127,7 @@ def verdict_plot(effects, path: Path) -> Path | None:
         shift = 1.0 + 0.04 * (i - (len(series) - 1) / 2)  # backends side by side at one size (log x)
         x = [max(r["distractors"], floor) * shift for r in rows]
         ax.errorbar(x, [r["vs_exact_best"] for r in rows], yerr=_error(rows, "vs_exact_best"), marker="o", lw=1,
-                    capsize=3, color="black" if backend == "exact" else f"C{i}",
+                    capsize=3, color="black" if rows[0]["backend"] == "exact" else f"C{i}",
                     label="\n".join(textwrap.wrap(backend, 40)))
     ax.axhline(0, color="black", linestyle="--", lw=1, label="the best single model searched exactly")
     return _finish(fig, ax, path, effects, "distractors in the gallery (log; the test split alone drawn at the left)",
