@@ -84,6 +84,7 @@ def test_best_single_is_one_definition():
     assert record.best_single("t2i", 5) == "a"  # a tie (70 = 70): the first in config order
     assert record.best_single("mean", 5) == "fused_x"
     assert record.best_single("t2i", 1, among=["a"]) == "a"
+    assert record.best_single("t2i", 10) is None  # a k the run did not measure: never guessed (was: the first model)
 
 
 def test_a_version_1_file_reads_and_a_newer_one_says_its_version():

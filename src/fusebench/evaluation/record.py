@@ -204,11 +204,13 @@ class RunRecord:
 
     def best_single(self, direction: str = "t2i", k: int = 1, among: list[str] | None = None) -> str | None:
         """The best single model: the non-fusion retriever (of ``among``, default all) with the highest recall
-        at ``direction`` and ``k``; the first in config order on ties. The one definition every consumer uses."""
-        names = [n for n in (among if among is not None else list(self.retrievers)) if not self.retrievers[n].is_fusion]
+        at ``direction`` and ``k``; the first in config order on ties; None when none has a recall there (a k the
+        run did not measure: never guessed). The one definition every consumer uses."""
+        names = [n for n in (among if among is not None else list(self.retrievers))
+                 if not self.retrievers[n].is_fusion and self.retrievers[n].recall(direction, k) is not None]
         if not names:
             return None
-        return max(names, key=lambda n: (self.retrievers[n].recall(direction, k) or 0.0, -names.index(n)))
+        return max(names, key=lambda n: (self.retrievers[n].recall(direction, k), -names.index(n)))
 
     def comparison(self, candidate: str, baseline: str, direction: str, k: int) -> Comparison | None:
         return next((c for c in self.comparisons if (c.candidate, c.baseline, c.direction, c.k)

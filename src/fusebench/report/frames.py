@@ -196,6 +196,8 @@ def default_pair(run: Run, direction: str = "t2i", k: int = 1, candidate: str | 
         raise FusebenchError(f"run {run.name!r} has no retriever {candidate!r}; it has {', '.join(record.retrievers)}")
     among = record.retrievers[candidate].members or [n for n in record.singles if n != candidate]
     baseline = record.best_single(direction, k, among=among)
+    if baseline is None and among and k not in record.ks:
+        raise FusebenchError(f"run {run.name!r} measured no {direction} R@{k}: k is one of {record.ks}")
     if baseline is None:
         raise FusebenchError(f"run {run.name!r} has no single model to compare {candidate!r} with")
     return candidate, baseline

@@ -140,7 +140,8 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
             for direction in DIRECTIONS:
                 for k in ks:
                     best = run.record.best_single(direction, k, among=members)
-                    add("fused vs best single", run, name, run, best, ks=[k], directions=(direction,))
+                    if best is not None:  # None: the run did not measure k, so its best single there is unknown
+                        add("fused vs best single", run, name, run, best, ks=[k], directions=(direction,))
     adjusted = holm_adjust([r["p_value"] for r in rows])
     for row, p in zip(rows, adjusted):
         row["p_holm"] = p
