@@ -125,7 +125,7 @@ def _bad_cases():
         (models, ci.astype(float), {}, "caption_image must be a non-empty 1-D integer array"),
         (models, np.where(ci == 3, 10, ci), {}, "is not an image index; valid: 0..9"),
         (models, ci, {"weights": {"c": 1.0}}, "weights names ['c']"),
-        (models, ci, {"fusion": "nosuch"}, "fusion=nosuch"),
+        (models, ci, {"fusion": "nosuch"}, "fusion=nosuch is not an option of fusion; valid: borda, dbsf, "),
         (models, ci, {"overrides": ["eval.bootstrap.draws=-1"]}, "eval.bootstrap.draws"),
         (models, ci, {"overrides": ["gallery=sim", "gallery.size=10"]}, "takes the whole gallery in its arrays"),
         (models, ci, {"image_ids": ["x"] * 10}, "image_ids holds duplicate ids"),

@@ -185,7 +185,7 @@ def compose(overrides: Sequence[str] = ()):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
     from fusebench.config import CONFIG_DIR, schema
@@ -197,6 +197,10 @@ def compose(overrides: Sequence[str] = ()):
     try:
         with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
             return hydra_compose(config_name="config", overrides=overrides)
+    except MissingConfigException as err:  # an option no group has: the CLI's message, with the valid ones
+        from fusebench.app.cli import hydra_error_message
+
+        raise FusebenchError(hydra_error_message(err)) from None
     except (HydraException, OmegaConfBaseException) as err:
         raise FusebenchError(f"overrides {overrides}: {str(err).splitlines()[0]}") from None
 
