@@ -99,6 +99,13 @@ class Lists:
     item: np.ndarray  # (Q, L) those distractors' indices among the N (0..N-1), -1 padding
     cutoff: np.ndarray  # (Q,) its list's last score (every item not in the list scores at most this)
 
+    @property
+    def filled(self) -> np.ndarray:
+        """``scores`` with 0 for padding (computed once)."""
+        if "_filled" not in self.__dict__:
+            object.__setattr__(self, "_filled", np.nan_to_num(self.scores))
+        return self.__dict__["_filled"]
+
 
 def lists_of(targets: np.ndarray, ids: np.ndarray, scores: np.ndarray, test_images: int) -> Lists:
     """:class:`Lists` from saved t2i lists (ids: gallery items, the test images first, then the distractors)."""
@@ -115,29 +122,29 @@ def lists_of(targets: np.ndarray, ids: np.ndarray, scores: np.ndarray, test_imag
 
 @dataclass(frozen=True)
 class Tails:
-    """Each query's tail under given copies of its list's distractors (:func:`tails`)."""
+    """Each query's tail from the distractors of its list that are kept (:func:`tails`)."""
 
-    size: np.ndarray  # (Q,) J_q: its distractors' copies
+    size: np.ndarray  # (Q,) J_q: its list's distractors kept
     threshold: np.ndarray  # (Q,) the lowest of them (NaN: none)
-    above: np.ndarray  # (Q, L) each distractor's copies among the J_q - 1 excesses (the threshold's: one fewer)
-    total: np.ndarray  # (Q,) S_q: the excesses' sum
-    full: np.ndarray  # (Q,) whether it has a scale (at least MIN_TAIL copies, S_q > 0)
+    last: np.ndarray  # (Q,) its column in the list
+    total: np.ndarray  # (Q,) S_q: the excesses' sum over the J_q - 1 others
+    full: np.ndarray  # (Q,) whether it has a scale (at least MIN_TAIL kept, S_q > 0)
 
 
-def tails(scores: np.ndarray, copies: np.ndarray) -> Tails:
-    """Each query's tail: its list's distractors (``scores``, highest first) each counted ``copies`` times
-    (1: as measured; 0 or 1: a bootstrap draw's half of the gallery)."""
-    copies = np.asarray(copies, dtype=np.float64)
-    q, width = copies.shape
-    kept = copies > 0
-    size = copies.sum(axis=1)
-    last = width - 1 - np.argmax(kept[:, ::-1], axis=1) if width else np.zeros(q, dtype=np.int64)
+def tails(lists: Lists, kept: np.ndarray) -> tuple[Tails, np.ndarray]:
+    """Each query's tail and which of its list's entries are kept (``kept``: per distractor, all True as measured,
+    a bootstrap draw's half of the gallery)."""
+    present = lists.item >= 0
+    entry = present & np.asarray(kept, dtype=bool)[np.where(present, lists.item, 0)]
+    q, width = entry.shape
+    size = entry.sum(axis=1)
+    last = width - 1 - np.argmax(entry[:, ::-1], axis=1) if width else np.zeros(q, dtype=np.int64)
     has = size > 0
     threshold = np.full(q, np.nan)
-    threshold[has] = scores[np.flatnonzero(has), last[has]]
-    above = copies - ((np.arange(width)[None, :] == last[:, None]) & has[:, None])
-    total = np.where(above > 0, above * (scores - threshold[:, None]), 0.0).sum(axis=1)
-    return Tails(size, threshold, above, total, (size >= MIN_TAIL) & (total > 0))
+    threshold[has] = lists.scores[np.flatnonzero(has), last[has]]
+    kept_sum = np.einsum("ij,ij->i", lists.filled, entry)
+    total = np.where(has, kept_sum - size * np.nan_to_num(threshold), 0.0)
+    return Tails(size, threshold, last, total, (size >= MIN_TAIL) & (total > 0)), entry
 
 
 def survival(values: np.ndarray, weights: np.ndarray, points: np.ndarray) -> np.ndarray:
@@ -150,34 +157,38 @@ def survival(values: np.ndarray, weights: np.ndarray, points: np.ndarray) -> np.
     return out
 
 
-def fresh_rates(lists: Lists, copies: np.ndarray, query_weights: np.ndarray, n: float,
+def fresh_rates(lists: Lists, kept: np.ndarray, query_weights: np.ndarray, n: float,
                 needed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(pooled shape, exponential): ``p_q`` of each ``needed`` query under each tail model (NaN elsewhere; the
-    module docstring's formulas), the pooled sums weighted by ``query_weights``; ``copies``: each list entry's
-    copies; ``n``: the distractors those lists are the top of."""
-    t = tails(lists.scores, copies)
+    module docstring's formulas) from the ``kept`` distractors (per distractor), the pooled sums weighted by
+    ``query_weights``; ``n``: the distractors kept (those lists are the top of)."""
+    t, entry = tails(lists, kept)
     w = np.asarray(query_weights, dtype=np.float64)
     pooled, exponential = np.full(len(w), np.nan), np.full(len(w), np.nan)
     known = needed & ~np.isnan(lists.target)
     ask = known & t.full
+    rows = np.arange(len(w))
     if ask.any():
         x = lists.target[ask] - t.threshold[ask]
-        scale = t.total / np.maximum(t.size - 1, 1)
+        scale = np.where(t.full, t.total / np.maximum(t.size - 1, 1), np.nan)
         point = x / scale[ask]
-        excess = lists.scores - t.threshold[:, None]
-        entries = t.full[:, None] & (t.above > 0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            entries &= excess / scale[:, None] > point.min()  # no lower excess counts for any query
-            z = (excess / scale[:, None])[entries]
-        zw = (w[:, None] * t.above / np.maximum(t.size - 1, 1)[:, None])[entries]
+        mask = entry & t.full[:, None]
+        mask[rows, t.last] = False  # the threshold itself: no excess
+        with np.errstate(invalid="ignore"):
+            mask &= lists.scores - t.threshold[:, None] > point.min() * scale[:, None]  # none lower counts
+        r, c = np.nonzero(mask)
+        z = (lists.scores[r, c] - t.threshold[r]) / scale[r]
         share = t.size[ask] / n
-        pooled[ask] = share * survival(z, zw, point) / max(float(w[t.full].sum()), 1e-300)
+        pooled[ask] = share * survival(z, w[r] / (t.size[r] - 1), point) / max(float(w[t.full].sum()), 1e-300)
         exponential[ask] = share * np.clip(1.0 - x / t.total[ask], 0.0, None) ** (t.size[ask] - 2)
     ask = known & ~t.full
     if ask.any():
-        excess = lists.scores - lists.cutoff[:, None]
-        entries = ~t.full[:, None] & (np.asarray(copies) > 0)
-        rate = survival(excess[entries], (w[:, None] * copies)[entries], lists.target[ask] - lists.cutoff[ask])
+        margin = lists.target[ask] - lists.cutoff[ask]
+        mask = entry & ~t.full[:, None]
+        with np.errstate(invalid="ignore"):
+            mask &= lists.scores - lists.cutoff[:, None] > margin.min()
+        r, c = np.nonzero(mask)
+        rate = survival(lists.scores[r, c] - lists.cutoff[r], w[r], margin)
         pooled[ask] = exponential[ask] = rate / max(float(w[~t.full].sum()), 1e-300) / n
     return np.minimum(pooled, 1.0), np.minimum(exponential, 1.0)
 
@@ -224,11 +235,11 @@ def predict_recall(rank_n: np.ndarray, targets: np.ndarray, ids: np.ndarray, sco
     if lists.item.size and int(lists.item.max()) >= n:
         raise ScalingError(f"a saved list holds distractor {int(lists.item.max()) + 1:,} of a gallery of {n:,}: "
                            "not this run's lists")
-    ones = (lists.item >= 0).astype(np.float64)
-    t = tails(lists.scores, ones)
+    everything = np.ones(n, dtype=bool)
+    t, _ = tails(lists, everything)
     if not t.full.any():
         raise ScalingError(f"no query's saved list holds {MIN_TAIL} distractors (raise eval.save_topk)")
-    rates = fresh_rates(lists, ones, np.ones(len(rank_n)), n, within)
+    rates = fresh_rates(lists, everything, np.ones(len(rank_n)), n, within)
     points = [100.0 * float(found_chance(rank_n, r, n, m, k).mean()) for r in rates]
     values = bootstrap_recall(lists, rank_n, clusters, n, m, k, draws, np.random.default_rng(seed))
     tail = (1.0 - level) / 2.0
@@ -236,7 +247,7 @@ def predict_recall(rank_n: np.ndarray, targets: np.ndarray, ids: np.ndarray, sco
     low = min(p + s[0] for p, s in zip(points, spread))
     high = max(p + s[1] for p, s in zip(points, spread))
     return Prediction(float(np.mean(points)), float(low), float(high), int(t.full.sum()),
-                      int(t.above[t.full].sum()), points[0], points[1])
+                      int((t.size[t.full] - 1).sum()), points[0], points[1])
 
 
 def bootstrap_recall(lists: Lists, rank_n: np.ndarray, clusters: np.ndarray, n: int, m: int, k: int, draws: int,
@@ -248,16 +259,13 @@ def bootstrap_recall(lists: Lists, rank_n: np.ndarray, clusters: np.ndarray, n: 
     one uniform per query: its outcome under each model (found when below its chance)."""
     units, cluster = np.unique(np.asarray(clusters), return_inverse=True)
     within = np.asarray(rank_n) <= k
-    present = lists.item >= 0
-    item = np.where(present, lists.item, 0)
     values = np.empty((2, draws))
     for i in range(draws):
         per_unit = np.bincount(rng.integers(0, len(units), len(units)), minlength=len(units)).astype(np.float64)
         w = per_unit[cluster]
         kept = rng.random(n) < 0.5
-        copies = (present & kept[item]).astype(np.float64)
-        rates = fresh_rates(lists, copies, w, max(float(kept.sum()), 1.0), within)
+        rates = fresh_rates(lists, kept, w, max(float(kept.sum()), 1.0), within)
         uniform = rng.random(len(w))
         for j, r in enumerate(rates):
-            values[j, i] = 100.0 * float(w @ (uniform < found_chance(rank_n, r, n, m, k))) / float(w.sum())
+            values[j, i] = 100.0 * float(w[uniform < found_chance(rank_n, r, n, m, k)].sum()) / float(w.sum())
     return values[0], values[1]
