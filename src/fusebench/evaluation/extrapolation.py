@@ -37,9 +37,10 @@ varies about its truth, and has no ties), with N replaced by the count kept. Eac
 its list's kept distractors, the shape pooled with the image weights, and each query's outcome drawn with its
 chance (the M - N fresh distractors are one random draw too). Per model, the interval is the prediction plus the
 draws' ``level`` percentiles about their own mean (a half-sample estimates at N / 2, so its own level is not the
-prediction's). The ranks at N are not resampled: the gallery of M holds the same N distractors. How often the
-measured value lies inside: scripts/bench_extrapolation_coverage.py, on both simulators (docs/galleries.md).
-Fusions are not extrapolated: adding distractors changes how a fusion orders the test images themselves.
+prediction's); the interval spans both models', within [0, 100]. The ranks at N are not resampled: the gallery
+of M holds the same N distractors. How often the measured value lies inside: scripts/bench_extrapolation_coverage.py,
+on both simulators (docs/galleries.md). Fusions are not extrapolated: adding distractors changes how a fusion
+orders the test images themselves.
 """
 
 from __future__ import annotations
@@ -244,8 +245,8 @@ def predict_recall(rank_n: np.ndarray, targets: np.ndarray, ids: np.ndarray, sco
     values = bootstrap_recall(lists, rank_n, clusters, n, m, k, draws, np.random.default_rng(seed))
     tail = (1.0 - level) / 2.0
     spread = [np.quantile(v - v.mean(), [tail, 1.0 - tail]) for v in values]
-    low = min(p + s[0] for p, s in zip(points, spread))
-    high = max(p + s[1] for p, s in zip(points, spread))
+    low = max(min(p + s[0] for p, s in zip(points, spread)), 0.0)  # a recall: within [0, 100]
+    high = min(max(p + s[1] for p, s in zip(points, spread)), 100.0)
     return Prediction(float(np.mean(points)), float(low), float(high), int(t.full.sum()),
                       int((t.size[t.full] - 1).sum()), points[0], points[1])
 
