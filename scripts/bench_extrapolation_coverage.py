@@ -6,17 +6,19 @@ Per setting (structure: isotropic | clustered; test images: 3,000 | 5,000, 5 cap
 test split and a fresh gallery), one sim model (conf/models/sim_siglip2_like.yaml at width ``--width``, 256 as
 experiment=gallery_indexes uses) is searched exactly with fusebench's own code: ``gallery_lists`` (the search a run
 does) over the test images and ``gallery=sim``'s first N distractors gives the exact ranks and the saved t2i lists
-(``--depth`` deep, 50 as experiment=distractor_scaling saves them); since galleries of one seed nest, the ranks at
-M are those at N plus each query's count of distractors N..M-1 scoring above its target (the same rows,
-:class:`~fusebench.encoders.simulated.SimDistractorRows`), so nothing is searched twice. ``predict_recall`` then
-predicts R@1 at M from N (``--draws`` bootstrap draws, 95%), and the table gives per setting: the seeds, the
-observed coverage (the measured R@1 at M inside the interval), the point prediction's mean error (predicted -
-measured) and its sd, and the mean interval width.
+(``--depth`` deep, 50 as experiment=distractor_scaling saves them); since galleries of one seed nest, a query's
+rank at M is its rank at N plus its count of distractors N..M-1 scoring above its target (the same rows,
+:class:`~fusebench.encoders.simulated.SimDistractorRows`), counted for the queries at rank 1 with N (only R@1 is
+predicted, and a rank only grows), so nothing is searched twice. ``predict_recall`` then predicts R@1 at M from N
+(``--draws`` bootstrap draws, 95%), and the table gives per setting: the seeds, the observed coverage (the
+measured R@1 at M inside the interval), the point prediction's mean error (predicted - measured) and its sd, the
+mean interval width and the mean measured R@1.
 
-The searched lists are cached per (structure, images, seed) under ``--cache`` (npz), so a change of the prediction
-is measured again without searching; a 2,000 -> 20,000 pass (``--phase small``) is done for every seed before the
-10,000 -> 100,000 one.
-  python scripts/bench_extrapolation_coverage.py --seeds 0-19 --cache /tmp/extrap_cache
+The searches are cached per (structure, images, seed) under ``--cache`` (npz; one 10,000 -> 100,000 seed of 5,000
+images takes 1-2 minutes on 2 shared cores), so a change of the prediction is measured again without searching
+(``--cached``: predict from the seeds the cache holds, search nothing; ``--search-only``: fill it). Every seed's
+2,000 -> 20,000 search comes before the first 10,000 -> 100,000 one, and a stopped run goes on where it stopped.
+  python scripts/bench_extrapolation_coverage.py --seeds 0-19 --draws 200 --cache /tmp/extrap_cache
 """
 
 from __future__ import annotations
