@@ -26,11 +26,13 @@ from fusebench.data.simulated import (
 )
 from fusebench.encoders.simulated import sim_distractor_rows
 from fusebench.evaluation.comparisons import paired_comparisons, retriever_result
-from fusebench.evaluation.extrapolation import ScalingError, displacements, predict_recall
+from fusebench.evaluation.extrapolation import METHOD, ScalingError, displacements, predict_recall
 from fusebench.evaluation.record import RunRecord
 from fusebench.evaluation.subrecords import DatasetSummary, GalleryModelCost, GalleryRecord, ModelRecord, RunInfo
 from fusebench.fusion.config import FusionConfig
+from fusebench.report.scaling import check_source, support
 from fusebench.report.sweep import build_report, write_report
+from fusebench.report.sweep_markdown import markdown
 from fusebench.search.model_lists import compute_model_lists
 
 CORPUS = make_sim_corpus(SimDatasetConfig(n_images=60, n_captions=150, latent_dim=8, seed=3))
@@ -255,7 +257,8 @@ def test_scaling_tables_hold_every_size(tmp_path):
                               10000, draws=200, level=0.95, seed=0)
     assert (check["predicted R@1"], check["low"], check["high"]) == (expected.value, expected.low, expected.high)
     assert check["measured R@1"] == pytest.approx(100 * np.mean(ranks[10000]["a"]["t2i"] == 1))
-    assert check["inside"] is True and check["method"].startswith("pooled-margin tail")
+    assert check["inside"] is True and check["method"] == METHOD and check["check"] == "inside"
+    assert check["step"] == 10 and rows["a", 100000]["check"] == "checked at x10"
     assert rows["a", 100000]["measured R@1"] is None and rows["a", 100000]["inside"] is None
     summary = (tmp_path / "summary.md").read_text()
     assert "## Distractor scaling [SIMULATED" in summary and "| 10,000 | 10,040 |" in summary
@@ -272,8 +275,8 @@ def test_scaling_tables_hold_every_size(tmp_path):
 
 def test_a_missed_check_withholds_the_prediction_past_the_largest_gallery(tmp_path):
     """Distractors that are near copies of each query's own target (scores just under it, whatever its level):
-    above the thresholds the queries' tails differ, the pooled-margin assumption fails, and the check says so."""
-    near = dict(hard=1e-3, gap=0.08, hard_spread=0.05)
+    above the thresholds the queries' tails differ, neither tail model holds, and the check says so."""
+    near = dict(hard=2e-3, gap=0.05, hard_spread=0.05)
     _study(tmp_path, worlds={"a": dict(seed=1, target_mean=0.5, **near), "b": dict(seed=2, target_mean=0.5, **near)})
     s = build_report(tmp_path, draws=200).scaling
     checks = {e["model"]: e for e in s.extrapolation}
@@ -288,12 +291,38 @@ def test_a_prediction_never_goes_past_what_the_source_holds(tmp_path):
     s = build_report(tmp_path, draws=100).scaling
     assert {(e["model"], e["to"]) for e in s.extrapolation if e["measured R@1"] is None} == {("a", 15000),
                                                                                             ("b", 15000)}
+    for e in s.extrapolation:  # a check of x2 held: it does not vouch for the x7.5 printed
+        assert (e["step"], e["check"]) == ((2.0, "inside") if e["measured R@1"] is not None else
+                                           (7.5, "checked only at x2"))
     for folder in tmp_path.iterdir():
         folder.rename(tmp_path.parent / f"{tmp_path.name}_{folder.name}")  # start over: the source holds 2,000
     _study(tmp_path, sizes=(0, 1000, 2000), available=2000)
     s = build_report(tmp_path, draws=100).scaling
     assert all(e["measured R@1"] is not None for e in s.extrapolation)
     assert any("a: no prediction past 2,000 distractors: the source holds 2,000" in why for why in s.refused)
+
+
+def test_the_check_is_made_at_the_printed_step_where_the_sizes_allow():
+    assert check_source([1000, 10000], 10000) == 1000
+    assert check_source([1000, 5000, 10000, 100000], 100000) == 10000
+    assert check_source([1000, 5000, 10000, 100000], 10000) == 1000  # x10, not the x2 from 5,000
+    assert check_source([1000, 5000, 10000, 100000], 5000) == 1000  # no x10 below it: the next smaller
+    assert check_source([500, 1000, 2000], 2000) == 1000
+    assert check_source([1000, 10000], 10000, factor=20) == 1000
+    assert support([], 10.0) == "unchecked"
+    assert support([10.0, 2.0], 10.0) == "checked at x10" and support([5.0, 2.0], 10.0) == "checked only at x5"
+
+
+def test_a_prediction_with_no_check_is_labelled_unchecked_and_the_title_says_what_is_printed(tmp_path):
+    _study(tmp_path, sizes=(0, 1000))
+    report = build_report(tmp_path, draws=100)
+    s = report.scaling
+    assert [(e["model"], e["from"], e["to"], e["check"]) for e in s.extrapolation] == [
+        ("a", 1000, 10000, "unchecked"), ("b", 1000, 10000, "unchecked")]
+    lines = markdown(report)
+    assert "| a | 1,000 | 10,000 | x10 |" in lines and "| unchecked |" in lines
+    assert "printed only when every check held" not in lines
+    assert "withheld when a check missed" in lines and "unchecked)" in lines
 
 
 def test_runs_whose_ranks_fall_as_distractors_are_added_are_not_paired(tmp_path):

@@ -8,27 +8,39 @@ chance that one fresh distractor outscores query q's target, that number is Bino
 = (M - N) p_q), so the query is still found with probability ``P(Poisson(lambda_q) <= k - r_N)`` (``exp(-lambda_q)``
 at k = r_N), and predicted recall@k is the mean over queries (0 for a query already below k: it can only fall).
 
-**The tail model (pooled margins).** ``p_q`` is far below 1/N for a query that no distractor beat at N, so its own
-list says little about it; the queries' lists together do. Each query's list at N holds its J highest-scoring
-distractors (the distractors among the saved ``eval.save_topk`` positions). Its threshold ``u_q`` is the lowest of
-them, and its margins are how far the others rise above it (``d - u_q``: J - 1 margins, a known share (J - 1) / N
-of all N distractors). The assumption: above each query's own threshold, the distractor scores of every query of
-one model follow one distribution of margins (a shifted common tail: how far above the bulk the hard distractors
-of a source reach). Then the chance that one distractor rises more than ``t_q - u_q`` above query q's threshold
-(``t_q``: its target's score) is the number of margins above that, averaged over the queries, divided by N:
+**The tail (above each query's threshold).** ``p_q`` is far below 1/N for a query that no distractor beat at
+N, so its own list says little about how far below. Each query's saved list at N holds its ``J_q`` highest-scoring
+distractors; its threshold ``u_q`` is the lowest of them, its J_q - 1 excesses ``d - u_q`` sum to ``S_q`` (scale
+``s_q = S_q / (J_q - 1)``), and the share of all N distractors above ``u_q`` is about J_q / N (a fresh draw lands
+above the J-th highest of N with chance J / (N + 1)). With ``x_q = t_q - u_q`` (``t_q``: its target's score), two
+models of the tail above the threshold (peaks over thresholds: a scale per query):
 
-    p_q = mean_{q'} #{margins of q' > t_q - u_q} / N
+* **pooled shape**: one shape for every query of a model, stretched by each query's own scale:
+  ``p_q = J_q / N * H(x_q / s_q)``, ``H(z) = mean_{q'} #{excesses of q' above z s_q'} / (J_q' - 1)``. Pooling is
+  what lets rare hard distractors seen near a few queries at N predict those every query meets at 10 N; it reads
+  the shape from excesses normalised by their own query's scale, which makes it light (too few displacements).
+* **exponential per query**: ``p_q = J_q / N * (1 - x_q / S_q)^(J_q - 2)`` (0 past ``S_q``), the unbiased
+  estimate of ``J_q / N * exp(-x_q / s)`` from J_q - 1 exponential excesses; blind to distractors rarer than a
+  list holds, and heavy where the tail is lighter than exponential.
 
-Pooling is what lets rare hard distractors (near-copies of some test image's scene) seen near a few queries at N
-predict the displacements they cause for every query at 10 N. Beyond the largest margin pooled, p_q is 0.
+The prediction is the mean of the two and its interval spans both models' intervals (what the tail's form leaves
+unknown is counted). A query whose list holds fewer than ``MIN_TAIL`` distractors (a test split that crowds its
+list) has no scale; its threshold is its list's last score ``c_q`` (every distractor not in its list lies below
+it), and such queries pool their raw excesses above their own ``c_q`` (both models):
+``p_q = mean_{q' thin} #{d - c_q' > t_q - c_q} / N``.
 
-**The interval** is a bootstrap over test images (captions of one image share their target and their
-distractors): each draw resamples the images, recomputes the pooled margins from the drawn queries' lists, draws
-each drawn query's outcome (found or not, with its chance: the fresh distractors are one random draw too) and
-takes the mean; the percentile interval at ``level``. It holds what the test split, the tail estimate and the
-fresh draw leave unknown; the measured value on the same queries lies inside it when the tail assumption holds
-(tests/test_extrapolation.py checks that on both simulators, 10k -> 100k and 100k -> 1M). Fusions are not
-extrapolated: adding distractors changes how a fusion orders the test images themselves.
+**The interval** is a bootstrap over both samples the prediction rests on. Each draw resamples the test images
+(captions of one image together: they share their target and their distractors), each query weighted by its
+image's count, and the gallery: half of the N distractors, each kept with chance 1/2, the same ones in every
+query's list (a half-sample of N without replacement varies about its own mean as much as the full estimate
+varies about its truth, and has no ties), with N replaced by the count kept. Each query's tail is rebuilt from
+its list's kept distractors, the shape pooled with the image weights, and each query's outcome drawn with its
+chance (the M - N fresh distractors are one random draw too). Per model, the interval is the prediction plus the
+draws' ``level`` percentiles about their own mean (a half-sample estimates at N / 2, so its own level is not the
+prediction's); the interval spans both models', within [0, 100]. The ranks at N are not resampled: the gallery
+of M holds the same N distractors. How often the measured value lies inside: scripts/bench_extrapolation_coverage.py,
+on both simulators (docs/galleries.md). Fusions are not extrapolated: adding distractors changes how a fusion
+orders the test images themselves.
 """
 
 from __future__ import annotations
@@ -38,8 +50,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import pdtr
 
-METHOD = "pooled-margin tail, bootstrap over test images"
-MIN_MARGINS = 2  # a query's list must hold at least this many distractors above its threshold to join the pool
+METHOD = "tail above each query's threshold: mean of pooled-shape and per-query exponential; bootstrap over test " \
+    "images and distractors"
+MIN_TAIL = 3  # distractors a query's list needs for a scale (2 excesses above its threshold); fewer: a thin query
 
 
 class ScalingError(ValueError):
@@ -79,39 +92,106 @@ def list_scores(targets: np.ndarray, ids: np.ndarray, scores: np.ndarray,
 
 
 @dataclass(frozen=True)
-class Margins:
-    """Each query's threshold and the pooled margins above the thresholds (:func:`margins`)."""
+class Lists:
+    """What the tail models read from each query's saved list at N."""
 
-    threshold: np.ndarray  # (Q,) the lowest distractor score in each query's list (NaN: too few to join)
-    values: np.ndarray  # every pooled margin, ascending
-    owner: np.ndarray  # the query each margin belongs to
+    target: np.ndarray  # (Q,) its target's score (NaN: not in its list)
+    scores: np.ndarray  # (Q, L) its distractors' scores, highest first, NaN padding
+    item: np.ndarray  # (Q, L) those distractors' indices among the N (0..N-1), -1 padding
+    cutoff: np.ndarray  # (Q,) its list's last score (every item not in the list scores at most this)
 
-
-def margins(distractor_scores: np.ndarray) -> Margins:
-    """The pool: per query with at least ``MIN_MARGINS`` + 1 distractors in its list, its threshold (the lowest)
-    and the margins of the others above it (strictly above: a distractor tied with the threshold adds none)."""
-    d = np.asarray(distractor_scores, dtype=np.float64)
-    present = ~np.isnan(d)
-    threshold = np.where(present.any(axis=1), np.nanmin(np.where(present, d, np.inf), axis=1), np.nan)
-    above = present & (d > threshold[:, None])
-    joins = above.sum(axis=1) >= MIN_MARGINS
-    threshold = np.where(joins, threshold, np.nan)
-    rows, cols = np.nonzero(above & joins[:, None])
-    values = d[rows, cols] - threshold[rows]
-    order = np.argsort(values, kind="stable")
-    return Margins(threshold, values[order], rows[order])
+    @property
+    def filled(self) -> np.ndarray:
+        """``scores`` with 0 for padding (computed once)."""
+        if "_filled" not in self.__dict__:
+            object.__setattr__(self, "_filled", np.nan_to_num(self.scores))
+        return self.__dict__["_filled"]
 
 
-def fresh_rates(pool: Margins, target_margin: np.ndarray, n: int, weights: np.ndarray | None = None) -> np.ndarray:
-    """``p_q`` per query: the (weighted) mean over the pooled queries of their margins above ``target_margin[q]``,
-    divided by ``n`` (the distractors each list was the top of). NaN where the target margin is NaN."""
-    w = np.ones(len(pool.threshold)) if weights is None else np.asarray(weights, dtype=np.float64)
-    joined = ~np.isnan(pool.threshold)
-    total = float(w[joined].sum())
-    tail = np.concatenate([np.cumsum(w[pool.owner][::-1])[::-1], [0.0]])  # weight of margins at or past position i
-    known = ~np.isnan(target_margin)
-    position = np.searchsorted(pool.values, np.where(known, target_margin, 0.0), side="right")  # strictly above
-    return np.where(known, tail[position] / max(total, 1e-300) / n, np.nan)
+def lists_of(targets: np.ndarray, ids: np.ndarray, scores: np.ndarray, test_images: int) -> Lists:
+    """:class:`Lists` from saved t2i lists (ids: gallery items, the test images first, then the distractors)."""
+    target, distractor = list_scores(targets, ids, scores, test_images)
+    ids = np.asarray(ids)
+    present = ~np.isnan(distractor)
+    order = np.argsort(~present, axis=1, kind="stable")[:, :int(present.sum(axis=1).max(initial=0))]
+    kept = np.take_along_axis(present, order, axis=1)
+    cutoff = np.where(ids >= 0, np.asarray(scores, dtype=np.float64), np.inf).min(axis=1, initial=np.inf)
+    return Lists(target, np.where(kept, np.take_along_axis(distractor, order, axis=1), np.nan),
+                 np.where(kept, np.take_along_axis(ids, order, axis=1) - test_images, -1).astype(np.int64),
+                 np.where(np.isfinite(cutoff), cutoff, np.nan))
+
+
+@dataclass(frozen=True)
+class Tails:
+    """Each query's tail from the distractors of its list that are kept (:func:`tails`)."""
+
+    size: np.ndarray  # (Q,) J_q: its list's distractors kept
+    threshold: np.ndarray  # (Q,) the lowest of them (NaN: none)
+    last: np.ndarray  # (Q,) its column in the list
+    total: np.ndarray  # (Q,) S_q: the excesses' sum over the J_q - 1 others
+    full: np.ndarray  # (Q,) whether it has a scale (at least MIN_TAIL kept, S_q > 0)
+
+
+def tails(lists: Lists, kept: np.ndarray) -> tuple[Tails, np.ndarray]:
+    """Each query's tail and which of its list's entries are kept (``kept``: per distractor, all True as measured,
+    a bootstrap draw's half of the gallery)."""
+    present = lists.item >= 0
+    entry = present & np.asarray(kept, dtype=bool)[np.where(present, lists.item, 0)]
+    q, width = entry.shape
+    size = entry.sum(axis=1)
+    last = width - 1 - np.argmax(entry[:, ::-1], axis=1) if width else np.zeros(q, dtype=np.int64)
+    has = size > 0
+    threshold = np.full(q, np.nan)
+    threshold[has] = lists.scores[np.flatnonzero(has), last[has]]
+    kept_sum = np.einsum("ij,ij->i", lists.filled, entry)
+    total = np.where(has, kept_sum - size * np.nan_to_num(threshold), 0.0)
+    return Tails(size, threshold, last, total, (size >= MIN_TAIL) & (total > 0)), entry
+
+
+def survival(values: np.ndarray, weights: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Per point, the summed weight of the values strictly above it."""
+    order = np.argsort(points, kind="stable")
+    below = np.searchsorted(points[order], values, side="left")  # points strictly below each value
+    summed = np.bincount(below, weights=weights, minlength=len(points) + 1)
+    out = np.empty(len(points))
+    out[order] = np.cumsum(summed[::-1])[::-1][1:]
+    return out
+
+
+def fresh_rates(lists: Lists, kept: np.ndarray, query_weights: np.ndarray, n: float,
+                needed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(pooled shape, exponential): ``p_q`` of each ``needed`` query under each tail model (NaN elsewhere; the
+    module docstring's formulas) from the ``kept`` distractors (per distractor), the pooled sums weighted by
+    ``query_weights``; ``n``: the distractors kept (those lists are the top of)."""
+    t, entry = tails(lists, kept)
+    w = np.asarray(query_weights, dtype=np.float64)
+    pooled, exponential = np.full(len(w), np.nan), np.full(len(w), np.nan)
+    known = needed & ~np.isnan(lists.target)
+    ask = known & t.full
+    rows = np.arange(len(w))
+    if ask.any():
+        x = lists.target[ask] - t.threshold[ask]
+        scale = np.where(t.full, t.total / np.maximum(t.size - 1, 1), np.nan)
+        point = x / scale[ask]
+        mask = entry & t.full[:, None]
+        mask[rows, t.last] = False  # the threshold itself: no excess
+        with np.errstate(invalid="ignore"):
+            mask &= lists.scores - t.threshold[:, None] > point.min() * scale[:, None]  # none lower counts
+        r, c = np.nonzero(mask)
+        z = (lists.scores[r, c] - t.threshold[r]) / scale[r]
+        share = t.size[ask] / n
+        pooled[ask] = share * survival(z, w[r] / (t.size[r] - 1), point) / max(float(w[t.full].sum()), 1e-300)
+        exponential[ask] = share * np.clip(1.0 - x / t.total[ask], 0.0, None) ** (t.size[ask] - 2)
+    ask = known & ~t.full
+    if ask.any():
+        margin = lists.target[ask] - lists.cutoff[ask]
+        mask = entry & ~t.full[:, None]
+        with np.errstate(invalid="ignore"):
+            mask &= lists.scores - lists.cutoff[:, None] > margin.min()
+        r, c = np.nonzero(mask)
+        rate = survival(lists.scores[r, c] - lists.cutoff[r], w[r], margin)
+        pooled[ask] = exponential[ask] = rate / max(float(w[~t.full].sum()), 1e-300) / n
+    return np.minimum(pooled, 1.0), np.minimum(exponential, 1.0)
 
 
 def found_chance(rank_n: np.ndarray, rates: np.ndarray, n: int, m: int, k: int) -> np.ndarray:
@@ -128,11 +208,13 @@ def found_chance(rank_n: np.ndarray, rates: np.ndarray, n: int, m: int, k: int) 
 class Prediction:
     """Predicted recall@k (percent) with its bootstrap interval, and what it rests on."""
 
-    value: float
+    value: float  # the mean of the two tail models' predictions
     low: float
     high: float
-    pooled_queries: int  # queries whose lists joined the pool
-    margins: int  # margins pooled
+    pooled_queries: int  # queries with a scale (their excesses make the pooled shape)
+    margins: int  # excesses in the pooled shape
+    pooled_shape: float = float("nan")  # each model's own prediction
+    exponential: float = float("nan")
 
 
 def predict_recall(rank_n: np.ndarray, targets: np.ndarray, ids: np.ndarray, scores: np.ndarray, test_images: int,
@@ -145,54 +227,46 @@ def predict_recall(rank_n: np.ndarray, targets: np.ndarray, ids: np.ndarray, sco
     rank_n = np.asarray(rank_n, dtype=np.int64)
     if not 0 < n < m:
         raise ScalingError(f"a prediction goes from a gallery with distractors to a larger one (from {n:,} to {m:,})")
-    target, distractor = list_scores(targets, ids, scores, test_images)
+    lists = lists_of(targets, ids, scores, test_images)
     within = rank_n <= k
-    lost = within & np.isnan(target)
+    lost = within & np.isnan(lists.target)
     if lost.any():
         raise ScalingError(f"{int(lost.sum())} queries within the top {k} have no target in their saved list "
                            "(eval.save_topk must be at least k)")
-    pool = margins(distractor)
-    if pool.values.size == 0:
-        raise ScalingError(f"no query's saved list holds {MIN_MARGINS + 1} distractors (raise eval.save_topk)")
-    thin = within & np.isnan(pool.threshold)
-    if thin.any():
-        raise ScalingError(f"{int(thin.sum())} queries within the top {k} hold fewer than {MIN_MARGINS + 1} "
-                           "distractors in their saved lists, so their margins are unknown (raise eval.save_topk)")
-    target_margin = np.where(within, target - pool.threshold, np.nan)
-    margins_pooled = int(pool.values.size)
-    counted = pool.values > np.nanmin(target_margin, initial=np.inf)  # no other margin is above any target's
-    pool = Margins(pool.threshold, pool.values[counted], pool.owner[counted])
-    value = 100.0 * float(found_chance(rank_n, fresh_rates(pool, target_margin, n), n, m, k).mean())
-    values = bootstrap_recall(pool, target_margin, rank_n, clusters, n, m, k, draws, np.random.default_rng(seed))
+    if lists.item.size and int(lists.item.max()) >= n:
+        raise ScalingError(f"a saved list holds distractor {int(lists.item.max()) + 1:,} of a gallery of {n:,}: "
+                           "not this run's lists")
+    everything = np.ones(n, dtype=bool)
+    t, _ = tails(lists, everything)
+    if not t.full.any():
+        raise ScalingError(f"no query's saved list holds {MIN_TAIL} distractors (raise eval.save_topk)")
+    rates = fresh_rates(lists, everything, np.ones(len(rank_n)), n, within)
+    points = [100.0 * float(found_chance(rank_n, r, n, m, k).mean()) for r in rates]
+    values = bootstrap_recall(lists, rank_n, clusters, n, m, k, draws, np.random.default_rng(seed))
     tail = (1.0 - level) / 2.0
-    low, high = np.quantile(values, [tail, 1.0 - tail])
-    return Prediction(value, float(low), float(high), int((~np.isnan(pool.threshold)).sum()), margins_pooled)
+    spread = [np.quantile(v - v.mean(), [tail, 1.0 - tail]) for v in values]
+    low = max(min(p + s[0] for p, s in zip(points, spread)), 0.0)  # a recall: within [0, 100]
+    high = min(max(p + s[1] for p, s in zip(points, spread)), 100.0)
+    return Prediction(float(np.mean(points)), float(low), float(high), int(t.full.sum()),
+                      int((t.size[t.full] - 1).sum()), points[0], points[1])
 
 
-def bootstrap_recall(pool: Margins, target_margin: np.ndarray, rank_n: np.ndarray, clusters: np.ndarray, n: int,
-                     m: int, k: int, draws: int, rng: np.random.Generator) -> np.ndarray:
-    """``draws`` bootstrap values of predicted recall@k (percent): per draw, the test images (``clusters``) drawn
-    with replacement, each query weighted by its image's count; :func:`fresh_rates` with those weights (the pool's
-    margins summed per stretch between the sorted target margins, once per draw); then each query's outcome drawn
-    with its chance. Equal, draw for draw, to calling :func:`fresh_rates` and :func:`found_chance` with the weights
-    (tested)."""
+def bootstrap_recall(lists: Lists, rank_n: np.ndarray, clusters: np.ndarray, n: int, m: int, k: int, draws: int,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``draws`` bootstrap values of predicted recall@k (percent) under each tail model (pooled shape,
+    exponential). Per draw, in this order from ``rng``: the test images (``clusters``) drawn with replacement
+    (``integers``: each query weighted by its image's count), each of the ``n`` distractors kept with chance 1/2
+    (``random``: its copy in every list), :func:`fresh_rates` with those weights and the count kept for n, then
+    one uniform per query: its outcome under each model (found when below its chance)."""
     units, cluster = np.unique(np.asarray(clusters), return_inverse=True)
-    known = ~np.isnan(target_margin)
-    position = np.searchsorted(pool.values, np.where(known, target_margin, 0.0), side="right")
-    starts, stretch = np.unique(position, return_inverse=True)  # pool positions where some query's count starts
-    owner_unit = cluster[pool.owner]
-    joined_per_unit = np.bincount(cluster[~np.isnan(pool.threshold)], minlength=len(units)).astype(np.float64)
-    values = np.empty(draws)
+    within = np.asarray(rank_n) <= k
+    values = np.empty((2, draws))
     for i in range(draws):
         per_unit = np.bincount(rng.integers(0, len(units), len(units)), minlength=len(units)).astype(np.float64)
         w = per_unit[cluster]
-        margin_w = per_unit[owner_unit]
-        sums = np.add.reduceat(margin_w, np.minimum(starts, max(len(margin_w) - 1, 0))) if margin_w.size else \
-            np.zeros(len(starts))
-        sums[starts >= len(margin_w)] = 0.0  # a stretch starting past the last margin holds none
-        above = np.cumsum(sums[::-1])[::-1]  # weight of the margins at or past each start
-        rates = np.where(known, above[stretch] / max(float(per_unit @ joined_per_unit), 1e-300) / n, np.nan)
-        chance = found_chance(rank_n, rates, n, m, k)
-        found = rng.random(len(chance)) < chance  # and one draw of the fresh distractors' outcome per query
-        values[i] = 100.0 * float(w @ found) / float(w.sum())
-    return values
+        kept = rng.random(n) < 0.5
+        rates = fresh_rates(lists, kept, w, max(float(kept.sum()), 1.0), within)
+        uniform = rng.random(len(w))
+        for j, r in enumerate(rates):
+            values[j, i] = 100.0 * float(w[uniform < found_chance(rank_n, r, n, m, k)].sum()) / float(w.sum())
+    return values[0], values[1]

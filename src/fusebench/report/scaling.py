@@ -2,7 +2,7 @@
 ``experiment=distractor_scaling``), each retriever's t2i recall at every size, each fusion's gain over its best
 single model at every size (each run's own comparison), each retriever's paired change from the smallest gallery
 (query by query, from the runs' rank files), and each single model's R@1 extrapolated to larger galleries
-(:mod:`fusebench.evaluation.extrapolation`), checked against the sizes measured.
+(:mod:`fusebench.evaluation.extrapolation`), checked against the sizes measured at the same step where they allow.
 
 Only t2i changes: distractors carry no captions, so they ask no i2t query and are no i2t item. Runs compare when
 their test split is the same (dataset name, counts and settings) and their distractors come from one source and
@@ -237,18 +237,30 @@ def _prediction(s: Series, source_size: int, target: int, draws: int, level: flo
         return None, str(err)
 
 
+def check_source(sizes: list[int], target: int, factor: int = EXTRAPOLATE_FACTOR) -> int:
+    """The measured size (with distractors) a measured ``target`` is predicted from as its check: the largest at
+    most ``target / factor`` (a check of the printed prediction's own step), else the next smaller one."""
+    below = [n for n in sizes if 0 < n < target]
+    at_step = [n for n in below if n * factor <= target]
+    return max(at_step) if at_step else max(below)
+
+
 def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 1000, level: float = 0.95,
                        seed: int = 0, factor: int = EXTRAPOLATE_FACTOR) -> list[dict]:
-    """Per single model: its t2i R@1 predicted at each measured size from the next smaller one with distractors
-    (the check: is the measured value inside the interval?), then at ``factor`` times the largest (capped by what
-    the source holds), printed only when every check of that model held (:mod:`fusebench.evaluation.extrapolation`)."""
+    """Per single model: its t2i R@1 predicted at each measured size from a smaller one (:func:`check_source`:
+    the check, is the measured value inside the interval?), then at ``factor`` times the largest (capped by what
+    the source holds), withheld when a check missed or could not be made, and labelled with what the checks
+    support: ``checked at xF`` (a check of at least the prediction's step held), ``checked only at xF`` (the
+    largest step checked is shorter than the prediction's), or ``unchecked`` (one size with distractors: no check)
+    (:mod:`fusebench.evaluation.extrapolation`)."""
     rows = []
     for s in (s for s in series if not s.fusion and _exact(s)):
         sizes = [n for n in s.sizes() if n > 0]
         if not sizes:
             continue
-        checks_held = True
-        for source_size, target in zip(sizes, sizes[1:]):
+        checks_held, steps = True, []
+        for target in sizes[1:]:
+            source_size = check_source(sizes, target, factor)
             prediction, problem = _prediction(s, source_size, target, draws, level, seed)
             if prediction is None:
                 refused.append(f"{s.study}: {s.label}: no extrapolation from {source_size:,} distractors: {problem}")
@@ -258,7 +270,9 @@ def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 10
             value = recall_at_k(measured[0].ranks(measured[1], "t2i"), 1)
             inside = prediction.low <= value <= prediction.high
             checks_held &= inside
-            rows.append(_row(s, source_size, target, prediction, value, inside))
+            steps.append(target / source_size)
+            rows.append(_row(s, source_size, target, prediction, value, inside,
+                             "inside" if inside else "MISSED"))
         largest, run = sizes[-1], s.points[sizes[-1]][0]
         limit = source_limit(run)
         target = factor * largest if limit is None else min(factor * largest, limit)
@@ -274,8 +288,20 @@ def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 10
         if prediction is None:
             refused.append(f"{s.study}: {s.label}: no prediction from {largest:,} distractors: {problem}")
             continue
-        rows.append(_row(s, largest, target, prediction, None, None))
+        rows.append(_row(s, largest, target, prediction, None, None, support(steps, target / largest)))
     return rows
+
+
+def support(steps: list[float], step: float) -> str:
+    """What the checks that held (their steps, to / from) say for a prediction of ``step``."""
+    if not steps:
+        return "unchecked"
+    best = max(steps)
+    return f"checked at x{_factor(best)}" if best >= step else f"checked only at x{_factor(best)}"
+
+
+def _factor(step: float) -> str:
+    return f"{step:.3g}"
 
 
 def _exact(s: Series) -> bool:
@@ -284,9 +310,10 @@ def _exact(s: Series) -> bool:
 
 
 def _row(s: Series, source_size: int, target: int, p: Prediction, measured: float | None,
-         inside: bool | None) -> dict:
-    return {"study": s.study, "model": s.label, "from": source_size, "to": target, "predicted R@1": p.value,
-            "low": p.low, "high": p.high, "measured R@1": measured, "inside": inside,
+         inside: bool | None, check: str) -> dict:
+    return {"study": s.study, "model": s.label, "from": source_size, "to": target, "step": target / source_size,
+            "predicted R@1": p.value, "low": p.low, "high": p.high, "measured R@1": measured, "inside": inside,
+            "check": check,
             "measured - predicted": None if measured is None else measured - p.value,
             "queries pooled": p.pooled_queries, "margins pooled": p.margins, "method": METHOD}
 

@@ -147,17 +147,18 @@ def _scaling(report: SweepSummary) -> list[str]:
     lines += _section(f"### Change from the smallest gallery (t2i R@{k}, points; paired query by query: the same "
                       "queries at every size)", _one_study(changes))
     extrapolated = [{"study": e["study"], "model": e["model"], "from": f"{e['from']:,}", "to": f"{e['to']:,}",
-                     "predicted R@1": _interval(e, "predicted R@1", "low", "high"),
+                     "step": f"x{e['step']:.3g}", "predicted R@1": _interval(e, "predicted R@1", "low", "high"),
                      "measured R@1": "-" if e["measured R@1"] is None else f"{e['measured R@1']:.2f}",
-                     "check": "-" if e["inside"] is None else ("inside" if e["inside"] else "MISSED")}
-                    for e in s.extrapolation]
-    title = (f"### Extrapolated t2i R@1 ({level} bootstrap interval over test images; a measured size predicted "
-             "from the next smaller one is the check, and the prediction past the largest is printed only when "
-             "every check held)")
-    assumption = ("Method: pooled-margin tail. From each query's saved list at N, how far its distractors rise "
-                  "above its own threshold, pooled over the queries; assumes the galleries nest and that above "
-                  "each query's threshold every query's distractor scores share one tail (docs/galleries.md). "
-                  "Never past the source's size; single models only.")
+                     "check": e["check"]} for e in s.extrapolation]
+    title = (f"### Extrapolated t2i R@1 ({level} bootstrap interval over test images and distractors; a row with "
+             "a measured R@1 is a check, a measured size predicted from a smaller one, at the printed prediction's "
+             "step where the sizes allow; the prediction past the largest is withheld when a check missed, and "
+             "says what the checks that held support: checked at the step, checked only at a shorter one, or "
+             "unchecked)")
+    assumption = ("Method: the tail above each query's threshold, from its saved list at N: the mean of a shape "
+                  "pooled over the queries (each query's excesses over its own scale) and an exponential tail per "
+                  "query; assumes the galleries nest and that each query's distractor scores above its threshold "
+                  "follow such a tail (docs/galleries.md). Never past the source's size; single models only.")
     lines += _section(title, _one_study(extrapolated)) + [assumption, ""] if extrapolated else [
         "### Extrapolated t2i R@1", "", "None: no model could be extrapolated (why: under 'Not compared' below).", ""]
     if s.refused:
