@@ -160,6 +160,8 @@ def job_started(out_dir: str, sweep_dir: str, job: int, output_subdir: str | Non
     from fusebench import FusebenchError
     from fusebench.runtime import run_lock
 
+    if run_lock.task_share()[0] > 0:  # a later task of a multi-task job: its task 0 holds the job dir for all
+        return
     try:  # held for the job's life (job_ended releases it): another live run in it (started by hand) stops the sweep
         run_lock.hold(path, "hydra.sweep.dir", what=f"job dir (job {job})")
     except FusebenchError as err:

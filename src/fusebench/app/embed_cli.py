@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,20 +33,10 @@ from omegaconf import DictConfig
 from fusebench.app.cli import CONFIG_DIR, run_command, run_job, user_error_message
 from fusebench.config.gallery import FILE_KINDS
 from fusebench.config.specs import RealModel
+from fusebench.runtime import run_lock
 
 log = logging.getLogger(__name__)
 SUMMARY_FILES = ("shards.md", "shards.json")  # what a multirun's summary writes into its sweep dir
-
-
-def task_share() -> tuple[int, int]:
-    """(this task's rank, the job's tasks) in a multi-task submitit job (``hydra.launcher.tasks_per_node`` x
-    ``nodes``), else (0, 1)."""
-    if not os.environ.get("SUBMITIT_EXECUTOR"):
-        return 0, 1
-    import submitit
-
-    env = submitit.JobEnvironment()
-    return int(env.global_rank), int(env.num_tasks)
 
 
 def record_name(rank: int, tasks: int) -> str:
@@ -119,7 +108,7 @@ def embed_job(config, out_dir: str, key: str) -> None:
     gallery = config.gallery
     check_writable(out_dir, key)
     real = {name: spec for name, spec in config.models.items() if isinstance(spec, RealModel)}
-    rank, tasks = task_share()
+    rank, tasks = run_lock.task_share()
     record = JobRecord(Path(out_dir) / record_name(rank, tasks), gallery.shard, [rank, tasks],
                        {"kind": gallery.kind, "source": gallery.source, "size": gallery.size,
                         "shard_size": gallery.shard_size, "seed": gallery.seed})

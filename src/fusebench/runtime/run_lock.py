@@ -11,7 +11,8 @@ A run dir whose lock is free holds no live run, so only then can what a run left
 
 Who takes it: the ``fusebench`` command for its run dir (in the Hydra callback, before Hydra rewrites ``.hydra/``)
 and for a sweep's dir (before any job starts), each sweep job for its job dir (the sweeper checks every job dir is
-free before the first job runs), the Python API for its ``out_dir``, and ``fusebench-report`` for a run dir it
+free before the first job runs; in a multi-task job, its task 0 for all its tasks: :func:`task_share`), the
+Python API for its ``out_dir``, and ``fusebench-report`` for a run dir it
 writes a report into; the command releases every lock it took when it ends (``release_all``), a sweep job, the API
 and the report when theirs end. Within one process the lock is taken once (a second ``hold`` is a no-op): it keeps
 other processes out, not threads of the same one.
@@ -37,6 +38,18 @@ _HELD: dict[str, object] = {}  # resolved run dir -> the FileLock this process h
 
 class RunDirInUse(FusebenchError):
     """A run dir another live process holds the lock of (a run in it now)."""
+
+
+def task_share() -> tuple[int, int]:
+    """(this task's rank, the job's tasks) in a multi-task submitit job (``hydra.launcher.tasks_per_node`` x
+    ``nodes``), else (0, 1). The tasks of one job share its dir by design (``fusebench-embed`` deals the shards among
+    them): task 0 holds the dir's lock for all of them."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return 0, 1
+    import submitit
+
+    env = submitit.JobEnvironment()
+    return int(env.global_rank), int(env.num_tasks)
 
 
 def _key(run_dir: str | Path) -> str:
