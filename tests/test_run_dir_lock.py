@@ -186,3 +186,18 @@ def test_a_filesystem_without_file_locks_is_one_line_naming_the_key(tmp_path, mo
                                              r"offers no file locks .* hydra\.sweep\.dir=\.\.\.$"):
         run_lock.hold(tmp_path, "hydra.sweep.dir")
     assert not run_lock.held_here(tmp_path)
+
+
+def test_a_users_file_under_the_locks_name_is_refused_never_overwritten(tmp_path):
+    """A file of the lock's name that fusebench did not write is refused, naming it, and left as it was; an empty
+    one, or a holder record (whole or cut short while being written), is fusebench's (found by the hostile probe)."""
+    mine = tmp_path / run_lock.LOCK_NAME
+    mine.write_text("my notes\n")
+    with pytest.raises(FusebenchError, match=r"is not a lock file fusebench wrote .* hydra\.run\.dir=\.\.\.$"):
+        run_lock.hold(tmp_path)
+    assert mine.read_text() == "my notes\n" and not run_lock.held_here(tmp_path)
+    for ours in (b"", run_lock._holder_bytes()[:10], run_lock._holder_bytes()):
+        mine.write_bytes(ours)
+        assert run_lock.hold(tmp_path)
+        assert run_lock.holder(tmp_path)["pid"] == os.getpid()
+        run_lock.release(tmp_path)

@@ -105,7 +105,26 @@ def _lock_path(run_dir: str | Path, key: str) -> Path:
     if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
         raise FusebenchError(f"{path} is not a file (fusebench keeps the run dir's lock there, and never removes what "
                              f"it did not write): move it away, or choose another {key}=...")
+    if not _ours(path):
+        raise FusebenchError(f"{path} is not a lock file fusebench wrote (fusebench keeps the run dir's lock there, "
+                             f"and never overwrites what it did not write): move it away, or choose another {key}=...")
     return path
+
+
+HEAD = json.dumps({"format": LOCK_FORMAT})[:-1].encode("utf-8")  # how every holder record begins (_holder_bytes)
+
+
+def _ours(path: Path) -> bool:
+    """Whether the lock file at ``path`` is absent or fusebench's: empty (just created), or a holder record, whole
+    or being written (it begins as :data:`HEAD` does)."""
+    try:
+        with open(path, "rb") as f:
+            start = f.read(len(HEAD))
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return True  # unreadable: taking the lock reports it
+    return HEAD.startswith(start) or start.startswith(HEAD)
 
 
 def held_here(run_dir: str | Path) -> bool:
