@@ -333,7 +333,7 @@ def test_every_table_a_report_writes_is_known(runs):
 
 # ---------------------------------------------------------------- a rerun into a reported run dir (issue 39, item 8)
 
-def test_a_rerun_takes_away_the_report_of_the_run_it_replaces(runs, compose_cfg, monkeypatch):
+def test_a_rerun_takes_away_the_report_of_the_run_it_replaces(runs, compose_cfg, monkeypatch, caplog):
     """``fusebench-report RUN_DIR`` describes the run in it: a rerun that writes its outputs moves that report away
     with the earlier run (never a summary of the old run beside the new metrics.json); a rerun that fails leaves
     both as they were; a report file someone edited since is theirs, left as it is."""
@@ -358,7 +358,11 @@ def test_a_rerun_takes_away_the_report_of_the_run_it_replaces(runs, compose_cfg,
     monkeypatch.setattr("fusebench.report.outputs.os.replace", real)
     assert snapshot(run_dir) == before
     (run_dir / "cost.csv").write_text("my notes\n")  # edited since the report: someone else's now
-    run(compose_cfg([*TINY, "fusion=dbsf", "plots=false"]), str(run_dir))
+    with caplog.at_level("WARNING", logger="fusebench.report.report_files"):
+        run(compose_cfg([*TINY, "fusion=dbsf", "plots=false"]), str(run_dir))
+    assert [r.getMessage() for r in caplog.records if r.name == "fusebench.report.report_files"] == [
+        f"{run_dir / 'cost.csv'} is left as it is: a report drew it for the run this one replaces, and it was edited "
+        "since (someone else's now); it does not describe the new run"]
     left = {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()}
     assert not left & (reported - {"cost.csv"}) and report_files.MANIFEST not in left
     assert not (run_dir / "report_plots").exists() and (run_dir / "cost.csv").read_text() == "my notes\n"

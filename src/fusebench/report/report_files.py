@@ -17,6 +17,7 @@ describe; ``fusebench-report RUN_DIR`` draws it again).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -26,6 +27,7 @@ from pathlib import Path
 from fusebench import FusebenchError
 from fusebench.stores.files import atomic_write_text, remembered_checksum
 
+log = logging.getLogger(__name__)
 MANIFEST = "report.sha256"
 HEADER = f"# fusebench report: the sha256 of each file it wrote here (check: sha256sum -c {MANIFEST})"
 # every table a report may write (report.sweep.write_report; scaling_*: report.sweep.SCALING_TABLES)
@@ -204,6 +206,9 @@ def set_aside(folder: str | Path, into: str | Path, moved: list[str]) -> None:
             (into / rel).parent.mkdir(parents=True, exist_ok=True)
             os.replace(folder / rel, into / rel)
             moved.append(rel)
+        elif os.path.lexists(folder / rel):
+            log.warning("%s is left as it is: a report drew it for the run this one replaces, and it was edited "
+                        "since (someone else's now); it does not describe the new run", folder / rel)
     into.mkdir(parents=True, exist_ok=True)
     os.replace(folder / MANIFEST, into / MANIFEST)
     moved.append(MANIFEST)
