@@ -170,6 +170,14 @@ def test_a_preset_turned_into_another_method_drops_what_that_method_never_reads(
     preset = FusionConfig(**{**definition("qdrant_dbsf", [package_conf()]), "method": "rrf", "preset": "qdrant_dbsf"})
     ran = true_label(preset, [package_conf()])
     assert ran.preset is None and ran.method == "rrf" and ran.ddof == 0  # rrf never read the preset's ddof=1
+    # Qdrant's rank weighting (rrf_weighting=rank) belongs to rrf: with the preset turned into dbsf and a mean it is
+    # dropped with the label, never named as the setting to change (found by the hostile probe of issue 39)
+    preset = FusionConfig(**{**definition("qdrant_rrf", [package_conf()]), "method": "dbsf", "combine": "mean",
+                             "preset": "qdrant_rrf"})
+    ran = true_label(preset, [package_conf()])
+    assert ran.preset is None and ran.method == "dbsf" and ran.rrf_weighting == "multiply"
+    with pytest.raises(FusebenchError, match="use fusion.rrf_weighting=multiply"):  # rrf reads it: still refused
+        FusionConfig(method="rrf", rrf_weighting="rank", combine="mean")
 
 
 # -- fusion=none reads only top_k: every other setting is refused, naming it (issue 39, item 6) ----------------------

@@ -120,7 +120,8 @@ class FusionConfig:
             raise FusebenchError(f"fusion.combine={self.combine} is not valid with fusion.method={self.method}: it "
                                  "adds every list's points, a lacking list's too (fusion.combine=sum).")
         self._check_method_settings()
-        if self.combine in MEANS and self.rrf_weighting == "rank":
+        reads_weighting = self.method != "none" and "rrf_weighting" in method_reads(self.method)
+        if self.combine in MEANS and self.rrf_weighting == "rank" and reads_weighting:  # else dropped with the preset
             raise FusebenchError(f"fusion.combine={self.combine} weighs each list's evidence by its weight: use "
                                  "fusion.rrf_weighting=multiply with it.")
 
