@@ -190,10 +190,10 @@ def test_a_failed_rerun_leaves_the_earlier_runs_log_as_it_was(tmp_path):
     (["fusion=none", "models.sim_siglip2_like.weight=0.5"],
      ("models.sim_siglip2_like.weight=0.5 is never read: no fusion runs (fusion.method=none)",)),
     (["fusion=milvus_weighted", "fusion.rrf_k=5"],
-     ("fusion.rrf_k=5.0 is never read", "with fusion=milvus_weighted, fusion.method=sum reads",
+     ("fusion.rrf_k=5.0 is never read", "with fusion.preset=milvus_weighted, fusion.method=sum reads",
       "fusion.score_map and fusion.flat_score")),
     (["fusion=qdrant_rrf", "fusion.ddof=1"],
-     ("fusion.ddof=1 is never read", "with fusion=qdrant_rrf, fusion.method=rrf reads",
+     ("fusion.ddof=1 is never read", "with fusion.preset=qdrant_rrf, fusion.method=rrf reads",
       "fusion.rrf_k, fusion.rrf_weighting and fusion.rrf_ranks", "read only with fusion.method=zscore | dbsf")),
 ])
 def test_a_setting_the_run_never_reads_is_refused(tmp_path, args, fragments):

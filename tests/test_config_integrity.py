@@ -79,7 +79,7 @@ def test_a_preset_setting_its_method_never_reads_is_refused(name, key, value, ca
     assert f"fusion.{key}=" in message and "\n" not in message and "dropped" not in caplog.text
     if "is never read" in message:  # else another rule of the combination names it (rank weighting with a mean)
         assert message.startswith(f"fusion.{key}={value!r} is never read with fusion.method={own['method']} "
-                                  f"(with fusion={name}, fusion.method={own['method']} reads"), message
+                                  f"(with fusion.preset={name}, fusion.method={own['method']} reads"), message
         assert all(f"fusion.{read}" in message for read in method_reads(own["method"]))
     else:
         assert key == "rrf_weighting" and own["combine"] in ("mean", "geometric", "harmonic"), message

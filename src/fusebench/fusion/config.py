@@ -160,7 +160,7 @@ class FusionConfig:
         if self.preset is not None:
             keys = [f"fusion.{key}" for key in method_reads(self.method)]
             reads = ", ".join(keys[:-1]) + " and " + keys[-1] if len(keys) > 1 else keys[0]
-            return (f" (with fusion={self.preset}, fusion.method={self.method} reads, of the settings only some "
+            return (f" (with fusion.preset={self.preset}, fusion.method={self.method} reads, of the settings only some "
                     f"methods read, {reads}{'; its evidence is the rank alone' if spec.kind == 'rank' else ''})")
         return " (it reads only ranks)" if spec.kind == "rank" else ""
 
