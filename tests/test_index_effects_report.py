@@ -443,3 +443,21 @@ def test_a_k_the_exact_run_did_not_measure_gets_no_best_single_guessed(tmp_path)
     assert rows[(HNSW, 5)]["exact_best_single"] == "a" and rows[(HNSW, 5)]["vs_exact_best"] is not None
     assert any("did not measure t2i R@1" in n for n in effects.notes)
     assert "survives" not in "\n".join(survival_sentences(effects))
+
+
+def test_exact_query_time_is_the_t2i_part_and_an_older_records_is_not_set_beside_an_index():
+    """search_ms_per_query is t2i's part of the exact pass since the pass is timed per direction (run.lists.NAME
+    .t2i_seconds); a record without that split timed both directions, so it is no t2i time to set beside an index's."""
+    from types import SimpleNamespace
+
+    from fusebench.report.index_effects import _exact_query_ms
+
+    def run(lists):
+        gallery = SimpleNamespace(models={m: SimpleNamespace(search_ms_per_query=ms) for m, ms in (("a", 0.5),
+                                                                                                  ("b", 0.25))})
+        return SimpleNamespace(record=SimpleNamespace(search=None, gallery=gallery, run=SimpleNamespace(lists=lists)))
+
+    split = {m: {"hit": False, "t2i_seconds": 1.0, "i2t_seconds": 0.1} for m in "ab"}
+    assert _exact_query_ms(run(split), ["a", "b"]) == 0.75
+    assert _exact_query_ms(run({"a": split["a"], "b": {"hit": False}}), ["a", "b"]) is None
+    assert _exact_query_ms(run({}), ["a", "b"]) is None

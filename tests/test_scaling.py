@@ -313,6 +313,30 @@ def test_the_check_is_made_at_the_printed_step_where_the_sizes_allow():
     assert support([10.0, 2.0], 10.0) == "checked at x10" and support([5.0, 2.0], 10.0) == "checked only at x5"
 
 
+def test_no_prediction_from_a_gallery_larger_than_its_coverage_was_measured_from(tmp_path):
+    """From more than COVERED_FROM distractors the interval is unmeasured (and missed when a review measured it):
+    the checks are shown, the prediction past the largest is withheld, saying why (issue 39's review)."""
+    from fusebench.evaluation.extrapolation import COVERED_FROM
+
+    assert COVERED_FROM == 10000
+    _study(tmp_path, sizes=(0, 1000, 20000))
+    s = build_report(tmp_path, draws=100).scaling
+    assert {(e["model"], e["to"]) for e in s.extrapolation} == {("a", 20000), ("b", 20000)}  # the checks only
+    assert all(e["measured R@1"] is not None for e in s.extrapolation)
+    for model in "ab":
+        assert any(f"{model}: no prediction from 20,000 distractors: the interval's coverage is measured from "
+                   "galleries of at most 10,000" in why for why in s.refused)
+
+
+def test_a_step_is_read_on_the_sizes_asked_so_near_duplicates_never_shorten_it():
+    """2,000 asked (1,998 kept) and 20,000 asked (19,995 kept): a x10 check, not 'checked only at x10' (9.9975)."""
+    assert check_source([1998, 19995], 19995) == 1998  # kept sizes alone: 1,998 x 10 <= 19,995 still
+    assert check_source([2000, 19995], 19995) == 2000  # no size at x10 by the kept counts: the next smaller
+    assert check_source([2000, 5000, 19995], 19995, asked={2000: 2000, 5000: 5000, 19995: 20000}) == 2000
+    assert check_source([2000, 5000, 19995], 19995) == 5000  # without the sizes asked: the x4 step
+    assert support([20000 / 2000], 10.0) == "checked at x10"
+
+
 def test_a_prediction_with_no_check_is_labelled_unchecked_and_the_title_says_what_is_printed(tmp_path):
     _study(tmp_path, sizes=(0, 1000))
     report = build_report(tmp_path, draws=100)

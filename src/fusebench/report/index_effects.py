@@ -243,6 +243,9 @@ def _exact_query_ms(run: Run, members: list[str]) -> float | None:
     gallery = run.record.gallery
     if run.record.search is not None or gallery is None:
         return None
+    lists = run.record.run.lists or {}
+    if not all("t2i_seconds" in (lists.get(m) or {}) for m in members):
+        return None  # a record from before the search was timed per direction: its time covers i2t too
     times = [gallery.models[m].search_ms_per_query if m in gallery.models else None for m in members]
     return None if any(t is None for t in times) else float(sum(times))
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fusebench.evaluation.comparisons import compare
-from fusebench.evaluation.extrapolation import METHOD, Prediction, displacements, predict_recall
+from fusebench.evaluation.extrapolation import COVERED_FROM, METHOD, Prediction, displacements, predict_recall
 from fusebench.evaluation.metrics import recall_at_k
 from fusebench.report.index_effects import EXACT, search_label
 from fusebench.report.labels import distinct, study_labels
@@ -237,11 +237,15 @@ def _prediction(s: Series, source_size: int, target: int, draws: int, level: flo
         return None, str(err)
 
 
-def check_source(sizes: list[int], target: int, factor: int = EXTRAPOLATE_FACTOR) -> int:
+def check_source(sizes: list[int], target: int, factor: int = EXTRAPOLATE_FACTOR,
+                 asked: dict[int, int] | None = None) -> int:
     """The measured size (with distractors) a measured ``target`` is predicted from as its check: the largest at
-    most ``target / factor`` (a check of the printed prediction's own step), else the next smaller one."""
+    most ``target / factor`` (a check of the printed prediction's own step), else the next smaller one. Steps are
+    taken on the sizes asked (``asked``: distractors kept -> ``gallery.size``; by default the same), so that the
+    near-duplicates a gallery drops never make a x10 step read as a shorter one."""
+    asked = asked or {}
     below = [n for n in sizes if 0 < n < target]
-    at_step = [n for n in below if n * factor <= target]
+    at_step = [n for n in below if asked.get(n, n) * factor <= asked.get(target, target)]
     return max(at_step) if at_step else max(below)
 
 
@@ -259,8 +263,9 @@ def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 10
         if not sizes:
             continue
         checks_held, steps = True, []
+        asked_size = {n: asked(s.points[n][0]) or n for n in sizes}
         for target in sizes[1:]:
-            source_size = check_source(sizes, target, factor)
+            source_size = check_source(sizes, target, factor, asked_size)
             prediction, problem = _prediction(s, source_size, target, draws, level, seed)
             if prediction is None:
                 refused.append(f"{s.study}: {s.label}: no extrapolation from {source_size:,} distractors: {problem}")
@@ -270,7 +275,7 @@ def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 10
             value = recall_at_k(measured[0].ranks(measured[1], "t2i"), 1)
             inside = prediction.low <= value <= prediction.high
             checks_held &= inside
-            steps.append(target / source_size)
+            steps.append(asked_size[target] / asked_size[source_size])  # the step asked (near-duplicates aside)
             rows.append(_row(s, source_size, target, prediction, value, inside,
                              "inside" if inside else "MISSED"))
         largest, run = sizes[-1], s.points[sizes[-1]][0]
@@ -283,6 +288,11 @@ def extrapolation_rows(series: list[Series], refused: list[str], draws: int = 10
         if not checks_held:
             refused.append(f"{s.study}: {s.label}: no prediction at {target:,} distractors: a check between the "
                            "sizes measured missed or could not be made (above), so the tail model does not hold here")
+            continue
+        if largest > COVERED_FROM:
+            refused.append(f"{s.study}: {s.label}: no prediction from {largest:,} distractors: the interval's coverage "
+                           f"is measured from galleries of at most {COVERED_FROM:,} (docs/galleries.md), and from "
+                           "50,000 it missed on the simulators; the checks above are the evidence at this size")
             continue
         prediction, problem = _prediction(s, largest, target, draws, level, seed)
         if prediction is None:

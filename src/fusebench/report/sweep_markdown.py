@@ -152,9 +152,10 @@ def _scaling(report: SweepSummary) -> list[str]:
                      "check": e["check"]} for e in s.extrapolation]
     title = (f"### Extrapolated t2i R@1 ({level} bootstrap interval over test images and distractors; a row with "
              "a measured R@1 is a check, a measured size predicted from a smaller one, at the printed prediction's "
-             "step where the sizes allow; the prediction past the largest is withheld when a check missed, and "
-             "says what the checks that held support: checked at the step, checked only at a shorter one, or "
-             "unchecked)")
+             "step where the sizes allow; the prediction past the largest is withheld when a check missed or "
+             "could not be made, or when the largest gallery is larger than those its coverage was measured from "
+             "(docs/galleries.md), and says what the checks that held support: checked at the step, checked only "
+             "at a shorter one, or unchecked)")
     assumption = ("Method: the tail above each query's threshold, from its saved list at N: the mean of a shape "
                   "pooled over the queries (each query's excesses over its own scale) and an exponential tail per "
                   "query; assumes the galleries nest and that each query's distractor scores above its threshold "
