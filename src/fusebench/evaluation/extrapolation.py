@@ -104,13 +104,7 @@ class Lists:
     scores: np.ndarray  # (Q, L) its distractors' scores, highest first, NaN padding
     item: np.ndarray  # (Q, L) those distractors' indices among the N (0..N-1), -1 padding
     cutoff: np.ndarray  # (Q,) its list's last score (every item not in the list scores at most this)
-
-    @property
-    def filled(self) -> np.ndarray:
-        """``scores`` with 0 for padding (computed once)."""
-        if "_filled" not in self.__dict__:
-            object.__setattr__(self, "_filled", np.nan_to_num(self.scores))
-        return self.__dict__["_filled"]
+    filled: np.ndarray  # (Q, L) ``scores`` with 0 for padding (summed by every bootstrap draw's tails)
 
 
 def lists_of(targets: np.ndarray, ids: np.ndarray, scores: np.ndarray, test_images: int) -> Lists:
@@ -121,9 +115,10 @@ def lists_of(targets: np.ndarray, ids: np.ndarray, scores: np.ndarray, test_imag
     order = np.argsort(~present, axis=1, kind="stable")[:, :int(present.sum(axis=1).max(initial=0))]
     kept = np.take_along_axis(present, order, axis=1)
     cutoff = np.where(ids >= 0, np.asarray(scores, dtype=np.float64), np.inf).min(axis=1, initial=np.inf)
-    return Lists(target, np.where(kept, np.take_along_axis(distractor, order, axis=1), np.nan),
+    listed = np.where(kept, np.take_along_axis(distractor, order, axis=1), np.nan)
+    return Lists(target, listed,
                  np.where(kept, np.take_along_axis(ids, order, axis=1) - test_images, -1).astype(np.int64),
-                 np.where(np.isfinite(cutoff), cutoff, np.nan))
+                 np.where(np.isfinite(cutoff), cutoff, np.nan), np.nan_to_num(listed))
 
 
 @dataclass(frozen=True)
