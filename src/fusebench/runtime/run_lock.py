@@ -32,6 +32,7 @@ from fusebench import FusebenchError
 
 LOCK_NAME = ".fusebench.lock"  # in a run (or sweep) dir
 LOCK_FORMAT = "fusebench run dir lock"
+HEAD = json.dumps({"format": LOCK_FORMAT})[:-1].encode("utf-8")  # how every holder record begins (_holder_bytes)
 NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP}  # a filesystem without flock (some network mounts)
 _HELD: dict[str, object] = {}  # resolved run dir -> the FileLock this process holds on it
 
@@ -111,8 +112,6 @@ def _lock_path(run_dir: str | Path, key: str) -> Path:
     return path
 
 
-HEAD = json.dumps({"format": LOCK_FORMAT})[:-1].encode("utf-8")  # how every holder record begins (_holder_bytes)
-
 
 def _ours(path: Path) -> bool:
     """Whether the lock file at ``path`` is absent or fusebench's: empty (just created), or a holder record, whole
@@ -120,10 +119,8 @@ def _ours(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
             start = f.read(len(HEAD))
-    except FileNotFoundError:
-        return True
     except OSError:
-        return True  # unreadable: taking the lock reports it
+        return True  # absent, or unreadable: taking the lock reports it
     return HEAD.startswith(start) or start.startswith(HEAD)
 
 
