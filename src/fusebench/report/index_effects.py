@@ -251,9 +251,11 @@ def _exact_query_ms(run: Run, members: list[str]) -> float | None:
 
 
 def _interval_text(row: dict, prefix: str) -> str:
-    """'+1.23 [+0.45, +2.01]': a paired difference with its interval over images (the verdict's interval)."""
-    return (f"{row[prefix]:+.2f} [{row[prefix + '_cluster_ci_low']:+.2f}, "
-            f"{row[prefix + '_cluster_ci_high']:+.2f}]")
+    """'+1.23 [+0.45, +2.01]': a paired difference with its interval over images (the verdict's interval); '-'
+    without one (the report's one interval format, ``sweep_markdown._interval``)."""
+    from fusebench.report.sweep_markdown import _interval
+
+    return _interval(row, prefix, f"{prefix}_cluster_ci_low", f"{prefix}_cluster_ci_high", signed=True)
 
 
 def _verdict_phrase(rows: list[dict]) -> str:
@@ -390,15 +392,12 @@ def markdown_section(effects: IndexEffects | None) -> list[str]:
         values = [row.get(f"{column} {m}") for m in models]
         return "-" if all(v is None for v in values) else " / ".join("-" if v is None else f"{v:.3f}" for v in values)
 
-    def paired(row: dict, prefix: str) -> str:
-        return "-" if row.get(prefix) is None else _interval_text(row, prefix)
-
     table = [{"backend": r["backend"], "fusion": r["fusion"], "distractors": f"{r['distractors']:,}",
               f"neighbour recall ({' / '.join(models)})": per_model(r, "neighbour_recall"),
               "top-1 agreement": per_model(r, "top1_agreement"), f"fused t2i R@{k}": r["fused_recall"],
-              "minus best single, exact": paired(r, "vs_exact_best"), "verdict": r["verdict"],
-              "minus same fusion, exact": paired(r, "vs_exact_fusion"),
-              "minus best single, same backend": paired(r, "gain"),
+              "minus best single, exact": _interval_text(r, "vs_exact_best"), "verdict": r["verdict"],
+              "minus same fusion, exact": _interval_text(r, "vs_exact_fusion"),
+              "minus best single, same backend": _interval_text(r, "gain"),
               "identical top-10": r["identical_top10"], "build s": r["build_s"], "query ms": r["query_ms"],
               "p95 ms": r["latency_ms_p95"], "index / disk": _bytes(r["index_bytes"] if r["index_bytes"] is not None
                                                               else r["disk_bytes"])}
