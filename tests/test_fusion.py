@@ -174,7 +174,7 @@ def test_weights_scale_evidence():
 
 
 def test_every_method_has_evidence():
-    assert set(REGISTRY) == set(FUSING)
+    assert set(REGISTRY.names()) == set(FUSING)
 
 
 @pytest.mark.parametrize("kwargs,fragment", [

@@ -28,10 +28,11 @@ def test_every_list_of_methods_comes_from_the_registry():
     from fusebench.report.sweep import FACTOR_ORDER
 
     assert METHODS == ("none", *registry.names()) and FACTOR_ORDER["method"] == list(METHODS)
-    assert set(RANK_METHODS) == {m for m in registry.REGISTRY if registry.method(m).kind == "rank"}
+    assert set(RANK_METHODS) == {m for m in registry.REGISTRY.names() if registry.method(m).kind == "rank"}
     assert FACTOR_ORDER["method"][:7] == ["none", "sum", "minmax", "zscore", "isr", "rrf", "dbsf"]  # as before
     formulas = (ROOT / "docs" / "formulas.md").read_text()
-    for name, method in registry.REGISTRY.items():
+    for method in registry.REGISTRY.items():
+        name = method.name
         assert method.source and method.formula and method.kind in registry.KINDS
         assert re.search(rf"^\| `{name}` \|", formulas, re.M), f"docs/formulas.md has no row for {name}"
         yaml = (ROOT / "conf" / "fusion" / f"{name}.yaml").read_text()
@@ -116,7 +117,7 @@ def _cube(scores, valid, config):
 def cube():
     method = register(Method("cube_test", "score", "s^3", "tests/test_fusion_methods.py", _cube))
     yield method
-    registry.REGISTRY.pop("cube_test")
+    registry.REGISTRY.unregister("cube_test")
 
 
 def _models(seed=5, n=30, captions=45, d=6):

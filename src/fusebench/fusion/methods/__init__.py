@@ -1,5 +1,6 @@
 """The fusion methods: one module per method, each registering one :class:`Method` (its name, kind, parameters,
-source and evidence), found here by discovery. Every list that names methods is derived from :data:`REGISTRY`:
+source and evidence), found by a scan of this package (:class:`fusebench.runtime.plugins.Registry`). Every list that names methods is
+derived from :data:`REGISTRY`:
 the config's valid values and checks (``fusion.config``), the sweep report's orientation (``report.sweep``), the
 stores' choice of what to keep per row (``app.retrieval``) and the docs' table (``tests/test_fusion_methods.py``
 checks docs/formulas.md names each).
@@ -27,10 +28,10 @@ in docs/formulas.md and a test against a slow reference.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from fusebench.runtime.plugins import Registry
 
 KINDS = ("rank", "affine", "score")
 
@@ -56,35 +57,18 @@ class Method:
             raise ValueError(f"method {self.name!r}: moments are for affine maps, candidates for rank methods")
 
 
-REGISTRY: dict[str, Method] = {}
-
-
-def register(method: Method) -> Method:
-    """Add ``method`` to the registry (a method module calls it once, at import)."""
-    if method.name in REGISTRY and REGISTRY[method.name] is not method:
-        raise ValueError(f"two fusion methods are named {method.name!r}")
-    REGISTRY[method.name] = method
-    return method
-
-
-def _discover() -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-_discover()
+REGISTRY: Registry[Method] = Registry(__name__, "fusion method", "fusion.method")  # filled by a scan of this package
+register = REGISTRY.register
 
 
 def method(name: str) -> Method:
-    return REGISTRY[name]
+    return REGISTRY.get(name)
 
 
 def names(kind: str | None = None) -> tuple[str, ...]:
     """The registered methods (of ``kind``), in the sweep report's order, then by name."""
-    chosen = [m for m in REGISTRY.values() if kind is None or m.kind == kind]
-    return tuple(m.name for m in sorted(chosen, key=lambda m: (m.order, m.name)))
+    return tuple(m.name for m in REGISTRY.items() if kind is None or m.kind == kind)
 
 
 def with_moments() -> tuple[str, ...]:
-    return tuple(m.name for m in REGISTRY.values() if m.moments)
+    return tuple(m.name for m in REGISTRY.items() if m.moments)
