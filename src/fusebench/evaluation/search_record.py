@@ -6,9 +6,10 @@ preset. metrics.json's ``search`` block is :meth:`SearchRecord.to_json`; absent 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
-from fusebench.evaluation.subrecords import RecordError
+from fusebench.evaluation.subrecords import FieldsRecord, RecordError, known_fields
 
 EXACT_FUSED = "exact_fused"  # the run's fusion over exact lists, evaluated beside an approximate backend's
 
@@ -49,11 +50,11 @@ class IndexQuality:
 
     @classmethod
     def from_json(cls, data: dict) -> IndexQuality:
-        return _typed(cls, data, "an index quality")
+        return known_fields(cls, data, "an index quality")
 
 
 @dataclass
-class EngineCost:
+class EngineCost(FieldsRecord):
     """An engine's costs in one direction (both models loaded in it)."""
 
     ingest_seconds: float
@@ -64,16 +65,11 @@ class EngineCost:
     latency_queries: int
     disk_bytes: int
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> EngineCost:
-        return _typed(cls, data, "an engine cost")
+    WHERE: ClassVar[str] = "an engine cost"
 
 
 @dataclass
-class Parity:
+class Parity(FieldsRecord):
     """The engine's fused lists against fusebench's exact preset, query by query, in one direction."""
 
     n_queries: int
@@ -83,12 +79,7 @@ class Parity:
     explained: int  # of those, differences within tied (float-rounding-equal) fused scores of the exact preset
     file: str | None = None  # the run-dir file listing each differing query (JSON lines)
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> Parity:
-        return _typed(cls, data, "an engine parity block")
+    WHERE: ClassVar[str] = "an engine parity block"
 
 
 @dataclass
@@ -127,12 +118,3 @@ class SearchRecord:
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise RecordError(f"metrics.json: 'search' is malformed ({type(err).__name__}: {err})") from None
 
-
-def _typed(cls, data, what: str):
-    if not isinstance(data, dict):
-        raise RecordError(f"{what} is not an object")
-    known = {f.name for f in fields(cls)}
-    try:
-        return cls(**{k: v for k, v in data.items() if k in known})
-    except TypeError as err:
-        raise RecordError(f"{what} is malformed ({err})") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
 
 from fusebench import FusebenchError
 from fusebench.config.schema import BootstrapConfig, EvalConfig, ListsConfig
@@ -30,6 +31,29 @@ def _object(data, where: str) -> dict:
     if not isinstance(data, dict):
         raise RecordError(f"{where} is not an object")
     return data
+
+
+def known_fields(cls, data, where: str):
+    """``cls`` made from the keys of ``data`` that are its fields (a key another fusebench version wrote beside them
+    is dropped); data that is no object, or lacks a field without a default, is a RecordError naming ``where``."""
+    data = _object(data, where)
+    try:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+    except TypeError as err:
+        raise RecordError(f"{where} is malformed ({err})") from None
+
+
+class FieldsRecord:
+    """A record part that metrics.json holds as its fields, key for key (``WHERE`` names it in errors)."""
+
+    WHERE: ClassVar[str] = "a record part"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data):
+        return known_fields(cls, data, cls.WHERE)
 
 
 @dataclass(frozen=True)
@@ -82,7 +106,7 @@ class DatasetSummary:
 
 
 @dataclass
-class RunInfo:
+class RunInfo(FieldsRecord):
     """How the run ran: device, wall time, the search's time and similarity blocks, each model's lists (from the
     list store or computed), per-query time, library versions."""
 
@@ -94,13 +118,11 @@ class RunInfo:
     query_ms: float | None = None
     versions: dict = field(default_factory=dict)
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    WHERE: ClassVar[str] = "metrics.json: 'run'"
 
     @classmethod
     def from_json(cls, data) -> RunInfo:
-        data = _object(data or {}, "metrics.json: 'run'")
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        return known_fields(cls, data or {}, cls.WHERE)
 
 
 @dataclass(frozen=True)
@@ -257,7 +279,7 @@ class TuneRecord:
 
 
 @dataclass(frozen=True)
-class PositiveCounts:
+class PositiveCounts(FieldsRecord):
     """One extra-positive set's query counts on the run's corpus (fusebench.evaluation.positives)."""
 
     t2i_queries: int = 0
@@ -266,17 +288,11 @@ class PositiveCounts:
     queries_not_in_corpus: int = 0
     positives_outside_gallery: int = 0
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data) -> PositiveCounts:
-        data = _object(data, "metrics.json: 'positives'")
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+    WHERE: ClassVar[str] = "metrics.json: 'positives'"
 
 
 @dataclass
-class GalleryModelCost:
+class GalleryModelCost(FieldsRecord):
     """What one model's distractor gallery costs: its bytes as fp32 and as stored, and, when this run embedded
     some of it, the embedding throughput on its device."""
 
@@ -288,13 +304,7 @@ class GalleryModelCost:
     images_per_second: float | None = None  # embedding throughput, when this run embedded shards
     search_ms_per_query: float | None = None  # this model's exact search over the whole gallery, per t2i query
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data) -> GalleryModelCost:
-        data = _object(data, "metrics.json: 'gallery.models'")
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+    WHERE: ClassVar[str] = "metrics.json: 'gallery.models'"
 
 
 SIZE_DEPENDENT = ("listing", "undecodable")  # a gallery source's entries that change with gallery.size
