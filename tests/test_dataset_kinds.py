@@ -212,7 +212,7 @@ def test_without_datasets_a_saved_folder_names_the_extra(tmp_path, monkeypatch):
     (tmp_path / "saved").mkdir()
     (tmp_path / "saved" / "state.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "datasets", None)
-    with pytest.raises(FusebenchError, match=r"needs the datasets package: pip install 'fusebench\[hf-datasets\]'"):
+    with pytest.raises(FusebenchError, match=r"needs the datasets package: pip install 'fusebench\[datasets\]'"):
         load_corpus(hf(tmp_path / "saved"))
 
 

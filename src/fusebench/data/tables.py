@@ -10,7 +10,7 @@ string (relative to ``image_root``). Images given as bytes are written once, unc
 content digest (``SHA256.png``), so the corpus holds file paths as every other kind's does and the encoders read them
 as files; the same bytes give the same path, so embedding caches keyed on the paths are reused.
 
-Parquet needs pyarrow only; a ``save_to_disk`` folder needs ``datasets`` (``pip install 'fusebench[hf-datasets]'``).
+Parquet needs pyarrow only; a ``save_to_disk`` folder needs ``datasets`` (``pip install 'fusebench[datasets]'``).
 Every mistake in the data is one FusebenchError naming the file, the column and what is valid.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus, validate_corpus
 
-EXTRA = "pip install 'fusebench[hf-datasets]'"
+EXTRA = "pip install 'fusebench[datasets]'"
 SAVED = ("dataset_dict.json", "state.json")  # what datasets' save_to_disk writes: a DatasetDict's, a Dataset's
 SHOW = 8  # values listed in a message
 MAGIC = {b"\x89PNG": ".png", b"\xff\xd8\xff": ".jpg", b"GIF8": ".gif", b"RIFF": ".webp", b"BM": ".bmp"}
@@ -34,7 +34,7 @@ MAGIC = {b"\x89PNG": ".png", b"\xff\xd8\xff": ".jpg", b"GIF8": ".gif", b"RIFF": 
 
 def _pyarrow():
     try:
-        import pyarrow as pa  # optional: the gallery and hf-datasets extras install it
+        import pyarrow as pa  # optional: the gallery and datasets extras install it
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
     except ImportError:
