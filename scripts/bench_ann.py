@@ -34,8 +34,8 @@ from fusebench.backends import base as backends
 from fusebench.backends.faiss_index import faiss_lists, faiss_version
 from fusebench.backends.quality import with_quality
 from fusebench.config import CONFIG_DIR
-from fusebench.config.schema import SimDatasetConfig
 from fusebench.config.search import INDEX_READS, INDEXES, SearchConfig
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders import embed
 from fusebench.search.model_lists import compute_model_lists

@@ -33,7 +33,7 @@ from bench_eval import bare_matmuls, vectors_command
 from omegaconf import OmegaConf
 
 from fusebench.config import CONFIG_DIR
-from fusebench.config.schema import SimDatasetConfig
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders import embed
 

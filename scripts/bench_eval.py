@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 from fusebench import FUSED
 from fusebench.backends.retrieval import SearchSettings, retrieve
 from fusebench.config import CONFIG_DIR
-from fusebench.config.schema import SimDatasetConfig
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders import embed
 from fusebench.encoders.devices import resolve_device

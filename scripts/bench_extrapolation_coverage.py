@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from fusebench.config.gallery import GalleryConfig
-from fusebench.config.schema import SimDatasetConfig
 from fusebench.config.specs import SimParams
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders.simulated import SimDistractorRows, sim_arrays
 from fusebench.evaluation.extrapolation import predict_recall

@@ -31,8 +31,8 @@ from omegaconf import OmegaConf
 
 from fusebench.config import CONFIG_DIR
 from fusebench.config.gallery import GalleryConfig
-from fusebench.config.schema import SimDatasetConfig
 from fusebench.config.specs import SimParams
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus, sim_model_embeddings
 from fusebench.encoders.distractors import normalised
 from fusebench.encoders.simulated import sim_distractor_rows

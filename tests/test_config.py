@@ -7,7 +7,8 @@ from helpers.tiers import fast_first
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from fusebench.config.schema import EmbedConfig, EvalConfig, SimDatasetConfig, WandbConfig
+from fusebench.config.schema import EmbedConfig, EvalConfig, WandbConfig
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.fusion.config import METHODS, FusionConfig
 
 
@@ -141,8 +142,9 @@ def plain_wandb_config() -> dict:
 def test_the_composed_config_converts_once_into_its_types(compose_cfg):
     from fusebench.app.run_config import run_config
     from fusebench.config.run import RunConfig
-    from fusebench.config.schema import NoLoggerConfig, SimDatasetConfig
+    from fusebench.config.schema import NoLoggerConfig
     from fusebench.config.specs import HFModel, OpenClipModel, SimModel
+    from fusebench.data.kinds.sim import SimDatasetConfig
 
     config = run_config(compose_cfg(["logger=none", "tune=weights"]))
     assert isinstance(config, RunConfig) and isinstance(config.dataset, SimDatasetConfig)

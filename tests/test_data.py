@@ -4,8 +4,8 @@ from helpers.corpora import write_manifest
 
 from fusebench import FusebenchError
 from fusebench.config.run import dataset_config
-from fusebench.config.schema import SimDatasetConfig
 from fusebench.data import load_corpus
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.manifest import load_manifest
 from fusebench.data.simulated import caption_counts, make_sim_corpus, sim_latents
 
@@ -65,7 +65,7 @@ def test_missing_manifest_file(tmp_path):
         load_manifest(tmp_path / "nope.jsonl")
     with pytest.raises(FusebenchError, match="dataset.manifest is not set"):
         dataset_config({"kind": "manifest", "name": "m", "manifest": None, "image_root": None})
-    with pytest.raises(FusebenchError, match="valid: karpathy, manifest, sim, tiny"):
+    with pytest.raises(FusebenchError, match="valid: hf, karpathy, manifest, sim, tiny"):
         dataset_config({"kind": "coco"})
     with pytest.raises(FusebenchError, match="dataset: unknown key.s. manifets; valid keys: image_root, kind, manifest, name"):
         dataset_config({"kind": "manifest", "name": "m", "manifets": "x.jsonl", "manifest": "m.jsonl", "image_root": None})

@@ -235,15 +235,17 @@ SHARED_NAMES = {
     "exact.py": "exact search: search/ (the math) and backends/ (search=exact, the backend over it)",
     "simulated.py": "the simulator: data/ (the sim corpus) and encoders/ (the sim models' embeddings)",
 }
+PLUGIN_FOLDERS = ("methods", "kinds")  # fusion/methods/, data/kinds/: one module per registered name
 
 
 def test_layout_names_every_module_and_shared_names_are_explained():
-    """docs/layout.md names every module of the package (fusion methods as their folder), and a module name two
-    packages share is one the table above explains."""
+    """docs/layout.md names every module of the package (a plugin folder's modules, named by what they register:
+    fusion methods, dataset kinds, as their folder), and a module name two packages share is one the table above
+    explains."""
     package = SRC / "fusebench"
     layout = (DOCS / "layout.md").read_text(encoding="utf-8")
     named = set(re.findall(r"`([\w/]+\.py)`", layout))
-    modules = [p for p in package.rglob("*.py") if p.name != "__init__.py" and p.parent.name != "methods"]
+    modules = [p for p in package.rglob("*.py") if p.name != "__init__.py" and p.parent.name not in PLUGIN_FOLDERS]
     missing = sorted(str(p.relative_to(package)) for p in modules if p.name not in named)
     assert not missing, f"docs/layout.md does not name {missing}"
     by_name: dict[str, list[str]] = {}

@@ -3,8 +3,8 @@ import pytest
 from helpers.corpora import write_manifest
 
 from fusebench import FusebenchError
-from fusebench.config.schema import SimDatasetConfig
 from fusebench.config.specs import SimParams
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.manifest import load_manifest
 from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders import embed

@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 from fusebench import FusebenchError
 from fusebench.app.run_config import run_config
 from fusebench.config.gallery import GALLERY_KINDS, GalleryConfig
-from fusebench.config.schema import SimDatasetConfig
 from fusebench.data.distractor_items import check_no_overlap, check_size, seeded_order, with_distractors
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus
 
 

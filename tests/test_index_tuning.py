@@ -14,8 +14,10 @@ from helpers.corpora import mini_coco, write_manifest
 from fusebench import FusebenchError
 from fusebench.app import index_tuning
 from fusebench.app.pipeline import run
-from fusebench.config.schema import KarpathyDatasetConfig, ManifestDatasetConfig, SimDatasetConfig
 from fusebench.data import other_split, tuning_split
+from fusebench.data.kinds.karpathy import KarpathyDatasetConfig
+from fusebench.data.kinds.manifest import ManifestDatasetConfig
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import (
     make_sim_corpus,
     model_projection,

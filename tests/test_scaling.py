@@ -13,8 +13,9 @@ from helpers.score_world import ScoreWorld
 
 from fusebench import FusebenchError
 from fusebench.config.gallery import GalleryConfig, SimDistractorConfig
-from fusebench.config.schema import EvalConfig, SimDatasetConfig
+from fusebench.config.schema import EvalConfig
 from fusebench.config.specs import SimParams
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import (
     DISTRACTOR_BLOCK,
     distractor_latents,

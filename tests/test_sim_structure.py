@@ -10,8 +10,8 @@ from helpers.isotropic_sim import old_distractor_block, old_latents, old_model
 
 from fusebench import FusebenchError
 from fusebench.config.gallery import GalleryConfig
-from fusebench.config.schema import SimDatasetConfig
 from fusebench.config.specs import SimParams
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import (
     DISTRACTOR_BLOCK,
     make_sim_corpus,

@@ -15,7 +15,8 @@ from fusebench import FusebenchError
 from fusebench.app.pipeline import run
 from fusebench.app.tracking import summary_metrics
 from fusebench.config.run import dataset_config, tune_config
-from fusebench.config.schema import SimDatasetConfig, TuneConfig
+from fusebench.config.schema import TuneConfig
+from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.manifest import load_manifest
 from fusebench.evaluation.subrecords import TunePoint
 from fusebench.evaluation.tuning import best, grid, seeded_split

@@ -26,7 +26,7 @@ from fusebench.app.tracking import log_run
 from fusebench.backends import base as backends
 from fusebench.backends.retrieval import ListSource, SearchSettings, retrieve
 from fusebench.config.run import RunConfig
-from fusebench.config.schema import EvalConfig, TuneConfig
+from fusebench.config.schema import DATASET_KINDS, EvalConfig, TuneConfig
 from fusebench.config.search import check_sizes
 from fusebench.config.specs import RealModel
 from fusebench.data import load_corpus
@@ -101,7 +101,7 @@ def _tune(tuning: TuneConfig, config: RunConfig, corpus, embeddings, fusion, sea
         corpus, embeddings = test_corpus, slice_embeddings(embeddings, test_images, test_captions)
     else:
         tune_models, tune_corpus = _embeddings(config, load_corpus(
-            replace(config.dataset, split=tuning.split, expected={}, allow_nonstandard=True)))
+            DATASET_KINDS.get(config.dataset.kind).split_params(config.dataset, tuning.split)))
     points = grid(tuning, [m.name for m in embeddings], fusion)
     log.info("tuning on %s (%d images, %d captions): %d settings by %s", tuning.split, tune_corpus.n_images,
              tune_corpus.n_captions, len(points), tuning.criterion)

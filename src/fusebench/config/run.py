@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from fusebench import FusebenchError
 from fusebench.config.gallery import GalleryConfig
 from fusebench.config.schema import (
-    DATASETS,
+    DATASET_KINDS,
     LOGGERS,
     BootstrapConfig,
     CacheConfig,
@@ -85,8 +85,8 @@ embed_config = _nested(EmbedConfig, cache=_nested(CacheConfig))
 def dataset_config(value) -> DatasetConfig:
     """The ``dataset`` group as its kind's dataclass (every key set, as the group's YAML files do)."""
     given = checks.mapping(_plain(value), "dataset")
-    kind = checks.choice(checks.required(given, "kind", "dataset"), "dataset.kind", tuple(DATASETS))
-    return checks.typed(DATASETS[kind], given, "dataset")
+    kind = DATASET_KINDS.get(checks.required(given, "kind", "dataset"))
+    return checks.typed(kind.params, given, "dataset")
 
 
 def logger_config(value) -> LoggerConfig:
@@ -97,22 +97,22 @@ def logger_config(value) -> LoggerConfig:
 
 
 def tune_config(value, dataset: DatasetConfig) -> TuneConfig | None:
-    """The ``tune`` group, None when off; ``split: auto`` is val for a Karpathy dataset, seeded otherwise, and the
-    test split itself is refused."""
+    """The ``tune`` group, None when off; ``split: auto`` is val for a kind with named splits (Karpathy's: its
+    ``split_params``), seeded otherwise, and the test split itself is refused."""
     if not value:
         return None
     tune = checks.typed(TuneConfig, value, "tune")
     if not tune.enabled:
         return None
-    karpathy = dataset.kind == "karpathy"
-    split = ("val" if karpathy else "seeded") if tune.split == "auto" else tune.split
-    if karpathy and split == "seeded":
-        raise FusebenchError("tune.split=seeded holds out part of the test corpus; a Karpathy dataset has its own "
-                             "tuning split: use tune.split=val.")
-    if not karpathy and split != "seeded":
+    named = DATASET_KINDS.get(dataset.kind).split_params is not None
+    split = ("val" if named else "seeded") if tune.split == "auto" else tune.split
+    if named and split == "seeded":
+        raise FusebenchError(f"tune.split=seeded holds out part of the test corpus; a {dataset.kind} dataset has its "
+                             "own tuning split: use tune.split=val.")
+    if not named and split != "seeded":
         raise FusebenchError(f"tune.split={split!r}: a {dataset.kind} corpus has no named splits; use "
                              "tune.split=seeded (a seeded share of its images, tune.fraction).")
-    if karpathy and split == dataset.split:
+    if named and split == dataset.split:
         raise FusebenchError(f"tune.split={split!r} is the split the run reports on (dataset.split={dataset.split}): "
                              "tuning on the test split inflates the gain. Tune on val (tune.split=val).")
     return replace(tune, split=split)

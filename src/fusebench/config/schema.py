@@ -1,6 +1,7 @@
 """The config groups as types: every key a user can set, its type, its default and its checks, in one place.
 
-Each class is one group (``EvalConfig`` is ``eval``; a dataset kind is one class of ``DATASETS``; the fusion group
+Each class is one group (``EvalConfig`` is ``eval``; a dataset kind's keys are its module's class in
+:mod:`fusebench.data.kinds`, listed by :data:`DATASET_KINDS`; the fusion group
 is :class:`fusebench.fusion.config.FusionConfig`; model specs, free-form per kind, are
 :mod:`fusebench.config.specs`). Its ``__post_init__`` checks every value, through the typed reads of
 :mod:`fusebench.runtime.checks`, and the conversion of a whole composed config into these types happens once,
@@ -16,14 +17,15 @@ Importing this module imports nothing heavy.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from fusebench import FusebenchError
 from fusebench.runtime import checks
+from fusebench.runtime.plugins import Registry
 
 POSITIVE_SETS = ("eccv", "cxc")  # extra positives (COCO 5k): fusebench.evaluation.positives
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SEARCH_PRECISIONS = ("auto", "fp32", "bf16", "tf32")  # a gallery's distractor tiles (fusebench.search.margin)
-VERIFY_IMAGES = ("none", "header", "full")
 TUNE_DIRECTIONS = ("t2i", "i2t", "mean")  # a tuning criterion's direction: one of the two or their mean
 
 
@@ -138,116 +140,10 @@ class EmbedConfig:
         return "bf16" if device.type == "cuda" else "fp32"
 
 
-SIM_SPLITS = ("test", "val")  # dataset.split of a sim corpus: two independent draws from one world
-SIM_STRUCTURES = ("isotropic", "clustered")  # dataset.structure (docs/simulated.md)
-# The keys only dataset.structure=clustered reads (any other structure must leave them at their defaults)
-SIM_STRUCTURE_READS = {"isotropic": (), "clustered": ("topics", "subtopics", "topic_spread", "subtopic_spread", "own_spread",
-                                                      "spectrum_decay", "cone", "gap")}
-
-
-@dataclass
-class SimDatasetConfig:
-    name: str = "sim"
-    kind: str = "sim"
-    n_images: int = 5000
-    n_captions: int = 25010
-    latent_dim: int = 64
-    caption_noise: float = 1.3  # what each caption adds or misses on its own
-    shared_caption_noise: float = 1.36  # what all captions of an image miss alike
-    seed: int = 0
-    split: str = "test"  # test | val: val is a fresh draw of images and captions from the same world and models
-    #   (what search.target_recall tunes an index on: docs/search.md), never the test split's
-    structure: str = "isotropic"  # isotropic | clustered: latents shaped like real embeddings (docs/simulated.md)
-    # structure=clustered only: a topic hierarchy, an anisotropic spectrum, a cone and a modality gap
-    topics: int = 32  # coarse topics
-    subtopics: int = 32  # sub-topics per topic (images are drawn around the topics x subtopics centres)
-    topic_spread: float = 0.64  # sd of the topic centres (an isotropic latent's is 1)
-    subtopic_spread: float = 0.64  # sd of each sub-topic's offset from its topic's centre
-    own_spread: float = 0.6  # sd of each image's own part around its sub-topic's centre
-    spectrum_decay: float = 1.0  # latent variance along dimension j is proportional to (j + 1) ** -decay
-    cone: float = 0.35  # share of each image row's squared norm on the images' common direction (mean cosine)
-    gap: float = 0.8  # distance between the image and the text centroids (models with no score placement)
-
-    def __post_init__(self):
-        self.name = checks.text(self.name, "dataset.name")
-        for key in ("n_images", "n_captions", "latent_dim"):
-            setattr(self, key, checks.integer(getattr(self, key), f"dataset.{key}", 1))
-        for key in ("caption_noise", "shared_caption_noise"):
-            setattr(self, key, checks.number(getattr(self, key), f"dataset.{key}", 0))
-        self.seed = checks.integer(self.seed, "dataset.seed", 0)
-        checks.choice(self.split, "dataset.split", SIM_SPLITS)
-        checks.choice(self.structure, "dataset.structure", SIM_STRUCTURES)
-        for key in ("topics", "subtopics"):
-            setattr(self, key, checks.integer(getattr(self, key), f"dataset.{key}", 1))
-        for key in ("topic_spread", "subtopic_spread", "own_spread"):
-            setattr(self, key, checks.number(getattr(self, key), f"dataset.{key}", 0, 100, open_low=key == "own_spread"))
-        self.spectrum_decay = checks.number(self.spectrum_decay, "dataset.spectrum_decay", 0, 8,
-                                            hint="0 = every latent dimension alike")
-        self.cone = checks.number(self.cone, "dataset.cone", 0, 1, open_low=True, open_high=True)
-        self.gap = checks.number(self.gap, "dataset.gap", 0, 2 * self.cone ** 0.5,
-                                 hint=f"at most 2 * sqrt(dataset.cone) = {2 * self.cone ** 0.5:.4g}")
-        checks.unread(self, "dataset", "structure", SIM_STRUCTURE_READS, " (latents drawn alike in every direction)")
-
-
-@dataclass
-class TinyDatasetConfig:
-    name: str = "tiny"
-    kind: str = "tiny"
-    limit: int | None = None  # use only the first N images
-
-    def __post_init__(self):
-        self.name = checks.text(self.name, "dataset.name")
-        self.limit = checks.optional_integer(self.limit, "dataset.limit", 1, "null = all images")
-
-
-@dataclass
-class ManifestDatasetConfig:
-    name: str = "manifest"
-    kind: str = "manifest"
-    manifest: str | None = None  # the JSONL file, one line per image
-    image_root: str | None = None  # folder that relative paths are relative to (default: the manifest's folder)
-
-    def __post_init__(self):
-        self.name = checks.text(self.name, "dataset.name")
-        if not self.manifest:
-            raise FusebenchError("dataset.manifest is not set: pass dataset.manifest=/path/to/manifest.jsonl.")
-        self.manifest = checks.text(self.manifest, "dataset.manifest")
-        self.image_root = checks.text(self.image_root, "dataset.image_root", allow_none=True)
-
-
-@dataclass
-class KarpathyDatasetConfig:
-    name: str = "karpathy"
-    kind: str = "karpathy"
-    annotations: str | None = None  # Karpathy's dataset_*.json, or CLIP_benchmark's files
-    image_root: str | None = None
-    split: str = "test"  # test | val | restval | train
-    expected: dict = field(default_factory=dict)  # {images, captions}: the protocol guard; {} = none
-    allow_nonstandard: bool = False  # true: run a differing corpus, marked non-standard
-    verify_images: str = "header"  # none | header | full (decode every image)
-
-    def __post_init__(self):
-        self.name = checks.text(self.name, "dataset.name")
-        for key in ("annotations", "image_root"):
-            if not getattr(self, key):
-                raise FusebenchError(f"dataset.{key} is not set (see conf/dataset/{self.name}.yaml and paths.data_root).")
-        checks.choice(self.verify_images, "dataset.verify_images", VERIFY_IMAGES)
-        self.expected = checks.mapping(self.expected, "dataset.expected")
-        checks.known_keys(self.expected, "dataset.expected", ("images", "captions"))
-        for key, value in self.expected.items():
-            checks.integer(value, f"dataset.expected.{key}", 1)
-        if len(self.expected) == 1:
-            raise FusebenchError(f"dataset.expected={self.expected} is not valid: give both images and captions "
-                                 "(the standard split's counts), or {} for no check.")
-        self.annotations = checks.text(self.annotations, "dataset.annotations")
-        self.image_root = checks.text(self.image_root, "dataset.image_root")
-        self.split = checks.text(self.split, "dataset.split")
-        self.allow_nonstandard = checks.boolean(self.allow_nonstandard, "dataset.allow_nonstandard")
-
-
-DatasetConfig = SimDatasetConfig | TinyDatasetConfig | ManifestDatasetConfig | KarpathyDatasetConfig
-DATASETS: dict[str, type] = {"karpathy": KarpathyDatasetConfig, "manifest": ManifestDatasetConfig,
-                             "sim": SimDatasetConfig, "tiny": TinyDatasetConfig}  # dataset.kind -> its keys
+# The dataset kinds (dataset.kind): one module each in fusebench.data.kinds, each with its keys' dataclass
+# (stored below as schema_dataset_NAME); read here by that package's dotted name (the scan), not by an import up
+DATASET_KINDS: Registry = Registry("fusebench.data.kinds", "dataset kind", "dataset.kind")
+DatasetConfig = Any  # a dataset kind's params dataclass (fusebench.data.kinds.NAME)
 
 
 def criterion_parts(criterion: str) -> tuple[str, int] | None:
@@ -350,7 +246,7 @@ class ReferenceConfig:
 
 
 def register() -> None:
-    """Store every schema as a root config ``schema_GROUP`` (``schema_dataset_sim`` for the sim dataset), which
+    """Store every schema as a root config ``schema_GROUP`` (``schema_dataset_KIND`` for each dataset kind), which
     the YAML options start from (``defaults: [/schema_fusion@_here_, _self_]``). At the root, not inside the
     groups: a schema is not an option a user picks, so ``fusion=schema`` is unknown, ``--help`` does not list
     it and ``fusion=glob(*)`` does not match it."""
@@ -362,7 +258,9 @@ def register() -> None:
 
     store = ConfigStore.instance()
     for name, node in (("schema_fusion", FusionConfig), ("schema_eval", EvalConfig), ("schema_embed", EmbedConfig),
-                       ("schema_dataset_sim", SimDatasetConfig), ("schema_logger", WandbConfig),
+                       ("schema_logger", WandbConfig),
                        ("schema_tune", TuneConfig), ("schema_gallery", GalleryConfig),
                        ("schema_search", SearchConfig)):
         store.store(name=name, node=node)
+    for kind in DATASET_KINDS.items():
+        store.store(name=f"schema_dataset_{kind.name}", node=kind.params)

@@ -124,3 +124,16 @@ def validate_corpus(corpus: Corpus, source: str) -> Corpus:
                                      f"and {c + 1}); caption ids must be unique.")
             first[caption_id] = c
     return corpus
+
+
+def sample_images(corpus: Corpus, n_images: int, seed: int) -> Corpus:
+    """At most ``n_images`` of ``corpus``'s images that have captions, a seeded sample in corpus order, with their
+    captions (the whole corpus's images with captions when it has no more)."""
+    with_captions = corpus.i2t_query_images
+    if len(with_captions) <= n_images:
+        keep = with_captions
+    else:
+        keep = np.sort(np.random.default_rng(seed).choice(with_captions, size=n_images, replace=False))
+    drop = np.ones(corpus.n_images, dtype=bool)
+    drop[keep] = False
+    return corpus.without_images(drop)[0]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.config.schema import SIM_STRUCTURE_READS, SimDatasetConfig
 from fusebench.data.corpus import Corpus, validate_corpus
+from fusebench.data.kinds.sim import SIM_STRUCTURE_READS, SimDatasetConfig
 
 
 def caption_counts(n_images: int, n_captions: int) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fusebench import DIRECTIONS, FusebenchError
-from fusebench.config.schema import DATASETS, POSITIVE_SETS
+from fusebench.config.schema import DATASET_KINDS, POSITIVE_SETS
 from fusebench.data.corpus import Corpus
 from fusebench.evaluation.comparisons import compare_values
 from fusebench.evaluation.subrecords import PositiveCounts
@@ -82,7 +82,7 @@ def _read(path: Path) -> dict[int, list[int]]:
 def _subset_advice(corpus: Corpus) -> str:
     """What to do about ids the data files have and the corpus lacks, for the dataset kind that loaded it: only
     a kind that takes dataset.allow_nonstandard is told to set it."""
-    if corpus.kind in DATASETS and "allow_nonstandard" in config_keys(DATASETS[corpus.kind]):
+    if corpus.kind in DATASET_KINDS and "allow_nonstandard" in config_keys(DATASET_KINDS.get(corpus.kind).params):
         return ("Karpathy's dataset_coco.json test split has every id; a deliberate subset must be marked "
                 "non-standard (dataset.allow_nonstandard=true).")
     return ("The corpus must be that whole split (its 5,000 images and their captions) under COCO's ids: the integer "
