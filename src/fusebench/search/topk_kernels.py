@@ -31,6 +31,12 @@ def _worse(v1, i1, v2, i2) -> bool:
 
 
 @kernel(inline="always")
+def _swap(vals, ids, a, b):
+    vals[a], vals[b] = vals[b], vals[a]
+    ids[a], ids[b] = ids[b], ids[a]
+
+
+@kernel(inline="always")
 def _sift_down(vals, ids, start, size):
     pos = start
     while True:
@@ -40,8 +46,7 @@ def _sift_down(vals, ids, start, size):
         if child + 1 < size and _worse(vals[child + 1], ids[child + 1], vals[child], ids[child]):
             child += 1
         if _worse(vals[child], ids[child], vals[pos], ids[pos]):
-            vals[pos], vals[child] = vals[child], vals[pos]
-            ids[pos], ids[child] = ids[child], ids[pos]
+            _swap(vals, ids, pos, child)
             pos = child
         else:
             break
@@ -57,8 +62,7 @@ def _offer(vals, ids, count, value, index) -> int:
         while pos > 0:  # sift up
             parent = (pos - 1) // 2
             if _worse(vals[pos], ids[pos], vals[parent], ids[parent]):
-                vals[pos], vals[parent] = vals[parent], vals[pos]
-                ids[pos], ids[parent] = ids[parent], ids[pos]
+                _swap(vals, ids, pos, parent)
                 pos = parent
             else:
                 break
