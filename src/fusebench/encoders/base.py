@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Encoder(Protocol):
-    """A real model backend (model kinds ``open_clip`` and ``hf``; ``fusebench.encoders.real.ENCODERS`` maps
-    a kind to its class, constructed as ``Encoder(name, spec)``). Nothing is loaded until :meth:`load`."""
+    """A real model backend (a model kind's ``backend``, ``fusebench.encoders.kinds``, builds one as
+    ``backend(name, spec)``). Nothing is loaded until :meth:`load`."""
 
     backend: str
     name: str
