@@ -222,7 +222,7 @@ def test_readme_names_every_extra_pyproject_has():
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
                  ["optional-dependencies"])
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    named = set(re.findall(r"`\[(\w+)\]`", readme))
+    named = set(re.findall(r"`\[([\w-]+)\]`", readme))
     assert named <= extras, f"README names extras pyproject.toml lacks: {sorted(named - extras)}"
     assert extras <= named, f"README does not name the extras {sorted(extras - named)}"
 
@@ -237,13 +237,16 @@ SHARED_NAMES = {
 }
 
 
+PLUGIN_FOLDERS = ("methods", "kinds")  # plugin folders: layout.md names the folder, its registry lists the modules
+
+
 def test_layout_names_every_module_and_shared_names_are_explained():
-    """docs/layout.md names every module of the package (fusion methods as their folder), and a module name two
+    """docs/layout.md names every module of the package (plugins as their folder), and a module name two
     packages share is one the table above explains."""
     package = SRC / "fusebench"
     layout = (DOCS / "layout.md").read_text(encoding="utf-8")
     named = set(re.findall(r"`([\w/]+\.py)`", layout))
-    modules = [p for p in package.rglob("*.py") if p.name != "__init__.py" and p.parent.name != "methods"]
+    modules = [p for p in package.rglob("*.py") if p.name != "__init__.py" and p.parent.name not in PLUGIN_FOLDERS]
     missing = sorted(str(p.relative_to(package)) for p in modules if p.name not in named)
     assert not missing, f"docs/layout.md does not name {missing}"
     by_name: dict[str, list[str]] = {}

@@ -69,7 +69,10 @@ class Encoder(Protocol):
 
 
 def to_device(batch, device, non_blocking: bool = False):
-    """A batch (a tensor or a dict of tensors) on ``device``."""
+    """A batch (a tensor or a dict of tensors) on ``device``; a list (of PIL images or strings, which the
+    backend's own encode moves) as it is."""
+    if isinstance(batch, list):
+        return batch
     if isinstance(batch, dict):
         return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
     return batch.to(device, non_blocking=non_blocking)
