@@ -1,4 +1,4 @@
-"""What the real kinds (open_clip, hf, sentence_transformers) share: their rows come from their encoder through
+"""What the real kinds (those with an encoder ``backend``) share: their rows come from their encoder through
 the embedding cache, or from their ``sim:`` stand-in on a simulated corpus (``encoders.models.load_real``)."""
 
 from __future__ import annotations
