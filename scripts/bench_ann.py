@@ -37,7 +37,7 @@ from fusebench.config import CONFIG_DIR
 from fusebench.config.search import INDEX_READS, INDEXES, SearchConfig
 from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus
-from fusebench.encoders import embed
+from fusebench.encoders.models import embed
 from fusebench.search.model_lists import compute_model_lists
 
 MODELS = ("sim_siglip2_like", "sim_dfn5b_like")

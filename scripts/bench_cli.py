@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 from fusebench.config import CONFIG_DIR
 from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus
-from fusebench.encoders import embed
+from fusebench.encoders.models import embed
 
 # The instrumented run: the stages a CLI job goes through, each (row, module, attribute) wrapped in a timer.
 # A stage called inside another is reported on its own and subtracted from its parent (rows never double count).

@@ -24,8 +24,8 @@ import torch
 from fusebench.config.schema import EmbedConfig
 from fusebench.data.corpus import Corpus
 from fusebench.data.tiny import load_tiny
-from fusebench.encoders import load_raw
 from fusebench.encoders.devices import resolve_device
+from fusebench.encoders.models import load_raw
 from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.real import autocast
 

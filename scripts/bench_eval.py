@@ -40,8 +40,8 @@ from fusebench.backends.retrieval import SearchSettings, retrieve
 from fusebench.config import CONFIG_DIR
 from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus
-from fusebench.encoders import embed
 from fusebench.encoders.devices import resolve_device
+from fusebench.encoders.models import embed
 from fusebench.evaluation.comparisons import paired_comparisons, retriever_result
 from fusebench.evaluation.metrics import hits_at_k
 from fusebench.evaluation.stats import paired_bootstrap

@@ -45,7 +45,7 @@ def embedding_check(device: str) -> dict:
 
     from fusebench.config.schema import EmbedConfig
     from fusebench.data.tiny import load_tiny
-    from fusebench.encoders import embed
+    from fusebench.encoders.models import embed
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

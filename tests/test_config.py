@@ -143,8 +143,10 @@ def test_the_composed_config_converts_once_into_its_types(compose_cfg):
     from fusebench.app.run_config import run_config
     from fusebench.config.run import RunConfig
     from fusebench.config.schema import NoLoggerConfig
-    from fusebench.config.specs import HFModel, OpenClipModel, SimModel
     from fusebench.data.kinds.sim import SimDatasetConfig
+    from fusebench.encoders.kinds.hf import HFModel
+    from fusebench.encoders.kinds.open_clip import OpenClipModel
+    from fusebench.encoders.kinds.sim import SimModel
 
     config = run_config(compose_cfg(["logger=none", "tune=weights"]))
     assert isinstance(config, RunConfig) and isinstance(config.dataset, SimDatasetConfig)

@@ -110,7 +110,7 @@ def test_sim_families_sit_where_real_ones_do_and_raw_sum_follows_the_wider_model
     raw-score sum leans toward the CLIP-like model's ranking, while DBSF (per-list normalised) does not."""
     import torch
 
-    from fusebench.encoders import embed
+    from fusebench.encoders.models import embed
     from fusebench.fusion.combine import fuse
     from fusebench.fusion.config import FusionConfig
 

@@ -222,7 +222,7 @@ def test_readme_names_every_extra_pyproject_has():
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
                  ["optional-dependencies"])
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    named = set(re.findall(r"`\[(\w+)\]`", readme))
+    named = set(re.findall(r"`\[([\w-]+)\]`", readme))
     assert named <= extras, f"README names extras pyproject.toml lacks: {sorted(named - extras)}"
     assert extras <= named, f"README does not name the extras {sorted(extras - named)}"
 
@@ -235,13 +235,15 @@ SHARED_NAMES = {
     "exact.py": "exact search: search/ (the math) and backends/ (search=exact, the backend over it)",
     "simulated.py": "the simulator: data/ (the sim corpus) and encoders/ (the sim models' embeddings)",
 }
-PLUGIN_FOLDERS = ("methods", "kinds")  # fusion/methods/, data/kinds/: one module per registered name
+
+
+PLUGIN_FOLDERS = ("methods", "kinds")  # plugin folders: layout.md names the folder, its registry lists the modules
 
 
 def test_layout_names_every_module_and_shared_names_are_explained():
     """docs/layout.md names every module of the package (a plugin folder's modules, named by what they register:
-    fusion methods, dataset kinds, as their folder), and a module name two packages share is one the table above
-    explains."""
+    fusion methods, dataset kinds, model kinds, as their folder), and a module name two packages share is one the
+    table above explains."""
     package = SRC / "fusebench"
     layout = (DOCS / "layout.md").read_text(encoding="utf-8")
     named = set(re.findall(r"`([\w/]+\.py)`", layout))

@@ -23,10 +23,10 @@ from fusebench import FusebenchError
 from fusebench.app.pipeline import run
 from fusebench.config.schema import EmbedConfig
 from fusebench.data.manifest import load_manifest
-from fusebench.encoders import load_raw
 from fusebench.encoders.devices import resolve_device
 from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.images import BadImageError, image_batches
+from fusebench.encoders.models import load_raw
 from fusebench.encoders.openclip import OpenClipEncoder
 
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))

@@ -1,5 +1,8 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
+import yaml
 from helpers.corpora import write_manifest
 
 from fusebench import FusebenchError
@@ -7,7 +10,7 @@ from fusebench.config.specs import SimParams
 from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.manifest import load_manifest
 from fusebench.data.simulated import make_sim_corpus
-from fusebench.encoders import embed
+from fusebench.encoders.models import embed
 
 
 @pytest.fixture
@@ -54,7 +57,11 @@ def test_vectors_missing_files_and_keys(tmp_path, corpus):
 
 
 def test_unknown_kind_lists_valid_kinds(corpus):
-    with pytest.raises(FusebenchError, match="models.a.kind='clip' is not a known model kind; valid kinds: sim, vectors, open_clip, hf"):
+    from fusebench.encoders.kinds import REGISTRY
+
+    assert {"sim", "vectors", "open_clip", "hf"} <= set(REGISTRY.names())
+    valid = ", ".join(REGISTRY.names())
+    with pytest.raises(FusebenchError, match=f"models.a.kind='clip' is not a known model kind; valid kinds: {valid}"):
         embed("a", {"kind": "clip"}, corpus)
 
 
@@ -102,11 +109,20 @@ def test_sim_rows_of_large_corpora_are_not_kept(monkeypatch):
 
 
 def test_every_real_backend_implements_the_encoder_protocol():
+    """Every kind with a backend (a real kind) builds an Encoder from a shipped conf/models file of that kind."""
+    from fusebench.config import CONFIG_DIR
+    from fusebench.config.specs import RealModel, model_spec
     from fusebench.encoders.base import Encoder
-    from fusebench.encoders.real import ENCODERS
+    from fusebench.encoders.kinds import REGISTRY
 
-    specs = {"open_clip": {"kind": "open_clip", "model": "ViT-B-32"}, "hf": {"kind": "hf", "checkpoint": "x/y"}}
-    assert set(ENCODERS) == set(specs)
-    for kind, cls in ENCODERS.items():
-        encoder = cls("m", specs[kind])  # nothing loaded yet
-        assert isinstance(encoder, Encoder) and encoder.backend == kind and encoder.dim == 0
+    shipped = {}
+    for path in sorted((Path(CONFIG_DIR) / "models").glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())
+        shipped.setdefault(spec["kind"], (path.stem, spec))
+    real = [kind for kind in REGISTRY.items() if kind.backend is not None]
+    assert {kind.name for kind in real} == {kind.name for kind in REGISTRY.items() if issubclass(kind.spec, RealModel)}
+    for kind in real:
+        assert kind.name in shipped, f"no conf/models/*.yaml of kind {kind.name}"
+        name, given = shipped[kind.name]
+        encoder = kind.backend(name, model_spec(name, given, []))  # nothing loaded yet
+        assert isinstance(encoder, Encoder) and encoder.backend == kind.name and encoder.dim == 0

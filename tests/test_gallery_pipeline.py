@@ -8,7 +8,7 @@ from helpers.reference import t2i_rank
 from fusebench.app.pipeline import run
 from fusebench.app.run_config import run_config
 from fusebench.data import load_corpus
-from fusebench.encoders import embed
+from fusebench.encoders.models import embed
 
 pytestmark = pytest.mark.slow  # whole jobs
 

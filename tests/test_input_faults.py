@@ -19,8 +19,8 @@ from helpers.tiers import fast_first
 from fusebench import FusebenchError
 from fusebench.data.karpathy import load_karpathy, read_annotations
 from fusebench.data.manifest import load_manifest
-from fusebench.encoders import load_raw
 from fusebench.encoders.base import check_embeddings, check_matrix
+from fusebench.encoders.models import load_raw
 from fusebench.encoders.rownorm import l2_normalise_rows
 from fusebench.encoders.vectors import vector_arrays
 

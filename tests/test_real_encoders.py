@@ -15,8 +15,8 @@ from fusebench.app.pipeline import run
 from fusebench.config.schema import EmbedConfig
 from fusebench.config.specs import model_spec
 from fusebench.data.tiny import load_tiny
-from fusebench.encoders import embed, load_raw
 from fusebench.encoders.hf import HFEncoder
+from fusebench.encoders.models import embed, load_raw
 from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.query_text import preprocess_text
 

@@ -4,7 +4,7 @@ The packages read as a run's data flows (``app.pipeline.run`` holds the flow on 
 
 - ``config``      the config groups' schemas (``conf/`` at the repository root), typed reads, model keys per kind
 - ``data``        the corpus type and one loader per source (a new dataset goes here)
-- ``encoders``    embedding sources behind one interface: open_clip, hf, vectors, sim; query text; devices
+- ``encoders``    embedding sources behind one interface, one plugin module per model kind (``encoders/kinds``); query text; devices
 - ``stores``      what is computed once and reused: embeddings, ranked lists, score matrices (one entry mechanism)
 - ``search``      exact top-k and its kernels, one model's ranked lists (approximate index backends go here)
 - ``fusion``      normalisers x aggregations, fusion over whole rankings, engine presets (a new method goes here)

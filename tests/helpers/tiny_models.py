@@ -91,3 +91,20 @@ def build_hf(folder: Path, family: str, seed: int = 0) -> Path:
     model.save_pretrained(folder, safe_serialization=True)
     processor.save_pretrained(folder)
     return folder
+
+
+def build_sentence_transformers_clip(folder: Path, seed: int = 0) -> Path:
+    """A tiny random-weight CLIP as sentence-transformers saves one (SentenceTransformer.save): its CLIPModel
+    module over a tiny transformers CLIPModel with a processor (tokenizer + image processor)."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer, CLIPImageProcessor, CLIPProcessor
+
+    clip = build_hf(folder.parent / f"{folder.name}_clip", "clip", seed)
+    CLIPProcessor(image_processor=CLIPImageProcessor.from_pretrained(clip),
+                  tokenizer=AutoTokenizer.from_pretrained(clip)).save_pretrained(clip)
+    try:  # sentence-transformers >= 5.4 (the CLIP module moved); older releases
+        from sentence_transformers.sentence_transformer.modules import CLIPModel
+    except ImportError:
+        from sentence_transformers.models import CLIPModel
+    SentenceTransformer(modules=[CLIPModel(str(clip))], device="cpu").save(str(folder))
+    return folder

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def _sim_rows(config: RunConfig, name: str, corpus: Corpus) -> DistractorRows:
-    from fusebench.encoders import sim_stand_in
+    from fusebench.encoders.models import sim_stand_in
     from fusebench.encoders.simulated import sim_distractor_rows
 
     spec = config.models[name]

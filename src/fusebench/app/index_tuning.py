@@ -22,10 +22,10 @@ import numpy as np
 from fusebench import FusebenchError
 from fusebench.backends.target_recall import TuningQueries
 from fusebench.config.run import RunConfig
-from fusebench.config.specs import VectorsModel
 from fusebench.data import other_split, tuning_split
 from fusebench.data.corpus import Corpus
 from fusebench.encoders.base import ModelEmbeddings
+from fusebench.encoders.kinds.vectors import VectorsModel
 from fusebench.evaluation.tuning import slice_embeddings
 
 log = logging.getLogger(__name__)

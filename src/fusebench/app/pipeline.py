@@ -31,9 +31,9 @@ from fusebench.config.search import check_sizes
 from fusebench.config.specs import RealModel
 from fusebench.data import load_corpus
 from fusebench.data.corpus import Corpus
-from fusebench.encoders import drop_unreadable, finalize, load_raw
 from fusebench.encoders.base import RawEmbeddings
 from fusebench.encoders.devices import resolve_device
+from fusebench.encoders.models import drop_unreadable, finalize, load_raw
 from fusebench.evaluation.comparisons import oracle_metrics, paired_comparisons, retriever_result
 from fusebench.evaluation.positives import evaluate as evaluate_positives
 from fusebench.evaluation.positives import load_positives, needed_depth

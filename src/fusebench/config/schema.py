@@ -107,7 +107,7 @@ class CacheConfig:
 
 @dataclass
 class EmbedConfig:
-    """How real models (kind open_clip, hf) run and where embeddings are cached (the encoders' ``runtime``)."""
+    """How real models (the kinds with an encoder backend) run and where embeddings are cached (the encoders' ``runtime``)."""
 
     device: str = "auto"  # auto (cuda, mps, cpu) | cpu | cuda | cuda:1 | mps
     precision: str = "auto"  # auto: bf16 autocast on cuda, fp32 elsewhere | fp32 | bf16 | fp16

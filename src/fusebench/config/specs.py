@@ -1,25 +1,31 @@
 """Model specs as types, one class per model kind: a key nothing reads is an error, never silently ignored.
 
 A model spec is free-form YAML (``conf/models/NAME.yaml`` or ``+models.NAME.KEY=...`` overrides), so Hydra
-cannot type-check it: :func:`model_specs` turns the ``models`` group into one typed spec per model (``SimModel``,
-``VectorsModel``, ``OpenClipModel``, ``HFModel``; ``MODEL_KINDS``), whose fields are the kind's keys and whose
-``__post_init__`` checks their values. ``+models.sim_dfn5b_like.wieght=0`` would otherwise run with the weight
-unchanged; it is refused, naming the key and listing the kind's keys. Every kind may carry ``weight``, ``text``
-(query preprocessing; for ``vectors`` and ``sim`` a description the reports read), ``label`` and ``published``
-(the model's published numbers, free-form). A spec keeps the mapping it was given (``given``, in its order):
-the run record stores what was configured, as configured.
+cannot type-check it: :func:`model_specs` turns the ``models`` group into one typed spec per model, of its kind's
+class, whose fields are the kind's keys and whose ``__post_init__`` checks their values.
+``+models.sim_dfn5b_like.wieght=0`` would otherwise run with the weight unchanged; it is refused, naming the key
+and listing the kind's keys. Every kind may carry ``weight``, ``text`` (query preprocessing; for ``vectors`` and
+``sim`` a description the reports read), ``label`` and ``published`` (the model's published numbers, free-form).
+A spec keeps the mapping it was given (``given``, in its order): the run record stores what was configured, as
+configured.
+
+Each kind is one module of ``fusebench.encoders.kinds`` (its name, spec class and operation), found by a scan:
+:data:`MODEL_KINDS` is that registry, read here, so this layer names no kind (the scan imports the plugins by
+their dotted name). This module keeps what the kinds share: :class:`ModelSpec`, :class:`TextConfig`,
+:class:`RealModel` (a real model's ``sim:`` stand-in) and :class:`SimParams`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from fusebench import FUSED, FusebenchError
 from fusebench.runtime import checks
 from fusebench.runtime.checks import INTERNAL
+from fusebench.runtime.plugins import Registry
 
 DEFAULT_WEIGHT = 1.0  # a model's weight in the fused score when its spec sets none
 TEXT_CASES = ("as_typed", "lowercase", "canonicalize")
@@ -41,19 +47,6 @@ class TextConfig:
             raise FusebenchError(f"{self.where}.case={self.case!r} is not valid; valid: {', '.join(TEXT_CASES)}.")
         if self.template is not None and (not isinstance(self.template, str) or self.template.count("{}") != 1):
             raise FusebenchError(f"{self.where}.template={self.template!r} must be a string with exactly one '{{}}'.")
-
-
-@dataclass
-class HFTextConfig(TextConfig):
-    """An hf model's text settings: also its tokenizer's ``padding`` and ``max_length`` (null: the model's)."""
-
-    padding: str | bool = "max_length"
-    max_length: int | None = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.max_length = checks.optional_integer(self.max_length, f"{self.where}.max_length", 1,
-                                                  "null = the model's trained length")
 
 
 @dataclass
@@ -122,43 +115,9 @@ class ModelSpec:
 
 
 @dataclass
-class SimModel(ModelSpec):
-    """Kind ``sim``: a simulated model over the sim dataset (fusebench.data.simulated)."""
-
-    dim: int | None = None
-    image_noise: float | None = None
-    text_noise: float | None = None
-    seed: int | None = None
-    score_scale: float | None = None
-    score_shift: float | None = None
-    params: SimParams | None = field(default=None, metadata=INTERNAL)
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.params = SimParams(self.dim, self.image_noise, self.text_noise, self.seed, self.score_scale,
-                                self.score_shift, where=f"models.{self.name}")
-
-
-@dataclass
-class VectorsModel(ModelSpec):
-    """Kind ``vectors``: embeddings the user already has, as .npy files in corpus order."""
-
-    image_embeddings: str | None = None
-    text_embeddings: str | None = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        for key in ("image_embeddings", "text_embeddings"):
-            if not getattr(self, key):
-                raise FusebenchError(f"models.{self.name}.{key} is not set; kind 'vectors' needs image_embeddings "
-                                     "and text_embeddings (.npy files).")
-            setattr(self, key, str(getattr(self, key)))
-
-
-@dataclass
 class RealModel(ModelSpec):
-    """A real model (open_clip, hf): its ``sim:`` block is its stand-in on dataset=sim (``stand_in``: resolved for
-    its text case; None without a block)."""
+    """A real model (a kind with an encoder backend, embedded through the cache): its ``sim:`` block is its
+    stand-in on dataset=sim (``stand_in``: resolved for its text case; None without a block)."""
 
     sim: SimParams | None = None
     stand_in: SimParams | None = field(default=None, metadata=INTERNAL)
@@ -168,40 +127,20 @@ class RealModel(ModelSpec):
         self.stand_in = None if self.sim is None else self.sim.for_case(self.text.case)
 
 
-@dataclass
-class OpenClipModel(RealModel):
-    """Kind ``open_clip``: ``model`` (a built-in name, ``hf-hub:org/repo`` or ``local-dir:/path``), ``pretrained``
-    (a tag or a local weights file), ``context_length`` (the tokenizer's, null: the model's)."""
+@dataclass(frozen=True)
+class ModelKind:
+    """One model kind, registered by its module in ``fusebench.encoders.kinds``."""
 
-    model: str | None = None
-    pretrained: str | None = None
-    context_length: int | None = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not self.model:
-            raise FusebenchError(f"models.{self.name}.model is not set; kind 'open_clip' needs an open_clip model name "
-                                 "(e.g. ViT-B-32), 'hf-hub:org/repo' or 'local-dir:/path/to/checkpoint'.")
-        self.context_length = checks.optional_integer(self.context_length, f"models.{self.name}.context_length", 1)
+    name: str  # the value of models.NAME.kind
+    spec: type[ModelSpec]  # its keys: a ModelSpec subclass whose fields are the keys and __post_init__ the checks
+    load: Callable  # (spec, corpus, runtime: the embed group or None) -> RawEmbeddings: the model's rows
+    doc: str  # one line: what the kind is (messages, docs)
+    backend: Callable | None = None  # a real kind's encoder, (name, spec) -> encoders.base.Encoder (heavy: built
+    #   only when a cache miss needs it)
+    order: int = 50  # its place in the lists a user reads (messages, docs)
 
 
-@dataclass
-class HFModel(RealModel):
-    """Kind ``hf``: ``checkpoint`` (a hub id or a folder saved with save_pretrained) at ``revision`` (hub only)."""
-
-    checkpoint: str | None = None
-    revision: str | None = None
-    text: HFTextConfig = field(default_factory=HFTextConfig)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not self.checkpoint:
-            raise FusebenchError(f"models.{self.name}.checkpoint is not set; kind 'hf' needs a Hugging Face model id "
-                                 "(e.g. google/siglip2-so400m-patch14-384) or a local folder saved with save_pretrained.")
-
-
-MODEL_KINDS: dict[str, type[ModelSpec]] = {"sim": SimModel, "vectors": VectorsModel, "open_clip": OpenClipModel,
-                                           "hf": HFModel}  # kind -> its spec (the loaders: fusebench.encoders.KINDS)
+MODEL_KINDS: Registry[ModelKind] = Registry("fusebench.encoders.kinds", "model kind", "models.NAME.kind")
 
 
 def model_spec(name: str, value, registry: list[str]) -> ModelSpec:
@@ -210,11 +149,11 @@ def model_spec(name: str, value, registry: list[str]) -> ModelSpec:
     kind = given.get("kind")
     if kind is None:
         raise FusebenchError(_no_kind(name, given, registry))
-    if not isinstance(kind, str) or kind not in MODEL_KINDS:
+    if kind not in MODEL_KINDS:
         raise FusebenchError(f"models.{name}.kind={kind!r} is not a known model kind; valid kinds: "
-                             f"{', '.join(MODEL_KINDS)}.")
-    cls = MODEL_KINDS[kind]
-    text_cls = HFTextConfig if cls is HFModel else TextConfig
+                             f"{', '.join(MODEL_KINDS.names())}.")
+    cls = MODEL_KINDS.get(kind).spec
+    text_cls = next(f for f in fields(cls) if f.name == "text").default_factory  # a kind may widen text:
 
     def text(block, _key):
         where = f"models.{name}.text"
@@ -253,7 +192,7 @@ def _no_kind(name: str, spec: Mapping, registry: list[str]) -> str:
     if name in registry:
         return (f"{keys} was set but model {name!r} is not selected, so it has no kind: select it with "
                 f"models=[...,{name}] (then models.{name}.KEY=... changes it), or drop the override.")
-    return (f"models.{name} has no kind: a new model needs +models.{name}.kind=... (sim, vectors, open_clip, hf), "
+    return (f"models.{name} has no kind: a new model needs +models.{name}.kind=... ({', '.join(MODEL_KINDS.names())}), "
             f"or pick one from the registry with models=[...] ({', '.join(registry)}).")
 
 

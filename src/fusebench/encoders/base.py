@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Encoder(Protocol):
-    """A real model backend (model kinds ``open_clip`` and ``hf``; ``fusebench.encoders.real.ENCODERS`` maps
-    a kind to its class, constructed as ``Encoder(name, spec)``). Nothing is loaded until :meth:`load`."""
+    """A real model backend (a model kind's ``backend``, ``fusebench.encoders.kinds``, builds one as
+    ``backend(name, spec)``). Nothing is loaded until :meth:`load`."""
 
     backend: str
     name: str
@@ -69,7 +69,10 @@ class Encoder(Protocol):
 
 
 def to_device(batch, device, non_blocking: bool = False):
-    """A batch (a tensor or a dict of tensors) on ``device``."""
+    """A batch (a tensor or a dict of tensors) on ``device``; a list (of PIL images or strings, which the
+    backend's own encode moves) as it is."""
+    if isinstance(batch, list):
+        return batch
     if isinstance(batch, dict):
         return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
     return batch.to(device, non_blocking=non_blocking)

@@ -30,12 +30,13 @@ def path_fingerprint(path: Path) -> list:
     return out
 
 
-def hf_hub_revision(repo_id: str, revision: str | None) -> str | None:
-    """The commit of ``repo_id`` in the local Hugging Face cache, without touching the network."""
+def hf_hub_revision(repo_id: str, revision: str | None, filename: str = "config.json") -> str | None:
+    """The commit of ``repo_id`` in the local Hugging Face cache (found by one ``filename`` every snapshot of the
+    repo holds), without touching the network."""
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+        found = try_to_load_from_cache(repo_id, filename, revision=revision)
     except Exception:  # noqa: BLE001 - a missing or odd cache just means 'unknown'
         return None
     if isinstance(found, str):

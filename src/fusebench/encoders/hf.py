@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
-from fusebench.config.specs import HFModel, model_spec
+from fusebench.config.specs import model_spec
 from fusebench.encoders.base import cached_files_only, embedding_width, hub_unavailable, load_error
 from fusebench.encoders.fingerprint import hf_hub_revision, path_fingerprint
+from fusebench.encoders.kinds.hf import HFModel
 
 
 def _features(output) -> torch.Tensor:

@@ -124,8 +124,10 @@ def _collate(items):
     inputs = [x for _, x in good]
     if isinstance(inputs[0], dict):
         batch = {key: torch.stack([x[key] for x in inputs]) for key in inputs[0]}
-    else:
+    elif isinstance(inputs[0], torch.Tensor):
         batch = torch.stack(inputs)
+    else:  # a backend that preprocesses in its encode (sentence_transformers: PIL images)
+        batch = inputs
     return rows, [row for row, _ in good], batch, digests
 
 

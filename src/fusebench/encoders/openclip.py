@@ -13,9 +13,10 @@ from pathlib import Path
 
 import torch
 
-from fusebench.config.specs import OpenClipModel, model_spec
+from fusebench.config.specs import model_spec
 from fusebench.encoders.base import cached_files_only, embedding_width, hub_unavailable, load_error
 from fusebench.encoders.fingerprint import path_fingerprint
+from fusebench.encoders.kinds.open_clip import OpenClipModel
 
 
 class OpenClipEncoder:

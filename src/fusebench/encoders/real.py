@@ -1,4 +1,4 @@
-"""Embed a corpus with a real model (open_clip or hf), through the embedding cache.
+"""Embed a corpus with a real model (a kind with an encoder backend), through the embedding cache.
 
 The model is only loaded when the cache misses; image embeddings do not depend on the text
 preprocessing, so text variants (as typed, lowercase, ...) share one set of image embeddings.
@@ -16,20 +16,17 @@ import numpy as np
 import torch
 
 from fusebench.config.schema import EmbedConfig
-from fusebench.config.specs import RealModel
+from fusebench.config.specs import MODEL_KINDS, RealModel
 from fusebench.data.corpus import Corpus
 from fusebench.encoders.base import Encoder, RawEmbeddings, to_device
 from fusebench.encoders.devices import resolve_device
 from fusebench.encoders.fingerprint import images_fingerprint, texts_fingerprint
-from fusebench.encoders.hf import HFEncoder
 from fusebench.encoders.images import bad_image_error, image_batches, open_rgb
-from fusebench.encoders.openclip import OpenClipEncoder
 from fusebench.encoders.query_text import preprocess_texts
 from fusebench.runtime.progress import bar as progress_bar
 from fusebench.stores.embeddings import EmbeddingCache
 
 log = logging.getLogger(__name__)
-ENCODERS: dict[str, type[Encoder]] = {"open_clip": OpenClipEncoder, "hf": HFEncoder}  # real kind -> backend
 
 
 def autocast(device: torch.device, precision: str):
@@ -104,7 +101,7 @@ class RealRun:
 
 def real_run(spec: RealModel, runtime: EmbedConfig) -> RealRun:
     """``spec``'s backend set up with the embed group's device, precision and cache (nothing loaded yet)."""
-    encoder = ENCODERS[spec.kind](spec.name, spec)
+    encoder = MODEL_KINDS.get(spec.kind).backend(spec.name, spec)
     device = resolve_device(runtime.device, "embed.device")
     precision = runtime.resolved_precision(device)
     cache = EmbeddingCache(runtime.cache.dir, runtime.cache.dtype, runtime.cache.chunk_rows)
