@@ -1,0 +1,151 @@
+"""A module's dependencies stand at its top (issue 40, item 8). A fusebench module imported inside a function is
+one of two kinds, and its line says which with a ``# lazy:`` comment that this test checks against the code:
+
+- ``# lazy: heavy``: the imported module brings a heavy library (``HEAVY``: torch, numba, matplotlib, an engine,
+  ...) with it at import, itself or through the fusebench modules it imports at its top, and the importer is
+  imported where that library must not be (a command's start, a config check);
+- ``# lazy: cycle``: the imported module, at its top (directly or through others), imports the importer, so a
+  top-level import would be a circle.
+
+Any other function-level import of a fusebench module belongs at the top. Static: the files are read, not run.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+import fusebench
+
+PACKAGE = Path(fusebench.__file__).resolve().parent
+SRC = PACKAGE.parent
+HEAVY = {"torch", "numba", "llvmlite", "scipy", "matplotlib", "transformers", "open_clip", "wandb", "pandas",
+         "sklearn", "skimage", "faiss", "pymilvus", "milvus_lite", "lancedb", "qdrant_client", "sentence_transformers",
+         "datasets", "pyarrow", "PIL", "submitit", "joblib"}
+LAZY = re.compile(r"#\s*lazy:\s*(heavy|cycle)\b")
+OURS = ("fusebench", "hydra_plugins")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.cache
+def files() -> dict[str, Path]:
+    return {module_name(p): p for root in OURS for p in sorted((SRC / root).rglob("*.py"))}
+
+
+def _targets(node: ast.AST) -> list[str]:
+    """The modules an import statement imports (``from a import b``: ``a``, and ``a.b`` when that is a module)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in files()]
+        return [*subs, *([node.module] if len(subs) < len(node.names) else [])]
+    return []
+
+
+def _with_parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING" or (
+        isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+
+
+def _top_statements(body: list[ast.stmt]):
+    """A module's statements run at import: its body, and the bodies of top-level if/try/with (not TYPE_CHECKING)."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If) and not _is_type_checking(node):
+            yield from _top_statements(node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            yield from _top_statements(node.body + node.orelse + node.finalbody +
+                                       [s for h in node.handlers for s in h.body])
+        elif isinstance(node, ast.With):
+            yield from _top_statements(node.body)
+
+
+@functools.cache
+def top_imports(name: str) -> frozenset[str]:
+    """Every module ``name`` imports when it is imported (its own top, its packages' ``__init__``)."""
+    tree = ast.parse(files()[name].read_text(encoding="utf-8"))
+    found = set()
+    for node in _top_statements(tree.body):
+        for target in _targets(node):
+            found.update(_with_parents(target))
+    found.update(_with_parents(name)[:-1])
+    found.discard(name)
+    return frozenset(found)
+
+
+@functools.cache
+def closure(name: str) -> frozenset[str]:
+    """Every module importing ``name`` imports, through the top-level imports of ours."""
+    seen, todo = set(), [name]
+    while todo:
+        current = todo.pop()
+        for target in top_imports(current) if current in files() else ():
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return frozenset(seen)
+
+
+def is_heavy(name: str) -> bool:
+    return any(m.split(".")[0] in HEAVY for m in closure(name) | {name})
+
+
+def lazy_imports() -> list[tuple[str, int, tuple[str, ...], str]]:
+    """(importer, line, the modules of ours it imports, the line's text) for each import inside a function."""
+    out = []
+    for name, path in files().items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        tree = ast.parse("\n".join(lines))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                ours = tuple(t for t in _targets(node) if t.split(".")[0] in OURS)
+                if ours:
+                    out.append((name, node.lineno, ours, lines[node.lineno - 1]))
+    return sorted(set(out))
+
+
+def _verdict(importer: str, targets: tuple[str, ...], line: str) -> str | None:
+    """What is wrong with one function-level import statement (None: nothing); one reason covers the statement
+    when it holds for one of the modules it imports."""
+    reason = LAZY.search(line)
+    heavy = any(is_heavy(t) for t in targets)
+    cycle = any(importer in closure(t) for t in targets)
+    named = ", ".join(targets)
+    if reason is None:
+        why = "heavy" if heavy else "cycle" if cycle else None
+        return (f"imports {named} inside a function without a '# lazy:' reason"
+                + (f" (it could say '# lazy: {why}')" if why else ": move it to the top"))
+    if reason.group(1) == "heavy" and not heavy:
+        return f"says '# lazy: heavy' but {named} imports nothing of HEAVY at its top: move it up"
+    if reason.group(1) == "cycle" and not cycle:
+        return f"says '# lazy: cycle' but {named} does not import {importer} at its top: move it up"
+    return None
+
+
+def test_every_function_level_import_of_ours_says_why_and_is_right():
+    wrong = [f"{files()[imp].relative_to(SRC)}:{line}: {problem}" for imp, line, targets, text in lazy_imports()
+             if (problem := _verdict(imp, targets, text))]
+    assert not wrong, f"{len(wrong)} function-level imports to mend:\n" + "\n".join(wrong)
+
+
+def test_the_checker_sees_heavy_modules_and_cycles():
+    assert is_heavy("fusebench.search.exact")  # torch at its top
+    assert not is_heavy("fusebench.runtime.checks")
+    assert not is_heavy("fusebench.runtime.plugins")
+    assert "fusebench.runtime.checks" in closure("fusebench.runtime.plugins")
+    assert _verdict("fusebench.app.cli", ("fusebench.runtime.checks",), "    from x import y") is not None
+    assert _verdict("fusebench.app.cli", ("fusebench.search.exact",), "    import y  # lazy: heavy (torch)") is None
+    assert "move it up" in _verdict("fusebench.app.cli", ("fusebench.runtime.checks",), "import y  # lazy: heavy")
