@@ -102,7 +102,7 @@ def is_heavy(name: str) -> bool:
 
 
 def lazy_imports() -> list[tuple[str, int, tuple[str, ...], str]]:
-    """(importer, line, the modules of ours it imports, the line's text) for each import inside a function."""
+    """(importer, line, the modules of ours it imports, the statement's text) for each import inside a function."""
     out = []
     for name, path in files().items():
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -113,7 +113,7 @@ def lazy_imports() -> list[tuple[str, int, tuple[str, ...], str]]:
             for node in ast.walk(fn):
                 ours = tuple(t for t in _targets(node) if t.split(".")[0] in OURS)
                 if ours:
-                    out.append((name, node.lineno, ours, lines[node.lineno - 1]))
+                    out.append((name, node.lineno, ours, " ".join(lines[node.lineno - 1:node.end_lineno])))
     return sorted(set(out))
 
 
