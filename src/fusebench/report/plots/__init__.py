@@ -21,7 +21,7 @@ table of docs/formats.md and a test.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,7 +33,7 @@ from fusebench.runtime.layout import PLOT_REGISTRY, PLOTS_MANIFEST, plots_manife
 from fusebench.stores.files import atomic_write_text, file_sha256
 
 __all__ = ["DPI", "TITLE_Y", "Plot", "REGISTRY", "RunInputs", "SweepInputs", "drawn_once", "load_matplotlib",
-           "names", "register", "run_plots", "subplots", "sweep_plots", "wilson"]
+           "docs_table", "names", "register", "run_plots", "subplots", "sweep_plots", "wilson"]
 SCOPES = ("run", "sweep")
 
 
@@ -93,6 +93,19 @@ register = REGISTRY.register
 def names(scope: str | None = None) -> tuple[str, ...]:
     """The registered plots (drawn in ``scope``), in drawing order."""
     return tuple(p.name for p in REGISTRY.items() if scope is None or scope in p.scopes)
+
+
+WHERE = {"run": "run dir", "sweep": "report"}  # a scope as the docs table says it
+
+
+def docs_table() -> str:
+    """The plots table of docs/formats.md, from the registry (``tests/test_plots.py`` checks the page holds it)."""
+    lines = ["| plot | drawn in | what it shows | settings (defaults) |", "| --- | --- | --- | --- |"]
+    for plot in REGISTRY.items():
+        settings = ", ".join(f"`{f.name}`: {'null' if f.default is None else f.default}"
+                             for f in fields(plot.params)) if plot.params else ""
+        lines.append(f"| `{plot.name}` | {', '.join(WHERE[s] for s in plot.scopes)} | {plot.doc} | {settings} |")
+    return "\n".join(lines) + "\n"
 
 
 def _draw(scope: str, inputs: RunInputs | SweepInputs, out: Path) -> list[Path]:
