@@ -75,9 +75,10 @@ def query_ranks(ranks_a: np.ndarray, ranks_b: np.ndarray, a: str, b: str, k: int
     labels = legend_labels(a, b, k, int(fixed.sum()), int(broken.sum()), len(x))
     other = ~(fixed | broken)
     fig, ax = subplots(figsize=(7, 6.5))
-    ax.scatter(x[other], y[other], s=6, color="lightgray", label=labels[2], rasterized=True)
-    ax.scatter(x[fixed], y[fixed], s=10, color="tab:green", label=labels[0])
-    ax.scatter(x[broken], y[broken], s=10, color="tab:red", label=labels[1])
+    for mask, size, color, label in ((other, 6, "lightgray", labels[2]), (fixed, 10, "tab:green", labels[0]),
+                                     (broken, 10, "tab:red", labels[1])):
+        points = np.unique(np.stack([x[mask], y[mask]], axis=1), axis=0)  # ranks repeat: each point drawn once
+        ax.scatter(points[:, 0], points[:, 1], s=size, color=color, label=label)
     ax.plot([1, absent], [1, absent], color="black", lw=0.8, linestyle=":")
     for line in (ax.axhline, ax.axvline):
         line(absent, color="gray", lw=0.6, linestyle="--")
