@@ -305,7 +305,8 @@ def test_the_verdict_is_read_off_the_interval():
 
 def test_each_backend_gets_one_sentence_on_whether_fusing_through_it_beats_not_fusing(tmp_path):
     from fusebench.report.index_effects import survival_sentences
-    from fusebench.report.index_plots import recall_time_plot, verdict_plot
+    from fusebench.report.plots.index_recall_time import recall_time_plot
+    from fusebench.report.plots.index_verdict import verdict_plot
 
     def row(backend, n, best, fusion=None, gain=(1.0, 0.5, 1.5)):
         r = {"backend": backend, "distractors": n, **_pair("vs_exact_best", *best), **_pair("gain", *gain),
@@ -350,7 +351,7 @@ def test_two_model_sets_and_two_settings_of_one_method_are_told_apart(tmp_path):
     """Rows of one backend that differ in their models or in a fusion setting are separate series, each named by
     what differs (found by a review: two model sets on one split read as one backend at '0 distractors' twice)."""
     from fusebench.report.index_effects import series, survival_sentences
-    from fusebench.report.index_plots import verdict_plot
+    from fusebench.report.plots.index_verdict import verdict_plot
 
     def row(models, settings, n, v):
         return {"backend": "faiss hnsw", "fusion": "rrf", "fusion_settings": settings, "models": models,

@@ -20,7 +20,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 EXTRAS = PYPROJECT["project"]["optional-dependencies"]
 # what some users need; parity is the tests' oracles
-USER_EXTRAS = ("tiny", "positives", "cluster", "notebook", "gallery", "datasets", "faiss", "milvus", "lancedb", "qdrant")
+USER_EXTRAS = ("tiny", "positives", "cluster", "notebook", "gallery", "datasets", "faiss", "milvus", "lancedb", "qdrant",
+               "sentence-transformers")
 
 
 def conf_files() -> set[str]:

@@ -34,12 +34,12 @@ def test_score_distributions_of_the_same_single_models_are_drawn_once(two_runs, 
     copies it (the same bytes as a fresh drawing); other inputs, or a PNG changed since, are drawn."""
     from dataclasses import replace
 
-    from fusebench.report import plots
+    from fusebench.report.plots import score_distributions as plots
 
     state.start()
     drawn = []
-    draw = plots._draw_score_distributions
-    monkeypatch.setattr(plots, "_draw_score_distributions", lambda *args: drawn.append(1) or draw(*args))
+    draw = plots._draw_scores
+    monkeypatch.setattr(plots, "_draw_scores", lambda *args: drawn.append(1) or draw(*args))
     (rrf_dir, rrf), (dbsf_dir, dbsf) = two_runs
     assert rrf.fusion.ddof == dbsf.fusion.ddof
     first = plots.score_distributions(rrf_dir, rrf, tmp_path / "rrf.png")

@@ -21,12 +21,12 @@ from fusebench import FusebenchError
 from fusebench.runtime import run_lock
 from fusebench.runtime.layout import (
     OUTPUTS,
-    PLOTS,
     PLOTS_FORMAT,
     PLOTS_MANIFEST,
     begins_as,
     is_error_file,
     read_plots_manifest,
+    run_plot_names,
 )
 from fusebench.stores.files import atomic_save, file_identity, file_sha256
 
@@ -247,7 +247,7 @@ def foreign(out_dir: str | Path) -> list[str]:
             for file in sorted(path.iterdir()):
                 relative = f"{name}/{file.name}"
                 if name == "plots":
-                    mine = (file.name == PLOTS_MANIFEST or file.name in PLOTS if damaged_manifest  # by names, rebuilt
+                    mine = (file.name == PLOTS_MANIFEST or file.name in run_plot_names() if damaged_manifest  # by names, rebuilt
                             else _own_plot(file, drawn)) and not report_files.written(out_dir, relative, reported)
                 else:
                     mine = relative in checksums or damaged and bool(RUN_FILE_NAMES[name].fullmatch(file.name))
@@ -262,7 +262,7 @@ def _own_plot(file: Path, drawn: dict[str, str | None] | None) -> bool:
     if file.name == PLOTS_MANIFEST:
         return drawn is not None
     if drawn is None:
-        return file.name in PLOTS
+        return file.name in run_plot_names()
     if file.name not in drawn or not file.is_file():
         return False
     return drawn[file.name] is None or file_sha256(file) == drawn[file.name]

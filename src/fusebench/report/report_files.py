@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from fusebench import FusebenchError
+from fusebench.runtime.layout import plot_names as plot_names_in
 from fusebench.stores.files import atomic_write_text, remembered_checksum
 
 log = logging.getLogger(__name__)
@@ -33,15 +34,22 @@ HEADER = f"# fusebench report: the sha256 of each file it wrote here (check: sha
 # every table a report may write (report.sweep.write_report; scaling_*: report.sweep.SCALING_TABLES)
 TABLES = ("summary.md", "summary.csv", "gains.csv", "cost.csv", "positives.csv", "scaling_recall.csv",
           "scaling_gains.csv", "scaling_changes.csv", "scaling_extrapolation.csv", "index_effects.csv")
-# every plot a report may draw (report.plots.sweep_plots), in plots_dir()
-PLOTS = ("paired_gains.png", "wins_losses.png", "cost_vs_gain.png", "scaling_recall.png", "scaling_gain.png",
-         "index_effects.png", "index_recall_time.png", "index_verdict.png")
-RETIRED_PLOTS = ("index_gain_kept.png",)  # drawn by earlier releases: an earlier report's is removed, never drawn
+RETIRED_PLOTS = ("index_gain_kept.png",)  # drawn by earlier releases (no plot module draws it): an earlier
+# report's is removed, never drawn
 PLOT_DIRS = ("plots", "report_plots")  # a report folder's, and a run dir's (whose plots/ is the run's)
-KNOWN = frozenset({*TABLES, *(f"{sub}/{name}" for sub in PLOT_DIRS for name in (*PLOTS, *RETIRED_PLOTS))})  # all a
-# manifest may name
 STAGING = ".report-staging-"
 _LINE = re.compile(r"([0-9a-f]{64})  (\S.*)")
+
+
+def plot_names() -> tuple[str, ...]:
+    """Every plot a report may draw (``report.plots.sweep_plots``; the plots' registry, read on first use), in
+    plots_dir()."""
+    return plot_names_in("sweep")
+
+
+def known() -> frozenset[str]:
+    """All a manifest may name: the tables, and every plot a report draws or drew, in either plots dir."""
+    return frozenset({*TABLES, *(f"{sub}/{name}" for sub in PLOT_DIRS for name in (*plot_names(), *RETIRED_PLOTS))})
 
 
 class ReportBlocked(FusebenchError):
@@ -69,7 +77,7 @@ def plots_dir(folder: str | Path) -> str:
 def candidates(folder: str | Path) -> list[str]:
     """Every file (relative to ``folder``) a report into ``folder`` may write, the manifest last."""
     plots = plots_dir(folder)
-    return [*TABLES, *(f"{plots}/{name}" for name in PLOTS), MANIFEST]
+    return [*TABLES, *(f"{plots}/{name}" for name in plot_names()), MANIFEST]
 
 
 def read_manifest(folder: str | Path) -> dict[str, set[str]] | None:
@@ -87,9 +95,10 @@ def read_manifest(folder: str | Path) -> dict[str, set[str]] | None:
     if data is None or not (data.startswith(head) or head.startswith(data)):
         return None
     entries: dict[str, set[str]] = {}
+    names = known()
     for line in data[len(head):].decode("utf-8", errors="replace").split("\n"):
         match = _LINE.fullmatch(line)
-        if match and match[2] in KNOWN:  # never a path of anything else's, whatever the file says
+        if match and match[2] in names:  # never a path of anything else's, whatever the file says
             entries.setdefault(match[2], set()).add(match[1])
     return entries
 

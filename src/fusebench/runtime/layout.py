@@ -1,12 +1,15 @@
 """Where things are on disk, by name: the config groups' folder (``CONFIG_DIR``); what a run writes into its dir, the
 one list the run dir's checks (``app.rundir``), its outputs (``report.outputs``) and the sweep report's scan
-(``report.runs``) share; and how an error.txt fusebench wrote is told from anyone else's file."""
+(``report.runs``) share; the plots' registry, whose names are the PNGs a run dir's ``plots/`` and a sweep report
+hold; and how an error.txt fusebench wrote is told from anyone else's file."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
+
+from fusebench.runtime.plugins import Registry
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -22,13 +25,24 @@ def _config_dir() -> Path:
 
 CONFIG_DIR = str(_config_dir())
 OUTPUTS = ("metrics.json", "ranks", "topk", "plots", "error.txt")  # what a run writes into its dir
-# the PNGs a run's plots/ holds (fusebench.report.plots.run_plots)
-PLOTS = frozenset({"recall_bars.png", "recall_at_k.png", "wins_losses.png", "paired_gains.png",
-                   "score_distributions.png", "corrected_metrics.png", "tune_curve.png"})
+# the plots, one module each in fusebench.report.plots (scanned by dotted name on first use, so this bottom layer
+# reads their names without importing the report): a plot's name is the PNG it writes
+PLOT_REGISTRY = Registry("fusebench.report.plots", "plot", "plots")
 PLOTS_MANIFEST = ".fusebench-plots.json"  # in plots/: each plot the run drew, with its sha256 (null: being drawn)
 PLOTS_FORMAT = "fusebench run plots"
 # the first bytes of an error.txt fusebench writes: a bug's traceback, or a user's mistake in one line
 ERROR_FILE_STARTS = (b"Traceback (most recent call last):", b"fusebench: error: ")
+
+
+def plot_names(scope: str) -> tuple[str, ...]:
+    """The PNGs drawn in ``scope``: ``run`` (what a run dir's plots/ holds: ``report.plots.run_plots``) or
+    ``sweep`` (a sweep report's: ``report.plots.sweep_plots``). A function, not a constant: reading the registry
+    imports the plot modules, which importing this module must not. In drawing order."""
+    return tuple(p.name for p in PLOT_REGISTRY.items() if scope in p.scopes)
+
+
+def run_plot_names() -> tuple[str, ...]:
+    return plot_names("run")
 
 
 def is_error_file(path: Path) -> bool:
