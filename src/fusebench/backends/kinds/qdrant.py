@@ -33,13 +33,25 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
 from fusebench.backends.base import Backend, Capacity, register, require
-from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
+from fusebench.backends.engine_steps import (
+    EngineLists,
+    EngineRequest,
+    engine_lists,
+    engine_runner,
+    folder_bytes,
+    latencies,
+    query_batches,
+    ticker,
+    vector_names,
+)
 from fusebench.backends.qdrant_internals import CHECKED, local_collection, unsynced
+from fusebench.runtime import checks
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,14 +86,23 @@ NOTES = [
 ]
 
 
+@dataclass
+class QdrantParams:
+    """The ``search.*`` settings only Qdrant reads."""
+
+    qdrant_unsynced: bool = False  # local mode's SQLite commits without waiting for the disk (a patch of its storage:
+    #   faster ingest, labelled in every figure); false = stock local mode
+
+    def __post_init__(self):
+        checks.boolean(self.qdrant_unsynced, "search.qdrant_unsynced")
+
+    def label_words(self) -> list[str]:
+        return ["unsynced"] if self.qdrant_unsynced else []  # a patched engine's times: said in every label
+
+
 def version() -> str:
     require("qdrant")
     return f"qdrant-client {metadata.version('qdrant-client')} (local mode)"
-
-
-def vector_names(request: EngineRequest) -> dict[str, str]:
-    """model -> its named vector (v0, v1, ... in model order: a model's name need not be a valid vector name)."""
-    return {m: f"v{i}" for i, m in enumerate(request.models)}
 
 
 def rrf_k(request: EngineRequest) -> int:
@@ -194,9 +215,7 @@ def _hits(points: list, n_items: int) -> list[tuple[int, float]]:
 def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list, list]:
     """Each model's list and the fused list per query; and the model of each fused entry (its point id // n)."""
     n, singles, fused, owners = request.n_items, {m: [] for m in request.models}, [], []
-    tick = ticker(request, "qdrant: searching", request.n_queries)
-    for start in range(0, request.n_queries, request.search.batch_size):
-        stop = min(start + request.search.batch_size, request.n_queries)
+    for start, stop in query_batches(request, "qdrant: searching"):
         for q in range(start, stop):
             lists = [searcher.single(q, m) for m in range(len(request.models))]
             for m, points in zip(request.models, lists):
@@ -204,7 +223,6 @@ def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list
             points = searcher.fuse(lists)  # reads the lists' scores, then overwrites them
             fused.append(_hits(points, n))
             owners.append([(int(p.id) // n, 0.0) for p in points])
-        tick(stop - start)
     return singles, fused, owners
 
 
@@ -213,16 +231,13 @@ def _latency(searcher: _Searcher, request: EngineRequest, fused: list) -> tuple[
     route's fused list (ids exactly, scores to 1e-9)."""
     import numpy as np
 
-    times, same = [], 0
-    count = min(request.search.latency_queries, request.n_queries)
-    for q in range(count):
-        began = time.perf_counter()
-        points = searcher.hybrid(q)
-        times.append((time.perf_counter() - began) * 1000.0)
+    times, answers = latencies(request, searcher.hybrid)
+    same = 0
+    for q, points in enumerate(answers):
         hits = _hits(points, request.n_items)
         same += [h[0] for h in hits] == [h[0] for h in fused[q]] and np.allclose(
             [h[1] for h in hits], [h[1] for h in fused[q]], rtol=0, atol=1e-9)
-    return np.asarray(times, dtype=np.float64), same, count
+    return times, same, len(answers)
 
 
 def run(request: EngineRequest) -> EngineLists:
@@ -247,13 +262,10 @@ def run(request: EngineRequest) -> EngineLists:
             latency, same, timed = _latency(searcher, request, fused)
         finally:
             client.close()
-    fused_ids, fused_scores = pad(fused, request.final_k)
     document = request.fusion.fuse_on == "document"
-    return EngineLists(fused_models=pad(owners, request.final_k)[0] if document else None,
-                       singles={m: pad(rows, request.per_model_k) for m, rows in singles.items()},
-                       fused_ids=fused_ids, fused_scores=fused_scores, ingest_seconds=ingest, build_seconds=0.0,
-                       search_seconds=seconds, latency_ms=latency, disk_bytes=disk, version=version(),
-                       notes=notes(request, same, timed))
+    return engine_lists(request, singles, fused, owners if document else None, ingest_seconds=ingest,
+                        build_seconds=0.0, search_seconds=seconds, latency_ms=latency, disk_bytes=disk,
+                        version=version(), notes=notes(request, same, timed))
 
 
 def notes(request: EngineRequest, same: int, timed: int) -> list[str]:
@@ -272,8 +284,7 @@ def notes(request: EngineRequest, same: int, timed: int) -> list[str]:
     return out
 
 
-BACKEND = register(Backend(name="qdrant", indexes=("flat",),
-                           reads=("threads", "latency_queries", "batch_size", "keep_db", "qdrant_unsynced"),
+BACKEND = register(Backend(name="qdrant", indexes=("flat",), reads=("threads",), params=QdrantParams,
                            presets=("qdrant_rrf", "qdrant_dbsf"), extra="qdrant", module="qdrant_client", document=True,
                            index_note=" (Qdrant's local mode searches every point exactly)",
-                           run=engine_runner(run, version), version=version, capacity=CAPACITY))
+                           run=engine_runner(run, version), version=version, capacity=CAPACITY, order=50))
