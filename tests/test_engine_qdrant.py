@@ -1,4 +1,4 @@
-"""Qdrant's local mode as an embedded engine (fusebench.backends.qdrant): its lists on a small corpus against exact
+"""Qdrant's local mode as an embedded engine (fusebench.backends.kinds.qdrant): its lists on a small corpus against exact
 search and fusebench's exact presets (qdrant_rrf, qdrant_dbsf; fuse_on source_object and document), its route
 (the collection's float32 search, Qdrant's fusion code over the per-model lists) against the public client's
 hybrid request written the obvious way, the requests it refuses, and that it writes nothing outside workdir."""
@@ -20,8 +20,8 @@ from helpers import engine_case as case  # noqa: E402
 from qdrant_client import models  # noqa: E402
 
 from fusebench import FusebenchError  # noqa: E402
-from fusebench.backends import qdrant as engine  # noqa: E402
 from fusebench.backends.engine_steps import folder_bytes  # noqa: E402
+from fusebench.backends.kinds import qdrant as engine  # noqa: E402
 from fusebench.config.search import SearchConfig  # noqa: E402
 
 TOP_K = 20

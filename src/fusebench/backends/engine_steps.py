@@ -3,7 +3,7 @@ the engine (:func:`engine_backend`: the request rows per direction, the engine's
 :class:`~fusebench.search.ranked.RankedLists`, their neighbour recall against exact lists, its costs, and its fused
 lists compared query by query with fusebench's preset over exact lists).
 
-An engine module (``fusebench.backends.milvus``, ``lancedb``, ``qdrant``) registers its
+An engine module (``fusebench.backends.kinds.milvus``, ``lancedb``, ``qdrant``) registers its
 :class:`~fusebench.backends.base.Backend` with ``run=engine_runner(run, version)``, where ``run(request) ->
 EngineLists`` and ``version() -> str`` are its own. ``run`` loads ``request.items`` into its engine (item id = row index), builds the index
 ``request.search`` names, and sends every query through the engine's own search: each model alone (``singles``,
