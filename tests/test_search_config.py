@@ -53,7 +53,8 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     (["search=faiss_hnsw", "fusion.top_k=null"], ("fusion.top_k",)),
     (["search=faiss_ivf_flat", "search.max_memory_gb=1"], ("search.max_memory_gb only over a gallery",)),
     (["search=faiss_flat", "tune=weights"], ("search=exact",)),
-    (["search=milvus", "models.sim_dfn5b_like.weight=2"], ("milvus_rrf takes no per-model weights", "equal weights")),
+    (["search=milvus", "models.sim_dfn5b_like.weight=2"],
+     ("milvus_rrf takes no per-model weights", "valid: equal weights, or fusion=milvus_weighted, or fusion=milvus_weighted_ip.")),
     (["search=qdrant", "models.sim_dfn5b_like.weight=2"], ("qdrant",)),
     (["search=faiss_ivf_pq", "search.nbits=16"], ("search.nbits=16", "4..12")),
     (["search=faiss_ivf_pq", "search.target_recall=1.5"], ("search.target_recall=1.5", "> 0 and <= 1")),
@@ -80,7 +81,7 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
                                                             "valid: equal weights.")),
     (["search=lancedb", "search.index=ivf_pq", "search.nbits=6"], ("search.nbits=6", "4 or 8")),
     (["search=qdrant", "fusion=qdrant_dbsf", "models.sim_dfn5b_like.weight=2"],
-     ("fusion=qdrant_dbsf takes no per-model weights", "qdrant-client")),
+     ("fusion=qdrant_dbsf takes no per-model weights", "qdrant-client", "or fusion=qdrant_rrf.")),
     (["search=qdrant", "fusion=qdrant_rrf", "fusion.rrf_k=1.5"], ("must be one of its presets, unchanged",)),
     (["search=qdrant", "fusion=qdrant_dbsf", "fusion.ddof=0"], ("must be one of its presets, unchanged",)),
     (["search=qdrant", "fusion=dbsf"], ("valid: fusion=qdrant_rrf | fusion=qdrant_dbsf",)),
@@ -216,6 +217,7 @@ def test_the_backend_table_in_the_docs_is_the_registry():
         shared = [*backend.reads, *(base.ENGINE_READS if backend.engine else ())]
         assert [r.strip() for r in reads.split(",") if r.strip()] == shared, name
         assert [r.strip() for r in own.split(",") if r.strip()] == list(own_keys(backend)), name
+        assert set(backend.label_flags) <= set(own_keys(backend)), name  # a label word is said for its own setting
         assert [p.strip(" `") for p in fuses.split(",")] == (list(backend.presets) or ["fusebench"]), name
     table = {}
     for line in text.split("## Parameters", 1)[1].split("\n## ", 1)[0].splitlines():

@@ -62,7 +62,9 @@ class Backend:
     reads: tuple[str, ...] = ()  # the shared search.* settings it reads beside its index's own (INDEX_READS) and,
     #   for an engine, ENGINE_READS
     params: type | None = None  # a dataclass of the search.* settings only it reads (type, default, check in its
-    #   __post_init__, optional label_words()); SearchConfig adds them flat (config.search)
+    #   __post_init__); SearchConfig adds them flat (config.search)
+    label_flags: dict[str, str] = field(default_factory=dict)  # its own true/false setting -> the word the run's
+    #   label ends in when it is true (a patched engine's times: "lean_rows")
     order: int = 50  # where it stands in every list of backends (messages, docs): exact first
     presets: tuple[str, ...] = ()  # an engine: the fusion presets it fuses by (conf/fusion/NAME.yaml); none: fusebench fuses
     extra: str | None = None  # the pip extra it needs ('fusebench[EXTRA]')
@@ -161,9 +163,10 @@ def check_engine(backend: Backend, search: SearchConfig, fusion: FusionConfig, w
                              "models and one of the engine's presets (fusion=...).")
     unweighted = _unweighted_preset(backend, fusion, weights)
     if unweighted is not None:
+        weighted = [p for p in backend.presets if p not in presets.UNWEIGHTED]  # the engine's presets that take them
         raise FusebenchError(f"fusion={unweighted} takes no per-model weights ({presets.UNWEIGHTED[unweighted]}), but the "
                              f"models' weights differ ({'/'.join(f'{w:g}' for w in weights)}): valid: equal weights"
-                             + (", or fusion=milvus_weighted" if backend.name == "milvus" else "") + ".")
+                             + "".join(f", or fusion={p}" for p in weighted) + ".")
     if fusion.preset not in backend.presets:
         why = ("this fusion is no preset: a plain method, or a preset whose settings or weights the engine's ranker "
                "does not take" if fusion.preset is None else f"fusion={fusion.preset} is another engine's")

@@ -157,8 +157,8 @@ class SearchKeys:
             params = {k: v for k, v in params.items() if k != self.tuned} | {"target_recall": self.target_recall}
         if self.index.startswith("ivf") and self.seed != SearchKeys.seed:  # another k-means: another index
             params["seed"] = self.seed
-        own = self.params_of(BACKENDS.get(self.backend))
-        words = own.label_words() if hasattr(own, "label_words") else []  # e.g. a patched engine's times
+        flags = BACKENDS.get(self.backend).label_flags  # its settings said in every label (a patched engine's times)
+        words = [word for key, word in flags.items() if getattr(self, key)]
         return " ".join([self.backend, self.index, *(f"{k}={v}" for k, v in params.items()), *words])
 
     def index_params(self) -> dict:

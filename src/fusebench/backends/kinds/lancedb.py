@@ -27,18 +27,9 @@ from importlib import metadata
 from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
+from fusebench.backends import engine_steps as steps
 from fusebench.backends.base import Backend, register, require
-from fusebench.backends.engine_steps import (
-    EngineLists,
-    EngineRequest,
-    engine_lists,
-    engine_runner,
-    folder_bytes,
-    latencies,
-    query_batches,
-    ticker,
-    vector_names,
-)
+from fusebench.backends.engine_steps import EngineLists, EngineRequest
 from fusebench.config.search import resolve_pq_m, resolved_nlist
 from fusebench.fusion.config import FusionConfig
 
@@ -118,7 +109,7 @@ def _environment(request: EngineRequest) -> Iterator[None]:
 def _batches(pa, request: EngineRequest, schema) -> Iterator:
     import numpy as np
 
-    tick = ticker(request, "lancedb: writing items", request.n_items)
+    tick = steps.ticker(request, "lancedb: writing items", request.n_items)
     for start, stop, blocks in request.item_blocks(WRITE_ROWS):
         arrays = [pa.array(np.arange(start, stop, dtype=np.int64))]
         for m in request.models:
@@ -131,7 +122,7 @@ def _batches(pa, request: EngineRequest, schema) -> Iterator:
 def _ingest(db, pa, request: EngineRequest):
     fields = [pa.field("id", pa.int64(), nullable=False)]
     fields += [pa.field(name, pa.list_(pa.float32(), int(request.dim(m))))
-               for m, name in vector_names(request).items()]
+               for m, name in steps.vector_names(request).items()]
     schema = pa.schema(fields)
     return db.create_table(TABLE, data=_batches(pa, request, schema), schema=schema)
 
@@ -154,7 +145,7 @@ def _build(table, request: EngineRequest) -> float:
     if request.search.index == "flat":
         return 0.0
     began = time.perf_counter()
-    for m, name in vector_names(request).items():
+    for m, name in steps.vector_names(request).items():
         config = index_config(request, m)
         if config is None:
             continue
@@ -210,10 +201,10 @@ def _fuse(reranker, tables: list, final_k: int) -> list[tuple[int, float]]:
 
 
 def _search_all(table, reranker, request: EngineRequest) -> tuple[dict, list]:
-    names = vector_names(request)
+    names = steps.vector_names(request)
     singles: dict[str, list] = {m: [] for m in request.models}
     fused = []
-    for start, stop in query_batches(request, "lancedb: searching"):
+    for start, stop in steps.query_batches(request, "lancedb: searching"):
         per_model = [_split(_query(table, request, names[m], request.queries[m][start:stop]).to_arrow(), stop - start)
                      for m in request.models]
         for m, tables in zip(request.models, per_model):
@@ -246,14 +237,14 @@ def run(request: EngineRequest) -> EngineLists:
         table = _ingest(db, pa, request)
         ingest = time.perf_counter() - began
         build = _build(table, request)
-        disk = folder_bytes(request.workdir)
+        disk = steps.folder_bytes(request.workdir)
         reranker = rrf_reranker(request)
         began = time.perf_counter()
         singles, fused = _search_all(table, reranker, request)
         seconds = time.perf_counter() - began
-        names = vector_names(request)
-        latency, _ = latencies(request, lambda q: _one_request(table, reranker, request, names, q))
-    return engine_lists(request, singles, fused, ingest_seconds=ingest, build_seconds=build, search_seconds=seconds,
+        names = steps.vector_names(request)
+        latency, _ = steps.latencies(request, lambda q: _one_request(table, reranker, request, names, q))
+    return steps.engine_lists(request, singles, fused, ingest_seconds=ingest, build_seconds=build, search_seconds=seconds,
                         latency_ms=latency, disk_bytes=disk, version=version(), notes=notes(request))
 
 
@@ -275,4 +266,4 @@ def notes(request: EngineRequest) -> list[str]:
 
 BACKEND = register(Backend(name="lancedb", indexes=("flat", "ivf_pq", "hnsw"), reads=("threads", "refine_factor"),
                            presets=("lancedb_rrf",), extra="lancedb", module="lancedb", check=check,
-                           run=engine_runner(run, version), version=version, order=40))
+                           run=steps.engine_runner(run, version), version=version, order=40))

@@ -24,18 +24,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
+from fusebench.backends import engine_steps as steps
 from fusebench.backends.base import Backend, Capacity, register, require
-from fusebench.backends.engine_steps import (
-    EngineLists,
-    EngineRequest,
-    engine_lists,
-    engine_runner,
-    folder_bytes,
-    latencies,
-    query_batches,
-    ticker,
-    vector_names,
-)
+from fusebench.backends.engine_steps import EngineLists, EngineRequest
 from fusebench.backends.milvus_internals import lean_rows
 from fusebench.config.search import resolved_nlist
 from fusebench.fusion.config import FusionConfig
@@ -87,9 +78,6 @@ class MilvusParams:
     def __post_init__(self):
         checks.boolean(self.milvus_lean_rows, "search.milvus_lean_rows")
 
-    def label_words(self) -> list[str]:
-        return ["lean_rows"] if self.milvus_lean_rows else []  # a patched engine's times: said in every label
-
 
 def version() -> str:
     pymilvus = require("milvus")
@@ -134,14 +122,14 @@ def index_params(request: EngineRequest) -> tuple[str, dict, dict]:
 def _create(client, pymilvus, request: EngineRequest) -> None:
     schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field(PK, pymilvus.DataType.INT64, is_primary=True)
-    for model, name in vector_names(request).items():
+    for model, name in steps.vector_names(request).items():
         schema.add_field(name, pymilvus.DataType.FLOAT_VECTOR, dim=request.dim(model))
     client.create_collection(COLLECTION, schema=schema)
 
 
 def _insert(client, request: EngineRequest) -> None:
-    names = vector_names(request)
-    tick = ticker(request, "milvus: inserting items", request.n_items)
+    names = steps.vector_names(request)
+    tick = steps.ticker(request, "milvus: inserting items", request.n_items)
     for start, stop, blocks in request.item_blocks(INSERT_ROWS):
         columns = {name: blocks[m] for m, name in names.items()}
         rows = [{PK: i, **{name: columns[name][i - start] for name in names.values()}} for i in range(start, stop)]
@@ -152,7 +140,7 @@ def _insert(client, request: EngineRequest) -> None:
 
 def _build(client, pymilvus, request: EngineRequest, metric: str) -> None:
     kind, build, _ = index_params(request)
-    for name in vector_names(request).values():
+    for name in steps.vector_names(request).values():
         params = client.prepare_index_params()
         # nested: pymilvus 3 flattens ``params`` into one key per setting, which Milvus Lite 3.2.2 drops (it reads
         # only a JSON ``params`` key: adapter/grpc/translators/index.py kv_pairs_to_index_params_dict), so M,
@@ -195,7 +183,7 @@ class _Searcher:
         self.client, self.pymilvus, self.request = client, pymilvus, request
         _, _, extra = index_params(request)
         self.param = {"metric_type": metric, "params": extra}
-        self.names = vector_names(request)
+        self.names = steps.vector_names(request)
         self.ranker = _ranker(pymilvus, request)
 
     def single(self, model: str, start: int, stop: int) -> list[list[tuple[int, float]]]:
@@ -216,7 +204,7 @@ def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list
     the other engines' search time also measures: one fused answer per query)."""
     singles = {m: [] for m in request.models}
     fused, hybrid = [], 0.0
-    for start, stop in query_batches(request, "milvus: searching"):
+    for start, stop in steps.query_batches(request, "milvus: searching"):
         for m in request.models:
             singles[m] += searcher.single(m, start, stop)
         began = time.perf_counter()
@@ -267,15 +255,15 @@ def run(request: EngineRequest) -> EngineLists:
         began = time.perf_counter()
         _build(client, pymilvus, request, metric)
         build = time.perf_counter() - began
-        disk = folder_bytes(request.workdir)
+        disk = steps.folder_bytes(request.workdir)
         searcher = _Searcher(client, pymilvus, request, metric)
-        with lean_rows(set(vector_names(request).values())) if request.search.milvus_lean_rows else nullcontext():
+        with lean_rows(set(steps.vector_names(request).values())) if request.search.milvus_lean_rows else nullcontext():
             singles, fused, seconds = _search_all(searcher, request)
-            latency, _ = latencies(request, lambda q: searcher.fused(q, q + 1))
+            latency, _ = steps.latencies(request, lambda q: searcher.fused(q, q + 1))
     finally:
         _release(client, path)
-    return engine_lists(request, singles, fused, ingest_seconds=ingest, build_seconds=build, search_seconds=seconds,
-                        latency_ms=latency, disk_bytes=disk, version=version(), notes=notes(request))
+    return steps.engine_lists(request, singles, fused, ingest_seconds=ingest, build_seconds=build,
+                              search_seconds=seconds, latency_ms=latency, disk_bytes=disk, version=version(), notes=notes(request))
 
 
 def notes(request: EngineRequest) -> list[str]:
@@ -292,6 +280,7 @@ def notes(request: EngineRequest) -> list[str]:
 
 
 BACKEND = register(Backend(name="milvus", indexes=("flat", "ivf_flat", "hnsw"), params=MilvusParams,
+                           label_flags={"milvus_lean_rows": "lean_rows"},
                            presets=("milvus_rrf", "milvus_weighted", "milvus_weighted_ip"), extra="milvus",
-                           module="pymilvus", check=check, run=engine_runner(run, version), version=version,
+                           module="pymilvus", check=check, run=steps.engine_runner(run, version), version=version,
                            capacity=CAPACITY, order=30))

@@ -38,18 +38,9 @@ from importlib import metadata
 from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
+from fusebench.backends import engine_steps as steps
 from fusebench.backends.base import Backend, Capacity, register, require
-from fusebench.backends.engine_steps import (
-    EngineLists,
-    EngineRequest,
-    engine_lists,
-    engine_runner,
-    folder_bytes,
-    latencies,
-    query_batches,
-    ticker,
-    vector_names,
-)
+from fusebench.backends.engine_steps import EngineLists, EngineRequest
 from fusebench.backends.qdrant_internals import CHECKED, local_collection, unsynced
 from fusebench.runtime import checks
 
@@ -95,9 +86,6 @@ class QdrantParams:
 
     def __post_init__(self):
         checks.boolean(self.qdrant_unsynced, "search.qdrant_unsynced")
-
-    def label_words(self) -> list[str]:
-        return ["unsynced"] if self.qdrant_unsynced else []  # a patched engine's times: said in every label
 
 
 def version() -> str:
@@ -151,7 +139,7 @@ def point_ids(request: EngineRequest) -> list[np.ndarray]:
 
 
 def _ingest(client, models, request: EngineRequest) -> None:
-    names = vector_names(request)
+    names = steps.vector_names(request)
     config = {names[m]: models.VectorParams(size=request.dim(m), distance=models.Distance.DOT)
               for m in request.models}
     client.create_collection(COLLECTION, vectors_config=config)
@@ -160,7 +148,7 @@ def _ingest(client, models, request: EngineRequest) -> None:
                              f"connection read in {CHECKED}, so the patch cannot be made and the run would be labelled "
                              "with a patch it lacks: drop search.qdrant_unsynced (stock local mode).")
     ids = point_ids(request)
-    tick = ticker(request, "qdrant: loading points", request.n_items)
+    tick = steps.ticker(request, "qdrant: loading points", request.n_items)
     for start, stop, rows in request.item_blocks(UPLOAD_POINTS):
         _check_unit(rows)  # as each block is read: the gallery is read once
         if request.fusion.fuse_on == "source_object":
@@ -181,7 +169,7 @@ class _Searcher:
         from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
 
         self.models, self.request = models, request
-        self.names = [vector_names(request)[m] for m in request.models]
+        self.names = [steps.vector_names(request)[m] for m in request.models]
         self.collection = local_collection(client, COLLECTION)
         self.queries = [np.ascontiguousarray(request.queries[m], dtype=np.float32) for m in request.models]
         weights = [float(request.weights[m]) for m in request.models]
@@ -215,7 +203,7 @@ def _hits(points: list, n_items: int) -> list[tuple[int, float]]:
 def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list, list]:
     """Each model's list and the fused list per query; and the model of each fused entry (its point id // n)."""
     n, singles, fused, owners = request.n_items, {m: [] for m in request.models}, [], []
-    for start, stop in query_batches(request, "qdrant: searching"):
+    for start, stop in steps.query_batches(request, "qdrant: searching"):
         for q in range(start, stop):
             lists = [searcher.single(q, m) for m in range(len(request.models))]
             for m, points in zip(request.models, lists):
@@ -231,7 +219,7 @@ def _latency(searcher: _Searcher, request: EngineRequest, fused: list) -> tuple[
     route's fused list (ids exactly, scores to 1e-9)."""
     import numpy as np
 
-    times, answers = latencies(request, searcher.hybrid)
+    times, answers = steps.latencies(request, searcher.hybrid)
     same = 0
     for q, points in enumerate(answers):
         hits = _hits(points, request.n_items)
@@ -254,7 +242,7 @@ def run(request: EngineRequest) -> EngineLists:
             began = time.perf_counter()
             _ingest(client, models, request)
             ingest = time.perf_counter() - began
-            disk = folder_bytes(request.workdir)
+            disk = steps.folder_bytes(request.workdir)
             searcher = _Searcher(client, models, request)
             began = time.perf_counter()
             singles, fused, owners = _search_all(searcher, request)
@@ -263,7 +251,7 @@ def run(request: EngineRequest) -> EngineLists:
         finally:
             client.close()
     document = request.fusion.fuse_on == "document"
-    return engine_lists(request, singles, fused, owners if document else None, ingest_seconds=ingest,
+    return steps.engine_lists(request, singles, fused, owners if document else None, ingest_seconds=ingest,
                         build_seconds=0.0, search_seconds=seconds, latency_ms=latency, disk_bytes=disk,
                         version=version(), notes=notes(request, same, timed))
 
@@ -285,6 +273,7 @@ def notes(request: EngineRequest, same: int, timed: int) -> list[str]:
 
 
 BACKEND = register(Backend(name="qdrant", indexes=("flat",), reads=("threads",), params=QdrantParams,
-                           presets=("qdrant_rrf", "qdrant_dbsf"), extra="qdrant", module="qdrant_client", document=True,
+                           label_flags={"qdrant_unsynced": "unsynced"}, presets=("qdrant_rrf", "qdrant_dbsf"),
+                           extra="qdrant", module="qdrant_client", document=True,
                            index_note=" (Qdrant's local mode searches every point exactly)",
-                           run=engine_runner(run, version), version=version, capacity=CAPACITY, order=50))
+                           run=steps.engine_runner(run, version), version=version, capacity=CAPACITY, order=50))
