@@ -254,3 +254,37 @@ def test_the_search_schema_holds_every_backends_keys_whichever_module_comes_firs
             "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_new_backends_own_keys_join_the_schema_flat_and_clash_with_none():
+    """A backend's params become search.* keys of the schema (read by it alone); a key another backend or the
+    shared keys already hold is a plugin's bug, refused when the schema is assembled."""
+    from dataclasses import dataclass, fields, replace
+
+    from fusebench.backends import base
+    from fusebench.config import search
+    from fusebench.fusion.config import FusionConfig
+
+    @dataclass
+    class ToyParams:
+        toy_depth: int = 3
+
+    @dataclass
+    class ClashParams:
+        nprobe: int = 1
+
+    toy = base.Backend(name="toy", indexes=("flat",), params=ToyParams)
+    base.register(toy)
+    try:
+        schema = search._assembled()
+        assert [f.name for f in fields(schema)][-1] == "toy_depth" and schema().toy_depth == 3
+        assert base.get("toy").settings == ("toy_depth",) and base.names()[-1] == "toy"
+        with pytest.raises(FusebenchError, match=r"search.toy_depth=4 is never read with search.backend=faiss; "
+                                                 r"search.toy_depth is read only with search.backend=toy"):
+            base.check_search(schema(backend="faiss", toy_depth=4), FusionConfig(), [1.0, 1.0])
+        base.REGISTRY.unregister("toy")
+        base.register(replace(toy, params=ClashParams))
+        with pytest.raises(RuntimeError, match="search.nprobe of backend 'toy' is already every backend's"):
+            search._assembled()
+    finally:
+        base.REGISTRY.unregister("toy")

@@ -182,12 +182,16 @@ def own_keys(backend) -> tuple[str, ...]:
 def _assembled() -> type:
     """:class:`SearchKeys` with every registered backend's own keys added flat (in the backends' order): the
     ``search`` group's schema (Hydra's ``schema_search``) and typed form."""
-    own = []
+    own, taken = [], {f.name: "every backend" for f in fields(SearchKeys)}
     for backend in BACKENDS.items():
         if backend.params is None:
             continue
         hints = typing.get_type_hints(backend.params)  # the real types (a plugin's annotations are strings)
-        own += [(f.name, hints[f.name], field(default=f.default)) for f in fields(backend.params)]
+        for f in fields(backend.params):
+            if f.name in taken:  # a plugin's bug, not a user's mistake
+                raise RuntimeError(f"search.{f.name} of backend {backend.name!r} is already {taken[f.name]}'s")
+            taken[f.name] = backend.name
+            own.append((f.name, hints[f.name], field(default=f.default)))
     config = make_dataclass("SearchConfig", own, bases=(SearchKeys,))
     config.__module__ = __name__
     config.__doc__ = ("The ``search`` config group: the keys several backends read (:class:`SearchKeys`) and each "
