@@ -77,7 +77,7 @@ def bench_model(model, caption_image, depth: int, indexes: list[str], overrides:
     exact, exact_s = timed[0][0], min(seconds for _, seconds in timed)
     out = {"exact_s": exact_s, "indexes": {}}
     for kind in indexes:
-        reads = {*INDEX_READS[kind], *backends.get("faiss").reads}  # an index is given only the settings it reads
+        reads = {*INDEX_READS[kind], *backends.get("faiss").settings}  # an index is given only the settings it reads
         config = SearchConfig(backend="faiss", index=kind, **{k: v for k, v in overrides.items() if k in reads})
         with tempfile.TemporaryDirectory() as store:
             ann, query_s = index_runs(model, caption_image, depth, config, repeats, store)

@@ -238,7 +238,7 @@ def test_pq_m_wider_than_the_model_is_refused_naming_the_range(case):
 
 def test_a_pq_m_wider_than_any_model_is_refused_before_any_index_is_built(monkeypatch):
     """Two models, 32 and 16 wide, pq_m=20: the second's refusal comes before the first model's index is built."""
-    from fusebench.backends import faiss as faiss_backend
+    from fusebench.backends.kinds import faiss as faiss_backend
     from fusebench.backends.retrieval import ListSource, SearchSettings
     from fusebench.fusion.config import FusionConfig
 

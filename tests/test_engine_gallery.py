@@ -6,6 +6,7 @@ any work, with the measurement and the server form."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -114,14 +115,22 @@ def test_engine_past_its_capacity_refused_before_any_work(compose_cfg, tmp_path,
     assert not list(tmp_path.rglob("*"))
 
 
-def test_capacity_counts_the_test_images_too(compose_cfg, tmp_path, monkeypatch):
+def test_capacity_counts_the_test_images_too(compose_cfg, tmp_path):
     """Distractors within the capacity but the whole gallery past it: refused once the corpus is read, before any
     embedding work (the pipeline's check, with the test images)."""
     from fusebench.app.pipeline import run
 
-    capped = base.Backend(**{**base.get("qdrant").__dict__,
-                             "capacity": base.Capacity(items=1000, measured="a test's", server="Qdrant server")})
-    monkeypatch.setitem(base._REGISTRY, "qdrant", capped)
+    stock = base.get("qdrant")
+    base.REGISTRY.unregister("qdrant")
+    base.REGISTRY.register(replace(stock, capacity=base.Capacity(items=1000, measured="a test's", server="Qdrant server")))
+    try:
+        _refused_past_capacity(compose_cfg, tmp_path, run)
+    finally:
+        base.REGISTRY.unregister("qdrant")
+        base.REGISTRY.register(stock)
+
+
+def _refused_past_capacity(compose_cfg, tmp_path, run):
     cfg = compose_cfg(["dataset=sim", "dataset.n_images=200", "dataset.n_captions=400", "gallery=sim",
                        "gallery.size=900", "gallery.near_duplicate=null", "search=qdrant", "fusion=qdrant_rrf", "logger=none",
                        "plots=false",

@@ -62,7 +62,7 @@ def test_an_unsynced_patch_that_cannot_be_made_is_refused_not_labelled(tmp_path,
     from helpers.engine_case import corpus, preset, request
 
     from fusebench import FusebenchError
-    from fusebench.backends import qdrant
+    from fusebench.backends.kinds import qdrant
     from fusebench.config.search import SearchConfig
 
     monkeypatch.setattr(qdrant, "unsynced", lambda collection: False)

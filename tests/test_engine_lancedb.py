@@ -1,4 +1,4 @@
-"""LanceDB as an embedded engine (fusebench.backends.lancedb): its lists on a small corpus against exact search and
+"""LanceDB as an embedded engine (fusebench.backends.kinds.lancedb): its lists on a small corpus against exact search and
 fusebench's exact preset ``lancedb_rrf``, its own fusion rule against a slow reference written the obvious way,
 the approximate indexes' neighbour recall, the requests it refuses, and that it writes nothing outside workdir."""
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 from helpers import engine_case as case  # noqa: E402
 
 from fusebench import FusebenchError  # noqa: E402
-from fusebench.backends import lancedb as engine  # noqa: E402
+from fusebench.backends.kinds import lancedb as engine  # noqa: E402
 from fusebench.config.search import SearchConfig  # noqa: E402
 
 TOP_K, FINAL_K = 20, 30  # the fused list is longer than one model's list: LanceDB returns every distinct hit
@@ -188,7 +188,7 @@ from pathlib import Path
 import numpy as np
 from fusebench.config.search import SearchConfig
 from fusebench.backends.engine_steps import EngineRequest
-from fusebench.backends import lancedb as engine
+from fusebench.backends.kinds import lancedb as engine
 from fusebench.fusion.config import FusionConfig
 
 rng = np.random.default_rng(3)

@@ -1,4 +1,4 @@
-"""Milvus Lite as an embedded engine (fusebench.backends.milvus): its lists on a small corpus against exact search and
+"""Milvus Lite as an embedded engine (fusebench.backends.kinds.milvus): its lists on a small corpus against exact search and
 fusebench's exact presets (milvus_rrf, milvus_weighted, milvus_weighted_ip), its fusion against a slow reference of
 Milvus Lite's MergeOp written the obvious way, the FAISS indexes it builds, the requests it refuses, that the lite
 server is stopped even on error, and that it writes nothing outside workdir."""
@@ -23,7 +23,7 @@ pytest.importorskip("milvus_lite")
 from helpers import engine_case as case  # noqa: E402
 
 from fusebench import FusebenchError  # noqa: E402
-from fusebench.backends import milvus as engine  # noqa: E402
+from fusebench.backends.kinds import milvus as engine  # noqa: E402
 from fusebench.config.search import SearchConfig  # noqa: E402
 
 PRESETS = ("milvus_rrf", "milvus_weighted", "milvus_weighted_ip")
@@ -280,7 +280,7 @@ from pathlib import Path
 import numpy as np
 from fusebench.config.search import SearchConfig
 from fusebench.backends.engine_steps import EngineRequest
-from fusebench.backends import milvus as engine
+from fusebench.backends.kinds import milvus as engine
 from fusebench.fusion.config import FusionConfig
 from milvus_lite.server_manager import server_manager_instance
 

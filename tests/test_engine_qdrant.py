@@ -1,4 +1,4 @@
-"""Qdrant's local mode as an embedded engine (fusebench.backends.qdrant): its lists on a small corpus against exact
+"""Qdrant's local mode as an embedded engine (fusebench.backends.kinds.qdrant): its lists on a small corpus against exact
 search and fusebench's exact presets (qdrant_rrf, qdrant_dbsf; fuse_on source_object and document), its route
 (the collection's float32 search, Qdrant's fusion code over the per-model lists) against the public client's
 hybrid request written the obvious way, the requests it refuses, and that it writes nothing outside workdir."""
@@ -20,8 +20,8 @@ from helpers import engine_case as case  # noqa: E402
 from qdrant_client import models  # noqa: E402
 
 from fusebench import FusebenchError  # noqa: E402
-from fusebench.backends import qdrant as engine  # noqa: E402
-from fusebench.backends.engine_steps import folder_bytes  # noqa: E402
+from fusebench.backends.engine_steps import folder_bytes, vector_names  # noqa: E402
+from fusebench.backends.kinds import qdrant as engine  # noqa: E402
 from fusebench.config.search import SearchConfig  # noqa: E402
 
 TOP_K = 20
@@ -107,7 +107,7 @@ def test_whole_hybrid_requests_agree_with_the_route(runs, name, fuse_on):
 def _public_hybrid(request) -> tuple[np.ndarray, np.ndarray]:
     """The obvious way: the public client (in memory, COSINE) and query_points with a Prefetch per model and
     Qdrant's fusion query, one query at a time."""
-    names, n = engine.vector_names(request), request.n_items
+    names, n = vector_names(request), request.n_items
     client = qdrant_client.QdrantClient(":memory:")
     client.create_collection("c", vectors_config={names[m]: models.VectorParams(size=request.items[m].shape[1],
                                                                                  distance=models.Distance.COSINE)

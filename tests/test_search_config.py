@@ -3,6 +3,8 @@ the engine-parity functions against the obvious loops."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from helpers.tiers import fast_first
@@ -51,7 +53,8 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     (["search=faiss_hnsw", "fusion.top_k=null"], ("fusion.top_k",)),
     (["search=faiss_ivf_flat", "search.max_memory_gb=1"], ("search.max_memory_gb only over a gallery",)),
     (["search=faiss_flat", "tune=weights"], ("search=exact",)),
-    (["search=milvus", "models.sim_dfn5b_like.weight=2"], ("milvus_rrf takes no per-model weights", "equal weights")),
+    (["search=milvus", "models.sim_dfn5b_like.weight=2"],
+     ("milvus_rrf takes no per-model weights", "valid: equal weights, or fusion=milvus_weighted, or fusion=milvus_weighted_ip.")),
     (["search=qdrant", "models.sim_dfn5b_like.weight=2"], ("qdrant",)),
     (["search=faiss_ivf_pq", "search.nbits=16"], ("search.nbits=16", "4..12")),
     (["search=faiss_ivf_pq", "search.target_recall=1.5"], ("search.target_recall=1.5", "> 0 and <= 1")),
@@ -78,11 +81,16 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
                                                             "valid: equal weights.")),
     (["search=lancedb", "search.index=ivf_pq", "search.nbits=6"], ("search.nbits=6", "4 or 8")),
     (["search=qdrant", "fusion=qdrant_dbsf", "models.sim_dfn5b_like.weight=2"],
-     ("fusion=qdrant_dbsf takes no per-model weights", "qdrant-client")),
+     ("fusion=qdrant_dbsf takes no per-model weights", "qdrant-client", "or fusion=qdrant_rrf.")),
     (["search=qdrant", "fusion=qdrant_rrf", "fusion.rrf_k=1.5"], ("must be one of its presets, unchanged",)),
     (["search=qdrant", "fusion=qdrant_dbsf", "fusion.ddof=0"], ("must be one of its presets, unchanged",)),
     (["search=qdrant", "fusion=dbsf"], ("valid: fusion=qdrant_rrf | fusion=qdrant_dbsf",)),
     (["search=faiss_flat", "search.milvus_lean_rows=true"], ("search.milvus_lean_rows=True", "search.backend=milvus")),
+    # a backend's own key (its params) is refused with any other backend, and checked by its params
+    (["search=milvus", "search.qdrant_unsynced=true"], ("search.qdrant_unsynced=True", "only with search.backend=qdrant")),
+    (["search=lancedb", "search.max_memory_gb=2"], ("search.max_memory_gb=2", "only with search.backend=faiss")),
+    (["search=faiss_ivf_flat", "search.max_memory_gb=0"], ("search.max_memory_gb", "null = no limit")),
+    (["search.backend=nosuch"], ("search.backend", "exact, faiss, milvus, lancedb, qdrant")),
 ], unpack=True))
 def test_bad_search_settings_are_one_line(compose_cfg, overrides, fragments):
     _refused(compose_cfg, overrides, *fragments)
@@ -186,20 +194,97 @@ def test_a_patched_engine_is_said_in_its_label(compose_cfg):
 
 
 def test_the_backend_table_in_the_docs_is_the_registry():
-    """docs/search.md's table of backends says what each registered backend builds, reads and fuses by."""
+    """docs/search.md's table of backends says what each registered backend builds, reads (shared, and its own
+    params) and fuses by, in the registry's order; its parameters table has a row per search key, and each backend's
+    own key's row names that backend alone and its default."""
+    from dataclasses import MISSING, fields
     from pathlib import Path
 
     from fusebench.backends import base
+    from fusebench.config.search import own_keys
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "search.md").read_text(encoding="utf-8")
     rows = {}
     for line in text.split("## Adding a backend", 1)[1].split("\n## ", 1)[0].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and cells[0].startswith("`") and cells[0] != "backend":
+        if len(cells) == 6 and cells[0].startswith("`") and cells[0] != "backend":
             rows[cells[0].strip("`")] = cells
-    assert set(rows) == set(base.names())
-    for name, (_, _, indexes, reads, fuses) in rows.items():
+    assert tuple(rows) == base.names()
+    for name, (_, module, indexes, reads, own, fuses) in rows.items():
         backend = base.get(name)
+        assert module.split()[0] == f"`backends/kinds/{name}.py`", name
         assert [i.strip() for i in indexes.split(",")] == list(backend.indexes), name
-        assert [r.strip() for r in reads.split(",") if r.strip()] == list(backend.reads), name
+        shared = [*backend.reads, *(base.ENGINE_READS if backend.engine else ())]
+        assert [r.strip() for r in reads.split(",") if r.strip()] == shared, name
+        assert [r.strip() for r in own.split(",") if r.strip()] == list(own_keys(backend)), name
+        assert set(backend.label_flags) <= set(own_keys(backend)), name  # a label word is said for its own setting
         assert [p.strip(" `") for p in fuses.split(",")] == (list(backend.presets) or ["fusebench"]), name
+    table = {}
+    for line in text.split("## Parameters", 1)[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`search."):
+            table[cells[0].strip("`")[len("search."):]] = cells
+    assert set(table) == {f.name for f in fields(SearchConfig)}
+    for backend in base.REGISTRY.items():
+        for f in fields(backend.params) if backend.params is not None else ():
+            _, default, by, _ = table[f.name]
+            named = [n for n in re.findall(r"\w+", by) if n in base.REGISTRY]
+            assert f.default is not MISSING and named == [backend.name], f.name
+            assert default == {None: "null", True: "true", False: "false"}.get(f.default, str(f.default)), f.name
+
+
+@pytest.mark.parametrize("first", ["fusebench.backends.kinds.milvus", "fusebench.backends.base",
+                                   "fusebench.backends.engine_steps", "fusebench.config.search", "fusebench.config.run"])
+def test_the_search_schema_holds_every_backends_keys_whichever_module_comes_first(first):
+    """SearchConfig is assembled from a scan of backends/kinds/: whichever module a program imports first (a backend
+    module by name included), every backend is registered whole and its own keys are the schema's; and the scan
+    imports nothing heavy (the CLI checks a config before any heavy import)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, {first}\n"
+            "from dataclasses import fields\n"
+            "from fusebench.backends import base\n"
+            "from fusebench.config.search import SearchConfig, own_keys\n"
+            "keys = [k for b in base.REGISTRY.items() for k in own_keys(b)]\n"
+            "assert base.names() == ('exact', 'faiss', 'milvus', 'lancedb', 'qdrant'), base.names()\n"
+            "assert {'milvus_lean_rows', 'qdrant_unsynced', 'max_memory_gb'} <= set(keys), keys\n"
+            "assert set(keys) <= {f.name for f in fields(SearchConfig)}\n"
+            "heavy = {'torch', 'numpy', 'faiss', 'pymilvus', 'lancedb', 'qdrant_client', 'pandas', 'numba'}\n"
+            "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_new_backends_own_keys_join_the_schema_flat_and_clash_with_none():
+    """A backend's params become search.* keys of the schema (read by it alone); a key another backend or the
+    shared keys already hold is a plugin's bug, refused when the schema is assembled."""
+    from dataclasses import dataclass, fields, replace
+
+    from fusebench.backends import base
+    from fusebench.config import search
+    from fusebench.fusion.config import FusionConfig
+
+    @dataclass
+    class ToyParams:
+        toy_depth: int = 3
+
+    @dataclass
+    class ClashParams:
+        nprobe: int = 1
+
+    toy = base.Backend(name="toy", indexes=("flat",), params=ToyParams)
+    base.register(toy)
+    try:
+        schema = search._assembled()
+        assert [f.name for f in fields(schema)][-1] == "toy_depth" and schema().toy_depth == 3
+        assert base.get("toy").settings == ("toy_depth",) and base.names()[-1] == "toy"
+        with pytest.raises(FusebenchError, match=r"search.toy_depth=4 is never read with search.backend=faiss; "
+                                                 r"search.toy_depth is read only with search.backend=toy"):
+            base.check_search(schema(backend="faiss", toy_depth=4), FusionConfig(), [1.0, 1.0])
+        base.REGISTRY.unregister("toy")
+        base.register(replace(toy, params=ClashParams))
+        with pytest.raises(RuntimeError, match="search.nprobe of backend 'toy' is already every backend's"):
+            search._assembled()
+    finally:
+        base.REGISTRY.unregister("toy")

@@ -1,15 +1,18 @@
 """The one interface every search backend implements, and the registry that holds them.
 
-A backend is a module of this package that registers one :class:`Backend`: what it is (its name, the index types it
-builds, the ``search.*`` settings it reads, for an engine the fusion presets it runs, the pip extra it needs), its own
-rules, checked once when the config is checked and before any work (``check``), and its run (``run``: every
-retriever's :class:`~fusebench.search.ranked.RankedLists` and, for an approximate backend, the record's ``search``
-block). ``fusebench.backends`` imports every built-in backend, so that the registry is whole; a module's top level
+A backend is one module of :mod:`fusebench.backends.kinds` that registers one :class:`Backend`: what it is (its
+name and ``order``, the index types it builds, the shared ``search.*`` settings it reads, its own settings as a
+``params`` dataclass, for an engine the fusion presets it runs, the pip extra it needs), its own rules, checked once
+when the config is checked and before any work (``check``), and its run (``run``: every retriever's
+:class:`~fusebench.search.ranked.RankedLists` and, for an approximate backend, the record's ``search`` block). The
+registry (:data:`REGISTRY`, ``config.search.BACKENDS``) finds them by a scan of that package; a module's top level
 imports nothing heavy (no torch, faiss or engine package: those are imported when it runs), so that checking a
-config stays fast. Adding a backend: one module here, one ``conf/search/NAME.yaml``, one line in docs/search.md.
+config stays fast. Adding a backend: one module in ``kinds/``, one ``conf/search/NAME.yaml``, one line in
+docs/search.md.
 
 Every table the config layer reads about backends (the valid backends, the indexes each builds, the settings each
-reads, the engines' presets and extras) is derived from the registry here, never written beside it.
+reads, the ``search`` schema's own keys, the engines' presets and extras) is derived from the registry, never
+written beside it.
 """
 
 from __future__ import annotations
@@ -21,16 +24,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
-from fusebench.config.search import INDEX_READS, SearchConfig
+from fusebench.config.search import BACKENDS, INDEX_READS, own_keys
 from fusebench.fusion import presets
 from fusebench.runtime import checks
+from fusebench.runtime.plugins import Registry
 
 if TYPE_CHECKING:
+    from fusebench.config.search import SearchConfig
     from fusebench.evaluation.search_record import SearchRecord
     from fusebench.fusion.config import FusionConfig
     from fusebench.search.ranked import RankedLists
 
-BUILT_IN = ("exact", "faiss", "milvus", "lancedb", "qdrant")  # the modules fusebench.backends imports
+ENGINE_READS = ("latency_queries", "batch_size", "keep_db")  # the shared settings every engine reads
 
 
 @dataclass
@@ -54,7 +59,13 @@ class Capacity:
 class Backend:
     name: str  # search.backend
     indexes: tuple[str, ...]  # the search.index values it builds (the first is what it builds by default)
-    reads: tuple[str, ...] = ()  # the search.* settings it reads beside its index's own (INDEX_READS)
+    reads: tuple[str, ...] = ()  # the shared search.* settings it reads beside its index's own (INDEX_READS) and,
+    #   for an engine, ENGINE_READS
+    params: type | None = None  # a dataclass of the search.* settings only it reads (type, default, check in its
+    #   __post_init__); SearchConfig adds them flat (config.search)
+    label_flags: dict[str, str] = field(default_factory=dict)  # its own true/false setting -> the word the run's
+    #   label ends in when it is true (a patched engine's times: "lean_rows")
+    order: int = 50  # where it stands in every list of backends (messages, docs): exact first
     presets: tuple[str, ...] = ()  # an engine: the fusion presets it fuses by (conf/fusion/NAME.yaml); none: fusebench fuses
     extra: str | None = None  # the pip extra it needs ('fusebench[EXTRA]')
     module: str | None = None  # the library it imports, through require()
@@ -72,43 +83,33 @@ class Backend:
         """An embedded engine: it answers with its own hybrid search and its own fusion of a preset."""
         return bool(self.presets)
 
-
-_REGISTRY: dict[str, Backend] = {}
-
-
-def register(backend: Backend) -> Backend:
-    """Add ``backend`` (a name registered twice is a bug, not a user's mistake)."""
-    if backend.name in _REGISTRY:
-        raise RuntimeError(f"search backend {backend.name!r} is registered twice")
-    _REGISTRY[backend.name] = backend
-    return backend
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """Every search.* setting it reads beside its index's own: the shared ones, an engine's, its own."""
+        return (*self.reads, *(ENGINE_READS if self.engine else ()), *own_keys(self))
 
 
-def _loaded() -> dict[str, Backend]:
-    """Every registered backend, the built-in ones first in ``BUILT_IN``'s order (what messages list)."""
-    for name in BUILT_IN:
-        importlib.import_module(f"fusebench.backends.{name}")
-    return {**{name: _REGISTRY[name] for name in BUILT_IN}, **_REGISTRY}
+REGISTRY: Registry[Backend] = BACKENDS  # filled by a scan of fusebench.backends.kinds (held by config.search, whose
+#   schema adds each backend's params)
+register = REGISTRY.register
 
 
 def names() -> tuple[str, ...]:
-    return tuple(_loaded())
+    return REGISTRY.names()
 
 
 def get(name: str) -> Backend:
     """The backend ``search.backend`` names (a name no backend registered is refused, naming the valid ones)."""
-    backends = _loaded()
-    checks.choice(name, "search.backend", tuple(backends))
-    return backends[name]
+    return REGISTRY.get(name)
 
 
 def engines() -> tuple[str, ...]:
-    return tuple(n for n, b in _loaded().items() if b.engine)
+    return tuple(b.name for b in REGISTRY.items() if b.engine)
 
 
 def engine_presets() -> dict[str, tuple[str, ...]]:
     """engine -> the fusion presets it runs."""
-    return {n: b.presets for n, b in _loaded().items() if b.engine}
+    return {b.name: b.presets for b in REGISTRY.items() if b.engine}
 
 
 def require(name: str):
@@ -133,7 +134,7 @@ def check_search(search: SearchConfig, fusion: FusionConfig, weights: list[float
                              f"valid: {', '.join(backend.indexes)}{backend.index_note}.")
     checks.unread(search, "search", "index", INDEX_READS, " (a flat index compares every item)"
                   if search.index == "flat" else "")
-    checks.unread(search, "search", "backend", {n: b.reads for n, b in _loaded().items()}, backend.reads_note)
+    checks.unread(search, "search", "backend", {b.name: b.settings for b in REGISTRY.items()}, backend.reads_note)
     if backend.engine:
         check_engine(backend, search, fusion, weights)
     if backend.check is not None:
@@ -162,9 +163,10 @@ def check_engine(backend: Backend, search: SearchConfig, fusion: FusionConfig, w
                              "models and one of the engine's presets (fusion=...).")
     unweighted = _unweighted_preset(backend, fusion, weights)
     if unweighted is not None:
+        weighted = [p for p in backend.presets if p not in presets.UNWEIGHTED]  # the engine's presets that take them
         raise FusebenchError(f"fusion={unweighted} takes no per-model weights ({presets.UNWEIGHTED[unweighted]}), but the "
                              f"models' weights differ ({'/'.join(f'{w:g}' for w in weights)}): valid: equal weights"
-                             + (", or fusion=milvus_weighted" if backend.name == "milvus" else "") + ".")
+                             + "".join(f", or fusion={p}" for p in weighted) + ".")
     if fusion.preset not in backend.presets:
         why = ("this fusion is no preset: a plain method, or a preset whose settings or weights the engine's ranker "
                "does not take" if fusion.preset is None else f"fusion={fusion.preset} is another engine's")

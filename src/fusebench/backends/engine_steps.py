@@ -3,7 +3,7 @@ the engine (:func:`engine_backend`: the request rows per direction, the engine's
 :class:`~fusebench.search.ranked.RankedLists`, their neighbour recall against exact lists, its costs, and its fused
 lists compared query by query with fusebench's preset over exact lists).
 
-An engine module (``fusebench.backends.milvus``, ``lancedb``, ``qdrant``) registers its
+An engine module (``fusebench.backends.kinds.milvus``, ``lancedb``, ``qdrant``) registers its
 :class:`~fusebench.backends.base.Backend` with ``run=engine_runner(run, version)``, where ``run(request) ->
 EngineLists`` and ``version() -> str`` are its own. ``run`` loads ``request.items`` into its engine (item id = row index), builds the index
 ``request.search`` names, and sends every query through the engine's own search: each model alone (``singles``,
@@ -17,6 +17,7 @@ inside ``run``/``version``, through :func:`~fusebench.backends.base.require`, so
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,6 @@ from typing import TYPE_CHECKING
 
 from fusebench import DIRECTIONS, FUSED
 from fusebench.backends.base import BackendResult
-from fusebench.config.search import SearchConfig
 from fusebench.fusion.config import FusionConfig
 from fusebench.runtime.progress import Progress
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import torch
 
     from fusebench.backends.retrieval import ListSource, SearchSettings
+    from fusebench.config.search import SearchConfig
     from fusebench.encoders.base import ModelEmbeddings
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,47 @@ def pad(rows: list[list[tuple[int, float]]], length: int) -> tuple[np.ndarray, n
             ids[q, :len(hits)] = [h[0] for h in hits]
             scores[q, :len(hits)] = [h[1] for h in hits]
     return ids, scores
+
+
+def vector_names(request: EngineRequest) -> dict[str, str]:
+    """model -> its vector field, column or named vector in the engine (v0, v1, ... in model order: a model's name
+    need not be a valid name there)."""
+    return {m: f"v{i}" for i, m in enumerate(request.models)}
+
+
+def query_batches(request: EngineRequest, what: str) -> Iterator[tuple[int, int]]:
+    """(start, stop) of every block of ``search.batch_size`` queries, in order; the progress bar (``what``) moves
+    once a block is answered."""
+    tick = ticker(request, what, request.n_queries)
+    for start in range(0, request.n_queries, request.search.batch_size):
+        stop = min(start + request.search.batch_size, request.n_queries)
+        yield start, stop
+        tick(stop - start)
+
+
+def latencies(request: EngineRequest, one: Callable[[int], object]) -> tuple[np.ndarray, list]:
+    """Milliseconds of ``one(q)`` (one whole fused request) for each of the first ``search.latency_queries``
+    queries, one at a time; and what each returned."""
+    import numpy as np
+
+    times, answers = [], []
+    for q in range(min(request.search.latency_queries, request.n_queries)):
+        began = time.perf_counter()
+        answers.append(one(q))
+        times.append((time.perf_counter() - began) * 1000.0)
+    return np.asarray(times, dtype=np.float64), answers
+
+
+def engine_lists(request: EngineRequest, singles: dict[str, list], fused: list, owners: list | None = None,
+                 **measured) -> EngineLists:
+    """An engine's per-query hits (each model's, ``per_model_k`` deep; the fused, ``final_k`` deep; for
+    ``fuse_on=document`` the model each fused entry is a hit of, as ``(model, 0.0)``) padded into
+    :class:`EngineLists`, with what it measured (``ingest_seconds``, ``build_seconds``, ``search_seconds``,
+    ``latency_ms``, ``disk_bytes``, ``version``, ``notes``)."""
+    fused_ids, fused_scores = pad(fused, request.final_k)
+    return EngineLists(singles={m: pad(rows, request.per_model_k) for m, rows in singles.items()},
+                       fused_ids=fused_ids, fused_scores=fused_scores,
+                       fused_models=None if owners is None else pad(owners, request.final_k)[0], **measured)
 
 
 PARITY_K = 10

@@ -1,4 +1,4 @@
-"""The private part of Milvus Lite that ``backends/milvus.py`` can use, in one place, checked against the release
+"""The private part of Milvus Lite that ``backends/kinds/milvus.py`` can use, in one place, checked against the release
 named in ``CHECKED`` (``tests/test_engine_internals.py`` fails, naming the release and the attribute, when the
 installed one differs in shape).
 

@@ -1,4 +1,4 @@
-"""The private parts of qdrant-client's local mode that ``backends/qdrant.py`` uses, in one place, each checked
+"""The private parts of qdrant-client's local mode that ``backends/kinds/qdrant.py`` uses, in one place, each checked
 against the release named in ``CHECKED`` (``tests/test_engine_internals.py`` fails, naming the release and the
 attribute, when the installed one differs in shape).
 

@@ -15,15 +15,23 @@ in its list counts as missed (rank past the list). Each such run also evaluates 
 (``exact_fused``) and compares query by query. Parameter names follow FAISS (docs/search.md maps them to each
 engine's). Light on purpose: no numpy, torch or faiss. What is a backend's own (the indexes it builds, the settings
 it reads, an engine's presets and limits) is checked by the backend (:mod:`fusebench.backends`).
+
+The schema is assembled from the registry of backends (:data:`BACKENDS`, filled by a scan of
+``fusebench.backends.kinds``, imported by dotted name: no import points up): :class:`SearchKeys` holds the keys
+several backends read, and each backend's own parameters (its ``params`` dataclass: ``search.milvus_lean_rows``
+is Milvus') are added to it flat, so ``search.KEY`` stays one level deep and a new backend's keys are its module's.
+A module the scan imports must not import :class:`SearchConfig` at its top (it is assembled after the scan).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
 
 from fusebench import FusebenchError
 from fusebench.runtime import checks
+from fusebench.runtime.plugins import Registry
 
 INDEXES = ("flat", "ivf_flat", "hnsw", "ivf_pq")
 # The settings each index type reads (a setting the chosen index does not read must keep its default: refused
@@ -37,11 +45,15 @@ TUNE_QUERIES = ("auto", "split", "held_out")  # search.tune_queries (backends.ta
 # the search-time setting search.target_recall chooses for each index type (FAISS's name, the config key)
 TUNED = {"ivf_flat": ("nprobe", "nprobe"), "ivf_pq": ("nprobe", "nprobe"), "hnsw": ("efSearch", "ef_search")}
 IVF_MIN_POINTS = 39  # FAISS k-means wants at least 39 training points per list (it warns below that)
+# the search backends (fusebench.backends.base.Backend, one module each in fusebench.backends.kinds), by their order
+BACKENDS = Registry("fusebench.backends.kinds", "search backend", "search.backend")
 
 
 @dataclass
-class SearchConfig:
-    backend: str = "exact"  # exact | faiss | milvus | lancedb | qdrant (fusebench.backends registers them)
+class SearchKeys:
+    """The ``search`` keys several backends read; :class:`SearchConfig` adds each backend's own."""
+
+    backend: str = "exact"  # exact | faiss | milvus | lancedb | qdrant (fusebench.backends.kinds registers them)
     index: str = "flat"  # flat | ivf_flat | hnsw | ivf_pq (each backend says which it builds)
     nlist: int | None = 64  # ivf_*: inverted lists; null = min(4 sqrt(n), n / 39) for an index of n items
     nprobe: int = 52  # ivf_*: lists visited per query (1..nlist); 52 of 64 reaches neighbour recall@100 0.97 on the
@@ -59,12 +71,6 @@ class SearchConfig:
     latency_queries: int = 100  # engines: queries sent again one request at a time (median and p95 latency); 0 = none
     batch_size: int = 256  # engines: queries per request for the lists themselves
     keep_db: bool = False  # engines: keep the engine's database in the run dir (engine_db/); false = removed after
-    milvus_lean_rows: bool = False  # milvus: skip Lite's copy of each hit's vectors while searching (patches the engine:
-    #   its times are then not stock Milvus Lite's, and every figure says so); false = stock Milvus Lite
-    qdrant_unsynced: bool = False  # qdrant: local mode's SQLite commits without waiting for the disk (a patch of its
-    #   storage: faster ingest, labelled in every figure); false = stock local mode
-    max_memory_gb: float | None = None  # faiss ivf_*: inverted lists past this (GB, 1e9 bytes) go to disk
-    #   (OnDiskInvertedLists in the index store); the index's own structure must fit; null = all in memory
     target_recall: float | None = None  # faiss ivf_*/hnsw: the smallest nprobe / ef_search whose neighbour recall at
     #   the list depth reaches this (0 < t <= 1) on queries outside every reported metric; null = as set
     tune_queries: str = "auto"  # target_recall's queries: split (the dataset's other split: Karpathy val, a sim val
@@ -90,11 +96,10 @@ class SearchConfig:
         checks.integer(self.latency_queries, "search.latency_queries", 0)
         checks.integer(self.batch_size, "search.batch_size", 1)
         checks.boolean(self.keep_db, "search.keep_db")
-        checks.boolean(self.milvus_lean_rows, "search.milvus_lean_rows")
-        checks.boolean(self.qdrant_unsynced, "search.qdrant_unsynced")
-        if self.max_memory_gb is not None:
-            self.max_memory_gb = checks.number(self.max_memory_gb, "search.max_memory_gb", 0, open_low=True,
-                                               hint="GB an index may hold in memory; null = no limit")
+        for backend in BACKENDS.items():  # each backend's own keys, checked (and normalised) by its params dataclass
+            own = self.params_of(backend)
+            for key in own_keys(backend):
+                setattr(self, key, getattr(own, key))
         self._check_target()
         if self.nlist is not None and self.index in ("ivf_flat", "ivf_pq") and self.target_recall is None:
             check_nprobe(self, self.nlist, f"search.nlist={self.nlist}")
@@ -106,7 +111,7 @@ class SearchConfig:
         checks.integer(self.tune_images, "search.tune_images", 1, "images whose captions tune the index")
         if self.target_recall is None:
             for key in ("tune_queries", "tune_images"):
-                if getattr(self, key) != getattr(SearchConfig, key):
+                if getattr(self, key) != getattr(SearchKeys, key):
                     raise FusebenchError(f"search.{key}={getattr(self, key)} is read only with search.target_recall "
                                          "set (the queries it tunes an index on): set search.target_recall, or leave "
                                          f"search.{key} unset.")
@@ -121,10 +126,17 @@ class SearchConfig:
         if self.index not in TUNED:
             return  # refused by the backend's check (backends.base.check_search: the index never reads it)
         setting, key = TUNED[self.index]
-        if getattr(self, key) != getattr(SearchConfig, key):
+        if getattr(self, key) != getattr(SearchKeys, key):
             raise FusebenchError(f"search.{key}={getattr(self, key)} is chosen by search.target_recall="
                                  f"{self.target_recall:g} when that is set: leave search.{key} unset, or set "
                                  "search.target_recall=null to search with it as set.")
+
+    def params_of(self, backend):
+        """``backend``'s own parameters (an instance of its ``params`` dataclass, checked) as this config sets them;
+        None for a backend without any."""
+        if backend.params is None:
+            return None
+        return backend.params(**{key: getattr(self, key) for key in own_keys(backend)})
 
     @property
     def tuned(self) -> str | None:
@@ -143,11 +155,11 @@ class SearchConfig:
         params = self.index_params()
         if self.tuned:  # chosen per model and direction (the record's params): the target names the setting
             params = {k: v for k, v in params.items() if k != self.tuned} | {"target_recall": self.target_recall}
-        if self.index.startswith("ivf") and self.seed != SearchConfig.seed:  # another k-means: another index
+        if self.index.startswith("ivf") and self.seed != SearchKeys.seed:  # another k-means: another index
             params["seed"] = self.seed
-        lean = [name for name, on in (("lean_rows", self.milvus_lean_rows), ("unsynced", self.qdrant_unsynced)) if on]
-        # a patched engine's times: said in every label
-        return " ".join([self.backend, self.index, *(f"{k}={v}" for k, v in params.items()), *lean])
+        flags = BACKENDS.get(self.backend).label_flags  # its settings said in every label (a patched engine's times)
+        words = [word for key, word in flags.items() if getattr(self, key)]
+        return " ".join([self.backend, self.index, *(f"{k}={v}" for k, v in params.items()), *words])
 
     def index_params(self) -> dict:
         """The parameters the index type reads (FAISS names), as set (nlist/pq_m may be null = automatic)."""
@@ -160,6 +172,31 @@ class SearchConfig:
             return {"nlist": self.nlist or "auto", "m": self.pq_m or "auto", "nbits": self.nbits, "nprobe": self.nprobe,
                     **refine}
         return {}
+
+
+def own_keys(backend) -> tuple[str, ...]:
+    """The ``search.*`` keys only ``backend`` reads: its params dataclass's fields."""
+    return tuple(f.name for f in fields(backend.params)) if backend.params is not None else ()
+
+
+def _assembled() -> type:
+    """:class:`SearchKeys` with every registered backend's own keys added flat (in the backends' order): the
+    ``search`` group's schema (Hydra's ``schema_search``) and typed form."""
+    own, taken = [], {f.name: "every backend" for f in fields(SearchKeys)}
+    for backend in BACKENDS.items():
+        if backend.params is None:
+            continue
+        hints = typing.get_type_hints(backend.params)  # the real types (a plugin's annotations are strings)
+        for f in fields(backend.params):
+            if f.name in taken:  # a plugin's bug, not a user's mistake
+                raise RuntimeError(f"search.{f.name} of backend {backend.name!r} is already {taken[f.name]}'s")
+            taken[f.name] = backend.name
+            own.append((f.name, hints[f.name], field(default=f.default)))
+    config = make_dataclass("SearchConfig", own, bases=(SearchKeys,))
+    config.__module__ = __name__
+    config.__doc__ = ("The ``search`` config group: the keys several backends read (:class:`SearchKeys`) and each "
+                      "backend's own (its ``params``), one level deep.")
+    return config
 
 
 def auto_nlist(n_items: int) -> int:
@@ -253,3 +290,6 @@ def pq_layout(config: SearchConfig, dim: int, model: str) -> tuple[int, int]:
         divisor = _largest_divisor(dim, cap)
         m = divisor if 2 * divisor >= cap else cap
     return m, -(-dim // m) * m
+
+
+SearchConfig = _assembled()  # last: the backends' modules import this module's functions above while it is read

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fusebench.backends.base import Backend, BackendResult, register
-from fusebench.config.search import SearchConfig
 from fusebench.fusion.config import FusionConfig
 
 if TYPE_CHECKING:
     import numpy as np
 
     from fusebench.backends.retrieval import ListSource, SearchSettings
+    from fusebench.config.search import SearchConfig
     from fusebench.encoders.base import ModelEmbeddings
 
 
@@ -24,6 +24,6 @@ def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: Fu
     return BackendResult(retrieve(models, caption_image, fusion, keep_k=keep_k, settings=settings, source=source))
 
 
-BACKEND = register(Backend(name="exact", indexes=("flat",), run=run,
+BACKEND = register(Backend(name="exact", indexes=("flat",), run=run, order=10,
                            index_note=" (exact search has no index: pick search=faiss_* or an engine for an index)",
                            reads_note=" (brute force in torch, in this process)"))

@@ -6,18 +6,34 @@ recall and for the same fusion over exact lists (``exact_fused``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fusebench import DIRECTIONS, FUSED
 from fusebench.backends.base import Backend, BackendResult, register
-from fusebench.config.search import INDEXES, SearchConfig
+from fusebench.config.search import INDEXES, TARGET_READS
 from fusebench.fusion.config import FusionConfig
+from fusebench.runtime import checks
 
 if TYPE_CHECKING:
     import numpy as np
 
     from fusebench.backends.retrieval import ListSource, SearchSettings
+    from fusebench.config.search import SearchConfig
     from fusebench.encoders.base import ModelEmbeddings
+
+
+@dataclass
+class FaissParams:
+    """The ``search.*`` settings only FAISS reads."""
+
+    max_memory_gb: float | None = None  # ivf_* over a gallery: inverted lists past this (GB, 1e9 bytes) go to disk
+    #   (OnDiskInvertedLists in the index store); the index's own structure must fit; null = all in memory
+
+    def __post_init__(self):
+        if self.max_memory_gb is not None:
+            self.max_memory_gb = checks.number(self.max_memory_gb, "search.max_memory_gb", 0, open_low=True,
+                                               hint="GB an index may hold in memory; null = no limit")
 
 
 def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig, keep_k: int | None,
@@ -58,15 +74,11 @@ def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: Fu
     return BackendResult(results, record)
 
 
-
-
 def version() -> str:
     from fusebench.backends.faiss_index import faiss_version
 
     return faiss_version()
 
 
-BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads", "target_recall", "tune_queries", "tune_images",
-                                                                     "max_memory_gb", "refine_factor"),
-                           extra="faiss", module="faiss", run=run,
-                           version=version))
+BACKEND = register(Backend(name="faiss", indexes=INDEXES, reads=("threads", *TARGET_READS, "refine_factor"),
+                           params=FaissParams, extra="faiss", module="faiss", run=run, version=version, order=20))

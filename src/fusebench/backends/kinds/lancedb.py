@@ -27,13 +27,16 @@ from importlib import metadata
 from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
+from fusebench.backends import engine_steps as steps
 from fusebench.backends.base import Backend, register, require
-from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
-from fusebench.config.search import SearchConfig, resolve_pq_m, resolved_nlist
+from fusebench.backends.engine_steps import EngineLists, EngineRequest
+from fusebench.config.search import resolve_pq_m, resolved_nlist
 from fusebench.fusion.config import FusionConfig
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from fusebench.config.search import SearchConfig
 
 
 TABLE = "fusebench"
@@ -63,11 +66,6 @@ def version() -> str:
     except metadata.PackageNotFoundError:
         pylance = "not installed"
     return f"lancedb {lancedb.__version__} (pylance {pylance})"
-
-
-def columns(request: EngineRequest) -> dict[str, str]:
-    """model -> its vector column (v0, v1, ... in model order: a model's name need not be a valid column name)."""
-    return {m: f"v{i}" for i, m in enumerate(request.models)}
 
 
 def check(search: SearchConfig, fusion: FusionConfig, weights: list[float]) -> None:
@@ -111,7 +109,7 @@ def _environment(request: EngineRequest) -> Iterator[None]:
 def _batches(pa, request: EngineRequest, schema) -> Iterator:
     import numpy as np
 
-    tick = ticker(request, "lancedb: writing items", request.n_items)
+    tick = steps.ticker(request, "lancedb: writing items", request.n_items)
     for start, stop, blocks in request.item_blocks(WRITE_ROWS):
         arrays = [pa.array(np.arange(start, stop, dtype=np.int64))]
         for m in request.models:
@@ -124,7 +122,7 @@ def _batches(pa, request: EngineRequest, schema) -> Iterator:
 def _ingest(db, pa, request: EngineRequest):
     fields = [pa.field("id", pa.int64(), nullable=False)]
     fields += [pa.field(name, pa.list_(pa.float32(), int(request.dim(m))))
-               for m, name in columns(request).items()]
+               for m, name in steps.vector_names(request).items()]
     schema = pa.schema(fields)
     return db.create_table(TABLE, data=_batches(pa, request, schema), schema=schema)
 
@@ -147,7 +145,7 @@ def _build(table, request: EngineRequest) -> float:
     if request.search.index == "flat":
         return 0.0
     began = time.perf_counter()
-    for m, name in columns(request).items():
+    for m, name in steps.vector_names(request).items():
         config = index_config(request, m)
         if config is None:
             continue
@@ -203,32 +201,22 @@ def _fuse(reranker, tables: list, final_k: int) -> list[tuple[int, float]]:
 
 
 def _search_all(table, reranker, request: EngineRequest) -> tuple[dict, list]:
-    names = columns(request)
+    names = steps.vector_names(request)
     singles: dict[str, list] = {m: [] for m in request.models}
     fused = []
-    tick = ticker(request, "lancedb: searching", request.n_queries)
-    for start in range(0, request.n_queries, request.search.batch_size):
-        stop = min(start + request.search.batch_size, request.n_queries)
+    for start, stop in steps.query_batches(request, "lancedb: searching"):
         per_model = [_split(_query(table, request, names[m], request.queries[m][start:stop]).to_arrow(), stop - start)
                      for m in request.models]
         for m, tables in zip(request.models, per_model):
             singles[m] += [_hits(t) for t in tables]
         fused += [_fuse(reranker, list(tables), request.final_k) for tables in zip(*per_model)]
-        tick(stop - start)
     return singles, fused
 
 
-def _latency(table, reranker, request: EngineRequest) -> np.ndarray:
-    """One fused request at a time (each model's search, then the rerank), for the first latency_queries queries."""
-    import numpy as np
-
-    names, times = columns(request), []
-    for q in range(min(request.search.latency_queries, request.n_queries)):
-        began = time.perf_counter()
-        tables = [_query(table, request, names[m], request.queries[m][q]).to_arrow() for m in request.models]
-        _fuse(reranker, tables, request.final_k)
-        times.append((time.perf_counter() - began) * 1000.0)
-    return np.asarray(times, dtype=np.float64)
+def _one_request(table, reranker, request: EngineRequest, names: dict[str, str], q: int) -> list[tuple[int, float]]:
+    """One fused request: each model's search for query ``q``, then the rerank (what latency times)."""
+    tables = [_query(table, request, names[m], request.queries[m][q]).to_arrow() for m in request.models]
+    return _fuse(reranker, tables, request.final_k)
 
 
 def rrf_reranker(request: EngineRequest):
@@ -249,17 +237,15 @@ def run(request: EngineRequest) -> EngineLists:
         table = _ingest(db, pa, request)
         ingest = time.perf_counter() - began
         build = _build(table, request)
-        disk = folder_bytes(request.workdir)
+        disk = steps.folder_bytes(request.workdir)
         reranker = rrf_reranker(request)
         began = time.perf_counter()
         singles, fused = _search_all(table, reranker, request)
         seconds = time.perf_counter() - began
-        latency = _latency(table, reranker, request)
-    fused_ids, fused_scores = pad(fused, request.final_k)
-    return EngineLists(singles={m: pad(rows, request.per_model_k) for m, rows in singles.items()},
-                       fused_ids=fused_ids, fused_scores=fused_scores, ingest_seconds=ingest, build_seconds=build,
-                       search_seconds=seconds, latency_ms=latency, disk_bytes=disk, version=version(),
-                       notes=notes(request))
+        names = steps.vector_names(request)
+        latency, _ = steps.latencies(request, lambda q: _one_request(table, reranker, request, names, q))
+    return steps.engine_lists(request, singles, fused, ingest_seconds=ingest, build_seconds=build, search_seconds=seconds,
+                        latency_ms=latency, disk_bytes=disk, version=version(), notes=notes(request))
 
 
 def notes(request: EngineRequest) -> list[str]:
@@ -278,8 +264,6 @@ def notes(request: EngineRequest) -> list[str]:
     return out
 
 
-BACKEND = register(Backend(name="lancedb", indexes=("flat", "ivf_pq", "hnsw"),
-                           reads=("threads", "latency_queries", "batch_size", "keep_db", "refine_factor"),
-                           presets=("lancedb_rrf",),
-                           extra="lancedb", module="lancedb", check=check, run=engine_runner(run, version),
-                           version=version))
+BACKEND = register(Backend(name="lancedb", indexes=("flat", "ivf_pq", "hnsw"), reads=("threads", "refine_factor"),
+                           presets=("lancedb_rrf",), extra="lancedb", module="lancedb", check=check,
+                           run=steps.engine_runner(run, version), version=version, order=40))

@@ -33,13 +33,16 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
+from fusebench.backends import engine_steps as steps
 from fusebench.backends.base import Backend, Capacity, register, require
-from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
+from fusebench.backends.engine_steps import EngineLists, EngineRequest
 from fusebench.backends.qdrant_internals import CHECKED, local_collection, unsynced
+from fusebench.runtime import checks
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,14 +77,20 @@ NOTES = [
 ]
 
 
+@dataclass
+class QdrantParams:
+    """The ``search.*`` settings only Qdrant reads."""
+
+    qdrant_unsynced: bool = False  # local mode's SQLite commits without waiting for the disk (a patch of its storage:
+    #   faster ingest, labelled in every figure); false = stock local mode
+
+    def __post_init__(self):
+        checks.boolean(self.qdrant_unsynced, "search.qdrant_unsynced")
+
+
 def version() -> str:
     require("qdrant")
     return f"qdrant-client {metadata.version('qdrant-client')} (local mode)"
-
-
-def vector_names(request: EngineRequest) -> dict[str, str]:
-    """model -> its named vector (v0, v1, ... in model order: a model's name need not be a valid vector name)."""
-    return {m: f"v{i}" for i, m in enumerate(request.models)}
 
 
 def rrf_k(request: EngineRequest) -> int:
@@ -130,7 +139,7 @@ def point_ids(request: EngineRequest) -> list[np.ndarray]:
 
 
 def _ingest(client, models, request: EngineRequest) -> None:
-    names = vector_names(request)
+    names = steps.vector_names(request)
     config = {names[m]: models.VectorParams(size=request.dim(m), distance=models.Distance.DOT)
               for m in request.models}
     client.create_collection(COLLECTION, vectors_config=config)
@@ -139,7 +148,7 @@ def _ingest(client, models, request: EngineRequest) -> None:
                              f"connection read in {CHECKED}, so the patch cannot be made and the run would be labelled "
                              "with a patch it lacks: drop search.qdrant_unsynced (stock local mode).")
     ids = point_ids(request)
-    tick = ticker(request, "qdrant: loading points", request.n_items)
+    tick = steps.ticker(request, "qdrant: loading points", request.n_items)
     for start, stop, rows in request.item_blocks(UPLOAD_POINTS):
         _check_unit(rows)  # as each block is read: the gallery is read once
         if request.fusion.fuse_on == "source_object":
@@ -160,7 +169,7 @@ class _Searcher:
         from qdrant_client.hybrid.fusion import distribution_based_score_fusion, reciprocal_rank_fusion
 
         self.models, self.request = models, request
-        self.names = [vector_names(request)[m] for m in request.models]
+        self.names = [steps.vector_names(request)[m] for m in request.models]
         self.collection = local_collection(client, COLLECTION)
         self.queries = [np.ascontiguousarray(request.queries[m], dtype=np.float32) for m in request.models]
         weights = [float(request.weights[m]) for m in request.models]
@@ -194,9 +203,7 @@ def _hits(points: list, n_items: int) -> list[tuple[int, float]]:
 def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list, list]:
     """Each model's list and the fused list per query; and the model of each fused entry (its point id // n)."""
     n, singles, fused, owners = request.n_items, {m: [] for m in request.models}, [], []
-    tick = ticker(request, "qdrant: searching", request.n_queries)
-    for start in range(0, request.n_queries, request.search.batch_size):
-        stop = min(start + request.search.batch_size, request.n_queries)
+    for start, stop in steps.query_batches(request, "qdrant: searching"):
         for q in range(start, stop):
             lists = [searcher.single(q, m) for m in range(len(request.models))]
             for m, points in zip(request.models, lists):
@@ -204,7 +211,6 @@ def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list
             points = searcher.fuse(lists)  # reads the lists' scores, then overwrites them
             fused.append(_hits(points, n))
             owners.append([(int(p.id) // n, 0.0) for p in points])
-        tick(stop - start)
     return singles, fused, owners
 
 
@@ -213,16 +219,13 @@ def _latency(searcher: _Searcher, request: EngineRequest, fused: list) -> tuple[
     route's fused list (ids exactly, scores to 1e-9)."""
     import numpy as np
 
-    times, same = [], 0
-    count = min(request.search.latency_queries, request.n_queries)
-    for q in range(count):
-        began = time.perf_counter()
-        points = searcher.hybrid(q)
-        times.append((time.perf_counter() - began) * 1000.0)
+    times, answers = steps.latencies(request, searcher.hybrid)
+    same = 0
+    for q, points in enumerate(answers):
         hits = _hits(points, request.n_items)
         same += [h[0] for h in hits] == [h[0] for h in fused[q]] and np.allclose(
             [h[1] for h in hits], [h[1] for h in fused[q]], rtol=0, atol=1e-9)
-    return np.asarray(times, dtype=np.float64), same, count
+    return times, same, len(answers)
 
 
 def run(request: EngineRequest) -> EngineLists:
@@ -239,7 +242,7 @@ def run(request: EngineRequest) -> EngineLists:
             began = time.perf_counter()
             _ingest(client, models, request)
             ingest = time.perf_counter() - began
-            disk = folder_bytes(request.workdir)
+            disk = steps.folder_bytes(request.workdir)
             searcher = _Searcher(client, models, request)
             began = time.perf_counter()
             singles, fused, owners = _search_all(searcher, request)
@@ -247,13 +250,10 @@ def run(request: EngineRequest) -> EngineLists:
             latency, same, timed = _latency(searcher, request, fused)
         finally:
             client.close()
-    fused_ids, fused_scores = pad(fused, request.final_k)
     document = request.fusion.fuse_on == "document"
-    return EngineLists(fused_models=pad(owners, request.final_k)[0] if document else None,
-                       singles={m: pad(rows, request.per_model_k) for m, rows in singles.items()},
-                       fused_ids=fused_ids, fused_scores=fused_scores, ingest_seconds=ingest, build_seconds=0.0,
-                       search_seconds=seconds, latency_ms=latency, disk_bytes=disk, version=version(),
-                       notes=notes(request, same, timed))
+    return steps.engine_lists(request, singles, fused, owners if document else None, ingest_seconds=ingest,
+                        build_seconds=0.0, search_seconds=seconds, latency_ms=latency, disk_bytes=disk,
+                        version=version(), notes=notes(request, same, timed))
 
 
 def notes(request: EngineRequest, same: int, timed: int) -> list[str]:
@@ -272,8 +272,8 @@ def notes(request: EngineRequest, same: int, timed: int) -> list[str]:
     return out
 
 
-BACKEND = register(Backend(name="qdrant", indexes=("flat",),
-                           reads=("threads", "latency_queries", "batch_size", "keep_db", "qdrant_unsynced"),
-                           presets=("qdrant_rrf", "qdrant_dbsf"), extra="qdrant", module="qdrant_client", document=True,
+BACKEND = register(Backend(name="qdrant", indexes=("flat",), reads=("threads",), params=QdrantParams,
+                           label_flags={"qdrant_unsynced": "unsynced"}, presets=("qdrant_rrf", "qdrant_dbsf"),
+                           extra="qdrant", module="qdrant_client", document=True,
                            index_note=" (Qdrant's local mode searches every point exactly)",
-                           run=engine_runner(run, version), version=version, capacity=CAPACITY))
+                           run=steps.engine_runner(run, version), version=version, capacity=CAPACITY, order=50))

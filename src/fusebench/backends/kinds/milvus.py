@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fusebench import FusebenchError
+from fusebench.backends import engine_steps as steps
 from fusebench.backends.base import Backend, Capacity, register, require
-from fusebench.backends.engine_steps import EngineLists, EngineRequest, engine_runner, folder_bytes, pad, ticker
+from fusebench.backends.engine_steps import EngineLists, EngineRequest
 from fusebench.backends.milvus_internals import lean_rows
-from fusebench.config.search import SearchConfig, resolved_nlist
+from fusebench.config.search import resolved_nlist
 from fusebench.fusion.config import FusionConfig
+from fusebench.runtime import checks
 
 if TYPE_CHECKING:
-    import numpy as np
+    from fusebench.config.search import SearchConfig
 
 
 COLLECTION = "fusebench"
@@ -65,6 +68,17 @@ LEAN_NOTE = ("milvus: search.milvus_lean_rows=true: search times skip Milvus Lit
              "times; the lists are unchanged")
 
 
+@dataclass
+class MilvusParams:
+    """The ``search.*`` settings only Milvus reads."""
+
+    milvus_lean_rows: bool = False  # skip Lite's copy of each hit's vectors while searching (patches the engine: its
+    #   times are then not stock Milvus Lite's, and every figure says so); false = stock Milvus Lite
+
+    def __post_init__(self):
+        checks.boolean(self.milvus_lean_rows, "search.milvus_lean_rows")
+
+
 def version() -> str:
     pymilvus = require("milvus")
     try:
@@ -95,11 +109,6 @@ def check(search: SearchConfig, fusion: FusionConfig, weights: list[float]) -> N
                              f"valid search.batch_size is 1..{MAX_NQ}.")
 
 
-def fields(request: EngineRequest) -> dict[str, str]:
-    """model -> its vector field name (v0, v1, ... in model order)."""
-    return {m: f"v{i}" for i, m in enumerate(request.models)}
-
-
 def index_params(request: EngineRequest) -> tuple[str, dict, dict]:
     """(Milvus index type, build params, search params) for ``request.search``."""
     search = request.search
@@ -113,14 +122,14 @@ def index_params(request: EngineRequest) -> tuple[str, dict, dict]:
 def _create(client, pymilvus, request: EngineRequest) -> None:
     schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field(PK, pymilvus.DataType.INT64, is_primary=True)
-    for model, name in fields(request).items():
+    for model, name in steps.vector_names(request).items():
         schema.add_field(name, pymilvus.DataType.FLOAT_VECTOR, dim=request.dim(model))
     client.create_collection(COLLECTION, schema=schema)
 
 
 def _insert(client, request: EngineRequest) -> None:
-    names = fields(request)
-    tick = ticker(request, "milvus: inserting items", request.n_items)
+    names = steps.vector_names(request)
+    tick = steps.ticker(request, "milvus: inserting items", request.n_items)
     for start, stop, blocks in request.item_blocks(INSERT_ROWS):
         columns = {name: blocks[m] for m, name in names.items()}
         rows = [{PK: i, **{name: columns[name][i - start] for name in names.values()}} for i in range(start, stop)]
@@ -131,7 +140,7 @@ def _insert(client, request: EngineRequest) -> None:
 
 def _build(client, pymilvus, request: EngineRequest, metric: str) -> None:
     kind, build, _ = index_params(request)
-    for name in fields(request).values():
+    for name in steps.vector_names(request).values():
         params = client.prepare_index_params()
         # nested: pymilvus 3 flattens ``params`` into one key per setting, which Milvus Lite 3.2.2 drops (it reads
         # only a JSON ``params`` key: adapter/grpc/translators/index.py kv_pairs_to_index_params_dict), so M,
@@ -174,7 +183,7 @@ class _Searcher:
         self.client, self.pymilvus, self.request = client, pymilvus, request
         _, _, extra = index_params(request)
         self.param = {"metric_type": metric, "params": extra}
-        self.names = fields(request)
+        self.names = steps.vector_names(request)
         self.ranker = _ranker(pymilvus, request)
 
     def single(self, model: str, start: int, stop: int) -> list[list[tuple[int, float]]]:
@@ -195,27 +204,13 @@ def _search_all(searcher: _Searcher, request: EngineRequest) -> tuple[dict, list
     the other engines' search time also measures: one fused answer per query)."""
     singles = {m: [] for m in request.models}
     fused, hybrid = [], 0.0
-    tick = ticker(request, "milvus: searching", request.n_queries)
-    for start in range(0, request.n_queries, request.search.batch_size):
-        stop = min(start + request.search.batch_size, request.n_queries)
+    for start, stop in steps.query_batches(request, "milvus: searching"):
         for m in request.models:
             singles[m] += searcher.single(m, start, stop)
         began = time.perf_counter()
         fused += searcher.fused(start, stop)
         hybrid += time.perf_counter() - began
-        tick(stop - start)
     return singles, fused, hybrid
-
-
-def _latency(searcher: _Searcher, request: EngineRequest) -> np.ndarray:
-    import numpy as np
-
-    times = []
-    for q in range(min(request.search.latency_queries, request.n_queries)):
-        began = time.perf_counter()
-        searcher.fused(q, q + 1)
-        times.append((time.perf_counter() - began) * 1000.0)
-    return np.asarray(times, dtype=np.float64)
 
 
 def _release(client, path: str) -> None:
@@ -260,18 +255,15 @@ def run(request: EngineRequest) -> EngineLists:
         began = time.perf_counter()
         _build(client, pymilvus, request, metric)
         build = time.perf_counter() - began
-        disk = folder_bytes(request.workdir)
+        disk = steps.folder_bytes(request.workdir)
         searcher = _Searcher(client, pymilvus, request, metric)
-        with lean_rows(set(fields(request).values())) if request.search.milvus_lean_rows else nullcontext():
+        with lean_rows(set(steps.vector_names(request).values())) if request.search.milvus_lean_rows else nullcontext():
             singles, fused, seconds = _search_all(searcher, request)
-            latency = _latency(searcher, request)
+            latency, _ = steps.latencies(request, lambda q: searcher.fused(q, q + 1))
     finally:
         _release(client, path)
-    fused_ids, fused_scores = pad(fused, request.final_k)
-    return EngineLists(singles={m: pad(rows, request.per_model_k) for m, rows in singles.items()},
-                       fused_ids=fused_ids, fused_scores=fused_scores, ingest_seconds=ingest, build_seconds=build,
-                       search_seconds=seconds, latency_ms=latency, disk_bytes=disk, version=version(),
-                       notes=notes(request))
+    return steps.engine_lists(request, singles, fused, ingest_seconds=ingest, build_seconds=build,
+                              search_seconds=seconds, latency_ms=latency, disk_bytes=disk, version=version(), notes=notes(request))
 
 
 def notes(request: EngineRequest) -> list[str]:
@@ -287,10 +279,8 @@ def notes(request: EngineRequest) -> list[str]:
     return out
 
 
-
-
-BACKEND = register(Backend(name="milvus", indexes=("flat", "ivf_flat", "hnsw"),
-                           reads=("latency_queries", "batch_size", "keep_db", "milvus_lean_rows"),
+BACKEND = register(Backend(name="milvus", indexes=("flat", "ivf_flat", "hnsw"), params=MilvusParams,
+                           label_flags={"milvus_lean_rows": "lean_rows"},
                            presets=("milvus_rrf", "milvus_weighted", "milvus_weighted_ip"), extra="milvus",
-                           module="pymilvus", check=check, run=engine_runner(run, version), version=version,
-                           capacity=CAPACITY))
+                           module="pymilvus", check=check, run=steps.engine_runner(run, version), version=version,
+                           capacity=CAPACITY, order=30))
