@@ -232,7 +232,6 @@ def test_readme_names_every_extra_pyproject_has():
 SHARED_NAMES = {
     "base.py": "a contract: encoders/ (a model backend) and backends/ (a search backend)",
     "cli.py": "a command: app/ (fusebench) and report/ (fusebench-report)",
-    "exact.py": "exact search: search/ (the math) and backends/ (search=exact, the backend over it)",
     "simulated.py": "the simulator: data/ (the sim corpus) and encoders/ (the sim models' embeddings)",
 }
 
