@@ -296,8 +296,8 @@ def keyword_settings(cfg, settings: Mapping[str, object]) -> list[tuple[str, obj
         dotted = word.replace("__", ".")
         found = [dotted] if dotted in keys else [k for k in keys if k.rsplit(".", 1)[-1] == word]
         if len(found) != 1:
-            why = (f"names several settings ({', '.join(found)}): give the whole key with '__' for its dots, e.g. "
-                   f"{found[0].replace('.', '__')}=..." if found else
+            why = (f"names several settings ({', '.join(found)}): give the whole key with '__' for its dots (e.g. "
+                   f"{found[0].replace('.', '__')})" if found else
                    f"is not a setting; valid: a config group ({', '.join(groups)}), a setting's name (e.g. top_k, "
                    "ks, draws) or its whole key with '__' for its dots (e.g. eval__bootstrap__seed)")
             raise FusebenchError(f"fusebench.evaluate({word}=...) {why}.")
