@@ -14,19 +14,21 @@
 any float dtype, not necessarily normalised, and ``caption_image`` (Q,): the image each caption describes (an
 image no caption names is a distractor). It runs exactly what ``fusebench dataset=manifest ... models.X.kind=
 vectors`` runs over the same rows (``tests/test_api.py`` checks ranks and metrics equal): the rows are checked
-and normalised by the same code, and every other setting is a config key given in ``overrides`` as on the command
-line (``fusion.top_k=100``, ``eval.ks=[1,5]``, ``search=faiss_hnsw``, ``tune=weights``). :func:`run` composes the
-package's config with ``overrides`` through Hydra's compose API and runs that job. Both return a :class:`Result`;
-with ``out_dir`` the run's files (metrics.json, ranks/, topk/, plots/ with ``plots=true``) are written there under
-the run dir's rules (a folder holding files fusebench did not write under a run output's name is refused), else
-into a temporary folder that is removed (the record and the ranks stay in the result). The stores write where the
-command's do (``embed.cache.dir``, default ``outputs/cache``: each model's ranked lists, reused by the next call on
-the same rows; ``eval.lists.store=false`` keeps them in memory). W&B is off unless
-``logger=wandb`` is among the overrides. ``overrides`` is a list of ``KEY=VALUE`` strings (one string is refused,
-not split into characters); Hydra's own keys (``hydra.run.dir=...``, ``hydra/launcher=...``: the API runs one job in
-this process, with no Hydra run dir, sweep or launcher) are refused, naming what to use (``out_dir`` for the run's
-folder). A mistake, an argument of the wrong type too, is a :class:`~fusebench.FusebenchError` naming the argument
-or key and what is valid.
+and normalised by the same code, and every other setting is a config key, given as a keyword (``top_k=100``,
+``draws=500``, ``search="faiss_hnsw"``: :func:`keyword_settings`) or in ``overrides`` as on the command line
+(``fusion.top_k=100``, ``eval.ks=[1,5]``, ``tune=weights``). :func:`run` composes the package's config with
+``overrides`` through Hydra's compose API and runs that job. Both return a :class:`Result`. With ``out_dir`` the
+run's files (metrics.json, ranks/, topk/, plots/ with ``plots=true``) are written there under the run dir's rules
+(a folder holding files fusebench did not write under a run output's name is refused); without, nothing is written
+(the record and the ranks stay in the result; an engine's database and W&B's files, which those write while the
+job runs, go to a temporary folder, removed after). :func:`evaluate` keeps each model's ranked lists in
+``cache_dir`` when given (the list store, reused by the next call on the same rows), else in memory; :func:`run`'s
+stores write where the command's do (``embed.cache.dir``). W&B is off unless ``logger=wandb`` is among the
+overrides. ``overrides`` is a list of ``KEY=VALUE`` strings (one string is refused, not split into characters);
+Hydra's own keys (``hydra.run.dir=...``, ``hydra/launcher=...``: the API runs one job in this process, with no
+Hydra run dir, sweep or launcher) are refused, naming what to use (``out_dir`` for the run's folder). A mistake,
+an argument of the wrong type too, is a :class:`~fusebench.FusebenchError` naming the argument or key and what is
+valid. The plain-array functions beneath (search, fuse, ranks, recall, compare) are :mod:`fusebench.library`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ run's saved lists, ranks and comparisons on the same rows).
 :func:`fusebench.evaluate` runs a whole job over arrays through the same calls.
 """
 
-from fusebench.library.lists import Lists, fuse, search
 from fusebench.library.measures import compare, ranks, recall
+from fusebench.library.ranking import Lists, fuse, search
 
 __all__ = ["Lists", "compare", "fuse", "ranks", "recall", "search"]

@@ -12,7 +12,7 @@ from fusebench.config.schema import BootstrapConfig
 from fusebench.evaluation.comparisons import compare as compare_ranks
 from fusebench.evaluation.metrics import recall_at_k
 from fusebench.evaluation.record import Comparison
-from fusebench.library.lists import Lists, _list_ranks
+from fusebench.library.ranking import Lists, _list_ranks
 from fusebench.search.exact import column_target_ranks, target_ranks
 
 _DEFAULTS = BootstrapConfig()  # the run's defaults (eval.bootstrap)
