@@ -126,3 +126,16 @@ def test_the_library_equals_a_runs_saved_lists_ranks_and_comparisons(tmp_path, m
                        direction=d, names=("fused", row["baseline"]))
         assert mine.to_json() == row
     assert isinstance(fused["t2i"], Lists)
+
+
+def test_the_library_imports_no_hydra_and_no_app():
+    """Plain arrays in, plain arrays out: importing the library loads neither Hydra nor the app above it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fusebench.library; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf', 'wandb', 'matplotlib') "
+            "or m.startswith(('fusebench.app', 'fusebench.backends', 'fusebench.report'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -196,6 +196,9 @@ def check_backend(job: Job) -> None:
     if backend.engine:  # a user's file in RUN_DIR/engine_db is never removed: refused now
         from fusebench.backends.engine_dirs import check_engine_dir
 
+        if job.out_dir is None:
+            raise FusebenchError(f"search={backend.name} keeps the engine's database in the run dir "
+                                 "(RUN_DIR/engine_db): give the run a folder.")
         check_engine_dir(job.out_dir)
     gallery_size = config.gallery.size if config.gallery.active else 0  # at most (before near-duplicates)
     images = (split.n_images if split is not None else corpus.n_images) + gallery_size
