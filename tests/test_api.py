@@ -73,7 +73,7 @@ def test_evaluate_equals_the_command_on_the_same_rows(tmp_path, fusion, extra):
     overrides = [*SETTINGS, *extra]
     result = fusebench.evaluate(models, caption_image, fusion=fusion, overrides=overrides, weights={"b": 0.5})
     cli = _cli(tmp_path / "cli", [*_write_inputs(tmp_path / "in", models, caption_image), f"fusion={fusion}",
-                                  *overrides, "+models.b.weight=0.5"])
+                                  *overrides, "+models.b.weight=0.5", "eval.lists.store=false"])  # evaluate's default
     assert _measured(result.record.to_json()) == _measured(cli)
     _same_ranks(result, tmp_path / "cli")
     assert result.out_dir is None and set(result.ranks) == {"a", "b", "fused"}
@@ -97,14 +97,49 @@ def test_run_equals_the_command_and_writes_where_asked(tmp_path):
     assert _measured(again.record.to_json()) == _measured(result.record.to_json())
 
 
-@pytest.mark.slow  # a whole job through the API
-def test_evaluate_writes_nothing_without_out_dir_and_refuses_a_users_file(tmp_path, monkeypatch):
+@pytest.mark.slow  # whole jobs through the API
+def test_evaluate_writes_nothing_without_out_dir_or_cache_dir(tmp_path, monkeypatch):
+    """No out_dir and no cache_dir: no file anywhere (the cwd, the home folder and its caches, the temporary folder;
+    numba's kernel cache aside), where the API once wrote a temporary run dir and a list store under the cwd."""
+    import tempfile
+
+    home, scratch, cwd = tmp_path / "home", tmp_path / "tmp", tmp_path / "cwd"
+    for folder in (home, scratch, cwd):
+        folder.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.chdir(cwd)
+    models, caption_image = _models(n=20)
+    before = sorted(tmp_path.rglob("*"))
+    result = fusebench.evaluate(models, caption_image, draws=50)
+    assert sorted(p for p in tmp_path.rglob("*") if "numba" not in str(p)) == before
+    assert set(result.ranks) == {"a", "b", "fused"} and result.out_dir is None
+    assert all(not r.get("stored") for r in result.record.run.lists.values())
+    # a cache_dir keeps each model's lists there, found by the next call on the same rows
+    again = [fusebench.evaluate(models, caption_image, draws=50, cache_dir=tmp_path / "lists") for _ in range(2)]
+    assert [again[1].record.run.lists[m]["hit"] for m in ("a", "b")] == [True, True]
+    assert (tmp_path / "lists").is_dir() and not list(cwd.iterdir())
+    for name in result.ranks:
+        for d in DIRECTIONS:
+            np.testing.assert_array_equal(again[1].ranks[name][d], result.ranks[name][d])
+
+
+@pytest.mark.slow  # two evaluate jobs
+def test_keyword_settings_equal_the_override_strings(tmp_path):
+    models, caption_image = _models(n=30)
+    keywords = fusebench.evaluate(models, caption_image, fusion="rrf", top_k=40, ks=(1, 5), draws=np.int64(300),
+                                  eval__bootstrap__seed=3, fusion__rrf_k=20.0)
+    strings = fusebench.evaluate(models, caption_image, fusion="rrf", overrides=[
+        "fusion.top_k=40", "eval.ks=[1,5]", "eval.bootstrap.draws=300", "eval.bootstrap.seed=3", "fusion.rrf_k=20"])
+    assert _measured(keywords.record.to_json()) == _measured(strings.record.to_json())
+    assert keywords.record.eval.bootstrap.draws == 300 and keywords.record.fusion.top_k == 40
+
+
+def test_evaluate_refuses_a_users_file_in_out_dir(tmp_path, monkeypatch):
     models, caption_image = _models(n=20)
     monkeypatch.chdir(tmp_path)
-    result = fusebench.evaluate(models, caption_image, fusion="none", overrides=["eval.bootstrap.draws=50"])
-    # no run files anywhere; the list store keeps each model's lists in embed.cache.dir, as the command does
-    assert [p.name for p in tmp_path.iterdir()] == ["outputs"] and set(result.ranks) == {"a", "b"}
-    assert not list(tmp_path.rglob("metrics.json")) and {p.name for p in (tmp_path / "outputs").iterdir()} == {"cache"}
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "ranks").write_text("a user's file")
     with pytest.raises(FusebenchError, match="ranks"):
@@ -132,6 +167,10 @@ def _bad_cases():
         (models, ci, {"image_ids": ["x"]}, "image_ids holds 1 ids for 10 images"),
         (models, ci, {"out_dir": " "}, "out_dir=' ' is empty"),
         (models, ci, {"name": ""}, "name='' must be a non-empty string"),
+        (models, ci, {"topk": 5}, "fusebench.evaluate(topk=...) is not a setting; valid: a config group"),
+        (models, ci, {"seed": 5}, "fusebench.evaluate(seed=...) names several settings"),
+        (models, ci, {"top_k": "many"}, "fusion.top_k"),
+        (models, ci, {"cache_dir": 5}, "cache_dir must be a folder"),
         ({"a": (a_img, a_txt[:-1])}, ci, {}, "text"),  # one caption short: the rows' own check names it
         ({"a": (np.zeros_like(a_img), a_txt)}, ci, {}, "a"),  # all-zero rows: refused by the vectors checks
         # a wrong type is one error naming the argument, and so is a setting the run never reads (issue 39, items 6, 8)

@@ -15,9 +15,11 @@ PACKAGE = Path(fusebench.__file__).resolve().parent
 TOP = "(top)"  # fusebench/__init__.py and any module directly in fusebench/
 # bottom to top: a package may import the ones before it, never one after it. search is the pure kernels and the
 # ranked-list type; fusion is math over lists; config holds every group's typed form (FusionConfig is fusion's);
-# stores, data and encoders turn files into embeddings; evaluation scores lists; backends answer queries through an
+# stores, data and encoders turn files into embeddings; evaluation scores lists; library is the plain-array functions over
+# search, fusion and evaluation (no Hydra, no files); backends answer queries through an
 # index or an engine; report reads run dirs; app orchestrates (the CLI, the Python API, the pipeline).
-LAYERS = ("runtime", "search", "fusion", "config", "stores", "data", "encoders", "evaluation", "backends", "report", "app")
+LAYERS = ("runtime", "search", "fusion", "config", "stores", "data", "encoders", "evaluation", "library", "backends", "report",
+          "app")
 # imports that still point up (to be moved: issue 30), file -> the packages above it that it imports
 NOT_YET: dict[str, set[str]] = {}
 KNOWN_CYCLES: set[frozenset[str]] = set()  # none: LAYERS orders every package

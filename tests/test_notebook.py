@@ -30,6 +30,7 @@ def test_notebook_runs_top_to_bottom(tmp_path, monkeypatch):
     outputs = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "2 runs, 2 with fusion" in outputs and "best single model:" in outputs
     assert "fusebench.evaluate: fused t2i R@1" in outputs  # the Python API cell
+    assert "library: fused vs model_a t2i R@1" in outputs  # the library cell (its ranks asserted equal to the run's)
     assert "the dataset 'sim' has no image files (simulated)" in outputs  # said, not shown
     images = sum("image/png" in o.get("data", {}) for c in notebook.cells for o in c.get("outputs", []))
     assert images >= 3  # recall, gains, ranks: plotted from the frames

@@ -9,6 +9,7 @@ The packages read as a run's data flows (``app.pipeline.run`` holds the flow on 
 - ``search``      exact top-k and its kernels, one model's ranked lists (approximate index backends go here)
 - ``fusion``      normalisers x aggregations, fusion over whole rankings, engine presets (a new method goes here)
 - ``evaluation``  metrics, paired statistics, comparisons, extra positives, tuning, the run record
+- ``library``     plain-array search, fuse, ranks, recall and compare over what a caller holds (no Hydra, no files)
 - ``report``      a run's files, the printed table, plots, sweep summaries, notebook helpers (a new plot goes here)
 - ``app``         the commands, one run's orchestration, run dirs, W&B tracking, progress, interrupts
 

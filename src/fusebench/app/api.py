@@ -14,23 +14,26 @@
 any float dtype, not necessarily normalised, and ``caption_image`` (Q,): the image each caption describes (an
 image no caption names is a distractor). It runs exactly what ``fusebench dataset=manifest ... models.X.kind=
 vectors`` runs over the same rows (``tests/test_api.py`` checks ranks and metrics equal): the rows are checked
-and normalised by the same code, and every other setting is a config key given in ``overrides`` as on the command
-line (``fusion.top_k=100``, ``eval.ks=[1,5]``, ``search=faiss_hnsw``, ``tune=weights``). :func:`run` composes the
-package's config with ``overrides`` through Hydra's compose API and runs that job. Both return a :class:`Result`;
-with ``out_dir`` the run's files (metrics.json, ranks/, topk/, plots/ with ``plots=true``) are written there under
-the run dir's rules (a folder holding files fusebench did not write under a run output's name is refused), else
-into a temporary folder that is removed (the record and the ranks stay in the result). The stores write where the
-command's do (``embed.cache.dir``, default ``outputs/cache``: each model's ranked lists, reused by the next call on
-the same rows; ``eval.lists.store=false`` keeps them in memory). W&B is off unless
-``logger=wandb`` is among the overrides. ``overrides`` is a list of ``KEY=VALUE`` strings (one string is refused,
-not split into characters); Hydra's own keys (``hydra.run.dir=...``, ``hydra/launcher=...``: the API runs one job in
-this process, with no Hydra run dir, sweep or launcher) are refused, naming what to use (``out_dir`` for the run's
-folder). A mistake, an argument of the wrong type too, is a :class:`~fusebench.FusebenchError` naming the argument
-or key and what is valid.
+and normalised by the same code, and every other setting is a config key, given as a keyword (``top_k=100``,
+``draws=500``, ``search="faiss_hnsw"``: :func:`keyword_settings`) or in ``overrides`` as on the command line
+(``fusion.top_k=100``, ``eval.ks=[1,5]``, ``tune=weights``). :func:`run` composes the package's config with
+``overrides`` through Hydra's compose API and runs that job. Both return a :class:`Result`. With ``out_dir`` the
+run's files (metrics.json, ranks/, topk/, plots/ with ``plots=true``) are written there under the run dir's rules
+(a folder holding files fusebench did not write under a run output's name is refused); without, nothing is written
+(the record and the ranks stay in the result; an engine's database and W&B's files, which those write while the
+job runs, go to a temporary folder, removed after). :func:`evaluate` keeps each model's ranked lists in
+``cache_dir`` when given (the list store, reused by the next call on the same rows), else in memory; :func:`run`'s
+stores write where the command's do (``embed.cache.dir``). W&B is off unless ``logger=wandb`` is among the
+overrides. ``overrides`` is a list of ``KEY=VALUE`` strings (one string is refused, not split into characters);
+Hydra's own keys (``hydra.run.dir=...``, ``hydra/launcher=...``: the API runs one job in this process, with no
+Hydra run dir, sweep or launcher) are refused, naming what to use (``out_dir`` for the run's folder). A mistake,
+an argument of the wrong type too, is a :class:`~fusebench.FusebenchError` naming the argument or key and what is
+valid. The plain-array functions beneath (search, fuse, ranks, recall, compare) are :mod:`fusebench.library`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -205,19 +208,35 @@ def compose(overrides: Sequence[str] = ()):
         raise FusebenchError(f"overrides {overrides}: {str(err).splitlines()[0]}") from None
 
 
+def _folder(out_dir) -> Path | None:
+    if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+        raise FusebenchError(f"out_dir must be a folder (a str or a Path), or None to write nothing; got "
+                             f"{type(out_dir).__name__}.")
+    if out_dir is not None and not str(out_dir).strip():
+        raise FusebenchError(f"out_dir={out_dir!r} is empty; give the run a folder, or None to write nothing.")
+    return None if out_dir is None else Path(out_dir).expanduser()
+
+
+def _needs_folder(config) -> bool:
+    """Whether the job writes files of its own while it runs, so that a run with no ``out_dir`` still needs a
+    (temporary) folder: an engine's database (RUN_DIR/engine_db), or W&B's run files."""
+    from fusebench.backends import base as backends
+    from fusebench.config.run import LOGGERS
+
+    return backends.get(config.search.backend).engine or not isinstance(config.logger, LOGGERS["none"])
+
+
 def _execute(cfg, out_dir, corpus=None, rows: Mapping[str, tuple] | None = None) -> Result:
     """Run the composed ``cfg``: over ``corpus`` and each model's ``rows`` when given (fusebench.evaluate), else
-    loading what the config names."""
+    loading what the config names. Without ``out_dir`` nothing is written (an engine's database and W&B's files
+    go to a temporary folder, removed after)."""
     from fusebench.app import rundir
-    from fusebench.app.pipeline import Inputs
-    from fusebench.app.pipeline import run as run_pipeline
+    from fusebench.app.pipeline import Inputs, measure
     from fusebench.app.run_config import run_config
     from fusebench.encoders.base import RawEmbeddings
     from fusebench.runtime import run_lock
 
-    if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
-        raise FusebenchError(f"out_dir must be a folder (a str or a Path), or None for a temporary one; got "
-                             f"{type(out_dir).__name__}.")
+    folder = _folder(out_dir)
     config = run_config(cfg)  # a mistake in the config is refused here, before any work
     inputs = None
     if rows is not None:
@@ -227,30 +246,88 @@ def _execute(cfg, out_dir, corpus=None, rows: Mapping[str, tuple] | None = None)
         inputs = Inputs(corpus, [RawEmbeddings(name, image, text, f"models[{name!r}] image rows",
                                                f"models[{name!r}] text rows", dict(config.models[name].given))
                                  for name, (image, text) in rows.items()])
-    if out_dir is not None and not str(out_dir).strip():
-        raise FusebenchError(f"out_dir={out_dir!r} is empty; give the run a folder, or None for a temporary one.")
-    with tempfile.TemporaryDirectory(prefix="fusebench-") as scratch:
-        folder = Path(out_dir).expanduser() if out_dir is not None else Path(scratch) / "run"
-        taken = rundir.start_fresh(folder, "out_dir")  # the dir's lock, held while the run writes it
+    if folder is None and not _needs_folder(config):
+        record, lists = measure(config, None, inputs)
+        return Result(record=record, ranks=_ranks(lists), out_dir=None)
+    with tempfile.TemporaryDirectory(prefix="fusebench-") if folder is None else contextlib.nullcontext() as scratch:
+        where = folder if folder is not None else Path(scratch) / "run"
+        taken = rundir.start_fresh(where, "out_dir")  # the dir's lock, held while the run writes it
         try:
-            record = run_pipeline(config, str(folder), inputs)
-            rundir.forget(folder)
-            ranks = {name: {d: np.load(folder / "ranks" / f"{name}.{d}.npy") for d in DIRECTIONS}
-                     for name in record.retrievers}
+            record, lists = measure(config, str(where), inputs)
+            rundir.forget(where)
         finally:
             if taken:
-                run_lock.release(folder)
-    return Result(record=record, ranks=ranks, out_dir=None if out_dir is None else folder)
+                run_lock.release(where)
+    return Result(record=record, ranks=_ranks(lists), out_dir=folder)
+
+
+def _ranks(lists: dict) -> dict[str, dict[str, np.ndarray]]:
+    """Each retriever's ranks by direction, as ranks/ holds them (int64)."""
+    return {name: {d: np.asarray(by_direction[d].ranks, dtype=np.int64) for d in DIRECTIONS}
+            for name, by_direction in lists.items()}
+
+
+def _leaves(cfg, prefix: str = "") -> list[str]:
+    """Every setting's dotted key in the composed config (``models`` and ``hydra`` aside)."""
+    from omegaconf import DictConfig
+
+    out = []
+    for key in cfg:
+        path = f"{prefix}{key}"
+        if path in ("models", "hydra"):
+            continue
+        value = cfg._get_node(key)
+        out += _leaves(value, f"{path}.") if isinstance(value, DictConfig) else [path]
+    return out
+
+
+def keyword_settings(cfg, settings: Mapping[str, object]) -> list[tuple[str, object]]:
+    """Each keyword setting of :func:`evaluate` as (config key, value): a config group's name (``search``,
+    ``tune``) takes an option; any other keyword is the setting whose last part it names (``top_k`` ->
+    ``fusion.top_k``, ``draws`` -> ``eval.bootstrap.draws``), or a whole key with ``__`` for its dots
+    (``eval__bootstrap__seed``); an unknown or ambiguous one is refused, naming what is valid."""
+    from fusebench.config import CONFIG_DIR
+
+    keys = _leaves(cfg)
+    groups = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name not in ("hydra", "models"))
+    out = []
+    for word, value in settings.items():
+        if word in groups:
+            out.append((word, value))
+            continue
+        dotted = word.replace("__", ".")
+        found = [dotted] if dotted in keys else [k for k in keys if k.rsplit(".", 1)[-1] == word]
+        if len(found) != 1:
+            why = (f"names several settings ({', '.join(found)}): give the whole key with '__' for its dots (e.g. "
+                   f"{found[0].replace('.', '__')})" if found else
+                   f"is not a setting; valid: a config group ({', '.join(groups)}), a setting's name (e.g. top_k, "
+                   "ks, draws) or its whole key with '__' for its dots (e.g. eval__bootstrap__seed)")
+            raise FusebenchError(f"fusebench.evaluate({word}=...) {why}.")
+        out.append((found[0], value))
+    return out
+
+
+def _override(key: str, value) -> str:
+    """``key=value`` as Hydra reads it (the value written as YAML: lists, null, strings quoted when needed)."""
+    import yaml
+
+    value = _plain(value)
+    if isinstance(value, (tuple, np.ndarray)):
+        value = [_plain(v) for v in value]
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**9).strip()
+    return f"{key}={text.removesuffix(chr(10) + '...').strip()}"
 
 
 def evaluate(models: Mapping[str, object], caption_image, *, fusion: str = "dbsf",
              weights: Mapping[str, float] | None = None, overrides: Sequence[str] = (), out_dir: str | Path | None = None,
-             image_ids: Sequence | None = None, caption_ids: Sequence[int] | None = None,
-             name: str = "arrays") -> Result:
+             cache_dir: str | Path | None = None, image_ids: Sequence | None = None,
+             caption_ids: Sequence[int] | None = None, name: str = "arrays", **settings) -> Result:
     """Evaluate the models' embeddings the caller holds, and their fusion (``fusion``: a ``conf/fusion`` option;
-    ``none`` for the single models alone, which takes no ``weights`` and no fusion setting in ``overrides``);
-    ``overrides``: a list of ``KEY=VALUE`` strings, Hydra's own keys refused (``out_dir``: the run's folder);
-    see the module's docstring."""
+    ``none`` for the single models alone, which takes no ``weights`` and no fusion setting); ``settings``: config
+    keys as keywords (``top_k=50``, ``draws=500``, ``ks=[1, 5]``, ``search="faiss_hnsw"``: :func:`keyword_settings`);
+    ``overrides``: a list of ``KEY=VALUE`` strings, Hydra's own keys refused; ``out_dir``: the run's folder (None:
+    nothing written); ``cache_dir``: a folder for each model's ranked lists, reused by the next call on the same
+    rows (None: kept in memory); see the module's docstring."""
     from omegaconf import open_dict
 
     if not isinstance(models, Mapping) or not models:
@@ -262,6 +339,9 @@ def evaluate(models: Mapping[str, object], caption_image, *, fusion: str = "dbsf
     if weights is not None and not isinstance(weights, Mapping):
         raise FusebenchError(f"weights must be a mapping: model name -> weight (e.g. {{'a': 0.5}}), or None; got "
                              f"{type(weights).__name__}.")
+    if cache_dir is not None and (not isinstance(cache_dir, (str, os.PathLike)) or not str(cache_dir).strip()):
+        raise FusebenchError(f"cache_dir must be a folder (a str or a Path), or None to keep the lists in memory; got "
+                             f"{cache_dir!r}.")
     rows = {str(n): _pair(str(n), v) for n, v in models.items()}
     n_images = {n: image.shape[0] for n, (image, _) in rows.items()}
     if len(set(n_images.values())) > 1:
@@ -274,7 +354,12 @@ def evaluate(models: Mapping[str, object], caption_image, *, fusion: str = "dbsf
         raise FusebenchError(f"weights names {unknown}, which are not models; valid: {', '.join(rows)}.")
     if not isinstance(name, str) or not name.strip():
         raise FusebenchError(f"name={name!r} must be a non-empty string (the corpus's name in the record).")
-    cfg = compose([f"fusion={fusion}", "logger=none", "plots=false", "models=[]", *overrides])
+    stores = (["eval.lists.store=false"] if cache_dir is None else
+              ["eval.lists.store=true", f"embed.cache.dir={Path(cache_dir).expanduser()}"])  # nothing kept unless asked
+    base = [f"fusion={fusion}", "logger=none", "plots=false", "models=[]", *stores]
+    cfg = compose(base)  # the keywords are read against the config they set
+    keywords = [_override(key, value) for key, value in keyword_settings(cfg, settings)]
+    cfg = compose([*base, *keywords, *overrides]) if keywords or overrides else cfg
     with open_dict(cfg):
         for model in rows:
             cfg.models[model] = {"kind": "vectors", "image_embeddings": IN_MEMORY, "text_embeddings": IN_MEMORY,

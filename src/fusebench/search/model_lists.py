@@ -138,8 +138,9 @@ def i2t_ranks(ids: np.ndarray, text: torch.Tensor, image: torch.Tensor, query_im
 
 def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, device: torch.device | str = "cpu",
                         chunk_size: int = 4096, item_chunk_size: int = 16384,
-                        progress: Callable[[int], None] | None = None) -> ModelLists:
-    """Top-``depth`` lists and exact ranks of one model, both directions (see the module docstring)."""
+                        progress: Callable[[int], None] | None = None, ranks: bool = True) -> ModelLists:
+    """Top-``depth`` lists and exact ranks of one model, both directions (see the module docstring); ``ranks``
+    False: the lists alone (ranks None; ``fusebench.library.search`` without positives)."""
     device = torch.device(device)
     text, image = float_rows(text, device), float_rows(image, device)
     n_captions, n_images = text.shape[0], image.shape[0]
@@ -171,7 +172,7 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
     tile_entries = chunk * item_chunk
     return ModelLists.from_arrays(depth, {
         "t2i_ids": t2i_ids, "t2i_scores": t2i_scores,
-        "t2i_ranks": t2i_ranks(t2i_ids, text, image, cap_img, tile_entries, item_chunk),
+        "t2i_ranks": t2i_ranks(t2i_ids, text, image, cap_img, tile_entries, item_chunk) if ranks else None,
         "i2t_ids": i2t_ids.astype(np.int32), "i2t_scores": i2t_scores.astype(np.float32),
-        "i2t_ranks": i2t_ranks(i2t_ids, text, image, query_images, cap_img, tile_entries),
+        "i2t_ranks": i2t_ranks(i2t_ids, text, image, query_images, cap_img, tile_entries) if ranks else None,
     })
