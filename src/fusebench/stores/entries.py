@@ -1,6 +1,7 @@
 """The entry mechanism every store shares: the embedding cache (``embeddings``), the list store (``lists``), the
-score store (``scores``), the near-duplicate store (``near_duplicates``) and the index store (``indexes``). An entry is a folder ``ROOT/ab/KEY`` named by a content key (``cache_key``: the SHA-256 of
-a JSON description of every input that changes its data), with a ``meta.json`` that records that key and those
+score store (``scores``), the near-duplicate store (``near_duplicates``) and the index store (``indexes``). An entry
+is a folder ``ROOT/ab/KEY`` named by a content key (``cache_key``: the SHA-256 of a JSON description of every input
+that changes its data), with a ``meta.json`` that records that key and those
 inputs, data files whose size and checksum meta.json records, and a lock beside it (``KEY.lock``).
 
 * key: ``cache_key``; meta: ``entry_meta`` (an entry is read only when it is provably the one asked for: meta.json
