@@ -42,6 +42,7 @@ from typing import Any
 from filelock import FileLock
 
 from fusebench import FusebenchError
+from fusebench.runtime.plugins import Registry
 from fusebench.stores.files import (
     CHECKSUMS,
     atomic_write_text,
@@ -257,14 +258,17 @@ class Store:
 
     A subclass sets ``folder`` (below the cache root), ``name`` (in messages: "list store"), ``kind`` (its
     entries' kind in ``fusebench-cache list``), ``format`` (meta.json records it; an entry of another format is
-    discarded, never read), ``what`` (what an entry holds, in the warning when it cannot be stored), and says
-    which data files an entry has (``data_files``) and what a listing shows of one (``describe``)."""
+    discarded, never read), ``what`` (what an entry holds, in the warning when it cannot be stored), ``order``
+    (its place in ``fusebench-cache list``, after the embeddings), and says which data files an entry has
+    (``data_files``) and what a listing shows of one (``describe``). It registers itself in ``STORES`` (a module
+    of this package), which is what ``fusebench-cache`` lists and removes: no list of stores kept by hand."""
 
     folder: str
     name: str
     kind: str
     format: int
     what: str
+    order: int
 
     def __init__(self, cache_root: str | Path):
         self.cache_root = Path(cache_root).expanduser()
@@ -343,3 +347,6 @@ class Store:
         """Every entry, as ``fusebench-cache`` lists it (``scan_entries``)."""
         return scan_entries(self.root, self.describe, self.data_files, kind=self.kind, verify=verify,
                             progress=progress)
+
+
+STORES: Registry[type[Store]] = Registry("fusebench.stores", "store", "fusebench-cache")

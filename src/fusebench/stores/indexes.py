@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.stores.entries import Store, data_file_size_problem, discard_entry
+from fusebench.stores.entries import STORES, Store, data_file_size_problem, discard_entry
 from fusebench.stores.files import atomic_save, clear_path
 
 FORMAT = 1  # bump when the stored bytes change meaning; older entries then have another key (listed, removable)
@@ -132,8 +132,10 @@ def build_unstored(build: Callable[[], object]) -> StoredIndex:
     return StoredIndex(index, None, False, seconds, int(serialize(index).nbytes), False)
 
 
+@STORES.register
 class IndexStore(Store):
     folder, name, kind, format, what = "indexes", STORE, "index", FORMAT, "the index"
+    order = 4
 
     def get_or_build(self, material: dict, build: Callable[..., object], info: dict | None = None,
                      on_disk: bool = False) -> StoredIndex:

@@ -33,7 +33,7 @@ import numpy as np
 
 from fusebench import DIRECTIONS
 from fusebench.runtime import state
-from fusebench.stores.entries import Store, data_file_problem
+from fusebench.stores.entries import STORES, Store, data_file_problem
 from fusebench.stores.files import array_digest, atomic_save, file_sha256
 
 if TYPE_CHECKING:  # torch is imported where a list is built, so that fusebench-cache starts fast
@@ -91,8 +91,10 @@ class StoreResult:
     seconds: float  # time to read, or to compute and write
 
 
+@STORES.register
 class ListStore(Store):
     folder, name, kind, format, what = "lists", "list store", "lists", FORMAT, "the lists"
+    order = 1
 
     def get_or_compute(self, material: dict, depth: int, n_images: int, n_captions: int,
                        compute: Callable[[int], ModelLists], info: dict | None = None) -> StoreResult:

@@ -19,16 +19,18 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.stores.entries import Store, data_file_problem
+from fusebench.stores.entries import STORES, Store, data_file_problem
 from fusebench.stores.files import atomic_save, file_sha256, save_npy_synced
 
 FORMAT = 1  # bump when the stored array changes meaning; older entries are then recomputed
 DATA = "max_cosine.npy"
 
 
+@STORES.register
 class NearDuplicateStore(Store):
     folder, name, kind, format, what = "near_duplicates", "near-duplicate store", "dedup", FORMAT, \
         "near-duplicate values"
+    order = 3
 
     def get_or_compute(self, material: dict, n: int, compute: Callable[[], np.ndarray],
                        info: dict | None = None) -> tuple[np.ndarray, bool]:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fusebench import DIRECTIONS
-from fusebench.stores.entries import Store, clear_non_file, data_file_problem, entry_lock, read_meta
+from fusebench.stores.entries import STORES, Store, clear_non_file, data_file_problem, entry_lock, read_meta
 from fusebench.stores.files import Crc32Writer, atomic_save, atomic_write_text, remember_checksum
 
 if TYPE_CHECKING:  # torch and the numba kernels are imported where a matrix is read, so that fusebench-cache starts fast
@@ -111,8 +111,10 @@ def _save_matrix(path: Path, shape: tuple[int, int], blocks: Iterator, dtype: np
     return {"bytes": path.stat().st_size, "crc32": crc[0]}
 
 
+@STORES.register
 class ScoreStore(Store):
     folder, name, kind, format, what = "scores", "score store", "scores", FORMAT, "the score matrices"
+    order = 2
 
     def get_or_compute(self, material: dict, shapes: dict[str, tuple[int, int]],
                        t2i_blocks: Callable[[], Iterator[torch.Tensor]], query_images: np.ndarray, tile_bytes: int,
