@@ -89,3 +89,46 @@ def test_a_job_that_cannot_compose_stops_the_sweep_before_any_job_runs(tmp_path)
     assert result.returncode == 2
     assert "eval.bootstrap.draws" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "bad" / "0").exists()  # validated up front, as Hydra's sweeper does
+
+
+@pytest.mark.parametrize("arguments", [["a=1,2", "b=x,y,z"], ["a=1"], [], ["a=range(1,4)", "b=1", "a=7,8"],
+                                       ["+c=1,2", "~d", "e='q,r'", "f=[1,2],[3]", "g=choice(1,2)"]])
+@pytest.mark.parametrize("max_batch_size", [None, 1, 2, 5])
+def test_jobs_and_batches_are_hydras_basic_sweepers(arguments, max_batch_size):
+    """The jobs and batches equal Hydra's BasicSweeper's (the reference: its own split_arguments)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hydra_plugins.fusebench_sweeper.sweeper import job_batches
+
+    overrides = OverridesParser.create().parse_overrides(arguments)
+    assert job_batches(overrides, max_batch_size) == BasicSweeper.split_arguments(overrides, max_batch_size)
+
+
+@pytest.mark.parametrize(("arguments", "max_batch_size", "message"), [
+    (["a=interval(0,1)"], None, "a: the sweeper takes a list of values"),
+    (["a=1,2"], 0, "hydra.sweeper.max_batch_size is 0"), (["a=1,2"], -1, "hydra.sweeper.max_batch_size is -1")])
+def test_a_sweep_it_cannot_make_is_one_message(arguments, max_batch_size, message):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from fusebench import FusebenchError
+    from hydra_plugins.fusebench_sweeper.sweeper import job_batches
+
+    with pytest.raises(FusebenchError, match=message):
+        job_batches(OverridesParser.create().parse_overrides(arguments), max_batch_size)
+
+
+def test_only_the_basic_launcher_is_handed_the_composed_configs(compose_cfg):
+    from hydra_plugins.fusebench_sweeper.sweeper import runs_in_this_process
+
+    assert runs_in_this_process(compose_cfg([], return_hydra_config=True))
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    assert not runs_in_this_process(compose_cfg(["hydra/launcher=joblib"], return_hydra_config=True))
+
+
+def test_the_sweeper_uses_hydras_public_api_only():
+    """Nothing of fusebench imports Hydra's internals (hydra._internal), which a Hydra release may reshape."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    found = [f"{path.relative_to(src)}:{n}" for path in sorted(src.rglob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "hydra._internal" in line]
+    assert found == []

@@ -32,11 +32,7 @@ from pathlib import Path
 from fusebench import FusebenchError
 from fusebench.runtime.arguments import OneLineParser
 from fusebench.stores.embeddings import EmbeddingCache
-from fusebench.stores.entries import matching, remove_entry
-from fusebench.stores.indexes import IndexStore
-from fusebench.stores.lists import ListStore
-from fusebench.stores.near_duplicates import NearDuplicateStore
-from fusebench.stores.scores import ScoreStore
+from fusebench.stores.entries import STORES, matching, remove_entry
 
 
 def _size(n: int) -> str:
@@ -157,8 +153,7 @@ def _cache(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     try:
         args.dir = checked_dir(args.dir)
-        stores = {"embeddings": EmbeddingCache(args.dir), "lists": ListStore(args.dir), "scores": ScoreStore(args.dir),
-                  "near_duplicates": NearDuplicateStore(args.dir), "indexes": IndexStore(args.dir)}
+        stores = {"embeddings": EmbeddingCache(args.dir), **{store.folder: store(args.dir) for store in STORES.items()}}
         if args.command == "list":
             print(format_entries(listed(stores.values(), verify=not args.quick)))
         elif args.command == "remove":

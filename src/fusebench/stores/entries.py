@@ -1,6 +1,7 @@
-"""The entry mechanism every store shares: the embedding cache (``embeddings``), the list store (``lists``) and the
-score store (``scores``). An entry is a folder ``ROOT/ab/KEY`` named by a content key (``cache_key``: the SHA-256 of
-a JSON description of every input that changes its data), with a ``meta.json`` that records that key and those
+"""The entry mechanism every store shares: the embedding cache (``embeddings``), the list store (``lists``), the
+score store (``scores``), the near-duplicate store (``near_duplicates``) and the index store (``indexes``). An entry
+is a folder ``ROOT/ab/KEY`` named by a content key (``cache_key``: the SHA-256 of a JSON description of every input
+that changes its data), with a ``meta.json`` that records that key and those
 inputs, data files whose size and checksum meta.json records, and a lock beside it (``KEY.lock``).
 
 * key: ``cache_key``; meta: ``entry_meta`` (an entry is read only when it is provably the one asked for: meta.json
@@ -13,6 +14,12 @@ inputs, data files whose size and checksum meta.json records, and a lock beside 
 * scan: ``scan_entries`` (what ``fusebench-cache`` lists, checksums verified unless ``--quick``), ``matching``
   and ``remove_entry`` (what it removes).
 
+``Store`` puts these together for a store of whole entries (the list, score, near-duplicate and index stores):
+locate (``entry_dir``), key and lock (``locked``), read (``read``: meta.json proven this entry's and of the
+store's format, then the store's own checks, a damaged entry discarded), write (``write``: data files, then
+meta.json last), keep going when the cache cannot be written (``store_or_keep``) and list (``entries``). A
+store subclass holds only what is its own: its folder, names and format, its data files and what it checks.
+
 Every file is written to a temp name and renamed (``files.atomic_save``); meta.json is written last, so an entry
 with meta.json is complete.
 """
@@ -24,15 +31,26 @@ import json
 import logging
 import os
 import re
+import time
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
 from fusebench import FusebenchError
-from fusebench.stores.files import CHECKSUMS, clear_path, not_a_file, not_a_folder, remembered_checksum
+from fusebench.runtime.plugins import Registry
+from fusebench.stores.files import (
+    CHECKSUMS,
+    atomic_write_text,
+    clear_path,
+    not_a_file,
+    not_a_folder,
+    remembered_checksum,
+)
 
 log = logging.getLogger(__name__)
 # what reading a damaged .npy/.npz/.json raises (cut short, bytes flipped, another type of file)
@@ -233,3 +251,102 @@ def remove_entry(entry: dict) -> None:
     with entry_lock(folder, "fusebench-cache"):
         clear_path(folder)
     clear_path(Path(str(folder) + ".lock"))
+
+
+class Store:
+    """A store of whole entries, ``CACHE/<folder>/ab/KEY/`` (data files and meta.json) beside ``KEY.lock``.
+
+    A subclass sets ``folder`` (below the cache root), ``name`` (in messages: "list store"), ``kind`` (its
+    entries' kind in ``fusebench-cache list``), ``format`` (meta.json records it; an entry of another format is
+    discarded, never read), ``what`` (what an entry holds, in the warning when it cannot be stored), ``order``
+    (its place in ``fusebench-cache list``, after the embeddings), and says which data files an entry has
+    (``data_files``) and what a listing shows of one (``describe``). It registers itself in ``STORES`` (a module
+    of this package), which is what ``fusebench-cache`` lists and removes: no list of stores kept by hand."""
+
+    folder: str
+    name: str
+    kind: str
+    format: int
+    what: str
+    order: int
+
+    def __init__(self, cache_root: str | Path):
+        self.cache_root = Path(cache_root).expanduser()
+        self.root = self.cache_root / self.folder
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    @contextmanager
+    def locked(self, material: dict) -> Iterator[tuple[str, Path]]:
+        """The key and folder of ``material``'s entry, held under its lock (its shard folder made first)."""
+        key = cache_key(material)
+        folder = self.entry_dir(key)
+        store_folders(self.cache_root, folder.parent, self.name)
+        with entry_lock(folder, self.name):
+            yield key, folder
+
+    def read(self, folder: Path, key: str, material: dict, check: Callable[[dict], tuple[Any, str | None]]) -> Any:
+        """The entry's value, ``check(meta)``'s ``(value, None)``, once its meta.json is proven this entry's and of
+        this store's format; None when there is none (``unfinished``), or when it is damaged (``check``'s
+        ``(None, problem)``, or a file that cannot be read): reported and removed (``discard_entry``)."""
+        meta, problem = entry_meta(folder, key, material)
+        if meta is None and problem is None:
+            self.unfinished(folder)
+            return None
+        value = None
+        try:
+            if problem is None and meta.get("format") != self.format:
+                problem = f"format {meta.get('format')!r}, this version reads format {self.format}"
+            if problem is None:
+                value, problem = check(meta)
+        except UNREADABLE as err:
+            problem = unreadable(err)
+        if problem:
+            discard_entry(folder, self.name, problem)
+            return None
+        return value
+
+    def unfinished(self, folder: Path) -> None:
+        """An entry without meta.json (none yet, or a write that never finished): nothing in it is trusted."""
+        clear_path(folder)
+
+    def write(self, folder: Path, key: str, material: dict, info: dict, save: Callable[[Path], dict],
+              fresh: bool = True) -> dict:
+        """Write the entry: ``save(folder)`` writes its data files (each atomically) and gives what meta.json
+        records of them; meta.json (key, format, info, material, those records, the time) is written last, so an
+        entry with meta.json is complete. ``fresh``: the folder is emptied first. Returns the meta."""
+        if fresh:
+            clear_path(folder)
+            folder.mkdir(parents=True)
+        meta = {"key": key, "format": self.format, "info": info, "material": material, **save(folder)}
+        meta.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S"))
+        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+        return meta
+
+    def store_or_keep(self, folder: Path, write: Callable[[], Any]) -> Any:
+        """``write()``'s result; when the cache cannot be written (a full disk, a read-only cache: an OSError),
+        the entry is removed, a warning says so and the job goes on with what it computed: None."""
+        try:
+            return write()
+        except OSError as err:
+            clear_path(folder)
+            log.warning("could not store %s in %s (%s); going on without storing it", self.what, folder,
+                        err.strerror or err)
+            return None
+
+    def describe(self, meta: dict) -> dict:
+        """What ``fusebench-cache list`` shows of a complete entry beside its key, size and state."""
+        return {"model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created")}
+
+    def data_files(self, meta: dict) -> dict[str, dict]:
+        """An entry's data files: name -> its record in meta.json (``bytes`` and ``crc32`` or ``sha256``)."""
+        raise NotImplementedError
+
+    def entries(self, verify: bool = True, progress: Callable[[int], None] | None = None) -> list[dict]:
+        """Every entry, as ``fusebench-cache`` lists it (``scan_entries``)."""
+        return scan_entries(self.root, self.describe, self.data_files, kind=self.kind, verify=verify,
+                            progress=progress)
+
+
+STORES: Registry[type[Store]] = Registry("fusebench.stores", "store", "fusebench-cache")

@@ -29,8 +29,6 @@ where an index is read or written, so that ``fusebench-cache`` starts (and lists
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import time
 import zlib
@@ -40,20 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fusebench.stores.entries import (
-    UNREADABLE,
-    cache_key,
-    data_file_size_problem,
-    discard_entry,
-    entry_lock,
-    entry_meta,
-    scan_entries,
-    store_folders,
-    unreadable,
-)
-from fusebench.stores.files import atomic_save, atomic_write_text, clear_path
+from fusebench.stores.entries import STORES, Store, data_file_size_problem, discard_entry
+from fusebench.stores.files import atomic_save, clear_path
 
-log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the stored bytes change meaning; older entries then have another key (listed, removable)
 STORE = "index store"
 DATA = "index.faiss"
@@ -145,24 +132,18 @@ def build_unstored(build: Callable[[], object]) -> StoredIndex:
     return StoredIndex(index, None, False, seconds, int(serialize(index).nbytes), False)
 
 
-class IndexStore:
-    def __init__(self, cache_root: str | Path):
-        self.cache_root = Path(cache_root).expanduser()
-        self.root = self.cache_root / "indexes"
-
-    def entry_dir(self, key: str) -> Path:
-        return self.root / key[:2] / key
+@STORES.register
+class IndexStore(Store):
+    folder, name, kind, format, what = "indexes", STORE, "index", FORMAT, "the index"
+    order = 4
 
     def get_or_build(self, material: dict, build: Callable[..., object], info: dict | None = None,
                      on_disk: bool = False) -> StoredIndex:
         """The index ``material`` describes: from the store, else ``build()``'s, stored. ``on_disk``: the index's
         inverted lists live in the entry, and ``build(path)`` puts them at ``path`` (the entry's index.ivfdata,
         made before anything else of the entry, which is complete only when meta.json is written last)."""
-        key = cache_key(material)
-        folder = self.entry_dir(key)
-        store_folders(self.cache_root, folder.parent, STORE)
-        with entry_lock(folder, STORE):
-            stored = self._read(folder, key, material)
+        with self.locked(material) as (key, folder):
+            stored = self.read(folder, key, material, lambda meta: _checked_entry(folder, key, meta, material))
             if stored is not None:
                 return stored
             started = time.perf_counter()
@@ -173,69 +154,65 @@ class IndexStore:
             else:
                 index = build()
             seconds = time.perf_counter() - started
-            try:
-                size = self._write(folder, key, material, index, info or {}, on_disk)
-            except OSError as err:  # a full disk or a read-only cache: keep the index, store nothing
-                if on_disk:  # its lists are in the entry's folder: nothing to go on with
+
+            def write() -> dict:
+                return self.write(folder, key, material, info or {},
+                                  lambda folder: _save_index(folder, material, index, on_disk), fresh=not on_disk)
+
+            if on_disk:  # its lists are in the entry's folder: nothing to go on with when it cannot be stored
+                try:
+                    meta = write()
+                except OSError:
                     clear_path(folder)
                     raise
-                clear_path(folder)
-                log.warning("could not store the index in %s (%s); going on without storing it", folder,
-                            err.strerror or err)
+            else:  # a full disk or a read-only cache: keep the index, store nothing
+                meta = self.store_or_keep(folder, write)
+            if meta is None:
                 return StoredIndex(index, key, False, seconds, int(serialize(index).nbytes), False)
-            return StoredIndex(index, key, False, seconds, size, True)
+            return StoredIndex(index, key, False, seconds, _entry_bytes(meta), True)
 
-    def _read(self, folder: Path, key: str, material: dict) -> StoredIndex | None:
-        meta, problem = entry_meta(folder, key, material)
-        if meta is None and problem is None:
-            if os.path.lexists(folder):  # a folder without meta.json: a write killed midway
-                discard_entry(folder, STORE, "no meta.json (a write that never finished)")
-            return None
-        index = None
-        try:
-            if problem is None and meta.get("format") != FORMAT:
-                problem = f"format {meta.get('format')!r}, this version reads format {FORMAT}"
-            problem = problem or data_file_size_problem(folder / DATA, meta["bytes"])
-            if problem is None and "ivfdata" in meta:
-                problem = _ivfdata_problem(folder, meta["ivfdata"])
-            if problem is None:
-                index, problem = _checked_index(folder / DATA, meta, material)
-        except UNREADABLE as err:
-            problem = unreadable(err)
-        if problem:
-            discard_entry(folder, STORE, problem)
-            return None
-        on_disk = int(meta["ivfdata"]["bytes"]) if "ivfdata" in meta else 0
-        return StoredIndex(index, key, True, None, int(meta["bytes"]) + on_disk, True)
+    def unfinished(self, folder: Path) -> None:
+        if os.path.lexists(folder):  # a folder without meta.json: a write killed midway
+            discard_entry(folder, STORE, "no meta.json (a write that never finished)")
 
-    def _write(self, folder: Path, key: str, material: dict, index, info: dict, on_disk: bool) -> int:
-        """Write the entry (index.faiss, then meta.json last); the bytes it holds."""
-        import faiss
+    def describe(self, meta: dict) -> dict:
+        material = meta.get("material") or {}
+        return {**super().describe(meta), "shape": [meta.get("ntotal"), meta.get("d")],
+                "dtype": f"{material.get('index')} {material.get('direction')}"}
 
-        if not on_disk:
-            clear_path(folder)
-            folder.mkdir(parents=True)
-        data_path = folder / DATA
-        atomic_save(data_path, lambda tmp: _write_index_synced(faiss, index, tmp))
-        meta = {"key": key, "format": FORMAT, "info": info, "material": material, "ntotal": material["n"],
-                "d": material["dim"], "bytes": data_path.stat().st_size, "crc32": file_crc32(data_path),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        if on_disk:
-            lists = folder / IVFDATA
-            with lists.open("rb+") as fh:  # the memory-mapped lists, on disk before meta.json says complete
-                os.fsync(fh.fileno())
-            meta["ivfdata"] = {"path": str(lists), "bytes": lists.stat().st_size, "crc32": file_crc32(lists)}
-        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
-        return int(meta["bytes"]) + (int(meta["ivfdata"]["bytes"]) if on_disk else 0)
+    def data_files(self, meta: dict) -> dict[str, dict]:
+        return {DATA: meta, **({IVFDATA: meta["ivfdata"]} if isinstance(meta.get("ivfdata"), dict) else {})}
 
-    def entries(self, verify: bool = True, progress=None) -> list[dict]:
-        """Every entry: key, model, index kind and direction, ntotal x d, size on disk, complete or not."""
-        return scan_entries(self.root, lambda meta: {
-            "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
-            "shape": [meta.get("ntotal"), meta.get("d")],
-            "dtype": f"{(meta.get('material') or {}).get('index')} {(meta.get('material') or {}).get('direction')}"},
-            lambda meta: {DATA: meta, **({IVFDATA: meta["ivfdata"]} if isinstance(meta.get("ivfdata"), dict) else {})},
-            kind="index", verify=verify, progress=progress)
+
+def _entry_bytes(meta: dict) -> int:
+    """The bytes an entry holds: index.faiss, and its lists on disk."""
+    return int(meta["bytes"]) + (int(meta["ivfdata"]["bytes"]) if "ivfdata" in meta else 0)
+
+
+def _checked_entry(folder: Path, key: str, meta: dict, material: dict) -> tuple[StoredIndex | None, str | None]:
+    """The stored index when its files are intact and it reads back as ``material``'s index."""
+    problem = data_file_size_problem(folder / DATA, meta["bytes"])
+    if problem is None and "ivfdata" in meta:
+        problem = _ivfdata_problem(folder, meta["ivfdata"])
+    if problem is None:
+        index, problem = _checked_index(folder / DATA, meta, material)
+    return (None, problem) if problem else (StoredIndex(index, key, True, None, _entry_bytes(meta), True), None)
+
+
+def _save_index(folder: Path, material: dict, index, on_disk: bool) -> dict:
+    """Write index.faiss (and sync the lists on disk); what meta.json records of them."""
+    import faiss
+
+    data_path = folder / DATA
+    atomic_save(data_path, lambda tmp: _write_index_synced(faiss, index, tmp))
+    fields = {"ntotal": material["n"], "d": material["dim"], "bytes": data_path.stat().st_size,
+              "crc32": file_crc32(data_path)}
+    if on_disk:
+        lists = folder / IVFDATA
+        with lists.open("rb+") as fh:  # the memory-mapped lists, on disk before meta.json says complete
+            os.fsync(fh.fileno())
+        fields["ivfdata"] = {"path": str(lists), "bytes": lists.stat().st_size, "crc32": file_crc32(lists)}
+    return fields
 
 
 def _write_index_synced(faiss, index, path: Path) -> None:

@@ -20,7 +20,6 @@ used; a file where a folder belongs (the entry's, ``lists/ab/`` or ``lists/`` it
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -34,18 +33,8 @@ import numpy as np
 
 from fusebench import DIRECTIONS
 from fusebench.runtime import state
-from fusebench.stores.entries import (
-    UNREADABLE,
-    cache_key,
-    data_file_problem,
-    discard_entry,
-    entry_lock,
-    entry_meta,
-    scan_entries,
-    store_folders,
-    unreadable,
-)
-from fusebench.stores.files import array_digest, atomic_save, atomic_write_text, clear_path, file_sha256
+from fusebench.stores.entries import STORES, Store, data_file_problem
+from fusebench.stores.files import array_digest, atomic_save, file_sha256
 
 if TYPE_CHECKING:  # torch is imported where a list is built, so that fusebench-cache starts fast
     from fusebench.search.model_lists import ModelLists
@@ -53,6 +42,7 @@ if TYPE_CHECKING:  # torch is imported where a list is built, so that fusebench-
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the stored arrays change meaning; older entries are then recomputed
 FIELDS = tuple(f"{d}_{f}" for d in DIRECTIONS for f in ("ids", "scores", "ranks"))
+DATA = "lists.npz"
 
 
 def array_digests(arrays: Sequence[np.ndarray]) -> list[str]:
@@ -101,77 +91,53 @@ class StoreResult:
     seconds: float  # time to read, or to compute and write
 
 
-class ListStore:
-    def __init__(self, cache_root: str | Path):
-        self.cache_root = Path(cache_root).expanduser()
-        self.root = self.cache_root / "lists"
-
-    def entry_dir(self, key: str) -> Path:
-        return self.root / key[:2] / key
+@STORES.register
+class ListStore(Store):
+    folder, name, kind, format, what = "lists", "list store", "lists", FORMAT, "the lists"
+    order = 1
 
     def get_or_compute(self, material: dict, depth: int, n_images: int, n_captions: int,
                        compute: Callable[[int], ModelLists], info: dict | None = None) -> StoreResult:
         """The lists for ``material`` at least ``depth`` deep: from the store, else ``compute(depth)``."""
         started = time.perf_counter()
-        key = cache_key(material)
-        folder = self.entry_dir(key)
-        store_folders(self.cache_root, folder.parent, "list store")
-        with entry_lock(folder, "list store"):
-            stored = self._read(folder, key, material, n_images, n_captions)
+        with self.locked(material) as (key, folder):
+            stored = self.read(folder, key, material, lambda meta: _checked_lists(folder, meta, n_images, n_captions))
             if stored is not None and stored.covers(depth, n_images, n_captions):
                 return StoreResult(stored, key, True, time.perf_counter() - started)
             if stored is not None:
                 log.info("list store %s holds depth %d; recomputing at depth %d", key[:12], stored.depth, depth)
                 depth = max(depth, stored.depth)
             lists = compute(depth)
-            try:
-                self._write(folder, key, material, lists, info or {})
-            except OSError as err:  # a full disk or a read-only cache: keep the computed lists, store nothing
-                clear_path(folder)
-                log.warning("could not store the lists in %s (%s); this job goes on without storing them",
-                            folder, err.strerror or err)
+            self.store_or_keep(folder, lambda: self.write(folder, key, material, info or {},
+                                                          lambda folder: _save_lists(folder, lists)))
             return StoreResult(lists, key, False, time.perf_counter() - started)
 
-    def _read(self, folder: Path, key: str, material: dict, n_images: int, n_captions: int) -> ModelLists | None:
-        data_path = folder / "lists.npz"
-        meta, problem = entry_meta(folder, key, material)
-        if meta is None and problem is None:
-            clear_path(folder)  # a write that never finished (or none yet): nothing in it is trusted
-            return None
-        try:
-            if problem is None and meta.get("format") != FORMAT:
-                problem = f"format {meta.get('format')!r}, this version reads format {FORMAT}"
-            problem = problem or data_file_problem(data_path, meta, once_per_process=True)
-            if problem is None:
-                arrays = _read_arrays(data_path)
-                problem = _shape_problem(arrays, n_images, n_captions)
-        except UNREADABLE as err:
-            problem = unreadable(err)
-        if problem:
-            discard_entry(folder, "list store", problem)
-            return None
-        from fusebench.search.model_lists import ModelLists
+    def describe(self, meta: dict) -> dict:
+        return {**super().describe(meta), "shape": (meta.get("shapes") or {}).get("t2i_ids"),
+                "dtype": f"depth {meta.get('depth')}"}
 
-        return ModelLists.from_arrays(int(meta["depth"]), arrays)
+    def data_files(self, meta: dict) -> dict[str, dict]:
+        return {DATA: meta}
 
-    def _write(self, folder: Path, key: str, material: dict, lists: ModelLists, info: dict) -> None:
-        clear_path(folder)
-        folder.mkdir(parents=True)
-        data_path = folder / "lists.npz"
-        arrays = lists.arrays()
-        atomic_save(data_path, lambda tmp: _save_npz(tmp, arrays))
-        meta = {"key": key, "format": FORMAT, "info": info, "material": material, "depth": lists.depth,
-                "shapes": {name: list(arrays[name].shape) for name in FIELDS},
-                "bytes": data_path.stat().st_size, "sha256": file_sha256(data_path),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
 
-    def entries(self, verify: bool = True, progress=None) -> list[dict]:
-        """Every entry: key, model, depth, queries x depth (t2i), size on disk, complete or not."""
-        return scan_entries(self.root, lambda meta: {
-            "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
-            "shape": (meta.get("shapes") or {}).get("t2i_ids"), "dtype": f"depth {meta.get('depth')}"},
-            lambda meta: {"lists.npz": meta}, kind="lists", verify=verify, progress=progress)
+def _checked_lists(folder: Path, meta: dict, n_images: int, n_captions: int) -> tuple[ModelLists | None, str | None]:
+    """The entry's lists when its file is intact (verified once per process) and of the corpus's shapes."""
+    from fusebench.search.model_lists import ModelLists
+
+    problem = data_file_problem(folder / DATA, meta, once_per_process=True)
+    if problem is None:
+        arrays = _read_arrays(folder / DATA)
+        problem = _shape_problem(arrays, n_images, n_captions)
+    return (None, problem) if problem else (ModelLists.from_arrays(int(meta["depth"]), arrays), None)
+
+
+def _save_lists(folder: Path, lists: ModelLists) -> dict:
+    """Write lists.npz; what meta.json records of it (depth, shapes, size, SHA-256)."""
+    data_path = folder / DATA
+    arrays = lists.arrays()
+    atomic_save(data_path, lambda tmp: _save_npz(tmp, arrays))
+    return {"depth": lists.depth, "shapes": {name: list(arrays[name].shape) for name in FIELDS},
+            "bytes": data_path.stat().st_size, "sha256": file_sha256(data_path)}
 
 
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,20 +25,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fusebench import DIRECTIONS
-from fusebench.stores.entries import (
-    UNREADABLE,
-    cache_key,
-    clear_non_file,
-    data_file_problem,
-    discard_entry,
-    entry_lock,
-    entry_meta,
-    read_meta,
-    scan_entries,
-    store_folders,
-    unreadable,
-)
-from fusebench.stores.files import Crc32Writer, atomic_save, atomic_write_text, clear_path, remember_checksum
+from fusebench.stores.entries import STORES, Store, clear_non_file, data_file_problem, entry_lock, read_meta
+from fusebench.stores.files import Crc32Writer, atomic_save, atomic_write_text, remember_checksum
 
 if TYPE_CHECKING:  # torch and the numba kernels are imported where a matrix is read, so that fusebench-cache starts fast
     import torch
@@ -124,10 +111,10 @@ def _save_matrix(path: Path, shape: tuple[int, int], blocks: Iterator, dtype: np
     return {"bytes": path.stat().st_size, "crc32": crc[0]}
 
 
-class ScoreStore:
-    def __init__(self, cache_root: str | Path):
-        self.cache_root = Path(cache_root).expanduser()
-        self.root = self.cache_root / "scores"
+@STORES.register
+class ScoreStore(Store):
+    folder, name, kind, format, what = "scores", "score store", "scores", FORMAT, "the score matrices"
+    order = 2
 
     def get_or_compute(self, material: dict, shapes: dict[str, tuple[int, int]],
                        t2i_blocks: Callable[[], Iterator[torch.Tensor]], query_images: np.ndarray, tile_bytes: int,
@@ -136,21 +123,19 @@ class ScoreStore:
         ``t2i_blocks()`` yields the t2i matrix's row blocks in order, and the i2t matrix is its transpose for
         the columns ``query_images`` (the images with captions), built in blocks of about ``tile_bytes``."""
         material = {**material, "kind": "scores", "format": FORMAT}
-        key = cache_key(material)
-        folder = self.root / key[:2] / key
-        store_folders(self.cache_root, folder.parent, "score store")
-        with entry_lock(folder, "score store"):
-            readers = self._read(folder, key, material, shapes)
+        with self.locked(material) as (key, folder):
+            readers = self.read(folder, key, material, lambda meta: _checked_readers(folder, meta, shapes))
             if readers is not None:
                 return readers, True
-            clear_path(folder)
-            folder.mkdir(parents=True)
-            files = {"t2i": _save_matrix(folder / "t2i.npy", shapes["t2i"], t2i_blocks())}
-            t2i = StoredRows(folder / "t2i.npy")
-            files["i2t"] = _save_matrix(folder / "i2t.npy", shapes["i2t"], transposed_rows(t2i, query_images, tile_bytes))
-            meta = {"key": key, "format": FORMAT, "info": info or {}, "material": material, "files": files,
-                    "shapes": {d: list(shapes[d]) for d in DIRECTIONS}, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+
+            def save(folder: Path) -> dict:
+                files = {"t2i": _save_matrix(folder / "t2i.npy", shapes["t2i"], t2i_blocks())}
+                t2i = StoredRows(folder / "t2i.npy")
+                files["i2t"] = _save_matrix(folder / "i2t.npy", shapes["i2t"],
+                                            transposed_rows(t2i, query_images, tile_bytes))
+                return {"files": files, "shapes": {d: list(shapes[d]) for d in DIRECTIONS}}
+
+            self.write(folder, key, material, info or {}, save)  # an OSError fails the job: no matrices without it
             return {d: StoredRows(folder / f"{d}.npy") for d in DIRECTIONS}, False
 
     def row_orders(self, reader: StoredRows, tile_bytes: int) -> StoredRows:
@@ -197,33 +182,24 @@ class ScoreStore:
             atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
         return StoredRows(path)
 
-    def _read(self, folder: Path, key: str, material: dict, shapes: dict[str, tuple[int, int]]
-              ) -> dict[str, StoredRows] | None:
-        meta, problem = entry_meta(folder, key, material)
-        if meta is None and problem is None:
-            return None
-        try:
-            if problem is None and meta.get("format") != FORMAT:
-                problem = f"format {meta.get('format')!r}, expected {FORMAT}"
-            readers = {}
-            for d in DIRECTIONS:
-                path = folder / f"{d}.npy"
-                problem = problem or data_file_problem(path, meta["files"][d], once_per_process=True)
-                if problem is None:
-                    readers[d] = StoredRows(path)
-                    if tuple(readers[d].shape) != tuple(shapes[d]):
-                        problem = f"{d}.npy has shape {readers[d].shape}, expected {shapes[d]}"
-        except UNREADABLE as err:
-            problem = unreadable(err)
-        if problem:
-            discard_entry(folder, "score store", problem)
-            return None
-        return readers
+    def describe(self, meta: dict) -> dict:
+        return {**super().describe(meta), "shape": (meta.get("shapes") or {}).get("t2i")}
 
-    def entries(self, verify: bool = True, progress=None) -> list[dict]:
-        """Every entry: key, model, t2i matrix shape, size on disk, complete or not."""
-        return scan_entries(self.root, lambda meta: {
-            "model": (meta.get("info") or {}).get("model", ""), "created": meta.get("created"),
-            "shape": (meta.get("shapes") or {}).get("t2i")},
-            lambda meta: {f"{name}.npy": file for name, file in meta["files"].items()}, kind="scores",
-            verify=verify, progress=progress)
+    def data_files(self, meta: dict) -> dict[str, dict]:
+        return {f"{name}.npy": file for name, file in meta["files"].items()}
+
+
+def _checked_readers(folder: Path, meta: dict, shapes: dict[str, tuple[int, int]]
+                     ) -> tuple[dict[str, StoredRows] | None, str | None]:
+    """Readers of the entry's two matrices when both files are intact (verified once per process) and of
+    ``shapes``."""
+    readers = {}
+    for d in DIRECTIONS:
+        path = folder / f"{d}.npy"
+        problem = data_file_problem(path, meta["files"][d], once_per_process=True)
+        if problem is not None:
+            return None, problem
+        readers[d] = StoredRows(path)
+        if tuple(readers[d].shape) != tuple(shapes[d]):
+            return None, f"{d}.npy has shape {readers[d].shape}, expected {shapes[d]}"
+    return readers, None

@@ -1,5 +1,8 @@
 """Hydra's basic sweeper, composing each job's config once instead of twice (``hydra/sweeper: fusebench``,
 fusebench's default). Hydra takes plugins only from the ``hydra_plugins`` package, hence this module's place.
+It is written on Hydra's public plugin API alone (``hydra.plugins.sweeper.Sweeper``, ``hydra.core``: the override
+parser, the plugin loader, the config store; the ``ConfigLoader`` a ``HydraContext`` carries), so that a Hydra
+release that reshapes its own internals (``BasicSweeper``, ``BasicLauncher``) cannot change it.
 
 Hydra's ``BasicSweeper`` composes every job of a batch up front, to refuse a bad override before any job runs,
 and then the launcher composes each job again when it starts it. A composition of fusebench's configs
@@ -19,13 +22,19 @@ of the sweep share one (they would overwrite each other's results), or when one 
 
 from __future__ import annotations
 
+import itertools
+import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -92,7 +101,6 @@ def check_job_dirs(configs: Sequence[DictConfig], first_job: int, taken: dict[st
 def record_jobs(jobs: list[dict], batch: Sequence[Sequence[str]], first_job: int, dirs: dict[int, tuple]) -> None:
     """Add a batch's jobs to ``jobs`` and write the sweep's multirun_jobs.json (``report.runs.write_jobs``), so
     that a report names a job whose dir is gone; a file of that name that is not fusebench's is left alone."""
-    import logging
     import os
 
     from fusebench.report.runs import JOBS_FILE, write_jobs
@@ -121,30 +129,77 @@ def record_jobs(jobs: list[dict], batch: Sequence[Sequence[str]], first_job: int
         logging.getLogger(__name__).warning("could not write %s: %s", JOBS_FILE, err)
 
 
-class ComposeOnceSweeper(BasicSweeper):
+def job_batches(overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:
+    """The jobs of a sweep, as Hydra's basic sweeper makes them: the cartesian product of each key's values (a
+    key given twice keeps its last values, in its first place), in batches of ``max_batch_size`` jobs (None:
+    one batch). A list of values or a range sweeps; anything else (an interval) is refused, as is a batch size
+    below 1, by a FusebenchError naming the key (exit 2; Hydra's sweeper raised an error with a traceback)."""
+    from fusebench import FusebenchError
+
+    values: dict[str, list[str]] = {}
+    for override in overrides:
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            values[key] = [f"{key}={override.get_value_element_as_str()}"]
+        elif override.is_discrete_sweep():
+            values[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            raise FusebenchError(f"{key}: the sweeper takes a list of values (a,b,c) or a range(...), not "
+                                 f"{override.value_type.name.lower().replace('_', ' ')} {override.input_line!r}")
+    jobs = [list(job) for job in itertools.product(*values.values())]
+    if max_batch_size is None:
+        return [jobs]
+    if not isinstance(max_batch_size, int) or max_batch_size < 1:
+        raise FusebenchError(f"hydra.sweeper.max_batch_size is {max_batch_size!r}: give a whole number of jobs "
+                             "(1 or more), or null for one batch")
+    return [jobs[i:i + max_batch_size] for i in range(0, len(jobs), max_batch_size)]
+
+
+def runs_in_this_process(config: DictConfig) -> bool:
+    """Whether the sweep's launcher is Hydra's basic one (``hydra/launcher: basic``: its jobs composed and run in
+    this process, one after the other), named as Hydra's config store names it, not by importing its class."""
+    basic = ConfigStore.instance().load("hydra/launcher/basic.yaml").node
+    return OmegaConf.select(config, "hydra.launcher._target_") == OmegaConf.select(basic, "_target_")
+
+
+class ComposeOnceSweeper(Sweeper):
+    """Hydra's basic sweeper (``max_batch_size``, ``params``: its settings, in hydra/sweeper/fusebench.yaml),
+    with the basic launcher handed the configs this sweeper composed to validate each batch."""
+
     composed: ComposedConfigs | None = None
     next_job: int = 0  # the number of the first job of the next batch
     job_dirs: dict[str, int] | None = None  # job dir -> job number, every batch of the sweep so far
     jobs: list[dict] | None = None  # every job of the sweep so far: number, dir, overrides (multirun_jobs.json)
 
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None):
+        super().__init__()
+        self.max_batch_size = max_batch_size
+        self.params = params or {}
+        self.hydra_context: HydraContext | None = None
+        self.config: DictConfig | None = None
+        self.launcher = None
+
     def setup(self, *, hydra_context: HydraContext, task_function: Any, config: DictConfig) -> None:
-        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
-        if type(self.launcher) is BasicLauncher:  # a subclass or another launcher may compose elsewhere
+        self.hydra_context, self.config = hydra_context, config
+        launcher_context = hydra_context
+        if runs_in_this_process(config):  # another launcher composes in its own processes
             self.composed = ComposedConfigs(hydra_context.config_loader)
-            self.launcher.hydra_context = HydraContext(config_loader=self.composed,
-                                                       callbacks=hydra_context.callbacks)
+            launcher_context = HydraContext(config_loader=self.composed, callbacks=hydra_context.callbacks)
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=launcher_context,
+                                                                task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
-        """Hydra's sweep; when it is refused before its first job starts (a job's config, its dir), the sweep
-        dir is left as it was: Hydra's multirun.yaml, written first, is put back (an earlier sweep's record) or
-        removed, and a sweep dir this sweep created is removed when it is left empty."""
+        """Hydra's basic sweep (hydra.sweeper.params, then the command line's overrides; multirun.yaml in the
+        sweep dir; each batch validated, then launched); when it is refused before its first job starts (a
+        job's config, its dir), the sweep dir is left as it was: multirun.yaml, written first, is put back (an
+        earlier sweep's record) or removed, and a sweep dir this sweep created is removed when it is left empty."""
         from fusebench.app import rundir
 
         folder = Path(str(self.config.hydra.sweep.dir))
         existed, record = folder.exists() and not rundir.created_here(folder), folder / "multirun.yaml"
         earlier = record.read_bytes() if record.is_file() else None
         try:
-            return super().sweep(arguments)
+            return self._sweep(arguments)
         except BaseException:
             if self.next_job == 0:  # no job ran: nothing of this sweep stays
                 try:
@@ -160,6 +215,25 @@ class ComposeOnceSweeper(BasicSweeper):
                 except OSError:
                     pass
             raise
+
+    def _sweep(self, arguments: list[str]) -> list:
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = parser.parse_overrides([*(f"{k}={v}" for k, v in self.params.items()), *arguments])
+        batches = job_batches(overrides, self.max_batch_size)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        returns = []
+        for batch in batches:
+            started, first_job = time.perf_counter(), self.next_job
+            self.validate_batch_is_legal(batch)  # every job composed before any runs: a bad override stops it
+            logging.getLogger(__name__).debug("validated the configs of %d jobs in %.2f s", len(batch),
+                                              time.perf_counter() - started)
+            results = self.launcher.launch(batch, initial_job_idx=first_job)
+            for result in results:
+                _ = result.return_value  # raises a failed job's error, as Hydra's sweeper does
+            returns.append(results)
+        return returns
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         if self.job_dirs is None:
