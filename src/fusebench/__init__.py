@@ -1,17 +1,22 @@
 """fusebench: measure whether fusing image-text embedding models beats the best single model.
 
-The packages read as a run's data flows (``app.pipeline.run`` holds the flow on one screen):
+The packages, bottom to top (each imports only the ones above it in this list: ``tests/test_layers.py``):
 
-- ``config``      the config groups' schemas (``conf/`` at the repository root), typed reads, model keys per kind
-- ``data``        the corpus type and one loader per source (a new dataset goes here)
-- ``encoders``    embedding sources behind one interface, one plugin module per model kind (``encoders/kinds``); query text; devices
-- ``stores``      what is computed once and reused: embeddings, ranked lists, score matrices (one entry mechanism)
-- ``search``      exact top-k and its kernels, one model's ranked lists (approximate index backends go here)
-- ``fusion``      normalisers x aggregations, fusion over whole rankings, engine presets (a new method goes here)
-- ``evaluation``  metrics, paired statistics, comparisons, extra positives, tuning, the run record
+- ``runtime``     the bottom layer: process state, progress, typed config reads, the plugin ``Registry``, run-dir names and lock
+- ``search``      exact top-k and its kernels, one model's ranked lists, the ranked-list type
+- ``fusion``      the fusion group's type, one module per method (``fusion/methods``), whole rankings, engine presets
+- ``config``      the config groups' schemas (``conf/`` at the repository root), kinds and backends read from their registries
+- ``stores``      what is computed once and reused (one ``Store`` base): embeddings, lists, score matrices, near-duplicates, indexes
+- ``data``        the corpus type; one module per dataset kind (``data/kinds``); galleries' distractor sources
+- ``encoders``    one module per model kind (``encoders/kinds``) behind one interface; query text; gallery shards
+- ``evaluation``  metrics, paired statistics, comparisons, extra positives, tuning, extrapolation, the run record
 - ``library``     plain-array search, fuse, ranks, recall and compare over what a caller holds (no Hydra, no files)
-- ``report``      a run's files, the printed table, plots, sweep summaries, notebook helpers (a new plot goes here)
-- ``app``         the commands, one run's orchestration, run dirs, W&B tracking, progress, interrupts
+- ``backends``    who answers the queries: one module per search backend or engine (``backends/kinds``)
+- ``report``      a run's files, the printed table, one module per plot (``report/plots``), sweep reports, notebooks
+- ``app``         the commands, one run's named stages (``app.pipeline``), run dirs, W&B tracking, interrupts
+
+A fusion method, dataset kind, model kind, search backend or plot is one module in its package's plugin folder,
+found by a scan (``runtime.plugins.Registry``); every list of their names is read from the registry.
 
 The Python API (``app.api``): ``fusebench.evaluate(models, caption_image, ...)`` over embeddings a notebook
 holds, and ``fusebench.run(overrides)``, any job of the ``fusebench`` command; both return a ``Result``.

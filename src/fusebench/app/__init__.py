@@ -1,4 +1,6 @@
-"""The application around the math: the ``fusebench``, ``fusebench-models`` and ``fusebench-cache`` commands
-(``cli``, ``cache_cli``), one run's orchestration (``pipeline``: config -> corpus -> embeddings -> lists -> fusion ->
-metrics -> files; ``retrieval``: every retriever's lists from the stores and fusion), the Hydra callback and run-dir
-checks (``callback``, ``rundir``), W&B logging (``tracking``), progress bars and Ctrl-C handling."""
+"""The application around the library: the commands (``cli``: ``fusebench`` and ``fusebench-models``;
+``cache_cli``: ``fusebench-cache``; ``embed_cli``: ``fusebench-embed``), the Python API (``api``), a composed config
+made one typed ``RunConfig`` (``run_config``), one run as named stages (``pipeline``, with ``tune_stage``,
+``gallery_stage`` and ``index_tuning``), the Hydra callback and run and sweep dirs (``callback``, ``rundir``), W&B
+(``tracking``, ``wandb_files``) and Ctrl-C (``interrupts``). Nothing below this package imports it.
+"""

@@ -3,7 +3,7 @@ fusebench wrote, and an earlier run's Hydra config, kept so that a rerun that fa
 
 A rerun into a run dir keeps the earlier run's metrics.json, ranks/, topk/ and plots/ until the new run writes
 its own (``report.outputs.write_run_outputs`` swaps them). Hydra rewrites ``.hydra/`` before fusebench's code
-runs, so the Hydra callback (``report.callback``) reads the earlier ``.hydra`` files first, in memory, and the
+runs, so the Hydra callback (``app.callback``) reads the earlier ``.hydra`` files first, in memory, and the
 ``fusebench`` command puts them back when the rerun fails before writing. fusebench removes only files it can
 tell it wrote (``foreign``); a dir holding anything else under a run output's name is refused instead.
 """
