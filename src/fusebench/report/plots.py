@@ -13,6 +13,7 @@ import numpy as np
 from fusebench import DIRECTIONS, FUSED
 from fusebench.evaluation.comparisons import level_label
 from fusebench.evaluation.record import RunRecord
+from fusebench.fusion.config import flat_settings
 from fusebench.runtime import state
 from fusebench.stores.files import array_digest, atomic_save, atomic_write_text, file_identity, file_sha256
 
@@ -184,7 +185,7 @@ def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | 
     files = [run_dir / "topk" / f"{n}.t2i.npz" for n in singles]
     if not singles or not all(f.is_file() for f in files):
         return None
-    ddof = record.fusion.ddof
+    ddof = flat_settings(record.fusion)["ddof"]  # the run's own (dbsf, zscore), else the default
     scores = {}
     for name, file in zip(singles, files):
         with np.load(file) as data:
