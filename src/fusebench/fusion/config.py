@@ -206,9 +206,9 @@ class FusionConfig:
         own_keys = self._own_keys()
         kept = {}
         for key, value in given.items():
-            if key in own_keys:
-                continue
             known = key in param_names()
+            if key in own_keys or not known and own_keys:  # an unknown key: the method's dataclass names the valid
+                continue
             if known and any(value == checks.default_of(registry.method(m).params, key) for m in param_owners(key)):
                 continue
             if known and self.preset is not None and (preset_own is None or preset_own.get(key) == value):
@@ -218,22 +218,21 @@ class FusionConfig:
         if not own_keys:
             return kept
         spec = registry.method(self.method)
-        mine = asdict(checks.typed(spec.params, {k: v for k, v in given.items() if k in own_keys}, "fusion.params",
-                                   every_key=False))
+        mine = asdict(checks.typed(spec.params, {k: v for k, v in given.items() if k not in kept and (
+            k in own_keys or k not in param_names())}, "fusion.params", every_key=False))
         return {**mine, **kept}
 
     def _foreign_message(self, key: str, value) -> str:
-        """A ``fusion.params`` setting the chosen method does not have: which methods do, and the method's own."""
+        """A ``fusion.params`` setting the chosen method does not have: the methods that read it (issue 39's words
+        for a setting the run never reads), or, for a key no method has, the methods with parameters."""
         owners = param_owners(key)
-        where = (f"; fusion.params.{key} is read only with fusion.method={' | '.join(owners)}" if owners else "")
-        if self.method == "none":
-            return (f"fusion.params.{key}={value!r} is never read with fusion.method=none (no fusion: each model is "
-                    f"evaluated alone, its lists fusion.top_k long){where}: leave it unset or pick one of those.")
-        own = self._own_keys()
-        has = (f"its settings: {', '.join(f'fusion.params.{k}' for k in own)}" if own else
-               "which has no parameters of its own")
-        return (f"fusion.params.{key} is not a setting of fusion.method={self.method}, {has}{where}; methods with "
-                f"parameters: {', '.join(m for m in registry.names() if registry.method(m).params)}.")
+        if owners:
+            why = self._unread_why()
+            return (f"fusion.params.{key}={value!r} is never read with fusion.method={self.method}{why}; "
+                    f"fusion.params.{key} is read only with fusion.method={' | '.join(owners)}: leave it unset or "
+                    "pick one of those.")
+        return (f"fusion.params.{key} is not a setting of fusion.method={self.method}, which has no parameters of its "
+                f"own; methods with parameters: {', '.join(m for m in registry.names() if registry.method(m).params)}.")
 
     def _check_method_settings(self, own: dict | None = None) -> None:
         """A setting the run never reads is refused, not recorded as if it had changed the result: the one rule
@@ -257,7 +256,7 @@ class FusionConfig:
             return " (no fusion: each model is evaluated alone, its lists fusion.top_k long)"
         spec = registry.method(self.method)
         if self.preset is not None:
-            keys = [f"fusion.{key}" for key in method_reads(self.method)]
+            keys = [f"fusion.params.{key}" for key in self._own_keys()] + [f"fusion.{key}" for key in method_reads(self.method)]
             reads = ", ".join(keys[:-1]) + " and " + keys[-1] if len(keys) > 1 else keys[0]
             return (f" (with fusion.preset={self.preset}, fusion.method={self.method} reads, of the settings only some "
                     f"methods read, {reads}{'; its evidence is the rank alone' if spec.kind == 'rank' else ''})")
