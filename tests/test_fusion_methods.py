@@ -6,6 +6,7 @@ the list path and the whole-rankings path with no code of its own."""
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +32,18 @@ def test_every_list_of_methods_comes_from_the_registry():
     assert set(RANK_METHODS) == {m for m in registry.REGISTRY.names() if registry.method(m).kind == "rank"}
     assert FACTOR_ORDER["method"][:7] == ["none", "sum", "minmax", "zscore", "isr", "rrf", "dbsf"]  # as before
     formulas = (ROOT / "docs" / "formulas.md").read_text()
+    config_md = (ROOT / "docs" / "config.md").read_text()
     for method in registry.REGISTRY.items():
         name = method.name
         assert method.source and method.formula and method.kind in registry.KINDS
         assert re.search(rf"^\| `{name}` \|", formulas, re.M), f"docs/formulas.md has no row for {name}"
         yaml = (ROOT / "conf" / "fusion" / f"{name}.yaml").read_text()
         assert re.search(rf"^method: {name}$", yaml, re.M)
+        row = re.search(rf"^\| `{name}` \|.*$", formulas, re.M).group(0)
+        for key in (f.name for f in fields(method.params)) if method.params else ():
+            assert f"fusion.params.{key}" in row, f"docs/formulas.md's {name} row does not name fusion.params.{key}"
+            assert f"params.{key}" in config_md, f"docs/config.md does not name {name}'s params.{key}"
+            assert re.search(rf"^  {key}: ", yaml, re.M), f"conf/fusion/{name}.yaml does not list params.{key}"
         assert (ROOT / "src" / "fusebench" / "fusion" / "methods" / f"{name}.py").is_file()  # one module each
 
 
@@ -219,8 +226,8 @@ def test_no_fusion_refuses_every_setting_it_never_reads(key):
     with pytest.raises(FusebenchError) as err:
         FusionConfig(method="none", **{key: NOT_DEFAULT[key]})
     message = str(err.value)
-    moved = key in moved_keys()
-    assert f"fusion.{'params.' if moved else ''}{key}" in message and "\n" not in message  # an old flat key: read as fusion.params.KEY, and refused as that
+    moved = key in moved_keys()  # an old flat key: read as fusion.params.KEY, and refused as that
+    assert f"fusion.{'params.' if moved else ''}{key}" in message and "\n" not in message
     if key not in ("preset", "params"):  # the one rule: never read with none, and who reads it
         assert message.startswith(f"fusion.{'params.' if moved else ''}{key}={NOT_DEFAULT[key]!r} is never read with "
                                   "fusion.method=none (no fusion: each model is evaluated alone"), message

@@ -5,7 +5,8 @@ The fixtures were written by fusebench itself, from this repository's history, w
 ``metrics_v1.json`` by the commit before the typed record (94d5282^, with ``fusion.method=rrf
 eval.bootstrap.level=0.9``), ``metrics_v2_first.json`` by the first version-2 writer (94d5282),
 ``metrics_v2_last.json`` by the last one (the commit before version 3), ``metrics_v3.json`` by version 3 and
-``metrics_v4.json`` by version 4 (issue 40, item 3), the last three from the same job. ``metrics_v2_tuned.json`` is a tuned job's record from 6528179.
+``metrics_v4.json`` by version 4 (issue 40, item 3), the last three from the same job. ``metrics_v2_tuned.json``
+is a tuned job's record from 6528179.
 """
 
 import json
