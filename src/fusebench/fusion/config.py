@@ -209,6 +209,9 @@ class FusionConfig:
             known = key in param_names()
             if key in own_keys or not known and own_keys:  # an unknown key: the method's dataclass names the valid
                 continue
+            if known:  # checked as its own method checks it first (rrf_k=nan is invalid before it is unread)
+                checks.typed(registry.method(param_owners(key)[0]).params, {key: value}, "fusion.params",
+                             every_key=False)
             if known and any(value == checks.default_of(registry.method(m).params, key) for m in param_owners(key)):
                 continue
             if known and self.preset is not None and (preset_own is None or preset_own.get(key) == value):
