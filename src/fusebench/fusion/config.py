@@ -280,7 +280,7 @@ class FusionConfig:
 
     def check_preset_values(self, own: dict) -> None:
         """Refuse a setting of an engine preset's that its method never reads and that is not the preset's own
-        value ``own[key]`` (the user set it: ``fusion=milvus_weighted fusion.rrf_k=5``)."""
+        value ``own[key]`` (the user set it: ``fusion=milvus_weighted fusion.params.rrf_k=5``)."""
         self._check_method_settings(own)
 
     def per_model_k(self, n_items: int) -> int:
