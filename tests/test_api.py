@@ -193,7 +193,7 @@ def _bad_cases():
         (models, ci, {"fusion": "none", "overrides": ["fusion.fuse_on=document"]},
          "fusion.fuse_on='document' is never read with fusion.method=none"),
         (models, ci, {"fusion": "milvus_weighted", "overrides": ["fusion.rrf_k=5"]},
-         "fusion.rrf_k=5.0 is never read with fusion.method=sum (with fusion.preset=milvus_weighted, fusion.method=sum"),
+         "fusion.params.rrf_k=5.0 is never read with fusion.method=sum (with fusion.preset=milvus_weighted, fusion.method=sum"),
     ]
 
 

@@ -65,11 +65,12 @@ def test_an_empty_fusebench_output_is_refused_by_the_cache_command(tmp_path):
 
 @pytest.mark.slow  # runs a fusebench command in a subprocess
 def test_a_refused_config_leaves_nothing_behind(tmp_path):
-    one_line_error(command("fusebench", *SIM, "fusion.rrf_k=-1", "hydra.run.dir=fresh", cwd=tmp_path), "fusion.rrf_k")
+    one_line_error(command("fusebench", *SIM, "fusion.rrf_k=-1", "hydra.run.dir=fresh", cwd=tmp_path),
+                   "fusion.params.rrf_k")  # the old key, read as the new one
     assert not (tmp_path / "fresh").exists() and not (tmp_path / "nested").exists()
     (tmp_path / "kept").mkdir()
-    one_line_error(command("fusebench", *SIM, "fusion.rrf_k=-1", "hydra.run.dir=kept/a/b/c", cwd=tmp_path),
-                   "fusion.rrf_k")
+    one_line_error(command("fusebench", *SIM, "fusion=rrf", "fusion.params.rrf_k=-1", "hydra.run.dir=kept/a/b/c",
+                           cwd=tmp_path), "fusion.params.rrf_k")
     assert list((tmp_path / "kept").iterdir()) == []  # the folders it created above the run dir too
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("the user's")
@@ -184,17 +185,22 @@ def test_a_failed_rerun_leaves_the_earlier_runs_log_as_it_was(tmp_path):
 
 @pytest.mark.slow  # runs a fusebench command in a subprocess
 @pytest.mark.parametrize("args,fragments", [
-    (["fusion=none", "fusion.rrf_k=5"], ("fusion.rrf_k=5.0 is never read with fusion.method=none",
+    (["fusion=none", "fusion.rrf_k=5"], ("fusion.params.rrf_k=5.0 is never read with fusion.method=none",
                                          "read only with fusion.method=rrf")),
     (["fusion=none", "fusion.fuse_on=document"], ("fusion.fuse_on='document' is never read with fusion.method=none",)),
     (["fusion=none", "models.sim_siglip2_like.weight=0.5"],
      ("models.sim_siglip2_like.weight=0.5 is never read: no fusion runs (fusion.method=none)",)),
     (["fusion=milvus_weighted", "fusion.rrf_k=5"],
-     ("fusion.rrf_k=5.0 is never read", "with fusion.preset=milvus_weighted, fusion.method=sum reads",
+     ("fusion.params.rrf_k=5.0 is never read", "with fusion.preset=milvus_weighted, fusion.method=sum reads",
       "fusion.score_map and fusion.flat_score")),
     (["fusion=qdrant_rrf", "fusion.ddof=1"],
-     ("fusion.ddof=1 is never read", "with fusion.preset=qdrant_rrf, fusion.method=rrf reads",
-      "fusion.rrf_k, fusion.rrf_weighting and fusion.rrf_ranks", "read only with fusion.method=zscore | dbsf")),
+     ("fusion.params.ddof=1 is never read", "with fusion.preset=qdrant_rrf, fusion.method=rrf reads",
+      "fusion.params.rrf_k, fusion.params.rrf_weighting and fusion.rrf_ranks",
+      "read only with fusion.method=zscore | dbsf")),
+    (["fusion=qdrant_rrf", "+fusion.params.ddof=1"],
+     ("fusion.params.ddof=1 is never read", "with fusion.preset=qdrant_rrf, fusion.method=rrf reads")),
+    (["fusion=rrf", "fusion.rrf_k=30", "fusion.params.rrf_k=50"],  # the old key and its new place: neither is read
+     ("fusion.rrf_k and fusion.params.rrf_k are both given", "give fusion.params.rrf_k alone")),
 ])
 def test_a_setting_the_run_never_reads_is_refused(tmp_path, args, fragments):
     """Each ran with exit 0 before, recording the value (or warning that the preset had changed while it ran as the
@@ -213,12 +219,13 @@ def test_a_sweep_job_with_a_setting_it_never_reads_fails_alone(tmp_path):
     done = command("fusebench", "-m", *SIM, "eval.bootstrap.draws=100", "fusion=none,rrf", "fusion.rrf_k=5",
                    "hydra.sweep.dir=S", cwd=tmp_path, timeout=300)
     assert done.returncode == 1, done.stderr
-    message = "fusion.rrf_k=5.0 is never read with fusion.method=none"
+    message = "fusion.params.rrf_k=5.0 is never read with fusion.method=none"
     assert f"job 0 failed: {message}" in done.stderr
     assert message in (tmp_path / "S" / "0" / "error.txt").read_text()
     assert not (tmp_path / "S" / "0" / "metrics.json").exists()
     ran = json.loads((tmp_path / "S" / "1" / "metrics.json").read_text())
-    assert ran["fusion"]["method"] == "rrf" and ran["fusion"]["rrf_k"] == 5.0
+    assert ran["fusion"]["method"] == "rrf" and ran["fusion"]["params"]["rrf_k"] == 5.0
+    assert "fusion.rrf_k is now fusion.params.rrf_k; the old key is read until the next release" in done.stdout
 
 
 @pytest.mark.slow  # runs a sweep in a subprocess
@@ -229,15 +236,16 @@ def test_a_setting_the_method_reads_changes_the_ranks_and_the_record(tmp_path):
 
     import numpy as np
 
-    done = command("fusebench", "-m", *SIM, "eval.bootstrap.draws=100", "fusion=qdrant_rrf,rrf", "fusion.rrf_k=1,5",
+    done = command("fusebench", "-m", *SIM, "eval.bootstrap.draws=100", "fusion=qdrant_rrf,rrf", "fusion.params.rrf_k=1,5",
                    "hydra.sweep.dir=S", cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     jobs = {(f, k): tmp_path / "S" / str(i) for i, (f, k) in enumerate((f, k) for f in ("qdrant_rrf", "rrf")
                                                                          for k in (1, 5))}
     records = {job: json.loads((path / "metrics.json").read_text())["fusion"] for job, path in jobs.items()}
     assert records[("qdrant_rrf", 1)]["preset"] == "qdrant_rrf" and records[("qdrant_rrf", 5)]["preset"] is None
-    assert records[("qdrant_rrf", 5)]["rrf_k"] == 5.0 and records[("qdrant_rrf", 5)]["rrf_weighting"] == "rank"
-    assert records[("rrf", 5)]["rrf_k"] == 5.0 and records[("rrf", 1)]["rrf_k"] == 1.0
+    assert records[("qdrant_rrf", 5)]["params"] == {"rrf_k": 5.0, "rrf_weighting": "rank"}
+    assert records[("rrf", 5)]["params"]["rrf_k"] == 5.0 and records[("rrf", 1)]["params"]["rrf_k"] == 1.0
+    assert "now fusion.params" not in done.stdout + done.stderr  # the new key: no warning
     assert "fusion.preset=qdrant_rrf dropped: this fusion changes the preset's own settings (rrf_k=5.0)" in done.stdout
     for fusion in ("qdrant_rrf", "rrf"):
         ranks = [np.load(jobs[(fusion, k)] / "ranks" / "fused.t2i.npy") for k in (1, 5)]

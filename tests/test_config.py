@@ -191,15 +191,17 @@ def test_the_composed_config_converts_once_into_its_types(compose_cfg):
     (lambda c: c.update(reference={"dataset": "coco5k"}), "reference.study is missing"),
     (lambda c: c["paths"].update(cache="x"), "paths: unknown key(s) cache; valid keys: data_root, output_dir."),
     # a setting the run never reads (issue 39, item 6): no fusion, a weight without a fusion, a preset's unread one
-    (lambda c: c["fusion"].update(method="none", rrf_k=5), "fusion.rrf_k=5 is never read with fusion.method=none"),
+    (lambda c: c["fusion"].update(method="none", rrf_k=5), "fusion.params.rrf_k=5 is never read with fusion.method=none"),
+    (lambda c: c["fusion"].update(method="none", params={"ddof": 1}),
+     "fusion.params.ddof=1 is never read with fusion.method=none"),
     (lambda c: c["fusion"].update(method="none", fuse_on="document"),
      "fusion.fuse_on='document' is never read with fusion.method=none"),
     (lambda c: (c["fusion"].update(method="none"), c["models"]["sim_dfn5b_like"].update(weight=0.5)),
      "models.sim_dfn5b_like.weight=0.5 is never read: no fusion runs (fusion.method=none)"),
     (lambda c: (c["models"].pop("sim_siglip2_like"), c["models"]["sim_dfn5b_like"].update(weight=2)),
      "models.sim_dfn5b_like.weight=2 is never read: no fusion runs (one model selected (sim_dfn5b_like))"),
-    (lambda c: c["fusion"].update(method="sum", score_map="cosine01", ties="id", preset="milvus_weighted", rrf_k=5),
-     "fusion.rrf_k=5 is never read with fusion.method=sum (with fusion.preset=milvus_weighted, fusion.method=sum reads, "
+    (lambda c: c["fusion"].update(method="sum", score_map="cosine01", ties="id", preset="milvus_weighted", params={"rrf_k": 5}),
+     "fusion.params.rrf_k=5 is never read with fusion.method=sum (with fusion.preset=milvus_weighted, fusion.method=sum reads, "
      "of the settings only some methods read, fusion.score_map and fusion.flat_score)"),
 ])
 def test_a_config_mistake_is_one_line_naming_the_key(plain_wandb_config, change, message):

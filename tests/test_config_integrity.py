@@ -31,35 +31,46 @@ def _refused(compose_cfg, tmp_path: Path, overrides: list[str], *fragments: str)
 
 # -- presets: the name labels a fusion only while it is that preset ---------------------------------------------
 
+def _composed(name: str, change: dict | None = None) -> dict:
+    """The fusion group as Hydra composes ``fusion=NAME`` (its YAML file over the schema's defaults), with ``change``
+    over it (its ``params`` over the file's)."""
+    from fusebench.fusion.presets import _read
+
+    values = {k: v for k, v in _read(preset_files([package_conf()])[name]).items() if k != "defaults"}
+    change = change or {}
+    return {**values, **change, "params": {**values.get("params", {}), **change.get("params", {})}}
+
+
 @pytest.mark.parametrize("preset, change", [
     ("qdrant_dbsf", {"method": "zscore"}),  # another method (which reads the preset's ddof=1)
     ("qdrant_dbsf", {"method": "rrf"}),  # one that does not read it: the preset's own value, dropped with the label
-    ("qdrant_dbsf", {"ddof": 0}),  # another field of the same preset
-    ("qdrant_rrf", {"rrf_k": 60.0}),
+    ("qdrant_dbsf", {"params": {"ddof": 0}}),  # another field of the same preset
+    ("qdrant_dbsf", {"ddof": 0}),  # the same, by its old flat key (read until the next release)
+    ("qdrant_rrf", {"params": {"rrf_k": 60.0}}),
     ("opensearch_minmax", {"floor": None}),  # a field the preset sets to non-default, put back to the default
     ("ranx_combmnz", {"combine": "sum"}),
     ("milvus_rrf", {"score_map": "none", "rrf_ranks": "concatenated"}),  # a field the preset leaves at its default
-    ("qdrant_rrf", {"rrf_k": 5.0}),  # a setting the method reads: it changes what runs (test_command_errors.py)
+    ("qdrant_rrf", {"params": {"rrf_k": 5.0}}),  # a setting the method reads: it changes what runs
 ])
 def test_a_changed_preset_loses_its_label(preset, change):
-    base = {k: v for k, v in definition(preset, [package_conf()]).items()}
-    fusion = FusionConfig(**{**base, **change, "preset": preset})
+    fusion = FusionConfig(**_composed(preset, change))
     assert true_label(fusion, [package_conf()]).preset is None
-    assert true_label(FusionConfig(**{**base, "preset": preset}), [package_conf()]).preset == preset
+    assert true_label(FusionConfig(**_composed(preset)), [package_conf()]).preset == preset
 
 
 def _unread_cases() -> list[tuple[str, str, object]]:
     """(preset, setting, value) for every preset and every setting only some methods read that its method never
     reads, at a valid value other than the default and the preset's own: from the preset files and the registry."""
-    from fusebench.fusion.config import method_dependent, method_reads
+    from fusebench.fusion.config import method_dependent, method_reads, param_names, param_owners
 
-    other = {"rrf_k": 5.0, "ddof": 1, "flat_score": 0.25, "score_map": "atan", "rrf_weighting": "rank",
-             "rrf_ranks": "concatenated"}
-    assert set(other) == set(method_dependent())  # a setting added to a method's reads gets a value here
+    other = {"flat_score": 0.25, "score_map": "atan", "rrf_ranks": "concatenated"}
+    params = {"rrf_k": 5.0, "ddof": 1, "rrf_weighting": "rank", "phi": 0.5}  # fusion.params.KEY
+    assert set(other) == set(method_dependent()) and set(params) == set(param_names())  # a new one gets a value here
     cases = []
     for name in sorted(preset_files([package_conf()])):
         own = definition(name, [package_conf()])
         cases += [(name, key, other[key]) for key in method_dependent() if key not in method_reads(own["method"])]
+        cases += [(name, f"params.{key}", params[key]) for key in param_names() if own["method"] not in param_owners(key)]
     assert {"milvus_weighted", "qdrant_rrf"} <= {c[0] for c in cases} and len(cases) >= 44
     return cases
 
@@ -72,8 +83,9 @@ def test_a_preset_setting_its_method_never_reads_is_refused(name, key, value, ca
     from fusebench.fusion.config import method_reads
 
     own = definition(name, [package_conf()])
+    change = {"params": {key.removeprefix("params."): value}} if key.startswith("params.") else {key: value}
     with pytest.raises(FusebenchError) as err:
-        fusion = FusionConfig(**{**own, key: value, "preset": name})  # as composed: before the preset's file is read
+        fusion = FusionConfig(**_composed(name, change))  # as composed: before the preset's file is read
         true_label(fusion, [package_conf()])
     message = str(err.value)
     assert f"fusion.{key}=" in message and "\n" not in message and "dropped" not in caplog.text
@@ -82,24 +94,22 @@ def test_a_preset_setting_its_method_never_reads_is_refused(name, key, value, ca
                                   f"(with fusion.preset={name}, fusion.method={own['method']} reads"), message
         assert all(f"fusion.{read}" in message for read in method_reads(own["method"]))
     else:
-        assert key == "rrf_weighting" and own["combine"] in ("mean", "geometric", "harmonic"), message
+        assert key == "params.rrf_weighting" and own["combine"] in ("mean", "geometric", "harmonic"), message
 
 
 def test_a_preset_turned_into_a_method_that_never_reads_its_values_drops_them():
     """The preset's own values the new method never reads (milvus_weighted's score_map, ties aside) are dropped with
     the label; the record holds what ran."""
-    fusion = FusionConfig(**{**definition("milvus_weighted", [package_conf()]), "method": "rrf",
-                             "preset": "milvus_weighted"})
+    fusion = FusionConfig(**_composed("milvus_weighted", {"method": "rrf"}))
     ran = true_label(fusion, [package_conf()])
     assert ran == FusionConfig(method="rrf", ties="id")
 
 
 def test_a_preset_turned_into_another_method_warns_only_of_what_changed_what_runs(caplog):
     """The preset's ddof=1 that rrf never reads, set back to the default by hand, is not named as a change."""
-    fusion = FusionConfig(**{**definition("qdrant_dbsf", [package_conf()]), "method": "rrf", "ddof": 0,
-                             "preset": "qdrant_dbsf"})
+    fusion = FusionConfig(**_composed("qdrant_dbsf", {"method": "rrf", "params": {"ddof": 0}}))
     ran = true_label(fusion, [package_conf()])
-    assert ran.preset is None and ran.method == "rrf" and ran.ddof == 0
+    assert ran.preset is None and ran.method == "rrf" and ran.params == {"rrf_k": 60.0, "rrf_weighting": "multiply"}
     assert "changes the preset's own settings (method=rrf)" in caplog.text and "ddof" not in caplog.text
 
 
@@ -119,10 +129,10 @@ def test_every_preset_file_composes_to_its_own_definition(compose_cfg):
 
 
 def test_unequal_weights_leave_a_preset_whose_engine_takes_none():
-    fusion = FusionConfig(method="dbsf", ddof=1, preset="qdrant_dbsf")
+    fusion = FusionConfig(method="dbsf", params={"ddof": 1}, preset="qdrant_dbsf")
     assert true_label(fusion, [package_conf()], weights=[1.0, 2.0]).preset is None
     assert true_label(fusion, [package_conf()], weights=[2.0, 2.0]).preset == "qdrant_dbsf"  # only ratios matter
-    rrf = FusionConfig(method="rrf", rrf_k=1, rrf_weighting="rank", preset="qdrant_rrf")  # Qdrant weighs RRF
+    rrf = FusionConfig(method="rrf", params={"rrf_k": 1, "rrf_weighting": "rank"}, preset="qdrant_rrf")  # Qdrant weighs RRF
     assert true_label(rrf, [package_conf()], weights=[1.0, 2.0]).preset == "qdrant_rrf"
 
 
@@ -212,11 +222,12 @@ def test_keys_added_to_logger_none_are_errors(compose_cfg, tmp_path):
 @pytest.mark.parametrize("method, key, value", [
     ("dbsf", "rrf_ranks", "concatenated"), ("sum", "rrf_ranks", "concatenated"),
     ("rrf", "score_map", "cosine01"), ("isr", "score_map", "atan"),
-    ("dbsf", "rrf_weighting", "rank"), ("borda", "rrf_weighting", "rank"),
+    ("dbsf", "params.rrf_weighting", "rank"), ("borda", "params.rrf_weighting", "rank"),
 ])
 def test_settings_the_method_never_reads_are_refused(method, key, value):
+    given = {"params": {key.removeprefix("params."): value}} if key.startswith("params.") else {key: value}
     with pytest.raises(FusebenchError, match=rf"fusion.{key}='{value}' is never read with fusion.method={method}"):
-        FusionConfig(method=method, **{key: value})
+        FusionConfig(method=method, **given)
 
 
 @pytest.mark.slow  # a whole job

@@ -123,7 +123,7 @@ def test_flat_fused_lists_equal_the_exact_preset(flat):
 def test_fused_list_is_lancedb_rrf_of_the_engines_own_lists(flat):
     """The fused list is RRFReranker.rerank_multivector over the engine's per-model lists, to the bit."""
     req, out = flat
-    ids, scores = _lancedb_rrf([out.singles[m][0] for m in req.models], req.fusion.rrf_k, req.final_k)
+    ids, scores = _lancedb_rrf([out.singles[m][0] for m in req.models], req.fusion.params["rrf_k"], req.final_k)
     np.testing.assert_array_equal(out.fused_ids, ids)
     np.testing.assert_array_equal(out.fused_scores, scores)
 
@@ -141,7 +141,7 @@ def test_indexes_return_lists_with_sane_neighbour_recall(tmp_path, index, settin
         assert floor <= recall <= 1.0, (index, m, recall)
         cosines = np.einsum("qd,qkd->qk", req.queries[m], req.items[m][ids])
         assert np.abs(scores - cosines).max() > 1e-4  # quantised codes' distances: the index answered, not a scan
-    fused_ids, fused_scores = _lancedb_rrf([out.singles[m][0] for m in req.models], req.fusion.rrf_k, req.final_k)
+    fused_ids, fused_scores = _lancedb_rrf([out.singles[m][0] for m in req.models], req.fusion.params["rrf_k"], req.final_k)
     np.testing.assert_array_equal(out.fused_ids, fused_ids)
     np.testing.assert_array_equal(out.fused_scores, fused_scores)
     assert any(("IVF_PQ" if index == "ivf_pq" else "IVF_HNSW_SQ") in note for note in out.notes)

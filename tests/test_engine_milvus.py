@@ -87,7 +87,7 @@ def _milvus_merge(req, singles: dict, final_k: int | None = None) -> tuple[np.nd
     """Milvus Lite 3.2.2's hybrid merge the obvious way (function/ops/merge_op.py MergeOp, function/chain.py sort):
     per id, RRF adds 1 / (k + rank) (rank 1-based), weighted adds w x norm(score) with norm (1 + s) / 2 on COSINE,
     1/2 + atan(s) / pi on IP, in float64; sorted by that score descending, ties by the smaller id; float32 out."""
-    preset, k, final_k = req.fusion.preset, req.fusion.rrf_k, final_k or req.final_k
+    preset, k, final_k = req.fusion.preset, req.fusion.params.get("rrf_k"), final_k or req.final_k  # rrf_k: milvus_rrf
     norm = (lambda s: (1.0 + s) * 0.5) if preset == "milvus_weighted" else (lambda s: 0.5 + math.atan(s) / math.pi)
     out_ids, out_scores = [], []
     for q in range(req.n_queries):

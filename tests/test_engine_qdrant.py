@@ -120,7 +120,7 @@ def _public_hybrid(request) -> tuple[np.ndarray, np.ndarray]:
                   for k, m in enumerate(request.models) for i in range(n)]
     client.upsert("c", points=points)
     weights = [request.weights[m] for m in request.models]
-    query = (models.RrfQuery(rrf=models.Rrf(k=int(request.fusion.rrf_k) + 1, weights=weights))
+    query = (models.RrfQuery(rrf=models.Rrf(k=int(request.fusion.params["rrf_k"]) + 1, weights=weights))
              if request.fusion.method == "rrf" else models.FusionQuery(fusion=models.Fusion.DBSF))
     rows = []
     for q in range(request.n_queries):

@@ -169,7 +169,7 @@ def test_qdrant_rrf_weights_divide_the_rank():
     a = [models.ScoredPoint(id=i, version=0, score=1.0 - i / 10) for i in (1, 2, 3)]
     b = [models.ScoredPoint(id=i, version=0, score=1.0 - i / 10) for i in (3, 4)]
     theirs = {p.id: p.score for p in reciprocal_rank_fusion([a, b], limit=10, weights=[2.0, 0.5])}
-    config = FusionConfig(method="rrf", rrf_k=1, rrf_weighting="rank", fuse_on="source_object")
+    config = FusionConfig(method="rrf", params={"rrf_k": 1, "rrf_weighting": "rank"}, fuse_on="source_object")
     ids = [torch.tensor([[1, 2, 3]]), torch.tensor([[3, 4, -1]])]
     scores = [torch.tensor([[0.9, 0.8, 0.7]]), torch.tensor([[0.7, 0.6, 0.0]])]
     ours = fuse(ids, scores, config, 4, weights=[2.0, 0.5])

@@ -164,8 +164,9 @@ def test_damaged_vectors_exit_2_naming_the_file(vectors_case, tmp_path, damage, 
     ("eval.lists.store=maybe", "eval.lists.store='maybe'"),
     ("eval.save_topk=all", "eval.save_topk='all'"),
     ("fusion.rrf_k=abc", "fusion.rrf_k='abc'"),
-    ("fusion.rrf_k=nan", "fusion.rrf_k=nan"),
-    ("fusion.ddof=true", "fusion.ddof=True"),
+    ("fusion.rrf_k=nan", "fusion.params.rrf_k=nan"),  # the old key, read as the new and checked alike
+    ("fusion.ddof=true", "fusion.ddof=True"),  # refused by Hydra (the old key's schema type)
+    ("fusion.params.ddof=true", "fusion.params.ddof=True"),
     ("fusion.top_k=[5]", "fusion.top_k=[5]"),
     ("dataset.n_images=many", "dataset.n_images='many'"),
     ("dataset.caption_noise=-1", "dataset.caption_noise=-1"),

@@ -16,7 +16,7 @@ def _evidence(method, scores, valid, **settings):
 
 
 def dbsf_evidence(scores, valid, ddof):
-    return _evidence("dbsf", scores, valid, ddof=ddof)
+    return _evidence("dbsf", scores, valid, params={"ddof": ddof})
 
 
 def minmax_evidence(scores, valid):
@@ -24,11 +24,11 @@ def minmax_evidence(scores, valid):
 
 
 def zscore_evidence(scores, valid, ddof):
-    return _evidence("zscore", scores, valid, ddof=ddof)
+    return _evidence("zscore", scores, valid, params={"ddof": ddof})
 
 
 def rrf_evidence(scores, valid, rrf_k):
-    return _evidence("rrf", scores, valid, rrf_k=rrf_k)
+    return _evidence("rrf", scores, valid, params={"rrf_k": rrf_k})
 
 FUSING = [m for m in METHODS if m != "none"]
 
@@ -81,7 +81,7 @@ def test_fuse_matches_per_query_reference(method, fuse_on, combine):
         return
     ids, scores = _random_lists(seed=10 * list(FUSING).index(method) + FUSE_ON.index(fuse_on))  # reproducible
     weights = [1.0, 0.5, 2.0]
-    config = FusionConfig(method=method, fuse_on=fuse_on, rrf_k=60.0, ddof=0, combine=combine)
+    config = FusionConfig(method=method, fuse_on=fuse_on, params={"rrf_k": 60.0, "ddof": 0}, combine=combine)
     logs = combine in ("geometric", "harmonic")  # logs and divisions: equal to rounding, compared per tie group
     final_k = 36 if logs else 15
     fused = fuse(ids, scores, config, final_k=final_k, weights=weights)
@@ -182,12 +182,17 @@ def test_every_method_has_evidence():
     ({"score_map": "exp"}, "fusion.score_map"),
     ({"floor": "low"}, "fusion.floor"),
     ({"method": "borda", "combine": "max"}, "combine=sum"),
-    ({"method": "rrf", "combine": "harmonic", "rrf_weighting": "rank"}, "rrf_weighting=multiply"),
-    ({"combine": "harmonic", "rrf_weighting": "rank"}, "fusion.rrf_weighting='rank' is never read with fusion.method=dbsf"),
+    ({"method": "rrf", "combine": "harmonic", "params": {"rrf_weighting": "rank"}}, "params.rrf_weighting=multiply"),
+    ({"combine": "harmonic", "params": {"rrf_weighting": "rank"}},
+     "fusion.params.rrf_weighting='rank' is never read with fusion.method=dbsf"),
+    ({"method": "rrf", "params": {"rrf_weighting": "sum"}}, "fusion.params.rrf_weighting='sum' is not valid"),
+    ({"method": "rrf", "params": {"rrf_k": -1}}, "fusion.params.rrf_k=-1 is not valid"),
     ({"fuse_on": "image"}, "valid: document, source_object"),
     ({"top_k": 0}, "fusion.top_k"),
     ({"final_top_k": -3}, "fusion.final_top_k"),
-    ({"ddof": 2}, "fusion.ddof"),
+    ({"params": {"ddof": 2}}, "fusion.params.ddof=2 is not valid"),
+    ({"ddof": 2}, "fusion.params.ddof=2 is not valid"),  # the old key: read as the new, checked alike
+    ({"params": {"ddof": True}}, "fusion.params.ddof=True is not valid"),
 ])
 def test_fusion_config_rejects_bad_values(kwargs, fragment):
     with pytest.raises(FusebenchError, match=fragment.replace(".", r"\.")):

@@ -6,6 +6,7 @@ the list path and the whole-rankings path with no code of its own."""
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +32,18 @@ def test_every_list_of_methods_comes_from_the_registry():
     assert set(RANK_METHODS) == {m for m in registry.REGISTRY.names() if registry.method(m).kind == "rank"}
     assert FACTOR_ORDER["method"][:7] == ["none", "sum", "minmax", "zscore", "isr", "rrf", "dbsf"]  # as before
     formulas = (ROOT / "docs" / "formulas.md").read_text()
+    config_md = (ROOT / "docs" / "config.md").read_text()
     for method in registry.REGISTRY.items():
         name = method.name
         assert method.source and method.formula and method.kind in registry.KINDS
         assert re.search(rf"^\| `{name}` \|", formulas, re.M), f"docs/formulas.md has no row for {name}"
         yaml = (ROOT / "conf" / "fusion" / f"{name}.yaml").read_text()
         assert re.search(rf"^method: {name}$", yaml, re.M)
+        row = re.search(rf"^\| `{name}` \|.*$", formulas, re.M).group(0)
+        for key in (f.name for f in fields(method.params)) if method.params else ():
+            assert f"fusion.params.{key}" in row, f"docs/formulas.md's {name} row does not name fusion.params.{key}"
+            assert f"params.{key}" in config_md, f"docs/config.md does not name {name}'s params.{key}"
+            assert re.search(rf"^  {key}: ", yaml, re.M), f"conf/fusion/{name}.yaml does not list params.{key}"
         assert (ROOT / "src" / "fusebench" / "fusion" / "methods" / f"{name}.py").is_file()  # one module each
 
 
@@ -94,7 +101,8 @@ def test_rbc_equals_ranx():
     ({"params": {"phi": 1.0}}, "fusion.params.phi=1.0 is not valid"),
     ({"params": {"phi": "x"}}, "fusion.params.phi='x'"),
     ({"params": {"psi": 0.5}}, "unknown key(s) psi; valid keys: phi"),
-    ({"method": "rrf", "params": {"phi": 0.5}}, "fusion.params.phi is not a setting of fusion.method=rrf"),
+    ({"method": "rrf", "params": {"phi": 0.5}}, "fusion.params.phi=0.5 is never read with fusion.method=rrf"),
+    ({"method": "isr", "params": {"psi": 0.5}}, "fusion.params.psi is not a setting of fusion.method=isr, which has no"),
     ({"score_map": "atan"}, "fusion.score_map='atan' is never read with fusion.method=rbc (it reads only ranks)"),
 ])
 def test_rbc_settings_are_checked(given, fragment):
@@ -105,7 +113,9 @@ def test_rbc_settings_are_checked(given, fragment):
 
 def test_rbc_records_what_ran():
     assert FusionConfig(method="rbc").params == {"phi": 0.8}
-    assert FusionConfig(method="rrf").params == {}
+    assert FusionConfig(method="rrf").params == {"rrf_k": 60.0, "rrf_weighting": "multiply"}
+    assert FusionConfig(method="zscore").params == FusionConfig(method="dbsf").params == {"ddof": 0}
+    assert FusionConfig(method="isr").params == {}
 
 
 def _cube(scores, valid, config):
@@ -153,10 +163,11 @@ def test_an_unregistered_method_is_refused():
 
 
 @pytest.mark.parametrize("given,fragment", [
-    ({"method": "dbsf", "rrf_k": 5},
-     "fusion.rrf_k=5 is never read with fusion.method=dbsf; fusion.rrf_k is read only with fusion.method=rrf"),
-    ({"method": "rrf", "ddof": 1}, "fusion.ddof=1 is never read with fusion.method=rrf"),
-    ({"method": "rbc", "rrf_k": 10}, "fusion.rrf_k=10 is never read with fusion.method=rbc"),
+    ({"method": "dbsf", "params": {"rrf_k": 5}}, "fusion.params.rrf_k=5 is never read with fusion.method=dbsf; "
+     "fusion.params.rrf_k is read only with fusion.method=rrf"),
+    ({"method": "rrf", "params": {"ddof": 1}}, "fusion.params.ddof=1 is never read with fusion.method=rrf"),
+    ({"method": "rbc", "params": {"rrf_k": 10}}, "fusion.params.rrf_k=10 is never read with fusion.method=rbc"),
+    ({"method": "rbc", "rrf_k": 10}, "fusion.params.rrf_k=10 is never read with fusion.method=rbc"),  # the old key
     ({"method": "rrf", "flat_score": 0.5}, "fusion.flat_score=0.5 is never read with fusion.method=rrf"),
 ])
 def test_a_setting_the_method_never_reads_is_refused(given, fragment):
@@ -168,30 +179,31 @@ def test_a_setting_the_method_never_reads_is_refused(given, fragment):
 def test_a_preset_turned_into_another_method_drops_what_that_method_never_reads():
     from fusebench.fusion.presets import definition, package_conf, true_label
 
-    preset = FusionConfig(**{**definition("qdrant_dbsf", [package_conf()]), "method": "rrf", "preset": "qdrant_dbsf"})
+    assert definition("qdrant_dbsf", [package_conf()])["ddof"] == 1
+    preset = FusionConfig(method="rrf", params={"ddof": 1}, preset="qdrant_dbsf")  # fusion=qdrant_dbsf fusion.method=rrf
     ran = true_label(preset, [package_conf()])
-    assert ran.preset is None and ran.method == "rrf" and ran.ddof == 0  # rrf never read the preset's ddof=1
+    assert ran.preset is None and ran.method == "rrf" and ran.params == {"rrf_k": 60.0, "rrf_weighting": "multiply"}
     # Qdrant's rank weighting (rrf_weighting=rank) belongs to rrf: with the preset turned into dbsf and a mean it is
     # dropped with the label, never named as the setting to change (found by the hostile probe of issue 39)
-    preset = FusionConfig(**{**definition("qdrant_rrf", [package_conf()]), "method": "dbsf", "combine": "mean",
-                             "preset": "qdrant_rrf"})
+    preset = FusionConfig(method="dbsf", combine="mean", preset="qdrant_rrf",
+                          params={"rrf_k": 1, "rrf_weighting": "rank"})  # fusion=qdrant_rrf fusion.method=dbsf
     ran = true_label(preset, [package_conf()])
-    assert ran.preset is None and ran.method == "dbsf" and ran.rrf_weighting == "multiply"
-    with pytest.raises(FusebenchError, match="use fusion.rrf_weighting=multiply"):  # rrf reads it: still refused
-        FusionConfig(method="rrf", rrf_weighting="rank", combine="mean")
+    assert ran.preset is None and ran.method == "dbsf" and ran.params == {"ddof": 0}
+    with pytest.raises(FusebenchError, match="use fusion.params.rrf_weighting=multiply"):  # rrf reads it: refused
+        FusionConfig(method="rrf", params={"rrf_weighting": "rank"}, combine="mean")
 
 
 # -- fusion=none reads only top_k: every other setting is refused, naming it (issue 39, item 6) ----------------------
 
 # a valid value other than the default for each setting; a setting added to FusionConfig without one fails the test
 # below, so what fusion=none refuses is never left unchecked
-NOT_DEFAULT = {"fuse_on": "document", "final_top_k": 5, "rrf_k": 5.0, "ddof": 1, "rrf_weighting": "rank",
+NOT_DEFAULT = {"fuse_on": "document", "final_top_k": 5, "rrf_k": 5.0, "ddof": 1, "rrf_weighting": "rank",  # old keys
                "combine": "max", "score_map": "atan", "flat_score": 0.5, "floor": 0.001, "rrf_ranks": "concatenated",
                "ties": "id", "preset": "qdrant_rrf", "params": {"phi": 0.5}}
 
 
 def test_what_each_method_reads_comes_from_the_registry():
-    from fusebench.fusion.config import NO_FUSION_READS, fusion_reads, method_reads
+    from fusebench.fusion.config import NO_FUSION_READS, fusion_reads, method_reads, moved_keys, param_owners
     from fusebench.runtime.checks import config_keys
 
     keys = set(config_keys(FusionConfig))
@@ -200,24 +212,26 @@ def test_what_each_method_reads_comes_from_the_registry():
     some = {key for name in registry.names() for key in method_reads(name)}
     for name in registry.names():
         reads = set(fusion_reads(name))
-        assert reads - some == keys - some - {"method", "params"}  # what every method reads
+        assert reads - some == keys - some - {"method", "params", *moved_keys()}  # what every method reads
         assert reads & some == set(method_reads(name))  # and its own, from its Method in the registry
-        assert set(registry.method(name).reads) <= reads
-    assert "rrf_k" in fusion_reads("rrf") and "rrf_k" not in fusion_reads("dbsf") and "ddof" in fusion_reads("dbsf")
+        assert not reads & set(moved_keys())  # the old flat keys: read into params, never as settings
+    assert moved_keys() == ("rrf_k", "ddof", "rrf_weighting")
+    assert param_owners("rrf_k") == ("rrf",) and set(param_owners("ddof")) == {"dbsf", "zscore"}
 
 
 @pytest.mark.parametrize("key", sorted(NOT_DEFAULT))
 def test_no_fusion_refuses_every_setting_it_never_reads(key):
-    from fusebench.fusion.config import fusion_reads
+    from fusebench.fusion.config import fusion_reads, moved_keys, param_owners
 
     with pytest.raises(FusebenchError) as err:
         FusionConfig(method="none", **{key: NOT_DEFAULT[key]})
     message = str(err.value)
-    assert f"fusion.{key}" in message and "\n" not in message
+    moved = key in moved_keys()  # an old flat key: read as fusion.params.KEY, and refused as that
+    assert f"fusion.{'params.' if moved else ''}{key}" in message and "\n" not in message
     if key not in ("preset", "params"):  # the one rule: never read with none, and who reads it
-        assert message.startswith(f"fusion.{key}={NOT_DEFAULT[key]!r} is never read with fusion.method=none "
-                                  "(no fusion: each model is evaluated alone"), message
-        readers = [m for m in registry.names() if key in fusion_reads(m)]
+        assert message.startswith(f"fusion.{'params.' if moved else ''}{key}={NOT_DEFAULT[key]!r} is never read with "
+                                  "fusion.method=none (no fusion: each model is evaluated alone"), message
+        readers = param_owners(key) if moved else [m for m in registry.names() if key in fusion_reads(m)]
         assert (f"read only with fusion.method={' | '.join(readers)}" in message if len(readers) < len(registry.names())
                 else "read with every fusion.method but none" in message), message
 
@@ -231,12 +245,29 @@ def test_no_fusion_takes_its_list_length_and_the_defaults():
 def test_a_record_of_no_fusion_written_before_the_rule_is_read():
     """A metrics.json of a fusion=none run holding a setting nothing read (written before they were refused) is read,
     with those settings at their defaults; a fusion's settings are read as written."""
-    from dataclasses import asdict
-
     from fusebench.evaluation.subrecords import fusion_from_json
+    from fusebench.fusion.config import settings_json
 
-    old = {**asdict(FusionConfig(method="none")), "fuse_on": "document", "rrf_k": 5.0, "top_k": 20}
+    old = {**settings_json(FusionConfig(method="none")), "fuse_on": "document", "params": {"rrf_k": 5.0}, "top_k": 20}
     read = fusion_from_json(old, "metrics.json: 'fusion'")
     assert read == FusionConfig(method="none", top_k=20)
-    fused = {**asdict(FusionConfig(method="rrf")), "fuse_on": "document", "rrf_k": 5.0}
-    assert asdict(fusion_from_json(fused, "metrics.json: 'fusion'")) == fused
+    fused = {**settings_json(FusionConfig(method="rrf")), "fuse_on": "document",
+             "params": {"rrf_k": 5.0, "rrf_weighting": "multiply"}}
+    assert settings_json(fusion_from_json(fused, "metrics.json: 'fusion'")) == fused
+
+
+@pytest.mark.parametrize("overrides", [["fusion.rrf_k=30", "fusion.params.rrf_k=50"],
+                                       ["+fusion.params.ddof=1", "fusion.ddof=0"],
+                                       ["fusion.rrf_weighting=rank", "++fusion.params.rrf_weighting=multiply"]])
+def test_an_old_key_and_its_new_place_given_together_are_refused(overrides):
+    from fusebench import FusebenchError
+    from fusebench.app.api import compose
+    from fusebench.fusion.config import check_moved_overrides
+
+    key = overrides[0].lstrip("+").split("=")[0].rsplit(".", 1)[-1]
+    with pytest.raises(FusebenchError, match=rf"fusion.{key} and fusion.params.{key} are both given"):
+        check_moved_overrides(overrides)
+    with pytest.raises(FusebenchError, match=rf"fusion.{key} and fusion.params.{key} are both given"):
+        compose(["fusion=rrf", *overrides])
+    check_moved_overrides(overrides[:1])  # one of them alone is read (the old key with a warning)
+    check_moved_overrides(overrides[1:])

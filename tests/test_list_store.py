@@ -323,7 +323,7 @@ def test_row_moments_are_computed_once_and_stored(case, tmp_path, monkeypatch, c
     """DBSF and z-score over whole rankings take each row's mean and sd: computed once into the store (the
     values row_kernels.row_mean_std gives), then read back by later jobs, which compute no moments."""
     models, caption_image = case
-    config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None, ddof=ddof)
+    config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None, params={"ddof": ddof})
     cold, _, _ = run_lists(models, caption_image, config, store=None, keep_k=12)
     calls = []
     moments = row_kernels.row_mean_std

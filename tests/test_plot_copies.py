@@ -3,6 +3,7 @@
 import pytest
 
 from fusebench.app import pipeline
+from fusebench.fusion.config import flat_settings
 from fusebench.runtime import state
 
 pytestmark = pytest.mark.slow  # whole jobs: not in the fast tier
@@ -41,14 +42,14 @@ def test_score_distributions_of_the_same_single_models_are_drawn_once(two_runs, 
     draw = plots._draw_scores
     monkeypatch.setattr(plots, "_draw_scores", lambda *args: drawn.append(1) or draw(*args))
     (rrf_dir, rrf), (dbsf_dir, dbsf) = two_runs
-    assert rrf.fusion.ddof == dbsf.fusion.ddof
+    assert flat_settings(rrf.fusion)["ddof"] == dbsf.fusion.params["ddof"]
     first = plots.score_distributions(rrf_dir, rrf, tmp_path / "rrf.png")
     copied = plots.score_distributions(dbsf_dir, dbsf, tmp_path / "dbsf.png")
     assert len(drawn) == 1 and copied.read_bytes() == first.read_bytes()
     state.start()  # a new process: drawn afresh
     fresh = plots.score_distributions(dbsf_dir, dbsf, tmp_path / "fresh.png")
     assert len(drawn) == 2 and fresh.read_bytes() == copied.read_bytes()
-    other = plots.score_distributions(dbsf_dir, replace(dbsf, fusion=replace(dbsf.fusion, ddof=1)), tmp_path / "ddof1.png")
+    other = plots.score_distributions(dbsf_dir, replace(dbsf, fusion=replace(dbsf.fusion, params={"ddof": 1})), tmp_path / "ddof1.png")
     assert len(drawn) == 3 and other.read_bytes() != fresh.read_bytes()
     fresh.write_bytes(b"changed since")  # the PNG a copy would come from is not what was drawn: draw again
     again = plots.score_distributions(dbsf_dir, dbsf, tmp_path / "again.png")

@@ -166,7 +166,7 @@ def test_unloadable_checkpoint_gives_one_clear_message(tmp_path, monkeypatch):
         embed("z", {"kind": "hf"}, corpus, runtime(tmp_path))
 
 
-@pytest.mark.parametrize("text,fragment", [({"case": "upper"}, "valid: as_typed, lowercase, canonicalize"),
+@pytest.mark.parametrize("text,fragment", [({"case": "upper"}, "valid: as_typed, canonicalize, lowercase"),
                                            ({"template": "no placeholder"}, "exactly one")])
 def test_bad_text_settings(text, fragment):
     with pytest.raises(FusebenchError, match=fragment):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from fusebench.evaluation.record import RECORD_VERSION, RecordError, RunRecord, migrate
-from fusebench.fusion.config import FusionConfig
+from fusebench.fusion.config import FusionConfig, moved_keys
 
 
 def _record_json(**changes) -> dict:
@@ -46,9 +46,9 @@ def test_a_file_written_before_the_typed_record_reads_and_writes_back_as_todays_
     record = RunRecord.from_json(json.loads(text))
     written, held = record.to_json(), json.loads(text)
     assert written == migrate(held)
-    assert written["version"] == RECORD_VERSION == 3 and held["version"] == 2
+    assert written["version"] == RECORD_VERSION == 4 and held["version"] == 2
     assert list(written) == list(held) and list(written["eval"]) == [*held["eval"], "search_precision"]
-    assert list(written["fusion"]) == list(FusionConfig.__dataclass_fields__)  # in the schema's order
+    assert list(written["fusion"]) == [k for k in FusionConfig.__dataclass_fields__ if k not in moved_keys()]  # in order
     for key in set(held) - {"version", "fusion", "eval", "retrievers"}:
         assert written[key] == held[key], key
     assert {n: {k: v for k, v in r.items() if k != "spec"} for n, r in written["retrievers"].items()} \
@@ -57,7 +57,7 @@ def test_a_file_written_before_the_typed_record_reads_and_writes_back_as_todays_
     assert record.eval.bootstrap.draws == 2000 and record.eval.lists.depth == 100 and record.fusion.method == "dbsf"
     assert record.tune.chosen.weights == {"sim_siglip2_like": 1.0, "sim_dfn5b_like": 0.75}
     assert record.tune.curve[record.tune.chosen_index].weights == record.tune.chosen.weights
-    assert record.retrievers["sim_dfn5b_like"].spec.weight == 0.75 and record.retrievers["fused"].spec.fusion.ddof == 0
+    assert record.retrievers["sim_dfn5b_like"].spec.weight == 0.75 and record.retrievers["fused"].spec.fusion.params == {"ddof": 0}
     assert record.run.device == "cpu" and record.run.lists["sim_siglip2_like"]["depth"] == 100
     old = json.loads(text)
     del old["version"], old["files"]
@@ -71,7 +71,7 @@ def test_round_trip_is_exact_and_fusions_are_a_field():
     record = RunRecord.from_json(json.loads(json.dumps(data)))
     again = RunRecord.from_json(record.to_json())
     assert again == record and again.to_json() == record.to_json()
-    assert record.fusion.method == "dbsf" and record.fusion.rrf_k == 60.0  # a setting it lacks: the default
+    assert record.fusion.method == "dbsf" and record.fusion.params == {"ddof": 0}  # a setting it lacks: the default
     assert record.fusions == ["fused"] and record.singles == ["a", "fused_x"]  # never decided by the name
     assert record.retrievers["fused"].members == ["a", "fused_x"] and record.level == 0.9 and record.ks == [1, 5]
     assert record.comparison("fused", "a", "t2i", 1).wins == 3 and record.comparison("fused", "a", "i2t", 1) is None

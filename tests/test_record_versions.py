@@ -4,8 +4,9 @@ The fixtures were written by fusebench itself, from this repository's history, w
 (``dataset.n_images=300 dataset.n_captions=1500 eval.bootstrap.draws=200 logger=none plots=false``):
 ``metrics_v1.json`` by the commit before the typed record (94d5282^, with ``fusion.method=rrf
 eval.bootstrap.level=0.9``), ``metrics_v2_first.json`` by the first version-2 writer (94d5282),
-``metrics_v2_last.json`` by the last one (the commit before version 3) and ``metrics_v3.json`` by version 3, the
-last two from the same job. ``metrics_v2_tuned.json`` is a tuned job's record from 6528179.
+``metrics_v2_last.json`` by the last one (the commit before version 3), ``metrics_v3.json`` by version 3 and
+``metrics_v4.json`` by version 4 (issue 40, item 3), the last three from the same job. ``metrics_v2_tuned.json``
+is a tuned job's record from 6528179.
 """
 
 import json
@@ -17,7 +18,7 @@ import pytest
 from fusebench.app import rundir
 from fusebench.evaluation.record import RECORD_VERSION, RecordError, RecordVersionError, RunRecord, migrate
 from fusebench.evaluation.record_versions import LATER_EVAL, LATER_FUSION
-from fusebench.fusion.config import FusionConfig
+from fusebench.fusion.config import FusionConfig, flat_settings, moved_keys
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TIMES = ("seconds", "search_seconds", "query_ms")  # what two runs of one job never share
@@ -38,13 +39,47 @@ def without_times(data: dict) -> dict:
 
 def test_the_last_version_2_record_migrates_to_what_version_3_writes_for_the_same_job():
     old, new = fixture("v2_last"), fixture("v3")
-    assert old["version"] == 2 and new["version"] == RECORD_VERSION == 3
+    assert old["version"] == 2 and new["version"] == 3
     assert "ties" not in old["fusion"] and "search_precision" not in old["eval"]  # left out at their defaults
-    assert without_times(migrate(old)) == without_times(new)
-    assert without_times(RunRecord.from_json(old).to_json()) == without_times(new)
+    assert without_times(migrate(old)) == without_times(migrate(new))
+    assert without_times(RunRecord.from_json(old).to_json()) == without_times(migrate(new))
 
 
-@pytest.mark.parametrize("name", ["v1", "v2_first", "v2_last", "v2_tuned", "v3"])
+def test_the_version_3_record_migrates_to_what_version_4_writes_for_the_same_job():
+    """Version 4 (issue 40, item 3): a method's own settings in its params; dbsf's ddof there, rrf_k and
+    rrf_weighting (which dbsf never read) dropped."""
+    old, new = fixture("v3"), fixture("v4")
+    assert old["version"] == 3 and new["version"] == RECORD_VERSION == 4
+    assert old["fusion"]["ddof"] == 0 and old["fusion"]["params"] == {}
+    assert new["fusion"]["params"] == {"ddof": 0} and not {"rrf_k", "ddof", "rrf_weighting"} & set(new["fusion"])
+    assert without_stores(migrate(old)) == without_stores(new)
+    assert without_stores(RunRecord.from_json(old).to_json()) == without_stores(new)
+
+
+def without_stores(data: dict) -> dict:
+    """``without_times``, less what the commits between the version 3 fixture's writer and the version 4 one changed
+    beside the record (the list store's keys, the topk .npz files' bytes; every rank file and number the same)."""
+    data = without_times(data)
+    data["files"] = {k: v for k, v in data["files"].items() if not k.startswith("topk/")}
+    for entry in data["run"]["lists"].values():
+        entry.pop("key", None)
+    return data
+
+
+@pytest.mark.parametrize("method,params", [("rrf", {"rrf_k": 5.0, "rrf_weighting": "rank"}), ("zscore", {"ddof": 1}),
+                                           ("dbsf", {"ddof": 1}), ("isr", {}), ("none", {})])
+def test_version_3_flat_settings_become_the_params_of_the_method_that_read_them(method, params):
+    flat = {"rrf_k": 5.0, "ddof": 1, "rrf_weighting": "rank"}
+    data = fixture("v3")
+    for block in [data["fusion"]] + [r["spec"] for r in data["retrievers"].values() if r["spec"]["kind"] == "fusion"]:
+        block.update(method=method, **flat)
+    current = migrate(data)
+    for block in [current["fusion"]] + [r["spec"] for r in current["retrievers"].values()
+                                        if r["spec"]["kind"] == "fusion"]:
+        assert block["params"] == params and not set(flat) & set(block)
+
+
+@pytest.mark.parametrize("name", ["v1", "v2_first", "v2_last", "v2_tuned", "v3", "v4"])
 def test_each_version_reads_as_the_current_form_and_round_trips(name):
     data = fixture(name)
     before = json.dumps(data)
@@ -53,8 +88,9 @@ def test_each_version_reads_as_the_current_form_and_round_trips(name):
     assert current["version"] == RECORD_VERSION and migrate(current) == current  # today's form is a fixed point
     for block in [current["fusion"]] + [r["spec"] for r in current["retrievers"].values()
                                         if r["spec"]["kind"] == "fusion"]:
-        assert set(FusionConfig.__dataclass_fields__) <= set(block)  # every setting, none by default
-        assert isinstance(block["rrf_k"], float)
+        assert set(FusionConfig.__dataclass_fields__) - set(moved_keys()) <= set(block)  # every setting, none by default
+        assert not set(moved_keys()) & set(block)  # a method's own settings: in its params
+        assert block["method"] != "rrf" or isinstance(block["params"]["rrf_k"], float)
     assert set(LATER_EVAL) <= set(current["eval"])
     record = RunRecord.from_json(data)
     written = record.to_json()
@@ -67,7 +103,7 @@ def test_a_version_1_record_keeps_what_it_ran_with():
     data = fixture("v1")
     assert "version" not in data and data["fusion"]["rrf_k"] == 60 and data["eval"]["level"] == 0.9
     record = RunRecord.from_json(data)
-    assert record.fusion.method == "rrf" and record.fusion.rrf_k == 60.0 and record.fusion.ties == "first"
+    assert record.fusion.method == "rrf" and record.fusion.params["rrf_k"] == 60.0 and record.fusion.ties == "first"
     assert record.level == 0.9 and all(c.level == 0.9 and c.draws == 200 for c in record.comparisons)
     assert record.files == data["files"] and record.version == RECORD_VERSION
     oldest = json.loads(json.dumps(data))  # the first writers: no files, comparisons without level and draws
@@ -81,8 +117,8 @@ def test_a_version_1_record_keeps_what_it_ran_with():
 def test_the_fill_values_are_what_ran_before_each_setting_existed():
     """Frozen in the table, not read from today's defaults; today's defaults still agree (a changed default
     must not change what an old record means, so this fails to make someone look)."""
-    defaults = FusionConfig()
-    assert {k: getattr(defaults, k) for k in LATER_FUSION} == LATER_FUSION
+    defaults = flat_settings(FusionConfig())  # rrf_weighting: rrf's default (params: the methods' other settings)
+    assert {k: defaults[k] for k in LATER_FUSION} == LATER_FUSION
     from fusebench.config.schema import EvalConfig
 
     settings = EvalConfig()

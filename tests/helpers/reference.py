@@ -35,8 +35,8 @@ def fuse_one_query(lists: list[tuple[list[int], list[float]]], method: str, fuse
     the fast path does. ``settings``: further FusionConfig fields (score_map, flat_score, floor, rrf_ranks).
     """
     weights = weights or [1.0] * len(lists)
-    config = FusionConfig(method=method, fuse_on=fuse_on, rrf_k=rrf_k, ddof=ddof, rrf_weighting=rrf_weighting,
-                          combine=combine, **settings)
+    params = {"rrf_k": rrf_k, "ddof": ddof, "rrf_weighting": rrf_weighting}  # the method's own (others at defaults)
+    config = FusionConfig(method=method, fuse_on=fuse_on, params=params, combine=combine, **settings)
     candidates = {i for ids, _ in lists for i in ids if i >= 0}
     table: dict = {}
     position, offset = 0, 0

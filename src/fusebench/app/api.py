@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import DIRECTIONS, FusebenchError
+from fusebench.fusion.config import check_moved_overrides
 
 IN_MEMORY = "(in memory: fusebench.evaluate)"  # what a model's spec records as its files
 
@@ -194,6 +195,7 @@ def compose(overrides: Sequence[str] = ()):
     from fusebench.config import CONFIG_DIR, schema
 
     overrides = override_list(overrides)
+    check_moved_overrides(overrides)
     schema.register()
     if GlobalHydra.instance().is_initialized():  # another compose (or a Hydra app) left it set: ours is composed fresh
         GlobalHydra.instance().clear()

@@ -30,6 +30,7 @@ from omegaconf.errors import GrammarParseError, InterpolationResolutionError, Mi
 from fusebench import FusebenchError
 from fusebench.app import interrupts
 from fusebench.config import CONFIG_DIR, schema, specs
+from fusebench.fusion.config import check_moved_overrides
 
 
 def share_config_store() -> None:
@@ -369,6 +370,7 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
     if multirun:  # a dir another job of this sweep wrote, or outside the sweep dir: the sweep stops (exit 2)
         job_started(out_dir, hydra_cfg.sweep.dir, hydra_cfg.job.num, hydra_cfg.output_subdir)
     try:
+        check_moved_overrides(hydra_cfg.overrides.task)
         config = run_config(cfg)  # the typed config: a mistake in it is one line before anything heavy is imported
         work(config, out_dir, key)
     except BaseException as err:

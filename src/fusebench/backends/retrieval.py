@@ -238,7 +238,7 @@ def retrieve(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusio
                              "in memory: set fusion.top_k (e.g. 100).")
     i2t_correct = correct_items(caption_image, query_images.numpy())
     sorts = fusion.method in RANK_METHODS and fusion.fuse_on == "source_object"  # the whole-row order of each model
-    ddof = fusion.ddof if fusion.method != "none" and registry.method(fusion.method).moments else None  # rows' mean, sd
+    ddof = fusion.params["ddof"] if fusion.method != "none" and registry.method(fusion.method).moments else None  # rows' mean, sd
     rows, beside = zip(*(score_rows(m, caption_image, query_images.numpy(), settings, source, sorts, ddof)
                          for m in models))
 

@@ -162,8 +162,8 @@ class TuneConfig:
     seed: int = 0  # seeded: which images
     criterion: str = "t2i R@1"  # what the chosen setting maximises on the tuning split: t2i | i2t | mean, R@k
     weights: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0])  # models 2..M
-    rrf_k: list[float] = field(default_factory=list)  # [] = fusion.rrf_k
-    ddof: list[int] = field(default_factory=list)  # [] = fusion.ddof
+    rrf_k: list[float] = field(default_factory=list)  # [] = fusion.params.rrf_k
+    ddof: list[int] = field(default_factory=list)  # [] = fusion.params.ddof
     max_points: int = 500  # refuse a larger grid
 
     def __post_init__(self):

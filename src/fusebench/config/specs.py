@@ -28,14 +28,16 @@ from fusebench.runtime.checks import INTERNAL
 from fusebench.runtime.plugins import Registry
 
 DEFAULT_WEIGHT = 1.0  # a model's weight in the fused score when its spec sets none
-TEXT_CASES = ("as_typed", "lowercase", "canonicalize")
+# the query text's cases, in the sweep report's order too (report.sweep.FACTOR_ORDER: a later case is the candidate
+# against an earlier one)
+TEXT_CASES = ("as_typed", "canonicalize", "lowercase")
 NOTE = "(nothing reads them)"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 @dataclass
 class TextConfig:
-    """Query preprocessing: ``case`` (as_typed, lowercase, canonicalize: open_clip's clean) and an optional
+    """Query preprocessing: ``case`` (as_typed, canonicalize: open_clip's clean, lowercase) and an optional
     ``template`` with one ``{}`` for the caption."""
 
     case: str = "as_typed"

@@ -19,8 +19,14 @@ version  written                      what it changed, and how :func:`migrate` r
                                       ``fusion`` block and in every fusion retriever's ``spec``; ``rrf_k``
                                       as a float (records before the typed configs wrote the YAML's ``60``,
                                       later ones ``60.0``: one retriever in a report, not two).
-3        today (``RECORD_VERSION``)   every setting written, always, at its value (no key left out at its
+3        2026-12 to this change       every setting written, always, at its value (no key left out at its
                                       default), so a record means what it says without this table.
+4        today (``RECORD_VERSION``)   a method's own settings only in its ``fusion.params``: ``rrf_k`` and
+                                      ``rrf_weighting`` rrf's, ``ddof`` dbsf's and zscore's (issue 40, item
+                                      3). Read: the flat ``rrf_k``, ``ddof``, ``rrf_weighting`` of the
+                                      fusion block and of every fusion retriever's ``spec`` become
+                                      ``params`` of the method that read them (``V3_READS``); a method that
+                                      did not read them drops them (they held their defaults).
 =======  ===========================  ======================================================================
 
 A record of a version above ``RECORD_VERSION`` is refused (:class:`RecordVersionError`: the versions this fusebench
@@ -34,7 +40,7 @@ import copy
 
 from fusebench.evaluation.subrecords import RecordError
 
-RECORD_VERSION = 3
+RECORD_VERSION = 4
 OLDEST_VERSION = 1
 # fusion settings added after records existed (rrf_weighting and preset: the first engine presets; combine: CombMAX
 # and CombMNZ; score_map, flat_score, floor, rrf_ranks: the engine presets' normalisations; ties: Milvus's id order;
@@ -47,6 +53,9 @@ LATER_EVAL = {"item_chunk_size": 16384, "lists": {"store": True, "depth": 100, "
               "positives": [], "search_precision": "auto"}
 # the run block's fields added after records existed (None / {}: not recorded)
 LATER_RUN = {"search_seconds": None, "lists": {}, "similarity_blocks": None, "query_ms": None, "versions": {}}
+# which version 3 methods read which flat fusion setting (frozen: the methods of that release)
+V3_READS = {"rrf": ("rrf_k", "rrf_weighting"), "dbsf": ("ddof",), "zscore": ("ddof",)}
+V3_FLAT = ("rrf_k", "ddof", "rrf_weighting")
 V1_BOOTSTRAP = {"draws": 2000, "level": 0.95}  # version 1's eval defaults, for its comparisons' level and draws
 
 
@@ -99,20 +108,38 @@ def _fusion_v2(block) -> None:
         block["rrf_k"] = float(block["rrf_k"])
 
 
-def _from_v2(data: dict) -> None:
-    _fusion_v2(data.get("fusion"))
+def _fusion_blocks(data: dict) -> list:
+    """The record's fusion blocks: the top-level one and every fusion retriever's ``spec``."""
     retrievers = data.get("retrievers")
-    for result in retrievers.values() if isinstance(retrievers, dict) else []:
-        spec = result.get("spec") if isinstance(result, dict) else None
-        if isinstance(spec, dict) and spec.get("kind") == "fusion":
-            _fusion_v2(spec)
+    specs = [result.get("spec") if isinstance(result, dict) else None
+             for result in (retrievers.values() if isinstance(retrievers, dict) else [])]
+    return [data.get("fusion"), *(s for s in specs if isinstance(s, dict) and s.get("kind") == "fusion")]
+
+
+def _from_v2(data: dict) -> None:
+    for block in _fusion_blocks(data):
+        _fusion_v2(block)
     if isinstance(data.get("eval"), dict):
         _fill(data["eval"], LATER_EVAL)
     if isinstance(data.get("run"), dict):
         _fill(data["run"], LATER_RUN)
 
 
-STEPS = {1: _from_v1, 2: _from_v2}  # version -> what brings a record of it to the next version
+def _fusion_v3(block) -> None:
+    """A version 3 fusion block as version 4 holds it: its method's flat settings in its ``params``."""
+    if not isinstance(block, dict) or not isinstance(block.get("params", {}), dict):
+        return
+    flat = {key: block.pop(key) for key in V3_FLAT if key in block}
+    reads = V3_READS.get(block.get("method"), ())
+    block["params"] = {**{key: flat[key] for key in reads if key in flat}, **block.get("params", {})}
+
+
+def _from_v3(data: dict) -> None:
+    for block in _fusion_blocks(data):
+        _fusion_v3(block)
+
+
+STEPS = {1: _from_v1, 2: _from_v2, 3: _from_v3}  # version -> what brings a record of it to the next version
 
 
 def migrate(data) -> dict:

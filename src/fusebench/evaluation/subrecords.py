@@ -14,7 +14,7 @@ from typing import ClassVar
 from fusebench import FusebenchError
 from fusebench.config.schema import BootstrapConfig, EvalConfig, ListsConfig
 from fusebench.config.specs import DEFAULT_WEIGHT
-from fusebench.fusion.config import FusionConfig, no_fusion_values
+from fusebench.fusion.config import FusionConfig, moved_keys, no_fusion_values, settings_json
 
 
 class RecordError(ValueError):
@@ -171,14 +171,15 @@ def spec_from_json(data, where: str) -> ModelRecord | FusionRecord:
 
 def fusion_to_json(fusion: FusionConfig) -> dict:
     """A fusion's settings as a record holds them: every one, at its value."""
-    return asdict(fusion)
+    return settings_json(fusion)
 
 
 def fusion_from_json(data: dict, where: str) -> FusionConfig:
     """A recorded fusion's settings (a record of today's version: ``record_versions.migrate`` filled in those an
     older record lacks)."""
     try:
-        return FusionConfig(**no_fusion_values({f.name: data[f.name] for f in fields(FusionConfig) if f.name in data}))
+        kept = [f.name for f in fields(FusionConfig) if f.name in data and f.name not in moved_keys()]
+        return FusionConfig(**no_fusion_values({name: data[name] for name in kept}))
     except (FusebenchError, TypeError) as err:
         raise RecordError(f"{where}: the fusion settings cannot be read ({err})") from None
 

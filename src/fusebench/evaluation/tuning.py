@@ -73,7 +73,8 @@ def criterion_value(ranks: dict[str, np.ndarray], settings: TuneConfig) -> float
 def apply(point: TunePoint, models: list[ModelEmbeddings],
           fusion: FusionConfig) -> tuple[list[ModelEmbeddings], FusionConfig]:
     """The models and fusion of one grid point."""
-    return [replace(m, weight=point.weights.get(m.name, m.weight)) for m in models], replace(fusion, **point.fusion)
+    tuned = replace(fusion, params={**fusion.params, **point.fusion})  # rrf_k, ddof: the method's own settings
+    return [replace(m, weight=point.weights.get(m.name, m.weight)) for m in models], tuned
 
 
 def run_grid(points: list[TunePoint], models: list[ModelEmbeddings], fusion: FusionConfig, settings: TuneConfig,

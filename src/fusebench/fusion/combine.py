@@ -108,7 +108,7 @@ def weighted_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: 
     """One model's evidence for its list, times its weight; with ``rrf_weighting: rank`` (Qdrant) RRF divides
     the rank by the weight instead: 1 / (rank / w + rrf_k), and a weight <= 0 gives 0. ``offset``: ranks
     start after it (``rrf_ranks: concatenated``); ``candidates``: Borda's n per row."""
-    if config.method == "rrf" and config.rrf_weighting == "rank":
+    if config.own_params().get("rrf_weighting") == "rank":
         return _rank_weighted_rrf(scores, config, weight, offset)
     return plain_evidence(scores, valid, config, offset, candidates) * weight
 
@@ -122,7 +122,7 @@ def _rank_weighted_rrf(scores: torch.Tensor, config: FusionConfig, weight: float
     offset = _rank_offset(config, offset)
     if weight <= 0:
         return torch.zeros_like(scores)
-    return (1.0 / (_ranks(scores, offset) / weight + config.rrf_k)).expand_as(scores).clone()
+    return (1.0 / (_ranks(scores, offset) / weight + config.params["rrf_k"])).expand_as(scores).clone()
 
 
 def plain_evidence(scores: torch.Tensor, valid: torch.Tensor | None, config: FusionConfig, offset: int = 0,
@@ -186,7 +186,7 @@ def ties_by_id(fused: RankedLists, final_k: int) -> RankedLists:
 def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConfig, final_k: int,
          weights: list[float] | None = None) -> RankedLists:
     """Fuse per-model ranked lists for one batch of queries into one list of length ``final_k`` with
-    ``config``'s method, key, rrf_k and ddof (``weights``: per model, None = equal)."""
+    ``config``'s method, key and the method's own settings (``params``) (``weights``: per model, None = equal)."""
     method, fuse_on, n_models = config.method, config.fuse_on, len(ids)
     if config.ties == "id":
         every = fuse(ids, scores, replace(config, ties="first"), sum(t.shape[1] for t in ids), weights)
@@ -207,7 +207,7 @@ def fuse(ids: list[torch.Tensor], scores: list[torch.Tensor], config: FusionConf
         plain = torch.cat([plain_evidence(s.to(torch.float32), i >= 0, config, o, candidates)
                            for i, s, o in zip(ids, scores, offsets)], dim=1)
         entry_weights = torch.cat([torch.full_like(s, w, dtype=torch.float32) for s, w in zip(scores, weights)], dim=1)
-        rank_weighted = method == "rrf" and config.rrf_weighting == "rank"  # the weight divides the rank (Qdrant)
+        rank_weighted = config.own_params().get("rrf_weighting") == "rank"  # the weight divides the rank (Qdrant)
         weighted = _weighted_lists(ids, scores, weights, offsets, config) if rank_weighted else plain * entry_weights
         total, by_id = _combine_by_id(sorted_ids, lambda t: t.gather(1, positions), weighted, plain, entry_weights,
                                       bits, n_models, config)

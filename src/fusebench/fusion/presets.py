@@ -12,13 +12,13 @@ config error.
 from __future__ import annotations
 
 import logging
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from fusebench import FusebenchError
-from fusebench.fusion.config import FusionConfig, method_dependent, method_reads
+from fusebench.fusion.config import FusionConfig, flat_settings, method_dependent, method_reads, moved_keys
 from fusebench.runtime import checks
 from fusebench.runtime.layout import CONFIG_DIR
 
@@ -69,21 +69,27 @@ def _read(path: Path) -> dict:
 
 
 def definition(name: str, folders: list[Path]) -> dict:
-    """The preset's formula settings: FusionConfig's defaults with its YAML file's values over them."""
+    """The preset's formula settings: FusionConfig's defaults with its YAML file's values over them, flat as
+    :func:`~fusebench.fusion.config.flat_settings` shows them (its method's own ``params`` under their keys; an
+    old flat key in a user's preset file read as its new one)."""
     files = preset_files(folders)
     if name not in files:
         raise FusebenchError(f"fusion.preset={name!r} names no engine preset (a conf/fusion/NAME.yaml that sets "
                              f"preset: NAME); valid: {', '.join(sorted(files))}, or null (no preset label). "
                              f"Pick a preset with fusion=NAME.")
     values = {k: v for k, v in _read(files[name]).items() if k != "defaults"}
-    return {f.name: values.get(f.name, checks.default_of(FusionConfig, f.name)) for f in fields(FusionConfig)
-            if f.name not in RUN_SETTINGS}
+    try:
+        own = FusionConfig(**values)
+    except TypeError as err:
+        raise FusebenchError(f"{files[name]}: cannot be read as a fusion config ({err}).") from None
+    return {k: v for k, v in flat_settings(own).items() if k not in RUN_SETTINGS}
 
 
 def changes(fusion: FusionConfig, preset: dict, ignore: tuple[str, ...] = ()) -> list[str]:
-    """``key=value`` for every formula setting of ``fusion`` that is not the preset's value (``ignore`` aside)."""
-    return [f"{key}={getattr(fusion, key)}" for key, value in preset.items()
-            if key not in ignore and getattr(fusion, key) != value]
+    """``key=value`` for every formula setting of ``fusion`` (flat: :func:`definition`) that is not the preset's
+    value (``ignore`` aside)."""
+    flat = flat_settings(fusion)
+    return [f"{key}={flat[key]}" for key, value in preset.items() if key not in ignore and flat[key] != value]
 
 
 def true_label(fusion: FusionConfig, folders: list[Path] | None = None,
@@ -98,7 +104,8 @@ def true_label(fusion: FusionConfig, folders: list[Path] | None = None,
     fusion.check_preset_values(own)
     reads = method_reads(fusion.method) if fusion.method != "none" else ()
     unread = tuple(key for key in method_dependent() if key not in reads)  # the preset's own values (checked above)
-    changed = changes(fusion, own, ignore=unread)
+    not_own = tuple(key for key in moved_keys() if key not in fusion.own_params())  # another method's settings
+    changed = changes(fusion, own, ignore=(*unread, *not_own))
     if fusion.preset in UNWEIGHTED and weights is not None and len(set(weights)) > 1:
         changed.append(f"weights={'/'.join(f'{w:g}' for w in weights)} ({UNWEIGHTED[fusion.preset]})")
     if not changed:
@@ -106,4 +113,5 @@ def true_label(fusion: FusionConfig, folders: list[Path] | None = None,
     log.warning("fusion.preset=%s dropped: this fusion changes the preset's own settings (%s), so it is labelled "
                 "by its method, %s, and its settings", fusion.preset, ", ".join(changed), fusion.method)
     # the preset's values the method never reads: not recorded
-    return replace(fusion, preset=None, **{key: checks.default_of(FusionConfig, key) for key in unread})
+    return replace(fusion, preset=None, params=fusion.own_params(),
+                   **{key: checks.default_of(FusionConfig, key) for key in unread})

@@ -26,13 +26,13 @@ table keys retrievers by (:func:`search_label`: a model's lists from an HNSW ind
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from fusebench import FUSED
 from fusebench.evaluation.comparisons import compare, level_label
 from fusebench.evaluation.record import Comparison
 from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
-from fusebench.fusion.config import FusionConfig
+from fusebench.fusion.config import FusionConfig, flat_settings
 from fusebench.report.labels import dataset_labels
 from fusebench.report.runs import Run
 
@@ -117,8 +117,8 @@ def _fusion_settings(run: Run) -> str:
     """The fused retriever's settings besides its method and preset that are not the defaults ('rrf_k=1'), and
     its models' weights where they differ from 1: what tells two fusions of one name apart."""
     fused = run.record.retrievers[FUSED]
-    defaults = asdict(FusionConfig())
-    settings = [f"{k}={v}" for k, v in asdict(fused.spec.fusion).items()
+    defaults = flat_settings(FusionConfig())
+    settings = [f"{k}={v}" for k, v in flat_settings(fused.spec.fusion).items()
                 if k not in ("method", "preset") and v != defaults.get(k)]
     weights = [run.record.retrievers[m].spec.weight for m in fused.members]
     if any(w != 1 for w in weights):

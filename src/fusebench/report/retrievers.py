@@ -16,14 +16,16 @@ import json
 from dataclasses import fields
 
 from fusebench import DIRECTIONS
-from fusebench.fusion.config import FusionConfig
+from fusebench.fusion.config import FusionConfig, flat_settings, moved_keys
 from fusebench.report.index_effects import EXACT, search_label
 from fusebench.report.labels import distinct
 from fusebench.report.runs import Run
 
 # every fusion setting besides the method, the key and the preset label, each its own factor (older records:
-# the defaults), so that two fusions differing in any of them (rrf_k, combine, a floor, ...) are two retrievers
+# the defaults; a method's own setting that was a flat key, rrf_k or ddof, under that key: config.flat_settings), so
+# that two fusions differing in any of them (rrf_k, combine, a floor, ...) are two retrievers
 FUSION_SETTINGS = [f.name for f in fields(FusionConfig) if f.name not in ("method", "fuse_on", "preset")]
+assert set(moved_keys()) <= set(FUSION_SETTINGS)
 
 
 def retriever_factors(run: Run, name: str) -> dict:
@@ -33,11 +35,12 @@ def retriever_factors(run: Run, name: str) -> dict:
     if result.is_fusion:
         members = [run.record.retrievers[m].spec for m in result.members]
         fusion = spec.fusion
+        flat = flat_settings(fusion)
         return {"kind": "fusion", "model": json.dumps([m.identity() for m in members], sort_keys=True),
                 "text": json.dumps([m.text for m in members], sort_keys=True),
                 "weights": json.dumps([m.weight for m in members]),
                 "method": fusion.preset or fusion.method, "fuse_on": fusion.fuse_on,
-                **{key: json.dumps(getattr(fusion, key), sort_keys=True, default=str) for key in FUSION_SETTINGS},
+                **{key: json.dumps(flat[key], sort_keys=True, default=str) for key in FUSION_SETTINGS},
                 "search": search_label(run, name)}
     return {"kind": "single", "model": json.dumps(spec.identity(), sort_keys=True),
             "text": json.dumps(spec.text, sort_keys=True), "search": search_label(run, name)}
@@ -99,8 +102,8 @@ def settings_of(run: Run, name: str) -> dict[str, str]:
                     for k, v in spec.identity().items()})
         out[f"{prefix}weight"] = f"{spec.weight:g}"
     if result.is_fusion:
-        out.update({key: json.dumps(getattr(result.spec.fusion, key), sort_keys=True, default=str)
-                    for key in FUSION_SETTINGS if key != "top_k"})
+        flat = flat_settings(result.spec.fusion)
+        out.update({key: json.dumps(flat[key], sort_keys=True, default=str) for key in FUSION_SETTINGS if key != "top_k"})
     return out
 
 

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fusebench import DIRECTIONS
+from fusebench.config.specs import TEXT_CASES
 from fusebench.evaluation.comparisons import compare
 from fusebench.evaluation.search_record import EXACT_FUSED
 from fusebench.evaluation.stats import holm_adjust
-from fusebench.fusion.config import METHODS
+from fusebench.fusion.config import FUSE_ON, METHODS
 from fusebench.report.article import beside_article
 from fusebench.report.index_effects import EXACT, IndexEffects, index_effects_report, search_cost
 from fusebench.report.labels import dataset_labels
@@ -40,10 +41,10 @@ from fusebench.stores.files import atomic_write_text
 if TYPE_CHECKING:
     from fusebench.report.scaling import ScalingReport
 
-FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines
+FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines, each from the value's owner
     "method": list(METHODS),  # from the methods' registry: its order attribute (fusebench.fusion.methods)
-    "fuse_on": ["document", "source_object"],
-    "text": ["as_typed", "canonicalize", "lowercase"],
+    "fuse_on": list(FUSE_ON),  # fusion.config's values
+    "text": list(TEXT_CASES),  # config.specs' query text cases
 }
 SCALING_TABLES = ("recall", "gains", "changes", "extrapolation")  # scaling_*.csv beside summary.md
 __all__ = ["Run", "Scan", "SweepSummary", "build_report", "load_runs", "scan_runs", "write_report"]

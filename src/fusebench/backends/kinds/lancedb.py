@@ -9,7 +9,7 @@ _rowid)``), ``ivf_pq`` builds ``IvfPq`` (``nprobes`` per query), ``hnsw`` builds
 (IVF_HNSW_SQ; ``ef`` per query).
 
 LanceDB has no server-side multi-vector hybrid search: its documented recipe is one search per model, then a
-reranker's ``rerank_multivector`` in Python. So the fused list is ``RRFReranker(K=fusion.rrf_k)
+reranker's ``rerank_multivector`` in Python. So the fused list is ``RRFReranker(K=fusion.params.rrf_k)
 .rerank_multivector([one table per model], deduplicate=True)`` over each query's per-model results (the same
 searches the singles are: each ``per_model_k`` deep), cut to ``final_k``; its score is the reranker's
 ``_relevance_score``. The rules that make LanceDB's lists differ from fusebench's preset are in :data:`NOTES`
@@ -222,7 +222,7 @@ def _one_request(table, reranker, request: EngineRequest, names: dict[str, str],
 def rrf_reranker(request: EngineRequest):
     from lancedb.rerankers import RRFReranker
 
-    k = float(request.fusion.rrf_k)
+    k = float(request.fusion.params["rrf_k"])
     return RRFReranker(K=int(k) if k.is_integer() else k)
 
 

@@ -96,8 +96,9 @@ def check(search: SearchConfig, fusion: FusionConfig, weights: list[float]) -> N
         raise FusebenchError(f"fusion={fusion.preset} runs Milvus' WeightedRanker, which takes weights in [0, 1]; the "
                              f"models' weights are {'/'.join(f'{w:g}' for w in weights)}: scale them into [0, 1] "
                              "(only their ratios matter).")
-    if fusion.preset == "milvus_rrf" and not 0 < fusion.rrf_k < MAX_TOPK:
-        raise FusebenchError(f"fusion.rrf_k={fusion.rrf_k:g} is out of Milvus' RRFRanker range: valid fusion.rrf_k is "
+    if fusion.preset == "milvus_rrf" and not 0 < fusion.params["rrf_k"] < MAX_TOPK:
+        raise FusebenchError(f"fusion.params.rrf_k={fusion.params['rrf_k']:g} is out of Milvus' RRFRanker range: "
+                             "valid fusion.params.rrf_k is "
                              f"in (0, {MAX_TOPK}).")
     for key in ("top_k", "final_top_k"):
         value = getattr(fusion, key)
@@ -172,7 +173,7 @@ def _rows(result) -> list[list[tuple[int, float]]]:
 
 def _ranker(pymilvus, request: EngineRequest):
     if request.fusion.preset == "milvus_rrf":
-        return pymilvus.RRFRanker(k=request.fusion.rrf_k)
+        return pymilvus.RRFRanker(k=request.fusion.params["rrf_k"])
     return pymilvus.WeightedRanker(*(float(request.weights[m]) for m in request.models), norm_score=True)
 
 

@@ -95,10 +95,10 @@ def version() -> str:
 
 def rrf_k(request: EngineRequest) -> int:
     """Qdrant's ``Rrf.k`` (ranking_constant_k, an integer): fusebench's rrf_k + 1 (qdrant_rrf.yaml)."""
-    k = float(request.fusion.rrf_k) + 1.0
+    k = float(request.fusion.params["rrf_k"]) + 1.0
     if not k.is_integer():
-        raise FusebenchError(f"fusion.rrf_k={request.fusion.rrf_k:g}: Qdrant's RRF constant k = rrf_k + 1 is an integer; "
-                             f"valid: a whole fusion.rrf_k (qdrant_rrf: 1).")
+        raise FusebenchError(f"fusion.params.rrf_k={request.fusion.params['rrf_k']:g}: Qdrant's RRF constant k = rrf_k + 1 is an integer; "
+                             f"valid: a whole fusion.params.rrf_k (qdrant_rrf: 1).")
     return int(k)
 
 

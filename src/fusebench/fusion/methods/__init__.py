@@ -44,8 +44,8 @@ class Method:
     source: str  # where the method comes from (paper, engine, library)
     evidence: Callable  # rank: (ranks, config, candidates) -> evidence; affine: (scores, valid, config, moments)
     #   -> RowAffine; score: (scores, valid, config) -> evidence
-    reads: tuple[str, ...] = ()  # the FusionConfig settings it reads besides the common ones (rrf_k, ddof)
-    params: type | None = None  # a dataclass of its own parameters, set as fusion.params.NAME (None: it has none)
+    params: type | None = None  # a dataclass of its own parameters, set as fusion.params.NAME (None: it has none;
+    #   rrf: rrf_k, rrf_weighting; dbsf, zscore: ddof; rbc: phi)
     order: int = 50  # the sweep report's orientation: a method of higher order is the candidate against a lower
     moments: bool = False  # affine: the map is made from each row's mean and sd
     candidates: bool = False  # rank: points depend on the number of distinct candidates (Borda)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from fusebench.evaluation.record import RunRecord
+from fusebench.fusion.config import flat_settings
 from fusebench.report.plots import Plot, register
 from fusebench.report.plots._common import NUMERIC_MARGINS, TITLE_Y, drawn_once, run_title, save, subplots
 from fusebench.stores.files import array_digest
@@ -19,7 +20,7 @@ def score_distributions(run_dir: Path, record: RunRecord, path: Path) -> Path | 
     files = [run_dir / "topk" / f"{n}.t2i.npz" for n in singles]
     if not singles or not all(f.is_file() for f in files):
         return None
-    ddof = record.fusion.ddof
+    ddof = flat_settings(record.fusion)["ddof"]  # the run's own (dbsf, zscore), else the default
     scores = {}
     for name, file in zip(singles, files):
         with np.load(file) as data:
