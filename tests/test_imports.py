@@ -2,10 +2,12 @@
 one of two kinds, and its line says which with a ``# lazy:`` comment that this test checks against the code:
 
 - ``# lazy: heavy``: the imported module brings a heavy library (``HEAVY``: torch, numba, matplotlib, an engine,
-  ...) with it at import, itself or through the fusebench modules it imports at its top, and the importer is
-  imported where that library must not be (a command's start, a config check);
+  ...; numpy too where the importer is a plugin module, which a config check scans) with it at import, itself or
+  through the fusebench modules it imports at its top, and the importer is imported where that library must not
+  be (a command's start, a config check);
 - ``# lazy: cycle``: the imported module, at its top (directly or through others), imports the importer, so a
-  top-level import would be a circle.
+  top-level import would be a circle. A module that makes a ``Registry`` of a plugin package counts as importing
+  every plugin module of it (the registry scans them on first read, which may be while that module loads).
 
 Any other function-level import of a fusebench module belongs at the top. Static: the files are read, not run.
 """
@@ -72,33 +74,71 @@ def _top_statements(body: list[ast.stmt]):
 
 
 @functools.cache
-def top_imports(name: str) -> frozenset[str]:
-    """Every module ``name`` imports when it is imported (its own top, its packages' ``__init__``)."""
+def top_imports(name: str, scans: bool = True) -> frozenset[str]:
+    """Every module ``name`` imports when it is imported (its own top, its packages' ``__init__``; with ``scans``,
+    the plugin modules of a registry it makes, which it may scan while it loads)."""
     tree = ast.parse(files()[name].read_text(encoding="utf-8"))
     found = set()
     for node in _top_statements(tree.body):
         for target in _targets(node):
             found.update(_with_parents(target))
     found.update(_with_parents(name)[:-1])
+    if scans:
+        found.update(_scanned(tree, name))
     found.discard(name)
     return frozenset(found)
 
 
+def _scanned(tree: ast.Module, name: str) -> set[str]:
+    """The plugin modules a ``Registry(PACKAGE, ...)`` made at this module's top may import when it is first read
+    (counted as imported at the top: a registry read while its module loads scans then)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Registry" and node.args:
+            first = node.args[0]
+            package = (first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else
+                       name if isinstance(first, ast.Name) and first.id == "__name__" else None)
+            if package:
+                out.update(m for m in files() if m.startswith(package + "."))
+    return out
+
+
 @functools.cache
-def closure(name: str) -> frozenset[str]:
-    """Every module importing ``name`` imports, through the top-level imports of ours."""
+def closure(name: str, scans: bool = True) -> frozenset[str]:
+    """Every module importing ``name`` imports, through the top-level imports of ours (with ``scans``: and the
+    plugin modules of the registries they make; a circle through a scan is a circle, but a plugin's weight is not
+    counted, since plugins keep their top level light and are scanned on first read: tests/test_startup.py)."""
     seen, todo = set(), [name]
     while todo:
         current = todo.pop()
-        for target in top_imports(current) if current in files() else ():
+        for target in top_imports(current, scans) if current in files() else ():
             if target not in seen:
                 seen.add(target)
                 todo.append(target)
     return frozenset(seen)
 
 
-def is_heavy(name: str) -> bool:
-    return any(m.split(".")[0] in HEAVY for m in closure(name) | {name})
+@functools.cache
+def plugin_packages() -> frozenset[str]:
+    """The packages a ``Registry`` scans (their modules are plugins)."""
+    found = set()
+    for name, path in files().items():
+        for module in _scanned(ast.parse(path.read_text(encoding="utf-8")), name):
+            found.add(module.rsplit(".", 1)[0])
+    return frozenset(found)
+
+
+def is_plugin(name: str) -> bool:
+    """``name`` is imported when a registry scans its plugins: a plugin module, or one a plugin imports at its top."""
+    plugins = [m for m in files() if m.rsplit(".", 1)[0] in plugin_packages()]
+    return any(name == p or name in closure(p, scans=False) for p in plugins)
+
+
+def is_heavy(name: str, plugin: bool = False) -> bool:
+    """``name`` brings a heavy library at import; for an import in a module a registry's scan loads, numpy counts
+    too (a scan, when a config is checked, imports no numpy: tests/test_search_config.py)."""
+    heavy = HEAVY | {"numpy"} if plugin else HEAVY
+    return any(m.split(".")[0] in heavy for m in closure(name, scans=False) | {name})
 
 
 def lazy_imports() -> list[tuple[str, int, tuple[str, ...], str]]:
@@ -121,7 +161,7 @@ def _verdict(importer: str, targets: tuple[str, ...], line: str) -> str | None:
     """What is wrong with one function-level import statement (None: nothing); one reason covers the statement
     when it holds for one of the modules it imports."""
     reason = LAZY.search(line)
-    heavy = any(is_heavy(t) for t in targets)
+    heavy = any(is_heavy(t, is_plugin(importer)) for t in targets)
     cycle = any(importer in closure(t) for t in targets)
     named = ", ".join(targets)
     if reason is None:

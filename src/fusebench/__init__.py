@@ -39,7 +39,7 @@ API = ("evaluate", "run", "Result")  # fusebench.evaluate, fusebench.run, fusebe
 def __getattr__(name: str):
     """The API's names, imported on first use so that ``import fusebench`` stays light."""
     if name in API:
-        from fusebench.app import api
+        from fusebench.app import api  # lazy: heavy (numpy)
 
         return getattr(api, name)
     raise AttributeError(f"module 'fusebench' has no attribute {name!r}")

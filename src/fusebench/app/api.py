@@ -43,7 +43,16 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import DIRECTIONS, FusebenchError
+from fusebench.app import rundir
+from fusebench.app.cli import hydra_error_message
+from fusebench.app.run_config import run_config
+from fusebench.backends import base as backends
+from fusebench.config import CONFIG_DIR, schema
+from fusebench.config.run import LOGGERS
+from fusebench.data.corpus import Corpus
 from fusebench.fusion.config import check_moved_overrides
+from fusebench.report.runs import Run
+from fusebench.runtime import run_lock
 
 IN_MEMORY = "(in memory: fusebench.evaluate)"  # what a model's spec records as its files
 
@@ -59,21 +68,20 @@ class Result:
     out_dir: Path | None = None
 
     def _run(self):
-        from fusebench.report.runs import Run
 
         return Run(path=self.out_dir or Path("."), name=str(self.out_dir or "evaluate"), record=self.record)
 
     def recall(self):
         """One row per retriever x direction x k: recall (percent) with its Wilson interval and the settings
         (``fusebench.report.frames.retriever_frame``; pandas: the ``notebook`` extra)."""
-        from fusebench.report.frames import retriever_frame
+        from fusebench.report.frames import retriever_frame  # lazy: heavy (pandas)
 
         return retriever_frame(self._run())
 
     def comparisons(self):
         """One row per paired comparison: gain, bootstrap interval, wins and losses, p-values
         (``fusebench.report.frames.comparison_frame``)."""
-        from fusebench.report.frames import comparison_frame
+        from fusebench.report.frames import comparison_frame  # lazy: heavy (pandas)
 
         return comparison_frame(self._run())
 
@@ -140,7 +148,6 @@ def _ids(values, n: int, what: str, default, integers: bool = False) -> list:
 def in_memory_corpus(caption_image: np.ndarray, n_images: int, name: str, image_ids=None, caption_ids=None):
     """The corpus of ``caption_image``: images ``0..n_images-1`` (ids given or their index as text), captions
     named by their index (the API has no caption text)."""
-    from fusebench.data.corpus import Corpus
 
     images = [str(i) for i in _ids(image_ids, n_images, "image_ids", list(range(n_images)))]
     captions = _ids(caption_ids, len(caption_image), "caption_ids", None, integers=True)
@@ -192,7 +199,6 @@ def compose(overrides: Sequence[str] = ()):
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
-    from fusebench.config import CONFIG_DIR, schema
 
     overrides = override_list(overrides)
     check_moved_overrides(overrides)
@@ -203,7 +209,6 @@ def compose(overrides: Sequence[str] = ()):
         with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
             return hydra_compose(config_name="config", overrides=overrides)
     except MissingConfigException as err:  # an option no group has: the CLI's message, with the valid ones
-        from fusebench.app.cli import hydra_error_message
 
         raise FusebenchError(hydra_error_message(err)) from None
     except (HydraException, OmegaConfBaseException) as err:
@@ -222,8 +227,6 @@ def _folder(out_dir) -> Path | None:
 def _needs_folder(config) -> bool:
     """Whether the job writes files of its own while it runs, so that a run with no ``out_dir`` still needs a
     (temporary) folder: an engine's database (RUN_DIR/engine_db), or W&B's run files."""
-    from fusebench.backends import base as backends
-    from fusebench.config.run import LOGGERS
 
     return backends.get(config.search.backend).engine or not isinstance(config.logger, LOGGERS["none"])
 
@@ -232,11 +235,8 @@ def _execute(cfg, out_dir, corpus=None, rows: Mapping[str, tuple] | None = None)
     """Run the composed ``cfg``: over ``corpus`` and each model's ``rows`` when given (fusebench.evaluate), else
     loading what the config names. Without ``out_dir`` nothing is written (an engine's database and W&B's files
     go to a temporary folder, removed after)."""
-    from fusebench.app import rundir
-    from fusebench.app.pipeline import Inputs, measure
-    from fusebench.app.run_config import run_config
-    from fusebench.encoders.base import RawEmbeddings
-    from fusebench.runtime import run_lock
+    from fusebench.app.pipeline import Inputs, measure  # lazy: heavy (torch, numba, scipy)
+    from fusebench.encoders.base import RawEmbeddings  # lazy: heavy (numba)
 
     folder = _folder(out_dir)
     config = run_config(cfg)  # a mistake in the config is refused here, before any work
@@ -288,7 +288,6 @@ def keyword_settings(cfg, settings: Mapping[str, object]) -> list[tuple[str, obj
     ``tune``) takes an option; any other keyword is the setting whose last part it names (``top_k`` ->
     ``fusion.top_k``, ``draws`` -> ``eval.bootstrap.draws``), or a whole key with ``__`` for its dots
     (``eval__bootstrap__seed``); an unknown or ambiguous one is refused, naming what is valid."""
-    from fusebench.config import CONFIG_DIR
 
     keys = _leaves(cfg)
     groups = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name not in ("hydra", "models"))

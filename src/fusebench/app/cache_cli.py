@@ -30,9 +30,11 @@ import sys
 from pathlib import Path
 
 from fusebench import FusebenchError
+from fusebench.config import CONFIG_DIR, schema
 from fusebench.runtime.arguments import OneLineParser
-from fusebench.stores.embeddings import EmbeddingCache
-from fusebench.stores.entries import STORES, matching, remove_entry
+from fusebench.runtime.progress import bar
+from fusebench.stores.embeddings import EmbeddingCache, entry_contents
+from fusebench.stores.entries import STORES, matching, read_meta, remove_entry
 
 
 def _size(n: int) -> str:
@@ -84,7 +86,6 @@ def default_cache_dir() -> str:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from fusebench.config import CONFIG_DIR, schema
 
     schema.register()  # the groups' schemas, which the YAML options start from (as the fusebench command has them)
     if GlobalHydra.instance().is_initialized():
@@ -113,7 +114,6 @@ def listed(stores, verify: bool) -> list[dict]:
         return quick
     if sum(e["bytes"] for e in quick if e["complete"]) < BAR_BYTES:
         return [e for store in stores for e in store.entries(verify=True)]
-    from fusebench.runtime.progress import bar
 
     with bar(desc="verifying checksums", unit="B", unit_scale=True, leave=False, file=sys.stderr) as progress:
         return [e for store in stores for e in store.entries(verify=True, progress=progress.update)]
@@ -214,11 +214,8 @@ def verify(stores: dict, prefixes: list[str], remove: bool) -> int:
     (``encoders.shard_check``); a line per shard and a total. 0: every shard checked and unchanged (or removed,
     with ``remove``); 1: a shard with a changed image or a damaged record left in place, or one without a
     record (embedded before fusebench recorded them), which cannot be checked."""
-    from fusebench.encoders.shard_check import changed_images
-    from fusebench.encoders.shards import SHARD_KIND
-    from fusebench.runtime.progress import bar
-    from fusebench.stores.embeddings import entry_contents
-    from fusebench.stores.entries import read_meta
+    from fusebench.encoders.shard_check import changed_images  # lazy: heavy (torch, PIL)
+    from fusebench.encoders.shards import SHARD_KIND  # lazy: heavy (torch, numba, PIL)
 
     shards = _chosen_shards(stores, prefixes, SHARD_KIND)
     if not shards:

@@ -22,6 +22,16 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from fusebench import FusebenchError
+from fusebench.app import rundir
+from fusebench.app.embed_cli import sweep_summary
+from fusebench.app.tracking import log_sweep
+from fusebench.config.run import logger_config
+from fusebench.config.schema import check_draws
+from fusebench.report.report_files import ReportBlocked, check
+from fusebench.report.runs import Scan, scan_runs
+from fusebench.runtime import run_lock
+
 log = logging.getLogger(__name__)
 
 
@@ -34,8 +44,6 @@ def _check_dir(config: DictConfig, key: str) -> Path | None:
     """The run or sweep dir (``key``), refused with ``RunDirRefused`` when ``rundir.check_dir`` refuses it (another
     live run holding it too: its lock, taken here for this run's or sweep's life, ``runtime.run_lock``); None when
     only Hydra can resolve it now (Hydra then reports what is wrong; the job takes the lock when it starts)."""
-    from fusebench import FusebenchError
-    from fusebench.app import rundir
 
     try:
         value = OmegaConf.select(config, key)
@@ -77,8 +85,6 @@ def _check_roots(config: DictConfig) -> None:
 def _check_subdir(config: DictConfig) -> None:
     """Refuse a job dir pattern (hydra.sweep.subdir, as written) that does not give each job a folder of its own
     inside the sweep dir (``rundir.check_subdir``)."""
-    from fusebench import FusebenchError
-    from fusebench.app import rundir
 
     try:
         raw = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
@@ -139,7 +145,6 @@ def job_started(out_dir: str, sweep_dir: str, job: int, output_subdir: str | Non
     .hydra files, which Hydra has just overwritten, are put back); its dir's lock is taken for the job's life, and
     another live run holding it is refused (``runtime.run_lock``). A backstop: the sweep's job dir pattern is
     checked when it starts, and every job's dir before any job runs (fusebench's sweeper)."""
-    from fusebench.app import rundir
 
     path, base = os.path.normpath(os.path.abspath(out_dir)), os.path.normpath(os.path.abspath(sweep_dir))
     earlier = SweepReport.job_dirs.get(path)
@@ -157,8 +162,6 @@ def job_started(out_dir: str, sweep_dir: str, job: int, output_subdir: str | Non
         raise RunDirRefused(f"hydra.sweep.subdir gives job {job} the dir {path}, not a folder inside the sweep dir "
                             f"{base}; use a relative path that differs per job, e.g. "
                             "hydra.sweep.subdir='${hydra.job.num}' (the default).")
-    from fusebench import FusebenchError
-    from fusebench.runtime import run_lock
 
     if run_lock.task_share()[0] > 0:  # a later task of a multi-task job: its task 0 holds the job dir for all
         return
@@ -171,8 +174,6 @@ def job_started(out_dir: str, sweep_dir: str, job: int, output_subdir: str | Non
 def job_ended(out_dir: str, job: int, output_subdir: str | None) -> None:
     """A sweep job in ``out_dir`` ended (finished or failed): no later job of this sweep may write there; its dir's
     lock is released."""
-    from fusebench.app import rundir
-    from fusebench.runtime import run_lock
 
     path = os.path.normpath(os.path.abspath(out_dir))
     run_lock.release(path)
@@ -186,7 +187,6 @@ def job_ended(out_dir: str, job: int, output_subdir: str | None) -> None:
 def _without_failed_jobs(folder: Path, failed: list[str]):
     """The sweep dir's runs, less the job dirs whose job failed in this process (their dirs may still hold an
     earlier run's results, which are not this sweep's: listed as failed, whatever multirun_jobs.json says)."""
-    from fusebench.report.runs import Scan, scan_runs
 
     scan = scan_runs(folder)
     gone = {(folder / d).resolve(): d for d in failed}
@@ -199,7 +199,6 @@ def _without_failed_jobs(folder: Path, failed: list[str]):
 def _check_report_files(folder: Path) -> None:
     """Refuse a sweep (before any job runs) whose report would replace a file in its sweep dir that fusebench did
     not write (``report_files.check``: a user's summary.md, gains.csv, plots/...)."""
-    from fusebench.report.report_files import ReportBlocked, check
 
     try:
         check(folder)
@@ -219,14 +218,12 @@ class SweepReport(Callback):
         self.draws, self.seed, self.level = draws, seed, level
         self.bad_draws = None  # a report with unbounded draws would never end: refused when the sweep ends
         try:
-            from fusebench.config.schema import check_draws
 
             check_draws(draws, "eval.bootstrap.draws")
         except Exception as err:  # noqa: BLE001 - each job refuses the same value on its own, in one line
             self.bad_draws = str(err)
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        from fusebench.app import rundir
 
         _check_roots(config)
         given = _value(config, "hydra.run.dir")
@@ -237,7 +234,6 @@ class SweepReport(Callback):
             rundir.keep_earlier_config(folder, config.hydra.output_subdir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from fusebench.app import rundir
 
         SweepReport.jobs_failed = []
         SweepReport.job_dirs = {}
@@ -264,20 +260,17 @@ class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         folder = Path(config.hydra.sweep.dir)
         if SweepReport.kind == "embed":  # shards in the cache, not metrics: the jobs' shard.json files
-            from fusebench.app.embed_cli import sweep_summary
 
             SweepReport.failed = sorted({*sweep_summary(folder), *SweepReport.jobs_failed})
             return
-        from fusebench.report.report_files import ReportBlocked
 
         try:
-            from fusebench.report.sweep import write_report
+            from fusebench.report.sweep import write_report  # lazy: heavy (scipy)
 
             try:
                 report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level,
                                       scan=_without_failed_jobs(folder, SweepReport.jobs_failed))
             except ReportBlocked as err:  # a file put there while the jobs ran: they are finished, kept
-                from fusebench.report.runs import scan_runs
 
                 SweepReport.failed = sorted({*scan_runs(folder).failed, *SweepReport.jobs_failed})
                 failed = f"; {len(SweepReport.failed)} job(s) failed: {', '.join(SweepReport.failed)}" \
@@ -294,13 +287,10 @@ class SweepReport(Callback):
             if report.damaged:
                 log.error("damaged runs (their files changed since they finished; summary.md says which): %s",
                           ", ".join(report.damaged))
-            from fusebench.app.tracking import log_sweep
-            from fusebench.config.run import logger_config
 
             log_sweep(logger_config(OmegaConf.to_container(config.logger, resolve=True)) if "logger" in config else None,
                       folder, report)
         except Exception as err:  # noqa: BLE001 - a report failure must never fail the sweep
-            from fusebench.report.runs import scan_runs
 
             SweepReport.failed = sorted({*(scan_runs(folder).failed if folder.is_dir() else []),
                                          *SweepReport.jobs_failed})

@@ -28,9 +28,12 @@ from omegaconf import DictConfig
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, MissingMandatoryValue, UnsupportedInterpolationType
 
 from fusebench import FusebenchError
-from fusebench.app import interrupts
+from fusebench.app import interrupts, rundir
+from fusebench.app.run_config import run_config
 from fusebench.config import CONFIG_DIR, schema, specs
 from fusebench.fusion.config import check_moved_overrides
+from fusebench.report.runs import mark_failed
+from fusebench.runtime import layout, run_lock, state
 
 
 def share_config_store() -> None:
@@ -289,8 +292,7 @@ def run_command(hydra_app: Callable[[], None], kind: str = "run",
     if missing:
         _fail(unknown_models_message(missing, extra))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # exceptions reach the handlers below instead of Hydra's printer
-    from fusebench.app.callback import RunDirRefused, SweepReport
-    from fusebench.runtime import run_lock
+    from fusebench.app.callback import RunDirRefused, SweepReport  # lazy: cycle (app.callback imports this one)
 
     SweepReport.failed, SweepReport.kind, SweepReport.sweep_dir = None, kind, None
     PLACES.clear()
@@ -299,7 +301,6 @@ def run_command(hydra_app: Callable[[], None], kind: str = "run",
         hydra_app()
         interrupts.check()  # a Ctrl-C whose exception Python dropped (see fusebench.app.interrupts)
     except KeyboardInterrupt:
-        from fusebench.runtime import state
 
         written = state.current().written
         if written and kind == "run":  # after a run's results were swapped in: say so, never "nothing written"
@@ -339,8 +340,9 @@ def _places(cfg: DictConfig, key: str, folder: str) -> None:
 
 def evaluate(config, out_dir: str, key: str) -> None:
     """The ``fusebench`` job: evaluate, writing the run's outputs into ``out_dir`` (the dir of ``key``)."""
-    from fusebench.app import rundir
-    from fusebench.app.pipeline import run  # here, not at the top: --help, --cfg and a config mistake stay fast
+    from fusebench.app.pipeline import (
+        run,  # lazy: heavy (torch, numba, scipy); here, not at the top: --help, --cfg and a config mistake stay fast
+    )
 
     rundir.start_fresh(out_dir, key)
     run(config, out_dir)
@@ -357,11 +359,7 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
     earlier run in the dir is left as it was (its outputs stay until a run writes its own; its Hydra files, which
     Hydra has just rewritten, are put back)."""
     interrupts.check()  # Ctrl-C during the previous job: no further job starts
-    from fusebench.app import rundir
-    from fusebench.app.callback import SweepReport, job_ended, job_started
-    from fusebench.app.run_config import run_config
-    from fusebench.report.runs import mark_failed
-    from fusebench.runtime import layout
+    from fusebench.app.callback import SweepReport, job_ended, job_started  # lazy: cycle (app.callback imports this one)
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
     multirun = hydra_cfg.mode == RunMode.MULTIRUN

@@ -31,9 +31,14 @@ import hydra
 from omegaconf import DictConfig
 
 from fusebench.app.cli import CONFIG_DIR, run_command, run_job, user_error_message
+from fusebench.app.rundir import check_writable
 from fusebench.config.gallery import FILE_KINDS
 from fusebench.config.specs import RealModel
+from fusebench.data import load_corpus
+from fusebench.data.distractor_sources import distractor_items
 from fusebench.runtime import run_lock
+from fusebench.runtime.layout import is_error_file
+from fusebench.stores.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 SUMMARY_FILES = ("shards.md", "shards.json")  # what a multirun's summary writes into its sweep dir
@@ -80,7 +85,6 @@ class JobRecord:
     started: float = field(default_factory=time.time)
 
     def write(self, **changes) -> None:
-        from fusebench.stores.files import atomic_write_text
 
         for name, value in changes.items():
             setattr(self, name, value)
@@ -102,8 +106,7 @@ def nothing_to_embed(config, real: dict) -> str | None:
 def embed_job(config, out_dir: str, key: str) -> None:
     """The ``fusebench-embed`` job: the shards of ``gallery.shard`` (null: every shard, and the test split) for
     every real model, recorded in the job dir."""
-    from fusebench.app.rundir import check_writable
-    from fusebench.encoders.shards import check_shard
+    from fusebench.encoders.shards import check_shard  # lazy: heavy (torch, numba, PIL)
 
     gallery = config.gallery
     check_writable(out_dir, key)
@@ -134,11 +137,8 @@ def embed_job(config, out_dir: str, key: str) -> None:
 
 
 def _embed(config, real: dict, record: JobRecord, rank: int, tasks: int) -> None:
-    from fusebench.app.rundir import check_writable
-    from fusebench.data import load_corpus
-    from fusebench.data.distractor_sources import distractor_items
-    from fusebench.encoders.real import embed_real, real_run
-    from fusebench.encoders.shards import ShardPlan, cache_progress, embed_shard
+    from fusebench.encoders.real import embed_real, real_run  # lazy: heavy (torch, numba, PIL)
+    from fusebench.encoders.shards import ShardPlan, cache_progress, embed_shard  # lazy: heavy (torch, numba, PIL)
 
     gallery = config.gallery
     check_writable(config.embed.cache.dir, "embed.cache.dir")
@@ -238,7 +238,6 @@ def _is_record(record) -> bool:
 
 def _error_file_line(error_file: Path) -> str | None:
     """What a failed job's error.txt says, in one line: a user's mistake as written, a bug's exception line."""
-    from fusebench.runtime.layout import is_error_file
 
     try:
         if not error_file.is_file() or not is_error_file(error_file):
@@ -305,7 +304,6 @@ def sweep_summary(folder: Path) -> list[str]:
     error; a killed job has no result), each model's shards in the cache and those missing, and the images that
     failed to decode, by file. Returns the failed job dirs. Each job is judged on its own files: one job's damage
     never hides another's result."""
-    from fusebench.stores.files import atomic_write_text
 
     jobs = _job_records(Path(folder))
     failed, lines = [], []
@@ -349,7 +347,7 @@ def embed_app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry (``fusebench-embed``): ``fusebench``'s checks and exit codes around the embed jobs."""
-    from fusebench.app.callback import SweepReport
+    from fusebench.app.callback import SweepReport  # lazy: cycle (app.callback imports this one)
 
     try:
         run_command(embed_app, kind="embed",

@@ -20,6 +20,7 @@ from fusebench.config.run import RunConfig
 from fusebench.config.specs import RealModel
 from fusebench.data.corpus import Corpus
 from fusebench.data.distractor_items import with_distractors
+from fusebench.data.distractor_sources import distractor_items, listing_digest
 from fusebench.encoders.base import ModelEmbeddings, RawEmbeddings
 from fusebench.encoders.distractors import DistractorRows, KeptRows
 from fusebench.evaluation.subrecords import GalleryModelCost, GalleryRecord
@@ -29,8 +30,8 @@ log = logging.getLogger(__name__)
 
 
 def _sim_rows(config: RunConfig, name: str, corpus: Corpus) -> DistractorRows:
-    from fusebench.encoders.models import sim_stand_in
-    from fusebench.encoders.simulated import sim_distractor_rows
+    from fusebench.encoders.models import sim_stand_in  # lazy: heavy (numba)
+    from fusebench.encoders.simulated import sim_distractor_rows  # lazy: heavy (numba)
 
     spec = config.models[name]
     params = sim_stand_in(spec) if isinstance(spec, RealModel) else spec.params
@@ -48,13 +49,17 @@ def distractor_sources(config: RunConfig, corpus: Corpus) -> tuple[dict[str, Dis
         source = {"kind": "sim", "seed": gallery.seed, **asdict(gallery.sim)}
         return rows, ids, source, {name: {"stored_dtype": "none (generated)", "value_bytes": 0} for name in names}
     if gallery.kind == "vectors":
-        from fusebench.encoders.vector_dumps import dump_rows
+        from fusebench.encoders.vector_dumps import dump_rows  # lazy: heavy (numba)
 
         return dump_rows(gallery, names, corpus.image_ids)
     if gallery.kind in FILE_KINDS:
-        from fusebench.data.distractor_sources import distractor_items
-        from fusebench.encoders.real import real_run
-        from fusebench.encoders.shards import ShardPlan, embedding_cost, shard_rows, without_failed
+        from fusebench.encoders.real import real_run  # lazy: heavy (torch, numba, PIL)
+        from fusebench.encoders.shards import (  # lazy: heavy (torch, numba, PIL)
+            ShardPlan,
+            embedding_cost,
+            shard_rows,
+            without_failed,
+        )
 
         not_real = [n for n, spec in config.models.items() if not isinstance(spec, RealModel)]
         if not_real:
@@ -80,8 +85,8 @@ def near_duplicate_drops(gallery: GalleryConfig, embeddings: list[ModelEmbedding
     n = next(iter(rows.values())).n
     if gallery.near_duplicate is None or n == 0:
         return np.zeros(n, dtype=bool)
-    from fusebench.encoders.duplicate_scan import near_duplicate_drops as drops
-    from fusebench.encoders.duplicate_scan import stored_max_cosine
+    from fusebench.encoders.duplicate_scan import near_duplicate_drops as drops  # lazy: heavy (torch, numba)
+    from fusebench.encoders.duplicate_scan import stored_max_cosine  # lazy: heavy (torch, numba)
 
     maxima = []
     for m in embeddings:
@@ -195,7 +200,7 @@ def manifest_split(config: RunConfig, corpus: Corpus) -> ManifestSplit | None:
 def manifest_raws(split: ManifestSplit, config: RunConfig) -> tuple[list[RawEmbeddings], dict[str, DistractorRows]]:
     """Each ``vectors`` model's rows of the test split (its .npy files' headers checked against the whole manifest,
     then the test rows read: never the file whole) and its distractor rows (read by tile during the search)."""
-    from fusebench.encoders.vectors import ManifestRows, checked_rows, vector_arrays
+    from fusebench.encoders.vectors import ManifestRows, checked_rows, vector_arrays  # lazy: heavy (numba)
 
     raws, rows = [], {}
     for name, spec in config.models.items():
@@ -212,7 +217,6 @@ def attach_manifest(split: ManifestSplit, corpus: Corpus, embeddings: list[Model
                     rows: dict[str, DistractorRows]) -> tuple[list[ModelEmbeddings], Corpus, GalleryRecord]:
     """``embeddings`` with the manifest's caption-less lines as distractors (every one kept, in manifest order),
     the corpus with their ids after the test images, and the gallery's record (kind ``manifest``)."""
-    from fusebench.data.distractor_sources import listing_digest
 
     n = len(split.ids)
     source = {"kind": "manifest", "manifest": str(corpus.meta.get("source")), "available": n,

@@ -27,6 +27,7 @@ from fusebench.app.rundir import check_writable
 from fusebench.app.tracking import log_run
 from fusebench.app.tune_stage import progress_updates, tune_on_split
 from fusebench.backends import base as backends
+from fusebench.backends.engine_dirs import check_engine_dir
 from fusebench.backends.retrieval import ListSource, SearchSettings
 from fusebench.config.run import RunConfig
 from fusebench.config.schema import EvalConfig
@@ -52,6 +53,7 @@ from fusebench.evaluation.record import (
 from fusebench.evaluation.search_record import EXACT_FUSED
 from fusebench.fusion.config import FusionConfig
 from fusebench.report.outputs import write_run_outputs
+from fusebench.report.plots import run_plots
 from fusebench.report.table import format_table
 from fusebench.runtime import state
 
@@ -194,7 +196,6 @@ def check_backend(job: Job) -> None:
         return
     backends.require(backend.name)
     if backend.engine:  # a user's file in RUN_DIR/engine_db is never removed: refused now
-        from fusebench.backends.engine_dirs import check_engine_dir
 
         if job.out_dir is None:
             raise FusebenchError(f"search={backend.name} keeps the engine's database in the run dir "
@@ -357,7 +358,6 @@ def write(job: Job, found: Found, record: RunRecord) -> None:
     plots = []
     if config.plots:
         try:
-            from fusebench.report.plots import run_plots  # matplotlib: imported only when plots are drawn
 
             plots = run_plots(out_dir, record)
         except Exception as err:  # noqa: BLE001 - plots are a view of the outputs, never a reason to fail

@@ -11,6 +11,7 @@ from __future__ import annotations
 from fusebench import FusebenchError
 from fusebench.backends import base as backends
 from fusebench.config.gallery import GalleryConfig, SimDistractorConfig
+from fusebench.config.reference import reference_row
 from fusebench.config.run import (
     RunConfig,
     _nested,
@@ -28,6 +29,7 @@ from fusebench.config.schema import EvalConfig, PathsConfig, ReferenceConfig, Tu
 from fusebench.config.search import SearchConfig, check_depth
 from fusebench.config.specs import ModelSpec, model_specs, registry
 from fusebench.fusion.config import FusionConfig
+from fusebench.fusion.presets import config_folders, true_label
 from fusebench.runtime import checks
 
 
@@ -60,8 +62,6 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
 
 def run_config(cfg) -> RunConfig:
     """The composed config ``cfg`` (a DictConfig or a mapping of its groups) as one checked :class:`RunConfig`."""
-    from fusebench.config.reference import reference_row
-    from fusebench.fusion.presets import config_folders, true_label
 
     keys = checks.config_keys(RunConfig)
     check_top_keys(cfg, keys)

@@ -18,6 +18,9 @@ import tempfile
 from pathlib import Path
 
 from fusebench import FusebenchError
+from fusebench.evaluation.record_versions import RecordVersionError, migrate
+from fusebench.report import report_files
+from fusebench.report.report_files import report_names
 from fusebench.runtime import run_lock
 from fusebench.runtime.layout import (
     OUTPUTS,
@@ -53,7 +56,6 @@ def run_record(path: Path) -> dict | None:
     the run's files, read as today's record version (``record_versions.migrate``); else None (not JSON, not a
     record, damaged, unreadable; a version 1 record, which holds no ``version`` and may hold no checksums, is not
     known to be fusebench's). A record a newer fusebench wrote is refused (:class:`RecordTooNew`, naming it)."""
-    from fusebench.evaluation.record_versions import RecordVersionError, migrate
 
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -224,7 +226,6 @@ def foreign(out_dir: str | Path) -> list[str]:
     plots/ that is not one of a run's plots, or that a report drew there (``report.sha256`` records it: the
     report of the runs below ``out_dir``, ``report_files``); an error.txt fusebench did not write
     (``is_error_file``); a folder where fusebench writes a file, or the reverse. fusebench never removes these."""
-    from fusebench.report import report_files
 
     out_dir = Path(out_dir)
     record = run_record(out_dir / "metrics.json")
@@ -271,7 +272,6 @@ def _own_plot(file: Path, drawn: dict[str, str | None] | None) -> bool:
 def check_outputs(out_dir: str | Path, key: str = "hydra.run.dir") -> None:
     """Refuse a run dir that holds something under a run output's name that fusebench did not write, or a
     report's plots (``report_files``), which a run's plots/ would replace."""
-    from fusebench.report import report_files
 
     theirs = foreign(out_dir)
     reported = report_files.read_manifest(out_dir) or {}
@@ -348,7 +348,6 @@ def check_dir(value, key: str, own: tuple[str, ...] = (), subdir: str | None = "
     taken = hold and path.is_dir() and os.path.lexists(path / run_lock.LOCK_NAME) and run_lock.hold(path, key)
     try:
         if path.is_dir() and path.resolve() == Path.cwd().resolve():
-            from fusebench.report.report_files import report_names
 
             ours = {*OUTPUTS, ".hydra", "fusebench.log", run_lock.LOCK_NAME, *own, *report_names(path)}
             theirs = sorted(p.name for p in path.iterdir() if p.name not in ours)  # and a report fusebench wrote

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from fusebench import DIRECTIONS, FUSED
 from fusebench.backends.base import BackendResult
+from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
 from fusebench.fusion.config import FusionConfig
 from fusebench.runtime.progress import Progress
 
@@ -88,7 +89,7 @@ class GalleryRows:
 
     def tiles(self) -> Iterator[tuple[int, np.ndarray]]:
         """(first item, rows) per tile, in order; a tile is released once the next is asked for."""
-        from fusebench.search.gallery_search import GalleryTiles
+        from fusebench.search.gallery_search import GalleryTiles  # lazy: heavy (torch, numpy, numba)
 
         tiles = GalleryTiles(self.image, self.distractors, self.tile)
         for t, (c0, _c1) in enumerate(tiles.tiles):
@@ -223,7 +224,7 @@ def _list_ranks(ids: np.ndarray, direction: str, caption_image: np.ndarray) -> n
     import numpy as np
     import torch
 
-    from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks
+    from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks  # lazy: heavy (torch, numpy)
 
     cap = torch.as_tensor(caption_image)
     ids_t = torch.from_numpy(np.asarray(ids, dtype=np.int64))
@@ -234,7 +235,7 @@ def quality(index_ids: np.ndarray, exact: np.ndarray, depth: int) -> tuple[float
     """Mean neighbour recall at ``depth`` and top-1 agreement of one model's index lists against exact lists."""
     import numpy as np
 
-    from fusebench.backends.quality import neighbour_recall, top1_agreement
+    from fusebench.backends.quality import neighbour_recall, top1_agreement  # lazy: heavy (numpy)
 
     return (float(np.mean(neighbour_recall(index_ids, exact, depth))),
             float(np.mean(top1_agreement(index_ids, exact))))
@@ -297,7 +298,7 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     import numpy as np
     import torch
 
-    from fusebench.backends.base import check_capacity, get
+    from fusebench.backends.base import check_capacity, get  # lazy: cycle (backends.base imports this one)
     from fusebench.backends.engine_dirs import (
         ENGINE_DIR,
         fresh_workdir,
@@ -305,11 +306,10 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
         remove_engine_dir,
         remove_workdir,
         seal,
-    )
-    from fusebench.backends.retrieval import exact_lists, list_depth, retrieve
-    from fusebench.evaluation.parity import difference_rows, parity
-    from fusebench.evaluation.search_record import EXACT_FUSED, EngineCost, IndexQuality, SearchRecord
-    from fusebench.search.ranked import RankedLists
+    )  # lazy: cycle (backends.engine_dirs imports this one)
+    from fusebench.backends.retrieval import exact_lists, list_depth, retrieve  # lazy: heavy (torch, numpy, numba)
+    from fusebench.evaluation.parity import difference_rows, parity  # lazy: heavy (numpy)
+    from fusebench.search.ranked import RankedLists  # lazy: heavy (torch, numpy)
 
     gallery = models[0].distractors is not None
     # an API caller's rows, checked as the pipeline checks a config's (before any work)

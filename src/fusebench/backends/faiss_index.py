@@ -47,6 +47,7 @@ from fusebench.search.gallery_search import GalleryTiles
 from fusebench.search.model_lists import ModelLists
 from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks
 from fusebench.stores.indexes import IndexStore, StoredIndex, build_unstored, index_material
+from fusebench.stores.lists import shared_digests
 
 log = logging.getLogger(__name__)
 QUERY_BLOCK = 2048  # queries per FAISS search call (bounded result memory, one progress step each)
@@ -187,7 +188,6 @@ def _index(faiss, model: ModelEmbeddings, direction: str, items: np.ndarray, bui
 
     if store_dir is None:
         return build_unstored(make)
-    from fusebench.stores.lists import shared_digests
 
     (digest,) = shared_digests([np.asarray(items, dtype=np.float32)])
     material = index_material(digest, len(items), items.shape[1], direction, config.index, build, faiss_version())
@@ -266,7 +266,6 @@ def _gallery_index(faiss, model: ModelEmbeddings, config: SearchConfig, store_di
                                  "eval.lists.store=false keeps no store: valid: eval.lists.store=true, or "
                                  "search.max_memory_gb=null.")
         return build_unstored(make), build, False
-    from fusebench.stores.lists import shared_digests
 
     (digest,) = shared_digests([np.asarray(model.image, dtype=np.float32)])
     items = gallery_index.gallery_digest(digest, model.distractors.key)

@@ -104,7 +104,7 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
             lists = compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
                                         settings.item_chunk_size, update)
         else:
-            from fusebench.search.gallery_search import gallery_lists
+            from fusebench.search.gallery_search import gallery_lists  # lazy: heavy (torch, numba)
 
             stats: dict = {}
             lists = gallery_lists(model.text, model.image, caption_image, model.distractors, d, device,

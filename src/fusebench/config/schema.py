@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fusebench import FusebenchError
+from fusebench.fusion.config import FusionConfig
 from fusebench.runtime import checks
 from fusebench.runtime.plugins import Registry
 
@@ -252,9 +253,8 @@ def register() -> None:
     it and ``fusion=glob(*)`` does not match it."""
     from hydra.core.config_store import ConfigStore
 
-    from fusebench.config.gallery import GalleryConfig
-    from fusebench.config.search import SearchConfig
-    from fusebench.fusion.config import FusionConfig
+    from fusebench.config.gallery import GalleryConfig  # lazy: cycle (config.gallery imports this one)
+    from fusebench.config.search import SearchConfig  # lazy: cycle (config.search imports this one)
 
     store = ConfigStore.instance()
     for name, node in (("schema_fusion", FusionConfig), ("schema_eval", EvalConfig), ("schema_embed", EmbedConfig),

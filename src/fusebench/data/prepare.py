@@ -171,7 +171,7 @@ def prepare(name: str, root: str | Path, sources: dict | None = None, download_f
     if name == "flickr1k" and not image_root.is_dir():
         raise FusebenchError(FLICKR_HELP.format(folder=image_root))
     if verify:
-        from fusebench.data.karpathy import load_karpathy
+        from fusebench.data.karpathy import load_karpathy  # lazy: heavy (PIL)
 
         images, captions = expected or bench.expected
         corpus = load_karpathy(folder / bench.annotations, image_root, name=name, verify="full",

@@ -19,6 +19,8 @@ import torch
 from fusebench.encoders.distractors import DistractorRows
 from fusebench.search.exact import float_rows, similarity
 from fusebench.search.model_lists import tiles
+from fusebench.stores.lists import shared_digests
+from fusebench.stores.near_duplicates import NearDuplicateStore
 
 TILE_ENTRIES = 1 << 24  # scores per similarity block (64 MB of fp32): test images per block = this / item_chunk
 
@@ -79,8 +81,6 @@ def stored_max_cosine(test_image: np.ndarray, distractors: DistractorRows, model
 
     if store_dir is None:
         return compute()
-    from fusebench.stores.lists import shared_digests
-    from fusebench.stores.near_duplicates import NearDuplicateStore
 
     material = {"test_image": shared_digests([np.asarray(test_image, dtype=np.float32)])[0],
                 "distractors": distractors.key, "model": model_name, "device": torch.device(device).type}

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from fusebench.data.corpus import Corpus
+from fusebench.data.tar_shards import split_ref
 
 
 def first_line(err: BaseException) -> str:
@@ -73,7 +74,6 @@ def refs_fingerprint(refs: list) -> str:
     """SHA-256 over each distractor ref's file size and mtime (a ``TAR::MEMBER`` ref: its tar's, stat once per
     tar), in order: a file (or tar) replaced under the same name gives another digest, so a shard's key changes
     and it is embedded again. One stat per image file: about 1 s per million files on a local disk."""
-    from fusebench.data.tar_shards import split_ref
 
     digest, tars = hashlib.sha256(), {}
     for ref in refs:

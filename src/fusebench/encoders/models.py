@@ -58,7 +58,9 @@ def load_real(spec: RealModel, corpus: Corpus, runtime) -> RawEmbeddings:
         source = f"sim stand-in of model {spec.name!r}"
         return RawEmbeddings(spec.name, image, text, source, source, stand_in_record(spec),
                              {"stand_in": _stand_in_ran(spec)}, declared_dim=stand_in.dim)
-    from fusebench.encoders.real import embed_real  # torch: only a real model on real data needs it
+    from fusebench.encoders.real import (
+        embed_real,  # lazy: heavy (torch, numba, PIL); torch: only a real model on real data needs it
+    )
 
     if runtime is None:
         raise ValueError(f"model {spec.name!r} ({spec.kind}) needs the embed group (EmbedConfig) to run")

@@ -45,6 +45,7 @@ from fusebench.encoders.distractors import KeptRows, normalised
 from fusebench.encoders.fingerprint import refs_fingerprint
 from fusebench.encoders.images import BadImageError, open_rgb
 from fusebench.encoders.real import RealRun, embed_images
+from fusebench.runtime.progress import bar as progress_bar
 from fusebench.stores.embeddings import CONTENTS, CompleteEntry
 from fusebench.stores.entries import discard_entry, entry_lock, entry_meta
 
@@ -260,7 +261,6 @@ class ShardRows:
 def shard_rows(run: RealRun, plan: ShardPlan) -> ShardRows:
     """``run``'s model's rows of every shard of ``plan``, as one gallery; a shard not in the cache yet (no
     ``fusebench-embed`` job made it) is embedded here first, with a progress bar."""
-    from fusebench.runtime.progress import bar as progress_bar
 
     entries: list[CompleteEntry | None] = []
     for index in range(plan.n_shards):

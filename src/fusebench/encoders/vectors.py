@@ -112,7 +112,7 @@ class ManifestRows:
         positions = self.rows[start:stop]
         if self.fortran:  # rare: a column-major file's rows are not contiguous; the mapped rows, copied
             return np.array(np.load(self.path, mmap_mode="r", allow_pickle=False)[positions])
-        from fusebench.encoders.vector_dumps import read_sorted_rows
+        from fusebench.encoders.vector_dumps import read_sorted_rows  # lazy: heavy (numba)
 
         return read_sorted_rows(self.path, self.offset, self.dim, self.dtype, positions)
 

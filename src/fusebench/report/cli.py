@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 
 from fusebench import FusebenchError
+from fusebench.config.schema import check_draws
+from fusebench.report.report_files import ReportBlocked, check
+from fusebench.report.runs import scan_runs
+from fusebench.runtime import run_lock
 from fusebench.runtime.arguments import OneLineParser
 
 
@@ -46,7 +50,6 @@ def _report(argv: list[str] | None) -> int:
     out = folder if args.out is None else Path(args.out)
     if not 0 < args.level < 1:
         return _error(f"--level={args.level} is not valid; valid: a number in (0, 1), e.g. 0.95")
-    from fusebench.config.schema import check_draws
 
     try:
         check_draws(args.draws, "--draws")
@@ -56,7 +59,6 @@ def _report(argv: list[str] | None) -> int:
         return _error(f"{folder} is not a folder")
     if out.exists() and not out.is_dir():
         return _error(f"--out {out} is not a folder")
-    from fusebench.runtime import run_lock
 
     try:  # a run dir's report: not while a run writes there (its outputs would swap in beside this report)
         taken = (out / run_lock.LOCK_NAME).is_file() and run_lock.hold(out, "--out", what="report folder")
@@ -71,9 +73,7 @@ def _report(argv: list[str] | None) -> int:
 
 def _write(folder: Path, out: Path, args) -> int:
     """Scan the runs below ``folder`` and write their report into ``out``; the command's exit code."""
-    from fusebench.report.report_files import ReportBlocked, check
-    from fusebench.report.runs import scan_runs
-    from fusebench.report.sweep import write_report
+    from fusebench.report.sweep import write_report  # lazy: heavy (scipy)
 
     try:
         check(out)  # before the work: a file in the way is one line, not minutes later

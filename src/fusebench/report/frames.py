@@ -22,6 +22,9 @@ import pandas as pd
 
 from fusebench import DIRECTIONS, FusebenchError
 from fusebench.config.specs import DEFAULT_WEIGHT
+from fusebench.evaluation.metrics import hits_at_k
+from fusebench.report.notebook import run_corpus
+from fusebench.report.plots import wilson
 from fusebench.report.runs import Run, load_runs
 
 OUTCOMES = ("won", "lost", "both hit", "both missed")  # a query, candidate against baseline, at R@k
@@ -63,7 +66,7 @@ def retriever_columns(run: Run, name: str, label: str | None = None) -> dict:
     """What a retriever is: a model or a fusion, its models, their preprocessing and weights, the fusion settings
     (None for a single model), and the label the sweep report gives it (``label``: among the runs shown; else
     its base label, :func:`fusebench.report.retrievers.describe`)."""
-    from fusebench.report.retrievers import describe
+    from fusebench.report.retrievers import describe  # lazy: heavy (scipy)
 
     result = run.record.retrievers[name]
     members = result.members or [name]
@@ -121,8 +124,7 @@ def retriever_frame(source, unique: bool = False, directions=DIRECTIONS) -> pd.D
     interval at the run's level (``recall_ci_low``, ``recall_ci_high``: the interval the run's recall plot
     draws), median_rank and n_queries, beside the run's and the retriever's columns. ``unique``: each distinct
     retriever once per dataset (a single model evaluated in several jobs counts once, as in the sweep report)."""
-    from fusebench.report.plots import wilson
-    from fusebench.report.retrievers import retriever_labels, unique_retrievers
+    from fusebench.report.retrievers import retriever_labels, unique_retrievers  # lazy: heavy (scipy)
 
     runs = as_runs(source)
     pairs = unique_retrievers(runs) if unique else [(run, name) for run in runs for name in run.record.retrievers]
@@ -159,7 +161,7 @@ def comparison_frame(source) -> pd.DataFrame:
     record holds it (gain, ci_low, ci_high, cluster_ci_low, cluster_ci_high, wins, losses, p_value, recalls,
     n_queries, level, draws), ``metric`` (``R@k``, or e.g. ``eccv mAP@R``), ``vs_best_single``, the labels of
     candidate and baseline, and the run's and the candidate's columns."""
-    from fusebench.report.retrievers import retriever_labels
+    from fusebench.report.retrievers import retriever_labels  # lazy: heavy (scipy)
 
     rows = []
     runs = as_runs(source)
@@ -179,7 +181,7 @@ def comparison_frame(source) -> pd.DataFrame:
 def pair_frame(source, draws: int = 2000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
     """The sweep report's paired gains (``gains.csv``: retrievers of different runs one factor apart, and each
     fusion against its best single model), computed here from the runs' saved ranks with ``draws``."""
-    from fusebench.report.sweep import paired_gain_rows
+    from fusebench.report.sweep import paired_gain_rows  # lazy: heavy (scipy)
 
     runs = as_runs(source)
     ks = sorted({k for run in runs for k in run.record.ks}) or [1]
@@ -221,7 +223,6 @@ def outcome_frame(run: Run, direction: str = "t2i", k: int = 1, candidate: str |
     if candidate is None or baseline is None:
         candidate, best = default_pair(run, direction, k, candidate)
         baseline = baseline or best
-    from fusebench.evaluation.metrics import hits_at_k
 
     ranks = {name: run.ranks(name, direction) for name in run.record.retrievers}
     hit_c, hit_b = hits_at_k(ranks[candidate], k), hits_at_k(ranks[baseline], k)
@@ -258,7 +259,6 @@ def query_frame(run: Run, direction: str = "t2i", k: int = 1, candidate: str | N
     says why."""
     frame = outcome_frame(run, direction, k, candidate, baseline)
     if corpus is None:
-        from fusebench.report.notebook import run_corpus
 
         try:
             corpus = run_corpus(run)

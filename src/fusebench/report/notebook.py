@@ -13,6 +13,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from fusebench import FUSED
+from fusebench.config.run import dataset_config
 from fusebench.data import load_corpus
 from fusebench.report.runs import Run, load_runs
 
@@ -29,7 +30,6 @@ def latest_sweep(outputs: str | Path | None = None) -> Path | None:
 def run_corpus(run: Run):
     """The run's corpus, rebuilt from its saved config (sim corpora are regenerated from their seed)."""
     cfg = OmegaConf.load(run.path / ".hydra" / "config.yaml")
-    from fusebench.config.run import dataset_config
 
     return load_corpus(dataset_config(OmegaConf.to_container(cfg.dataset, resolve=True)))
 
@@ -39,7 +39,7 @@ def positive_misses(run: Run, positive_set: str = "eccv", retriever: str = FUSED
     """Queries of ``positive_set`` (eval.positives) that the split counts as missed at R@1, although the first
     item retrieved is one of the set's extra positives: the "misses" that are right answers. ``corpus``: the
     run's corpus (default: rebuilt from its saved config)."""
-    from fusebench.evaluation.positives import load_positives
+    from fusebench.evaluation.positives import load_positives  # lazy: heavy (torch, scipy)
 
     corpus = corpus if corpus is not None else run_corpus(run)
     positives = load_positives(positive_set, corpus)

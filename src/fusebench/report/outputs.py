@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fusebench.evaluation.record import RunRecord
+from fusebench.report import report_files
 from fusebench.runtime import state
 from fusebench.runtime.layout import OUTPUTS
 from fusebench.stores.files import atomic_write_text, remembered_checksum
@@ -43,7 +44,6 @@ def _swap_in(out_dir: Path, staging: Path) -> None:
     first, and the files a report drew of it there (``fusebench-report RUN_DIR``: ``report_files.set_aside``),
     then the staged ranks/, topk/ and metrics.json in, metrics.json last; on an error the earlier outputs and
     report are put back."""
-    from fusebench.report import report_files
 
     earlier, moved, placed, reported = staging / "earlier", [], [], []
     earlier.mkdir()

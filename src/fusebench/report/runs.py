@@ -23,7 +23,7 @@ import numpy as np
 from fusebench import DIRECTIONS
 from fusebench.evaluation.record import RecordError, RecordVersionError, RunRecord
 from fusebench.runtime.layout import is_error_file
-from fusebench.stores.files import remembered_checksum
+from fusebench.stores.files import atomic_write_text, remembered_checksum
 
 
 @dataclass
@@ -110,7 +110,7 @@ def read_jobs(path: Path) -> list[dict] | None:
 def _damaged_jobs_file(path: Path) -> bool:
     """A multirun_jobs.json fusebench wrote that was cut short or changed since (it begins as every one does):
     rewritten, never a dead end; any other file of that name is someone else's."""
-    from fusebench.runtime.layout import begins_as
+    from fusebench.runtime.layout import begins_as  # lazy: cycle (runtime.layout imports this one)
 
     return Path(path).is_file() and begins_as(path, JOBS_FORMAT)
 
@@ -119,7 +119,6 @@ def write_jobs(sweep_dir: str | Path, jobs: list[dict]) -> bool:
     """Record the sweep's jobs (``{"job", "dir" (relative to the sweep dir), "overrides"}`` each) so that a
     report can name a job whose dir is gone; False (nothing written) when a file of that name is not
     fusebench's."""
-    from fusebench.stores.files import atomic_write_text
 
     path = Path(sweep_dir) / JOBS_FILE
     if os.path.lexists(path) and read_jobs(path) is None and not _damaged_jobs_file(path):
@@ -191,7 +190,9 @@ def _metrics_problem(record: RunRecord, name: str, direction: str, ranks: np.nda
     """Why ``record``'s numbers for retriever ``name`` are not those of its (checksummed) ranks, or None: every
     recall the report prints is read from metrics.json, which no checksum covers, so each is computed again
     from the ranks and must be the same float (a bit flipped in metrics.json is caught here)."""
-    from fusebench.evaluation.comparisons import direction_metrics  # here: scipy loads only when runs are checked
+    from fusebench.evaluation.comparisons import (
+        direction_metrics,  # lazy: heavy (numpy, scipy); here: scipy loads only when runs are checked
+    )
 
     recorded, computed = record.retrievers[name].direction(direction), direction_metrics(ranks, record.ks)
     for k in record.ks:

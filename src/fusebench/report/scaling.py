@@ -21,6 +21,7 @@ from fusebench.evaluation.extrapolation import COVERED_FROM, METHOD, Prediction,
 from fusebench.evaluation.metrics import recall_at_k
 from fusebench.report.index_effects import EXACT, search_label
 from fusebench.report.labels import distinct, study_labels
+from fusebench.report.plots import wilson
 from fusebench.report.retrievers import describe, retriever_factors, settings_of
 from fusebench.report.runs import Run
 
@@ -149,7 +150,6 @@ def query_problem(a: Run, b: Run) -> str | None:
 
 def recall_rows(series: list[Series], ks: list[int], level: float) -> list[dict]:
     """Per retriever and size: t2i recall@k with its Wilson interval (percent)."""
-    from fusebench.report.plots import wilson
 
     rows = []
     for s in series:

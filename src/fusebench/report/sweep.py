@@ -24,9 +24,11 @@ from fusebench.evaluation.comparisons import compare
 from fusebench.evaluation.search_record import EXACT_FUSED
 from fusebench.evaluation.stats import holm_adjust
 from fusebench.fusion.config import FUSE_ON, METHODS
+from fusebench.report import report_files
 from fusebench.report.article import beside_article
 from fusebench.report.index_effects import EXACT, IndexEffects, index_effects_report, search_cost
 from fusebench.report.labels import dataset_labels
+from fusebench.report.plots import sweep_plots
 from fusebench.report.retrievers import (  # noqa: F401 - describe, retriever_factors: the report's names
     describe,
     retriever_factors,
@@ -150,7 +152,7 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
 
 
 def cost_rows(runs: list[Run]) -> list[dict]:
-    from fusebench.report.scaling import gallery_cost
+    from fusebench.report.scaling import gallery_cost  # lazy: heavy (scipy)
 
     rows = []
     labels, names = dataset_labels(runs), retriever_labels(runs)
@@ -316,7 +318,7 @@ class SweepSummary:
 def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
                  scan: Scan | None = None) -> SweepSummary:
     """The sweep's report from its runs (``scan``: the folder's scan when the caller already made it)."""
-    from fusebench.report.scaling import scaling_report
+    from fusebench.report.scaling import scaling_report  # lazy: heavy (scipy)
 
     scan = scan if scan is not None else scan_runs(folder)
     runs = scan.runs
@@ -339,7 +341,6 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
 
     Refused before any work (``report_files.ReportBlocked`` naming the file) when it would replace a file
     fusebench did not write; an earlier report's files are replaced (``fusebench.report.report_files``)."""
-    from fusebench.report import report_files
 
     folder = Path(folder)
     out = folder if out is None else Path(out)
@@ -359,7 +360,6 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
             atomic_write_text(staging / name, text)
         plots_dir, plots = report_files.plots_dir(out), []
         try:
-            from fusebench.report.plots import sweep_plots
 
             plots = sweep_plots(staging, report, plots_dir)
         except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view

@@ -88,7 +88,7 @@ def warm_up(workers: int | None = None, quiet: bool = False) -> None:
 
 def cache_dir() -> str:
     """Where numba keeps the kernels (the first locator that applies, as numba picks it)."""
-    from fusebench.search.topk_kernels import offer_rows
+    from fusebench.search.topk_kernels import offer_rows  # lazy: heavy (numba)
 
     return offer_rows.stats.cache_path  # numba's public compile stats
 

@@ -122,7 +122,7 @@ class ListStore(Store):
 
 def _checked_lists(folder: Path, meta: dict, n_images: int, n_captions: int) -> tuple[ModelLists | None, str | None]:
     """The entry's lists when its file is intact (verified once per process) and of the corpus's shapes."""
-    from fusebench.search.model_lists import ModelLists
+    from fusebench.search.model_lists import ModelLists  # lazy: heavy (torch, numpy, numba)
 
     problem = data_file_problem(folder / DATA, meta, once_per_process=True)
     if problem is None:

@@ -69,8 +69,8 @@ def transposed_rows(reader: StoredRows, columns: np.ndarray, tile_bytes: int) ->
     """The rows of the stored matrix's transpose for ``columns`` (in their order), in blocks of about
     ``tile_bytes``, each assembled from the stored rows read a quarter tile at a time into one reused buffer
     (memory: a block and a slab; the stored file is read once per block)."""
-    from fusebench.search import row_kernels
-    from fusebench.search.model_lists import tiles
+    from fusebench.search import row_kernels  # lazy: heavy (numpy, numba)
+    from fusebench.search.model_lists import tiles  # lazy: heavy (torch, numpy, numba)
 
     n_rows, n_cols = reader.shape
     step = max(1, tile_bytes // (4 * n_rows))
@@ -142,7 +142,7 @@ class ScoreStore(Store):
         """The order of every row of a stored score matrix (column indices best first, ties by index), sorted
         once when a job first needs it (RRF by source object over whole rankings) and stored in the same
         entry as ``{direction}_order.npy``."""
-        from fusebench.search import row_kernels
+        from fusebench.search import row_kernels  # lazy: heavy (numpy, numba)
 
         dtype = order_dtype(reader.shape[1])
         return self._derived(reader, "order", lambda block: row_kernels.row_order(block, dtype), reader.shape, dtype,
@@ -152,7 +152,7 @@ class ScoreStore(Store):
         """Every row's mean and standard deviation (``ddof``) as DBSF and z-score use them (float64 sums rounded
         once to float32: the very values ``row_kernels.row_mean_std`` gives), computed once when a job first needs
         them and stored as ``{direction}_moments_ddof{ddof}.npy`` (rows x 2)."""
-        from fusebench.search import row_kernels
+        from fusebench.search import row_kernels  # lazy: heavy (numpy, numba)
 
         return self._derived(reader, f"moments_ddof{ddof}",
                              lambda block: np.stack(row_kernels.row_mean_std(block, ddof), axis=1),
@@ -163,7 +163,7 @@ class ScoreStore(Store):
         """A matrix derived row by row from a stored score matrix, computed once and stored in the same entry
         (``{direction}_{what}.npy``, with its size and CRC-32 in meta.json): verified once per process,
         computed again when damaged. ``tile_bytes`` bounds the memory of the computation (rows at a time)."""
-        from fusebench.search.model_lists import tiles
+        from fusebench.search.model_lists import tiles  # lazy: heavy (torch, numpy, numba)
 
         folder, name = reader.path.parent, f"{reader.path.stem}_{what}"
         path = folder / f"{name}.npy"

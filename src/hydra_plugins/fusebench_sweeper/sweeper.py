@@ -38,6 +38,11 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from fusebench import FusebenchError
+from fusebench.app import rundir
+from fusebench.app.callback import RunDirRefused
+from fusebench.report.runs import JOBS_FILE, read_jobs, write_jobs
+
 
 class ComposedConfigs:
     """A Hydra config loader that hands out, once each, the job configs composed while validating a batch
@@ -67,9 +72,6 @@ def check_job_dirs(configs: Sequence[DictConfig], first_job: int, taken: dict[st
     it), checked by ``rundir.check_job_dir`` (``taken``: the job dirs of the sweep so far, updated). Raises
     ``RunDirRefused`` (the ``fusebench`` command's exit 2) before any job of the batch runs. Returns job number
     -> (sweep dir, job dir) of each job checked."""
-    from fusebench import FusebenchError
-    from fusebench.app import rundir
-    from fusebench.app.callback import RunDirRefused
 
     hydra_config = HydraConfig.instance()
     before = hydra_config.cfg
@@ -103,7 +105,6 @@ def record_jobs(jobs: list[dict], batch: Sequence[Sequence[str]], first_job: int
     that a report names a job whose dir is gone; a file of that name that is not fusebench's is left alone."""
     import os
 
-    from fusebench.report.runs import JOBS_FILE, write_jobs
 
     sweep_dir = None
     for i, overrides in enumerate(batch):
@@ -115,7 +116,6 @@ def record_jobs(jobs: list[dict], batch: Sequence[Sequence[str]], first_job: int
     if sweep_dir is None:
         return
     if first_job > 0:  # the jobs of earlier batches that failed (report.runs.mark_failed) stay marked
-        from fusebench.report.runs import read_jobs
 
         failed = {j["dir"] for j in read_jobs(Path(str(sweep_dir)) / JOBS_FILE) or [] if j.get("failed") is True}
         for job in jobs:
@@ -134,7 +134,6 @@ def job_batches(overrides: list[Override], max_batch_size: int | None) -> list[l
     key given twice keeps its last values, in its first place), in batches of ``max_batch_size`` jobs (None:
     one batch). A list of values or a range sweeps; anything else (an interval) is refused, as is a batch size
     below 1, by a FusebenchError naming the key (exit 2; Hydra's sweeper raised an error with a traceback)."""
-    from fusebench import FusebenchError
 
     values: dict[str, list[str]] = {}
     for override in overrides:
@@ -193,7 +192,6 @@ class ComposeOnceSweeper(Sweeper):
         sweep dir; each batch validated, then launched); when it is refused before its first job starts (a
         job's config, its dir), the sweep dir is left as it was: multirun.yaml, written first, is put back (an
         earlier sweep's record) or removed, and a sweep dir this sweep created is removed when it is left empty."""
-        from fusebench.app import rundir
 
         folder = Path(str(self.config.hydra.sweep.dir))
         existed, record = folder.exists() and not rundir.created_here(folder), folder / "multirun.yaml"

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: FusionConfig, keep_k: int | None,
         config: SearchConfig, settings: SearchSettings, source: ListSource, out_dir: str) -> BackendResult:
-    from fusebench.backends.retrieval import retrieve
+    from fusebench.backends.retrieval import retrieve  # lazy: heavy (torch, numpy, numba)
 
     return BackendResult(retrieve(models, caption_image, fusion, keep_k=keep_k, settings=settings, source=source))
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from fusebench import DIRECTIONS, FUSED
 from fusebench.backends.base import Backend, BackendResult, register
 from fusebench.config.search import INDEXES, TARGET_READS
+from fusebench.evaluation.search_record import EXACT_FUSED, SearchRecord
 from fusebench.fusion.config import FusionConfig
 from fusebench.runtime import checks
 
@@ -41,11 +42,15 @@ def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: Fu
     """Each model's lists from its FAISS index, fused by fusebench; exact lists beside them for the comparison."""
     import torch
 
-    from fusebench.backends.faiss_index import GALLERY_CHUNK, build_params, faiss_lists, faiss_version
-    from fusebench.backends.gallery_index import memory_plan
-    from fusebench.backends.quality import with_quality
-    from fusebench.backends.retrieval import exact_lists, list_depth, retrieve
-    from fusebench.evaluation.search_record import EXACT_FUSED, SearchRecord
+    from fusebench.backends.faiss_index import (  # lazy: heavy (torch, numpy, numba)
+        GALLERY_CHUNK,
+        build_params,
+        faiss_lists,
+        faiss_version,
+    )
+    from fusebench.backends.gallery_index import memory_plan  # lazy: heavy (torch, numpy, numba)
+    from fusebench.backends.quality import with_quality  # lazy: heavy (numpy)
+    from fusebench.backends.retrieval import exact_lists, list_depth, retrieve  # lazy: heavy (torch, numpy, numba)
     for m in models:  # every model's build parameters (pq_m against its width) and, over a gallery, its index's
         build = build_params(config, m.n_items, m.image.shape[1], m.name)  # memory, before any list or index
         if m.distractors is not None:
@@ -75,7 +80,7 @@ def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: Fu
 
 
 def version() -> str:
-    from fusebench.backends.faiss_index import faiss_version
+    from fusebench.backends.faiss_index import faiss_version  # lazy: heavy (torch, numpy, numba)
 
     return faiss_version()
 

@@ -40,7 +40,9 @@ class HFDatasetConfig:
 
 
 def load(params: HFDatasetConfig):
-    from fusebench.data.tables import load_table  # numpy and pyarrow: the CLI scans the kinds before heavy imports
+    from fusebench.data.tables import (
+        load_table,  # lazy: heavy (numpy); numpy and pyarrow: the CLI scans the kinds before heavy imports
+    )
 
     return load_table(params)
 

@@ -43,7 +43,9 @@ class KarpathyDatasetConfig:
 
 
 def load(params: KarpathyDatasetConfig):
-    from fusebench.data.karpathy import load_karpathy  # numpy and PIL: the CLI scans the kinds before heavy imports
+    from fusebench.data.karpathy import (
+        load_karpathy,  # lazy: heavy (numpy, PIL); numpy and PIL: the CLI scans the kinds before heavy imports
+    )
 
     return load_karpathy(params.annotations, params.image_root, split=params.split, name=params.name,
                          expected=params.expected or None, allow_nonstandard=params.allow_nonstandard,
@@ -58,7 +60,9 @@ def split_params(params: KarpathyDatasetConfig, split: str) -> KarpathyDatasetCo
 
 def tuning(params: KarpathyDatasetConfig, split: str, n_images: int, seed: int):
     """A seeded sample of at most ``n_images`` of split ``split``'s images with their captions."""
-    from fusebench.data.corpus import sample_images  # numpy: the CLI scans the kinds before heavy imports
+    from fusebench.data.corpus import (
+        sample_images,  # lazy: heavy (numpy); numpy: the CLI scans the kinds before heavy imports
+    )
 
     return sample_images(load(split_params(params, split)), n_images, seed)
 

@@ -26,7 +26,9 @@ class ManifestDatasetConfig:
 
 
 def load(params: ManifestDatasetConfig):
-    from fusebench.data.manifest import load_manifest  # numpy: the CLI scans the kinds before heavy imports
+    from fusebench.data.manifest import (
+        load_manifest,  # lazy: heavy (numpy); numpy: the CLI scans the kinds before heavy imports
+    )
 
     return load_manifest(params.manifest, name=params.name, image_root=params.image_root)
 

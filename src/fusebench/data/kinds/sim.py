@@ -60,7 +60,9 @@ class SimDatasetConfig:
 
 
 def load(params: SimDatasetConfig):
-    from fusebench.data.simulated import make_sim_corpus  # numpy: the CLI scans the kinds before heavy imports
+    from fusebench.data.simulated import (
+        make_sim_corpus,  # lazy: heavy (numpy); numpy: the CLI scans the kinds before heavy imports
+    )
 
     return make_sim_corpus(params)
 

@@ -21,7 +21,9 @@ class TinyDatasetConfig:
 
 
 def load(params: TinyDatasetConfig):
-    from fusebench.data.tiny import load_tiny  # numpy: the CLI scans the kinds before heavy imports
+    from fusebench.data.tiny import (
+        load_tiny,  # lazy: heavy (numpy); numpy: the CLI scans the kinds before heavy imports
+    )
 
     return load_tiny(limit=params.limit, name=params.name)
 

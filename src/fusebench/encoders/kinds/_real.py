@@ -6,6 +6,6 @@ from __future__ import annotations
 
 def load(spec, corpus, runtime):
     # the embedding stack (numba, torch on a cache miss): a job's import, never a config check's
-    from fusebench.encoders.models import load_real
+    from fusebench.encoders.models import load_real  # lazy: heavy (numpy, numba)
 
     return load_real(spec, corpus, runtime)

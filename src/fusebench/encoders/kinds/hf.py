@@ -40,7 +40,9 @@ class HFModel(RealModel):
 
 
 def backend(name: str, spec: HFModel):
-    from fusebench.encoders.hf import HFEncoder  # torch, transformers: only when a cache miss needs the model
+    from fusebench.encoders.hf import (
+        HFEncoder,  # lazy: heavy (torch, numpy, numba); torch, transformers: only when a cache miss needs the model
+    )
 
     return HFEncoder(name, spec)
 

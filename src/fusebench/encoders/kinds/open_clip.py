@@ -28,7 +28,9 @@ class OpenClipModel(RealModel):
 
 
 def backend(name: str, spec: OpenClipModel):
-    from fusebench.encoders.openclip import OpenClipEncoder  # torch: only when a cache miss needs the model
+    from fusebench.encoders.openclip import (
+        OpenClipEncoder,  # lazy: heavy (torch, numpy, numba); torch: only when a cache miss needs the model
+    )
 
     return OpenClipEncoder(name, spec)
 

@@ -30,7 +30,9 @@ class SentenceTransformersModel(RealModel):
 
 
 def backend(name: str, spec: SentenceTransformersModel):
-    from fusebench.encoders.st_clip import SentenceTransformersEncoder  # torch: only when a cache miss needs it
+    from fusebench.encoders.st_clip import (
+        SentenceTransformersEncoder,  # lazy: heavy (torch, numpy, numba); torch: only when a cache miss needs it
+    )
 
     return SentenceTransformersEncoder(name, spec)
 

@@ -30,8 +30,8 @@ class SimModel(ModelSpec):
 
 def load(spec: SimModel, corpus, runtime=None):
     # numba (the row norms behind RawEmbeddings): a job's import, never a config check's
-    from fusebench.encoders.base import RawEmbeddings
-    from fusebench.encoders.simulated import sim_arrays
+    from fusebench.encoders.base import RawEmbeddings  # lazy: heavy (numpy, numba)
+    from fusebench.encoders.simulated import sim_arrays  # lazy: heavy (numpy, numba)
 
     image, text = sim_arrays(spec.params, corpus)
     source = f"sim model {spec.name!r}"

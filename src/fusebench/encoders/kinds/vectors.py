@@ -27,8 +27,8 @@ class VectorsModel(ModelSpec):
 
 def load(spec: VectorsModel, corpus, runtime=None):
     # numba (the row norms the files are checked with): a job's import, never a config check's
-    from fusebench.encoders.base import RawEmbeddings
-    from fusebench.encoders.vectors import vector_arrays
+    from fusebench.encoders.base import RawEmbeddings  # lazy: heavy (numpy, numba)
+    from fusebench.encoders.vectors import vector_arrays  # lazy: heavy (numpy, numba)
 
     image, text, image_src, text_src = vector_arrays(spec.name, spec.image_embeddings, spec.text_embeddings,
                                                      (corpus.n_images, corpus.n_captions))

@@ -6,7 +6,7 @@ from fusebench.fusion.methods import Method, register
 def rows(scores, valid, config, moments=None):
     import torch
 
-    from fusebench.fusion.normalisers import RowAffine
+    from fusebench.fusion.normalisers import RowAffine  # lazy: heavy (torch, numpy, numba)
 
     wide = scores.to(torch.float64)
     if valid is not None:

@@ -6,7 +6,7 @@ from fusebench.fusion.methods import Method, register
 def rows(scores, valid, config, moments=None):
     import torch
 
-    from fusebench.fusion.normalisers import RowAffine
+    from fusebench.fusion.normalisers import RowAffine  # lazy: heavy (torch, numpy, numba)
 
     if valid is None:
         low, high = scores.amin(dim=1, keepdim=True), scores.amax(dim=1, keepdim=True)

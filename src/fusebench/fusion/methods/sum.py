@@ -6,7 +6,7 @@ from fusebench.fusion.methods import Method, register
 def rows(scores, valid, config, moments=None):
     import torch
 
-    from fusebench.fusion.normalisers import RowAffine
+    from fusebench.fusion.normalisers import RowAffine  # lazy: heavy (torch, numpy, numba)
 
     zeros = torch.zeros(scores.shape[0], 1, dtype=scores.dtype, device=scores.device)
     return RowAffine(zeros, torch.ones_like(zeros), torch.zeros_like(zeros, dtype=torch.bool), 0.0)

@@ -5,7 +5,7 @@ from fusebench.fusion.methods._moments import MomentParams
 
 
 def rows(scores, valid, config, moments=None):
-    from fusebench.fusion.normalisers import RowAffine, row_moments
+    from fusebench.fusion.normalisers import RowAffine, row_moments  # lazy: heavy (torch, numpy, numba)
 
     mean, std = row_moments(scores, valid, config.params["ddof"], moments)
     flat = std <= 0
