@@ -31,7 +31,7 @@ run: venv
 test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-fast: venv  # the unit tier: no whole jobs, sweeps, subprocesses or notebook
+test-fast: venv  # the unit tier: no whole jobs, sweeps, subprocesses, notebook or case of 0.1 s or more
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: venv

@@ -75,6 +75,7 @@ def exact(case):
     return compute_model_lists(model.text, model.image, caption_image, 20)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_flat_lists_and_ranks_equal_exact_search(case, exact):
     model, caption_image = case
     result = faiss_lists(model, caption_image, 20, config(), CPU, None)
@@ -157,6 +158,7 @@ def test_neighbour_recall_and_top1_agreement_equal_a_slow_reference(index_width,
         assert 0 < got.mean() < 1
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_recall_of_the_approximate_indexes_is_computed_right_and_sane():
     model, caption_image = make_case(n_images=1000, dim=32, seed=8, clusters=40)
     exact = compute_model_lists(model.text, model.image, caption_image, 10)
@@ -177,6 +179,7 @@ def test_recall_of_the_approximate_indexes_is_computed_right_and_sane():
         assert result.params["t2i"] == {**ann.build_params(search, len(model.image), 32, "m"), **ann.search_params(search)}
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_index_scores_are_the_inner_products_of_the_listed_items(case):
     model, caption_image = case
     result = faiss_lists(model, caption_image, 10, config("hnsw", ef_search=32), CPU, None)
@@ -215,6 +218,7 @@ def test_pq_m_that_does_not_divide_the_width_pads_and_equals_faiss_over_padded_r
     np.testing.assert_array_equal(result.lists["t2i"].scores.numpy(), scores)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_automatic_pq_m_pads_a_width_with_no_good_divisor_and_reaches_better_recall():
     """Width 34 = 2 x 17: the largest divisor up to width / 4 is 2 (two sub-quantizers of 17 dims each); padded to
     40 with m = 8, the index codes 4x finer and its neighbour recall is higher."""

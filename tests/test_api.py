@@ -137,6 +137,7 @@ def test_keyword_settings_equal_the_override_strings(tmp_path):
     assert keywords.record.eval.bootstrap.draws == 300 and keywords.record.fusion.top_k == 40
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_evaluate_refuses_a_users_file_in_out_dir(tmp_path, monkeypatch):
     models, caption_image = _models(n=20)
     monkeypatch.chdir(tmp_path)
@@ -223,6 +224,7 @@ def test_numpy_scalar_weights_are_the_numbers_they_hold(tmp_path, monkeypatch):
         fusebench.evaluate(models, caption_image, weights={"a": np.bool_(True)}, overrides=overrides)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_run_takes_a_list_of_overrides_and_no_hydra_key(tmp_path, monkeypatch):
     """fusebench.run("a=b") split the string into characters; hydra.run.dir=... was ignored silently (issue 39,
     item 8): each refused before any work, saying what to use."""
@@ -239,6 +241,7 @@ def test_run_takes_a_list_of_overrides_and_no_hydra_key(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_the_api_is_imported_on_first_use():
     done = subprocess.run([sys.executable, "-c", "import sys, fusebench; assert 'fusebench.app.api' not in "
                            "sys.modules and 'torch' not in sys.modules; fusebench.evaluate; "

@@ -12,6 +12,7 @@ from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.fusion.config import METHODS, FusionConfig
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_default_job_takes_every_default_from_the_schemas(compose_cfg):
     """One home per default: the composed default job is exactly the schemas' defaults (no YAML restates them)."""
     cfg = compose_cfg()
@@ -24,6 +25,7 @@ def test_default_job_takes_every_default_from_the_schemas(compose_cfg):
     assert plain["logger"] == asdict(WandbConfig())
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_wrong_type_is_refused_while_composing(compose_cfg):
     with pytest.raises(HydraException, match="eval.bootstrap.draws"):
         compose_cfg(["eval.bootstrap.draws=abc"])
@@ -31,6 +33,7 @@ def test_a_wrong_type_is_refused_while_composing(compose_cfg):
         compose_cfg(["fusion.top_k=all"])
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_models_multi_select_and_by_hand(compose_cfg):
     cfg = compose_cfg(["models=[sim_dfn5b_like,sim_third]"])
     assert list(cfg.models) == ["sim_dfn5b_like", "sim_third"]
@@ -40,6 +43,7 @@ def test_models_multi_select_and_by_hand(compose_cfg):
                                                    "b": {"kind": "vectors", "image_embeddings": "B.npy"}}
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("method", fast_first(METHODS, 2))  # a composition each ("none", then a fusion)
 def test_every_fusion_method_has_a_config(compose_cfg, method):
     cfg = compose_cfg([f"fusion={method}"])
@@ -49,6 +53,7 @@ def test_every_fusion_method_has_a_config(compose_cfg, method):
         **{k: v for k, v in asdict(FusionConfig()).items() if k != "method"}, "params": own}  # one schema
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_dataset_manifest_group(compose_cfg):
     cfg = compose_cfg(["dataset=manifest", "dataset.manifest=M.jsonl"])
     assert cfg.dataset.kind == "manifest" and cfg.dataset.image_root is None
@@ -64,6 +69,7 @@ def test_hydra_dirs_under_output_dir(compose_cfg, monkeypatch):
 FUSED_STUDIES = ("pair_dbsf_source", "pair_rrf_document", "pair_rrf_source", "four_dbsf_source")
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("study", fast_first(FUSED_STUDIES))
 def test_fused_article_jobs_use_lowercased_siglip2_as_published(compose_cfg, study):
     """The article fused lowercased SigLIP 2 queries (its gains are over lowercased SigLIP 2)."""
@@ -73,6 +79,7 @@ def test_fused_article_jobs_use_lowercased_siglip2_as_published(compose_cfg, stu
     assert cfg.reference.study == study and cfg.reference.dataset == "coco5k"
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_four_model_job_is_the_articles_four_models(compose_cfg):
     cfg = compose_cfg(["experiment=article_flickr", "study=four_dbsf_source"])
     assert set(cfg.models) == {"siglip2_so400m_p14_384", "siglip2_so400m_p16_384", "dfn5b_h14_224",
@@ -118,6 +125,7 @@ def test_engine_presets_compose(compose_cfg, name):
     assert cfg.fusion.preset == name and FusionConfig(**OmegaConf.to_container(cfg.fusion)).method in METHODS
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_engines_sweep_runs_every_engine_preset(compose_cfg):
     sweep = compose_cfg(["experiment=fusion_engines", "dataset=sim"], return_hydra_config=True)
     assert set(ENGINE_PRESETS) <= set(sweep.hydra.sweeper.params["fusion"].split(","))
@@ -139,6 +147,7 @@ def plain_wandb_config() -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_the_composed_config_converts_once_into_its_types(compose_cfg):
     from fusebench.app.run_config import run_config
     from fusebench.config.run import RunConfig
@@ -162,6 +171,7 @@ def test_the_composed_config_converts_once_into_its_types(compose_cfg):
     assert isinstance(dfn, OpenClipModel) and dfn.pretrained == "dfn5b" and real.reference["study"] == "pair_rrf_document"
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("change,message", [
     (lambda c: c.update(bogus=1), "unknown top-level key(s) bogus (nothing reads them); valid: paths, dataset, gallery, models,"),
     (lambda c: c["eval"]["bootstrap"].update(drawz=5), "eval.bootstrap: unknown key(s) drawz; valid keys: draws, level, seed."),

@@ -165,6 +165,7 @@ def test_a_run_of_a_changed_preset_is_recorded_without_it(compose_cfg, tmp_path,
 
 # -- keys nothing reads ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("override, fragments", fast_first([  # a composition each
     ("+bogus=1", ["unknown top-level key(s) bogus", "valid: paths, dataset"]),
     ("+evals.ks=[1]", ["unknown top-level key(s) evals"]),
@@ -178,6 +179,7 @@ def test_keys_nothing_reads_are_errors(compose_cfg, tmp_path, override, fragment
     _refused(compose_cfg, tmp_path, [override], *fragments)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_real_models_sim_block_and_vectors_keys_are_checked(compose_cfg, tmp_path):
     _refused(compose_cfg, tmp_path, ["models=[dfn5b_h14_224,sim_third]", "+models.dfn5b_h14_224.sim.noise=1"],
              "models.dfn5b_h14_224.sim: unknown key(s) noise")
@@ -187,11 +189,13 @@ def test_a_real_models_sim_block_and_vectors_keys_are_checked(compose_cfg, tmp_p
 
 # -- combinations that cannot mean anything -------------------------------------------------------------------
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_tuning_without_a_fusion_is_one_line(compose_cfg, tmp_path):
     _refused(compose_cfg, tmp_path, ["tune=weights", "fusion=none"], "tune tunes a fusion", "fusion=dbsf")
     _refused(compose_cfg, tmp_path, ["tune=weights", "models=[sim_third]"], "select at least two models")
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_all_zero_weights_are_refused(compose_cfg, tmp_path):
     _refused(compose_cfg, tmp_path, ["models.sim_siglip2_like.weight=0", "models.sim_dfn5b_like.weight=0.0"],
              "every model weight is 0")

@@ -105,6 +105,7 @@ def test_score_location_is_an_exact_affine_map_that_keeps_every_ranking():
         with_score_location(image, text, 0.3, 0.8)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_sim_families_sit_where_real_ones_do_and_raw_sum_follows_the_wider_model(compose_cfg, tmp_path):
     """SigLIP-like cosines sit low (matched ~0.14, unmatched ~0), CLIP-like higher (~0.30 / ~0.12) and wider; so
     raw-score sum leans toward the CLIP-like model's ranking, while DBSF (per-list normalised) does not."""

@@ -157,6 +157,7 @@ def test_a_split_column_chooses_the_rows(tmp_path):
     assert corpus.caption_image.tolist() == [0, 0, 1, 1, 1] and corpus.meta["split"] == "test"
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_datasets_save_to_disk_folder_equals_its_parquet(tmp_path):
     datasets = pytest.importorskip("datasets")
     path = flickr_like(tmp_path)

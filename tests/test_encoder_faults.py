@@ -203,6 +203,7 @@ def test_embed_device_is_checked_with_the_config(tmp_path, device):
                               "cuda, cuda:N, mps.")
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_bad_embed_device_fails_a_sim_only_run_before_any_work(compose_cfg, tmp_path):
     (tmp_path / "run").mkdir()
     with pytest.raises(FusebenchError, match=r"embed\.device='tpu' is not a torch device .*valid: auto, cpu, cuda"):

@@ -98,6 +98,7 @@ def test_ivf_engine_over_a_gallery_is_approximate_and_measured(compose_cfg, tmp_
     assert record["search"]["engine"]["t2i"]["build_seconds"] > 0
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("engine", ["milvus", "qdrant"])
 def test_engine_past_its_capacity_refused_before_any_work(compose_cfg, tmp_path, engine):
     """The config's distractors alone past the engine's measured capacity: one line naming the measurement and
@@ -115,6 +116,7 @@ def test_engine_past_its_capacity_refused_before_any_work(compose_cfg, tmp_path,
     assert not list(tmp_path.rglob("*"))
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_capacity_counts_the_test_images_too(compose_cfg, tmp_path):
     """Distractors within the capacity but the whole gallery past it: refused once the corpus is read, before any
     embedding work (the pipeline's check, with the test images)."""
@@ -141,6 +143,7 @@ def _refused_past_capacity(compose_cfg, tmp_path, run):
     assert not list(tmp_path.rglob("*.npy")) and not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_document_collection_counts_a_point_per_model(compose_cfg, tmp_path):
     """fuse_on=document holds each model's vector as its own point: half the capacity in distractors is past it with
     two models, and within it as one point per image."""
@@ -156,6 +159,7 @@ def test_a_document_collection_counts_a_point_per_model(compose_cfg, tmp_path):
         run_config(compose_cfg(common + ["fusion.fuse_on=document"]))
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_lancedb_has_no_capacity_and_takes_the_million_image_study(compose_cfg, tmp_path):
     """LanceDB keeps its table on disk: measured at 1,001,000 items (2.1-3.1 GB peak), it has no capacity, so the
     study's largest gallery is accepted when the config is checked."""

@@ -215,6 +215,7 @@ def _refused(tmp_path, match: str, preset="milvus_rrf", weights=None, fuse_on=No
     assert not any(tmp_path.iterdir())  # refused before the server started
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_milvus_lite_2_refused(tmp_path, monkeypatch):
     """The rules here are Milvus Lite 3's (pure Python); 2.x is another engine (a C++ server)."""
     import milvus_lite

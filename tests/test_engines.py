@@ -237,6 +237,7 @@ HAND = {
 }
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("name", fast_first(list(HAND)))  # a composition each
 def test_presets_by_hand(name):
     config = preset(name, "source_object")
@@ -337,6 +338,7 @@ ENGINES = {  # each engine's fusion of one query's lists, transcribed from its c
 FAST_ENGINES = ("opensearch_zscore", "lancedb_rrf")  # the two with their own quirks stay in the fast tier
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("name", fast_first([*FAST_ENGINES, *(e for e in ENGINES if e not in FAST_ENGINES)], 2))
 def test_presets_match_the_engines_code(case, name):
     """Every fused image and score of 200 queries equals the engine's own computation (transcribed from its

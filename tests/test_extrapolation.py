@@ -142,6 +142,7 @@ def test_list_scores_take_the_target_and_the_distractors_from_a_saved_list():
     np.testing.assert_allclose(distractor, [[np.nan, 0.8, np.nan, np.nan], [0.6, 0.5, np.nan, 0.3]], rtol=1e-6)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_where_every_query_shares_one_tail_the_interval_holds_the_exact_expectation():
     """Distractor scores N(0, 0.1) for every query (the tail assumption holds: one shape, one scale), so each
     query's chance of losing its target to one more distractor is known and the expected recall at M is exact.
@@ -160,6 +161,7 @@ def test_where_every_query_shares_one_tail_the_interval_holds_the_exact_expectat
     #   whose R@1 falls from ~45 to ~20), the two models ~3 points above and ~5 below the expectation
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_the_interval_follows_the_bootstrap_draws_and_level():
     world = ScoreWorld(CAPTION_IMAGE, 200, seed=2, hard=0.0, target_mean=0.32)
     rank_n, ids, scores = world.at(1000)
@@ -171,6 +173,7 @@ def test_the_interval_follows_the_bootstrap_draws_and_level():
     assert predict_recall(*args, draws=300, seed=5) == predict_recall(*args, draws=300, seed=5)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_what_cannot_be_predicted_is_refused():
     world = ScoreWorld(CAPTION_IMAGE, 200, seed=0, hard=0.0)
     rank_n, ids, scores = world.at(1000)

@@ -149,6 +149,7 @@ def test_damaged_vectors_exit_2_naming_the_file(vectors_case, tmp_path, damage, 
 
 # ---------------------------------------------------------------- config values
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("override,key", fast_first([
     ("models.sim_siglip2_like.weight=nan", "models.sim_siglip2_like.weight=nan"),  # refused by the run's checks
     ("eval.bootstrap.draws=abc", "eval.bootstrap.draws='abc'"),  # by Hydra, composing
@@ -224,6 +225,7 @@ def test_config_mistakes_through_the_cli(tmp_path, override, fragment):
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_nan_weight_never_reaches_metrics(compose_cfg, tmp_path):
     with pytest.raises(FusebenchError, match="weight=nan is not valid; valid: a finite number >= 0"):
         run(compose_cfg(["dataset.n_images=50", "dataset.n_captions=100", "models.sim_dfn5b_like.weight=nan"]),

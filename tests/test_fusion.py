@@ -71,6 +71,7 @@ def _tie_groups(entries, rel=1e-5):
     return out
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("method", FUSING)
 @pytest.mark.parametrize("fuse_on", FUSE_ON)
 @pytest.mark.parametrize("combine", fast_first(COMBINES, 2))

@@ -137,6 +137,7 @@ def _models(seed=5, n=30, captions=45, d=6):
             for name in "ab"], caption_image
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("top_k", [None, 7])
 def test_a_general_score_map_runs_on_every_path(cube, top_k):
     """Registered, it is a valid fusion.method; its evidence is its own map on the list path and over whole

@@ -14,18 +14,21 @@ from fusebench.data.kinds.sim import SimDatasetConfig
 from fusebench.data.simulated import make_sim_corpus
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_default_job_has_no_distractors(compose_cfg):
     cfg = compose_cfg()
     assert OmegaConf.to_container(cfg.gallery) == asdict(GalleryConfig())
     assert not run_config(cfg).gallery.active
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("kind", fast_first(GALLERY_KINDS))
 def test_every_kind_has_an_option(compose_cfg, kind):
     cfg = compose_cfg([f"gallery={kind}"])
     assert cfg.gallery.kind == kind
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("overrides, message", fast_first([  # a composition each: the fast tier keeps one
     (["gallery=sim", "gallery.size=-1"], "gallery.size=-1 is not valid"),
     (["gallery=sim", "gallery.near_duplicate=2"], "gallery.near_duplicate=2"),
@@ -56,6 +59,7 @@ def test_a_gallery_mistake_is_one_line_naming_the_key(compose_cfg, overrides, me
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("overrides", fast_first([
     ["gallery=sim", "gallery.size=0", "gallery.near_duplicate=0.9"],  # a sweep's size 0 keeps the kind's settings
     ["gallery=sim", "gallery.near_duplicate=null", "gallery.seed=2"],

@@ -135,6 +135,7 @@ def test_an_index_over_a_gallery_equals_faiss_own_over_the_same_rows(gallery, ki
     np.testing.assert_array_equal(result.lists["t2i"].scores.numpy(), np.where(ids < 0, -np.inf, scores))
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_refine_keeps_the_full_vectors_in_memory_and_raises_neighbour_recall(gallery):
     """search.refine_factor: the memory plan counts the full vectors IndexRefineFlat holds, and re-ranking the
     codes' hits by them raises neighbour recall over the same IVF-PQ index without it."""
@@ -158,6 +159,7 @@ def test_refine_keeps_the_full_vectors_in_memory_and_raises_neighbour_recall(gal
     assert target["sample_recall_low"] >= 0.95 and with_quality(result, exact)["t2i"].neighbour_recall >= 0.93, target
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("pq_m,budget", [(6, None), (5, None), (6, 1e-4)])  # 5: padded to width 25; 1e-4: on disk
 def test_a_refined_index_is_stored_read_back_and_never_taken_for_an_unrefined_one(gallery, tmp_path, pq_m, budget,
                                                                                    caplog):
@@ -180,6 +182,7 @@ def test_a_refined_index_is_stored_read_back_and_never_taken_for_an_unrefined_on
     assert not plain.costs["t2i"].hit and plain.costs["t2i"].key != first.costs["t2i"].key
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_the_stored_index_is_keyed_by_the_gallery(gallery, tmp_path):
     model, caption_image, distractors = gallery
     config = SearchConfig(backend="faiss", index="ivf_flat", nlist=16, nprobe=4)
@@ -205,6 +208,7 @@ def test_the_stored_index_is_keyed_by_the_gallery(gallery, tmp_path):
     assert len(entries) == 1 + len(variants) and all(e["complete"] for e in entries)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_lists_on_disk_equal_lists_in_memory_and_a_killed_build_is_rebuilt(gallery, tmp_path, caplog):
     model, caption_image, distractors = gallery
     memory, exact = lists(model, caption_image, distractors,
@@ -270,6 +274,7 @@ def test_max_memory_is_checked_and_lists_on_disk_need_the_store(gallery):
         lists(model, caption_image, distractors, config)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_target_recall_over_a_gallery_is_measured_against_exact_search_over_every_gallery_item(gallery):
     model, caption_image, distractors = gallery
     config = SearchConfig(backend="faiss", index="ivf_flat", nlist=16, target_recall=0.9)

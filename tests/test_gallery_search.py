@@ -66,6 +66,7 @@ SHAPES = [  # n_test, n_distractors, captions, depth, chunk, item_chunk
 ]
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("shape", SHAPES)
 def test_gallery_lists_equal_the_in_memory_search_of_the_stacked_gallery(shape):
     n_test, n_distractors, n_captions, depth, chunk, item_chunk = shape
@@ -161,6 +162,7 @@ def near_tie_case(seed: int, n_test: int = 60, n_captions: int = 140, n_distract
     return text, image, caption_image, ArrayRows(raw)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("precision", fast_first(["bf16", "tf32"]))
 def test_certified_margin_path_equals_fp32(precision):
     """Chunks of 32 captions (the last of 12, and tiles of 256 items, the last of 12: those go in fp32) over
@@ -203,6 +205,7 @@ def test_margin_bounds_the_low_precision_error_and_is_tight(precision, unit):
     assert float(delta.max()) < 4 * unit  # and not vacuous
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_margin_bounds_a_product_rounded_to_bf16_too():
     """Where the product is only available in bf16 (a bf16 output, here the CPU's), the bound adds its rounding."""
     rng = np.random.default_rng(3)

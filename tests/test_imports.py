@@ -19,6 +19,8 @@ import functools
 import re
 from pathlib import Path
 
+import pytest
+
 import fusebench
 
 PACKAGE = Path(fusebench.__file__).resolve().parent
@@ -175,6 +177,7 @@ def _verdict(importer: str, targets: tuple[str, ...], line: str) -> str | None:
     return None
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_every_function_level_import_of_ours_says_why_and_is_right():
     wrong = [f"{files()[imp].relative_to(SRC)}:{line}: {problem}" for imp, line, targets, text in lazy_imports()
              if (problem := _verdict(imp, targets, text))]

@@ -303,6 +303,7 @@ def test_the_verdict_is_read_off_the_interval():
     assert verdict(0.0, 1.0) == verdict(-1.0, 0.0) == verdict(-1.0, 1.0) == "not distinguishable"
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_each_backend_gets_one_sentence_on_whether_fusing_through_it_beats_not_fusing(tmp_path):
     from fusebench.report.index_effects import survival_sentences
     from fusebench.report.plots.index_recall_time import recall_time_plot
@@ -347,6 +348,7 @@ def test_each_backend_gets_one_sentence_on_whether_fusing_through_it_beats_not_f
     assert "| loses |" in text and "-0.92 [-1.36, -0.48]" in text and "kept" not in text
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_two_model_sets_and_two_settings_of_one_method_are_told_apart(tmp_path):
     """Rows of one backend that differ in their models or in a fusion setting are separate series, each named by
     what differs (found by a review: two model sets on one split read as one backend at '0 distractors' twice)."""

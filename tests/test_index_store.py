@@ -84,6 +84,7 @@ def test_a_stored_index_is_read_back_for_any_search_time_parameter(case, tmp_pat
         assert all(c.hit for c in run(case, tmp_path, config("hnsw", ef_search=80)).costs.values())
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_other_build_parameters_or_items_build_another_index(case, tmp_path):
     model, caption_image = case
     run(case, tmp_path)
@@ -137,6 +138,7 @@ def _directory(folder: Path):
     (folder / DATA).mkdir()
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("damage", [_flip, _truncate, _no_meta, _foreign_meta, _checksummed_other_index, _directory])
 @pytest.mark.parametrize("index", ["flat", "ivf_flat"])
 def test_a_damaged_entry_is_reported_and_rebuilt(case, tmp_path, caplog, monkeypatch, damage, index):
@@ -220,6 +222,7 @@ def test_listing_and_removing_needs_no_faiss(case, tmp_path, monkeypatch, capsys
     assert IndexStore(tmp_path).entries() == []
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_two_jobs_build_an_index_once(case, tmp_path):
     model, _ = case
     material = index_material("digest", len(model.image), 16, "t2i", "flat", {}, "faiss test")
@@ -244,6 +247,7 @@ def test_two_jobs_build_an_index_once(case, tmp_path):
     assert all(r.index.ntotal == len(model.image) and r.stored for r in results)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_padded_ivf_pq_index_is_stored_read_back_and_checked(case, tmp_path, monkeypatch):
     """pq_m=5 on width 16: the vectors are zero-padded to 20 (build parameter ``width``); the stored index is read
     back (no build) with the same lists, and a read-back index is refused when its padding is not the key's."""

@@ -133,6 +133,7 @@ def test_rows_handed_to_the_api_have_no_other_split(tmp_path):
         fusebench.evaluate(models, caption_image, overrides=[*overrides, "search.tune_queries=split"])
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_split_no_model_can_embed_is_refused_naming_what_is_valid(compose_cfg, tmp_path):
     pytest.importorskip("faiss")
     image, text = tmp_path / "img.npy", tmp_path / "txt.npy"

@@ -54,6 +54,7 @@ def test_scaled_rows_keep_their_direction(dtype, scale):
         assert np.allclose(out, reference_directions(base), rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_rows_at_float32_limits_and_mixed_scales():
     x = _rows(shape=(40, 300), seed=1)
     x[0] = np.float32(3e38) * np.sign(x[0])  # every entry near float32's largest

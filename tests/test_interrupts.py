@@ -34,6 +34,7 @@ def _ctrl_c_inside_a_weakref_callback() -> None:
     gc.collect()
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_dropped_ctrl_c_is_remembered_quietly_and_raised_by_check(watched, capsys):
     interrupts.check()  # nothing pressed: nothing raised
     _ctrl_c_inside_a_weakref_callback()  # no KeyboardInterrupt got out of there
@@ -42,6 +43,7 @@ def test_a_dropped_ctrl_c_is_remembered_quietly_and_raised_by_check(watched, cap
         interrupts.check()
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_without_the_watch_python_drops_the_interrupt():
     """What fusebench guards against: with Python's own handler the press is lost (the code goes on)."""

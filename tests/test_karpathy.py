@@ -61,6 +61,7 @@ def test_protocol_guard_refuses_or_marks(tmp_path):
     assert marked.meta["nonstandard"] is True and marked.summary()["nonstandard"] is True
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_config_and_paths_group(compose_cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEBENCH_DATA", str(tmp_path))
     mini_coco(tmp_path / "coco")

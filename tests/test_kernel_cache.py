@@ -35,6 +35,7 @@ def numba_modules() -> set[str]:
     return found
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_every_kernel_source_is_in_the_cache_key():
     kernel_files = {name for name in jit.KERNEL_SOURCES}
     assert all((PACKAGE / name).is_file() for name in kernel_files)

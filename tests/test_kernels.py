@@ -22,6 +22,7 @@ def _blocks():
     yield "top in one region", spikes
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("k", [1, 7, 100, 300])
 def test_row_heaps_equal_stable_topk(k):
     for label, block in _blocks():
@@ -35,6 +36,7 @@ def test_row_heaps_equal_stable_topk(k):
         assert np.array_equal(values, expected_values.numpy()), label
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("k,cuts", [(1, 700), (9, 700), (100, 700), (100, (50, 750, 1650)), (300, (50, 750, 1650))])
 def test_column_heaps_equal_stable_topk(k, cuts):
     """Tiles of 700 rows, or uneven ones: a first tile too short for a floor, a second while the heaps still

@@ -9,6 +9,8 @@ import ast
 import functools
 from pathlib import Path
 
+import pytest
+
 import fusebench
 
 PACKAGE = Path(fusebench.__file__).resolve().parent
@@ -109,6 +111,7 @@ def strongly_connected(edges: dict[str, set[str]]) -> list[set[str]]:
     return out
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_nothing_below_app_imports_app():
     offenders = {source: files for source, targets in graph().items() if source != "app"
                  for target, files in targets.items() if target == "app"}
@@ -149,6 +152,7 @@ def test_the_cycle_finder_against_a_hand_made_graph():
     assert strongly_connected({"a": {"b"}, "b": set()}) == []
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_no_module_imports_relatively():
     """The layer graph reads absolute imports (``from fusebench.app import x``); a relative one (``from ..app import
     x``) would slip past it, so there are none."""

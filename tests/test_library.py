@@ -128,6 +128,7 @@ def test_the_library_equals_a_runs_saved_lists_ranks_and_comparisons(tmp_path, m
     assert isinstance(fused["t2i"], Lists)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_the_library_imports_no_hydra_and_no_app():
     """Plain arrays in, plain arrays out: importing the library loads neither Hydra nor the app above it."""
     import subprocess

@@ -35,6 +35,7 @@ def case():
     return models, caption_image
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("method", fast_first(METHODS))
 @pytest.mark.parametrize("fuse_on", fast_first(FUSE_ON))  # six searches a case: the fast tier keeps one case
 def test_stored_lists_reproduce_cold_results_and_warm_jobs_do_no_matmul(case, tmp_path, method, fuse_on):
@@ -50,6 +51,7 @@ def test_stored_lists_reproduce_cold_results_and_warm_jobs_do_no_matmul(case, tm
         assert all(r["hit"] for r in warm_records.values())
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("fuse_on", fast_first(FUSE_ON))
 def test_dense_jobs_take_single_models_from_the_store(case, tmp_path, fuse_on):
     models, caption_image = case
@@ -119,6 +121,7 @@ def _killed_mid_write(entry: Path):
     (entry / "meta.json").unlink()
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("damage", fast_first([_truncate, _flip_byte, _meta_not_an_object, _meta_not_json, _older_format,
                                                _wrong_shapes, _killed_mid_write], 2))
 def test_damaged_entry_is_reported_and_recomputed(case, tmp_path, caplog, damage):
@@ -193,6 +196,7 @@ def test_whole_ranking_jobs_read_stored_score_matrices(case, tmp_path, method, f
     assert_same_lists(cold, warm)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("tile_bytes", [64, 20_000, 1 << 20])  # one transposed row per block .. one block
 def test_transposed_rows_of_a_stored_matrix(tmp_path, tile_bytes):
     """The i2t matrix is built from the stored t2i file: the rows of its transpose for any columns, in blocks
@@ -207,6 +211,7 @@ def test_transposed_rows_of_a_stored_matrix(tmp_path, tile_bytes):
     assert np.array_equal(np.concatenate(blocks), matrix[:, columns].T)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_stored_i2t_is_the_transposed_t2i_from_one_similarity_pass(tmp_path, monkeypatch):
     """A model's score entry costs one similarity pass (its t2i rows): the i2t matrix is the t2i matrix's
     transpose for the images with captions, bit for bit, so a pair has one score in both directions."""
@@ -231,6 +236,7 @@ def test_stored_i2t_is_the_transposed_t2i_from_one_similarity_pass(tmp_path, mon
         assert np.array_equal(i2t, t2i[:, np.unique(caption_image)].T)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_score_matrices_over_the_size_cap_are_recomputed_not_stored(case, tmp_path):
     models, caption_image = case
     _dense(models, caption_image, str(tmp_path), max_scores_mb=0)
@@ -239,6 +245,7 @@ def test_score_matrices_over_the_size_cap_are_recomputed_not_stored(case, tmp_pa
     assert ScoreStore(tmp_path).entries() == []
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("damage", fast_first(["truncate", "flip", "meta_list", "older_format"]))
 def test_damaged_score_entry_is_rebuilt(case, tmp_path, caplog, damage):
     models, caption_image = case
@@ -269,6 +276,7 @@ def _count_sorts(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("combine", fast_first(["sum", "geometric"]))
 def test_rrf_by_source_object_sorts_each_stored_matrix_once(case, tmp_path, monkeypatch, combine):
     """Whole-ranking RRF by source object needs every row's order: sorted once into the store (beside the
@@ -290,6 +298,7 @@ def test_rrf_by_source_object_sorts_each_stored_matrix_once(case, tmp_path, monk
     assert_same_lists(cold, warm)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("damage", fast_first(["truncate", "flip", "wrong_type"]))
 def test_damaged_stored_order_is_sorted_again(case, tmp_path, monkeypatch, caplog, damage):
     models, caption_image = case
@@ -316,6 +325,7 @@ def test_stored_rows_read_orders_in_their_own_dtype(tmp_path):
     assert scores.order_dtype(65536) == np.uint16 and scores.order_dtype(65537) == np.int32
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("method,fuse_on,ddof,damage", fast_first([("dbsf", "source_object", 0, "truncate"),
                                                                     ("zscore", "document", 1, "flip"),
                                                                     ("dbsf", "document", 1, "wrong_type")], unpack=True))

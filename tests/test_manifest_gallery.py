@@ -166,6 +166,7 @@ def test_manifest_distractors_equal_the_same_rows_as_a_dump_bit_for_bit(compose_
     assert metrics_m["gallery"]["distractors"] == metrics_d["gallery"]["distractors"] == len(without)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_manifest_without_caption_less_lines_is_searched_as_before(compose_cfg, case):
     records = [r for r in case["records"] if r["captions"]]
     manifest = write_manifest(case["dir"] / "only.jsonl", records)
@@ -177,6 +178,7 @@ def test_a_manifest_without_caption_less_lines_is_searched_as_before(compose_cfg
     np.testing.assert_array_equal(split.test_rows, case["captioned"])
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("extra", [["tune=weights"], ["fusion.top_k=null"]])
 def test_runs_the_streamed_path_cannot_serve_keep_the_in_memory_search(compose_cfg, case, extra):
     config = run_config(compose_cfg(_overrides(case["manifest"], case["files"], extra)))
@@ -207,6 +209,7 @@ def test_an_index_or_engine_searches_the_caption_less_lines_streamed(compose_cfg
     assert (tmp_path / "index" / "topk" / "gallery_items.jsonl").is_file()  # the streamed path's item ids
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_max_memory_gb_reads_a_manifests_streamed_gallery_and_nothing_else(compose_cfg, tmp_path, case):
     """search.max_memory_gb is checked once the manifest is read: accepted where its caption-less lines stream as a
     gallery (FAISS's gallery index reads it), one line where every image is searched in memory."""
@@ -221,6 +224,7 @@ def test_max_memory_gb_reads_a_manifests_streamed_gallery_and_nothing_else(compo
     assert "\n" not in str(err.value) and not (tmp_path / "out" / "metrics.json").exists()
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("where", ["test", "distractor"])
 def test_a_bad_row_is_one_line_naming_its_row_of_the_npy(compose_cfg, tmp_path, case, where):
     image, text = case["files"]["a"]
@@ -236,6 +240,7 @@ def test_a_bad_row_is_one_line_naming_its_row_of_the_npy(compose_cfg, tmp_path, 
     assert not (tmp_path / "out" / "metrics.json").exists()
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_an_npy_with_the_wrong_row_count_is_one_line(compose_cfg, tmp_path, case):
     image, text = case["files"]["a"]
     np.save(tmp_path / "short.npy", np.load(image)[:-1])
@@ -297,6 +302,7 @@ def test_stored_lists_are_read_only_for_the_same_rows(compose_cfg, tmp_path, cas
     assert (np.load(tmp_path / "3" / "topk" / "a.t2i.npz")["ids"][:, :5] == item).sum() < (listed == item).sum()
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("extra,key", [(["gallery.size=50"], "gallery.size=50"),
                                        (["gallery.near_duplicate=0.5"], "gallery.near_duplicate=0.5")])
 def test_a_gallery_setting_a_manifest_run_does_not_read_is_refused_describing_that_run(compose_cfg, case, extra, key):

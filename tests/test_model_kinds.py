@@ -78,6 +78,7 @@ def runtime(tmp_path):
                                      chunk_rows=1024)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_sentence_transformers_rows_are_its_encode_l2_normalised(st_model, tmp_path):
     """The kind's rows equal the slow reference: SentenceTransformer.encode of every image and caption, then L2
     normalisation (float32); a second run reads them from the cache without loading the model."""
@@ -101,6 +102,7 @@ def test_sentence_transformers_rows_are_its_encode_l2_normalised(st_model, tmp_p
     assert np.array_equal(again.image, got.image) and np.array_equal(again.text, got.text)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_the_cache_key_holds_the_sentence_transformers_version(st_model, tmp_path, monkeypatch):
     import sentence_transformers
 

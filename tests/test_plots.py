@@ -46,6 +46,7 @@ def test_the_docs_table_is_the_registrys():
     assert named - set(plots.names()) - set(report_files.RETIRED_PLOTS) == set()
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_scanning_the_plots_imports_no_matplotlib():
     code = ("import sys; from fusebench.runtime import layout; names = layout.plot_names('run');"
             "print(len(names), any(m.split('.')[0] == 'matplotlib' for m in sys.modules))")
@@ -106,6 +107,7 @@ def legend_of(monkeypatch) -> list:
     return drawn
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_the_run_draws_query_ranks_with_the_counts_it_reports(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     run_dir, record, t2i = known_run(tmp_path)
@@ -126,6 +128,7 @@ def test_the_run_draws_query_ranks_with_the_counts_it_reports(tmp_path, monkeypa
     assert (won.wins, won.losses) == (7, 3) == slow_fixed_broken(t2i["a"], t2i["fused"], 1)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_query_ranks_with_its_own_settings(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     run_dir, record, t2i = known_run(tmp_path)

@@ -115,6 +115,7 @@ def test_corpus_without_caption_ids_is_explained():
         load_positives("eccv", bare)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_ids_the_corpus_lacks_name_the_file_unless_a_subset():
     corpus = coco_corpus(extra=0)
     keep = np.ones(corpus.n_images, dtype=bool)
@@ -208,6 +209,7 @@ def test_run_records_corrected_metrics_for_single_and_fused(compose_cfg, tmp_pat
     assert len(compared) == 2 * 2 * (3 + 3)  # 2 baselines x 2 directions x (ECCV 3 + CxC 3 metrics)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_positives_on_sim_are_explained(compose_cfg, tmp_path):
     from fusebench.app.pipeline import run
 

@@ -38,6 +38,7 @@ def _run(models, caption_image, config, keep_k=None, **settings):
     return retrieve(models, caption_image, config, keep_k=keep_k, settings=SearchSettings(**settings))
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("chunks", [(7, 16384), (5, 4), (1, 1), (64, 9)])
 def test_single_model_ranks_and_lists_match_reference(case, chunks):
     models, caption_image = case
@@ -66,6 +67,7 @@ def _assert_same(base, other):
             assert torch.equal(base[name][direction].scores, other[name][direction].scores), (name, direction)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("top_k", [6, None])
 @pytest.mark.parametrize("chunks", fast_first([(1, 1000), (5, 3), (64, 1), (3, 7)], 2))
 def test_results_do_not_depend_on_tile_sizes(case, top_k, chunks):
@@ -111,6 +113,7 @@ def _check_fused_against_reference(models, caption_image, method, fuse_on, top_k
         check(out["fused"]["i2t"], row, expected, lambda item, image=image: caption_image[item] == image)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("method", fast_first(METHODS, 2))
 @pytest.mark.parametrize("fuse_on", FUSE_ON)
 def test_fused_lists_match_per_query_reference_both_directions(case, method, fuse_on):
@@ -120,6 +123,7 @@ def test_fused_lists_match_per_query_reference_both_directions(case, method, fus
     _check_fused_against_reference(models, caption_image, method, fuse_on, 5, 7, out)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("method", fast_first(METHODS, 2))
 @pytest.mark.parametrize("fuse_on", FUSE_ON)
 @pytest.mark.parametrize("final_top_k", fast_first([None, 9]))
@@ -133,6 +137,7 @@ def test_dense_path_matches_reference_on_whole_rankings(case, method, fuse_on, f
     _check_fused_against_reference(models, caption_image, method, fuse_on, n_items, final_k, out, keep=12)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("combine", ["max", "mnz"])
 @pytest.mark.parametrize("method", fast_first(["sum", "rrf", "minmax", "isr"], 2))
 @pytest.mark.parametrize("top_k", fast_first([5, None]))
@@ -160,6 +165,7 @@ ENGINE_SETTINGS = {  # the engine presets' mechanics (conf/fusion/*.yaml), each 
 }
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("name", fast_first(list(ENGINE_SETTINGS), 2))
 @pytest.mark.parametrize("top_k", [5, None])
 def test_engine_mechanics_match_the_reference_on_both_paths(case, name, top_k):
@@ -176,6 +182,7 @@ def test_engine_mechanics_match_the_reference_on_both_paths(case, name, top_k):
                                    combine=combine, **settings)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_dense_blocks_of_one_query_give_the_same_result(case):
     models, caption_image = case
     config = FusionConfig(method="rrf", fuse_on="source_object", top_k=None)
@@ -183,6 +190,7 @@ def test_dense_blocks_of_one_query_give_the_same_result(case):
     _assert_same(base, _run(models, caption_image, config, keep_k=10, chunk_size=1, item_chunk_size=1))
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_many_distractors_tiled_on_both_axes_equal_untiled():
     """Most images have no caption: t2i must still rank them, i2t asks them nothing; tiles change nothing."""
     models, caption_image = _case(5, 300, list(range(12, 300)))
@@ -202,6 +210,7 @@ def test_no_fused_retriever_for_one_model_or_method_none(case):
     assert set(_run(models, caption_image, FusionConfig(method="none", top_k=5))) == {"a", "b"}
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_keep_k_cuts_stored_lists_not_ranks(case):
     models, caption_image = case
     config = FusionConfig(method="rrf", top_k=None)
@@ -235,6 +244,7 @@ def test_read_ahead_loads_each_block_once_in_order_and_at_most_one_ahead(ahead):
         list(_read_ahead(broken, [(0, 2), (2, 4)], ahead))
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("method,fuse_on", fast_first([("dbsf", "document"), ("rrf", "source_object"), ("zscore", "source_object")],
                                                        unpack=True))
 def test_dense_blocks_read_into_reused_buffers_give_the_same_result(case, tmp_path, monkeypatch, method, fuse_on):

@@ -85,6 +85,7 @@ def test_latents_are_shared_by_the_models_and_hard_ones_resemble_a_test_image():
         assert np.einsum("ij,ij->i", back, unit(latents)).min() > 0.9
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_scores_sit_as_the_models_test_images_do_and_relevance_scales_caption_cosines():
     plain = SimParams(dim=16, image_noise=0.3, text_noise=0.3, seed=1)
     _, text = sim_model_embeddings(CORPUS, 16, 0.3, 0.3, 1)
@@ -130,6 +131,7 @@ def test_bad_setups_are_one_line_errors():
         SimDistractorConfig(relevance=0)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_recall_falls_with_gallery_size():
     image, text = sim_model_embeddings(CORPUS, 16, 0.3, 0.3, 1)
     rows = sim_distractor_rows(SimParams(dim=16, image_noise=0.3, text_noise=0.3, seed=1), CORPUS, gallery(20000))
@@ -274,6 +276,7 @@ def test_scaling_tables_hold_every_size(tmp_path):
     assert fused_cost["search_ms_per_query"] == 0.75 and fused_cost["gallery_bytes_stored"] == 0
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_missed_check_withholds_the_prediction_past_the_largest_gallery(tmp_path):
     """Distractors that are near copies of each query's own target (scores just under it, whatever its level):
     above the thresholds the queries' tails differ, neither tail model holds, and the check says so."""
@@ -287,6 +290,7 @@ def test_a_missed_check_withholds_the_prediction_past_the_largest_gallery(tmp_pa
                    for why in s.refused)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_prediction_never_goes_past_what_the_source_holds(tmp_path):
     _study(tmp_path, sizes=(0, 1000, 2000), available=15000)
     s = build_report(tmp_path, draws=100).scaling
@@ -314,6 +318,7 @@ def test_the_check_is_made_at_the_printed_step_where_the_sizes_allow():
     assert support([10.0, 2.0], 10.0) == "checked at x10" and support([5.0, 2.0], 10.0) == "checked only at x5"
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_no_prediction_from_a_gallery_larger_than_its_coverage_was_measured_from(tmp_path):
     """From more than COVERED_FROM distractors the interval is unmeasured (and missed when a review measured it):
     the checks are shown, the prediction past the largest is withheld, saying why (issue 39's review)."""
@@ -338,6 +343,7 @@ def test_a_step_is_read_on_the_sizes_asked_so_near_duplicates_never_shorten_it()
     assert support([20000 / 2000], 10.0) == "checked at x10"
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_prediction_with_no_check_is_labelled_unchecked_and_the_title_says_what_is_printed(tmp_path):
     _study(tmp_path, sizes=(0, 1000))
     report = build_report(tmp_path, draws=100)
@@ -350,6 +356,7 @@ def test_a_prediction_with_no_check_is_labelled_unchecked_and_the_title_says_wha
     assert "withheld when a check missed" in lines and "unchecked)" in lines
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_runs_whose_ranks_fall_as_distractors_are_added_are_not_paired(tmp_path):
     ranks = _study(tmp_path, sizes=(0, 1000))["ranks"][1000]
     better = np.maximum(ranks["a"]["t2i"] - 1, 1)  # not the same model over nested galleries
@@ -360,6 +367,7 @@ def test_runs_whose_ranks_fall_as_distractors_are_added_are_not_paired(tmp_path)
                for why in s.refused)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_runs_whose_queries_differ_are_not_paired(tmp_path):
     _study(tmp_path, change_queries_at=10000)
     s = build_report(tmp_path, draws=100).scaling

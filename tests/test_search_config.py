@@ -39,6 +39,7 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     assert run_config(compose_cfg(["fusion=qdrant_rrf", "search=qdrant"])).fusion.preset == "qdrant_rrf"
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("overrides,fragments", fast_first([  # a composition each: the fast tier keeps one
     (["search=faiss_ivf_flat", "search.nlist=4", "search.nprobe=8"], ("search.nprobe=8", "1..4")),
     (["search=faiss_hnsw", "search.ef_search=50"], ("search.ef_search=50", ">= 100")),
@@ -96,6 +97,7 @@ def test_bad_search_settings_are_one_line(compose_cfg, overrides, fragments):
     _refused(compose_cfg, overrides, *fragments)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("overrides", fast_first([
     ["search=faiss_ivf_flat", "search.nprobe=8", "search.seed=3", "search.threads=1"],
     ["search=faiss_ivf_pq", "search.pq_m=8", "search.nbits=6"],
@@ -187,6 +189,7 @@ def test_parity_against_the_obvious_loops():
     assert not tie_explained(np.array([9, 2, 3]), np.array([1, 2, 3]), np.array([0.3, 0.3, 0.1]), 3)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_patched_engine_is_said_in_its_label(compose_cfg):
     """Milvus Lite's times are stock unless search.milvus_lean_rows patches it; then every label says so."""
     assert "lean_rows" not in run_config(compose_cfg(["search=milvus"])).search.label()
@@ -233,6 +236,7 @@ def test_the_backend_table_in_the_docs_is_the_registry():
             assert default == {None: "null", True: "true", False: "false"}.get(f.default, str(f.default)), f.name
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("first", ["fusebench.backends.kinds.milvus", "fusebench.backends.base",
                                    "fusebench.backends.engine_steps", "fusebench.config.search", "fusebench.config.run"])
 def test_the_search_schema_holds_every_backends_keys_whichever_module_comes_first(first):

@@ -38,6 +38,7 @@ def unit(rows):
 
 # --- the isotropic default is what it was --------------------------------------------------------------------
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_isotropic_default_rows_equal_the_old_formula():
     """Latents, each model's rows (placed or not) and distractor rows (relevance < 1 and = 1, across a block
     boundary): equal, bit for bit, to the simulator before structures existed (tests/helpers/isotropic_sim.py)."""
@@ -124,6 +125,7 @@ def test_placement_is_exactly_affine_so_rankings_are_the_unplaced_rows():
         assert np.allclose(text[:50] @ image.T, scale * content + shift, atol=2e-6)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_a_captions_nearest_images_are_mostly_of_its_topic():
     """With the preset's caption noise, 2,000 images: a caption's nearest image is of its topic most of the time,
     its 10 nearest over ten times chance (1/32), and an image's 10 nearest images mostly."""
@@ -179,6 +181,7 @@ def test_a_score_placement_the_cone_cannot_hold_is_refused():
         modality_placement(0.35, 0.8, (0.9, 0.0))
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_the_preset_selects_the_clustered_structure(compose_cfg):
     from fusebench.app.run_config import run_config
 
@@ -189,6 +192,7 @@ def test_the_preset_selects_the_clustered_structure(compose_cfg):
 
 # --- what an index sees ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_ivf_finds_clustered_neighbours_with_fewer_lists():
     """IVF-Flat (64 lists, 4 visited) over 16k gallery rows: neighbour recall@20 of caption queries is far
     higher on the clustered structure than on the isotropic one, whose neighbours spread over every list."""

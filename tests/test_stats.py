@@ -41,6 +41,7 @@ def test_interval_matches_index_resampling_reference():
     assert fast.ci_high == pytest.approx(slow_high, abs=0.3)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("n", fast_first([200, 2000]))
 def test_interval_covers_true_gain_about_95_percent(n):
     rng = np.random.default_rng(n)

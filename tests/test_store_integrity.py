@@ -190,6 +190,7 @@ def test_list_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path, 
     assert all(r["hit"] for r in records.values()) and blocks == 0
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("what", fast_first(["ab", "ba"]))
 def test_score_entry_copied_under_another_models_key_is_rebuilt(twins, tmp_path, caplog, what):
     models, caption_image = twins
@@ -230,6 +231,7 @@ def test_list_entry_made_a_file_is_rebuilt(twins, tmp_path, caplog):
     assert run_lists(models[:1], caption_image, LISTS, str(tmp_path))[1]["a"]["hit"]  # stored again
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 @pytest.mark.parametrize("config,name", fast_first([(ORDERS, "t2i_order.npy"), (ORDERS, "i2t_order.npy"),
                                                     (DENSE, "i2t_moments_ddof0.npy"), (DENSE, "t2i.npy"),
                                                     (DENSE, "meta.json")], unpack=True))

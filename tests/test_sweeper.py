@@ -118,6 +118,7 @@ def test_a_sweep_it_cannot_make_is_one_message(arguments, max_batch_size, messag
         job_batches(OverridesParser.create().parse_overrides(arguments), max_batch_size)
 
 
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
 def test_only_the_basic_launcher_is_handed_the_composed_configs(compose_cfg):
     from hydra_plugins.fusebench_sweeper.sweeper import runs_in_this_process
 
