@@ -128,6 +128,11 @@ class RealModel(ModelSpec):
         super().__post_init__()
         self.stand_in = None if self.sim is None else self.sim.for_case(self.text.case)
 
+    def need(self, key: str, what: str) -> None:
+        """Refuse this model without ``key`` (the kind's weights): one line naming it and what the kind needs."""
+        if not getattr(self, key):
+            raise FusebenchError(f"models.{self.name}.{key} is not set; kind '{self.kind}' needs {what}.")
+
 
 @dataclass(frozen=True)
 class ModelKind:

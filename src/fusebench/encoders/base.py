@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from fusebench import FusebenchError
-from fusebench.config.specs import DEFAULT_WEIGHT
-from fusebench.encoders.fingerprint import first_line
+from fusebench.config.specs import DEFAULT_WEIGHT, model_spec
+from fusebench.encoders.fingerprint import first_line, hf_hub_revision, path_fingerprint
 from fusebench.encoders.rownorm import l2_normalise_rows
 from fusebench.runtime import state
 
@@ -141,6 +143,73 @@ def load_error(name: str, what: str, err: BaseException, offline: str | None, re
     then = "" if hub_offline_set() else ", then set HF_HUB_OFFLINE=1 to run without network"
     return FusebenchError(f"{text} Download them once with network (`huggingface-cli download {repo}`){then}; "
                           f"or give {local}.")
+
+
+class RealEncoder:
+    """What every real encoder does alike before loading anything: its model spec typed once (a mapping of its keys
+    is converted and checked, as ``models.NAME`` in a config is) and ``configure``d, no model yet, its width known
+    once loaded. ``spec_type`` is the kind's spec class, ``backend`` the kind's name."""
+
+    backend: str
+    spec_type: type
+
+    def __init__(self, name: str, spec):
+        if not isinstance(spec, self.spec_type):
+            spec = model_spec(name, {"kind": self.backend, **spec}, [])
+        self.name = name
+        self.model = None
+        self.dim = 0  # known once loaded
+        self.configure(spec)
+
+    def configure(self, spec) -> None:
+        raise NotImplementedError
+
+
+class HubWeights:
+    """Weights named by a Hugging Face repo id or a local folder (``source``) at a ``revision``: the folder, the repo,
+    and the fingerprint that identifies them without loading them (a folder's files, else the cached commit of the
+    repo, found by ``HUB_FILE``). ``SOURCE_KEY`` names the source in the fingerprint (the kind's key for it)."""
+
+    SOURCE_KEY = "model"
+    HUB_FILE = "config.json"
+    backend: str
+    name: str
+    source: str
+    revision: str | None
+
+    @property
+    def local_path(self) -> Path | None:
+        path = Path(str(self.source)).expanduser()
+        return path if path.is_dir() else None
+
+    @property
+    def hub_repo(self) -> str | None:
+        """The Hugging Face repo id the source names; None for a folder (or a path that is not one)."""
+        if self.local_path is not None or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", str(self.source)):
+            return None
+        return str(self.source)
+
+    def from_hub(self, load: Callable[[str, dict], None], what: str, folder: str) -> None:
+        """``load(source, kwargs)`` the weights: from the folder, or from the hub at ``revision`` (from the local
+        cache alone, no retries, when the hub is out of reach); any failure is one message saying ``what`` failed
+        and that a ``folder`` would do."""
+        offline = hub_unavailable() if self.hub_repo else None  # no hub: the local cache only, no retries
+        try:
+            kwargs = {"revision": self.revision} if self.local_path is None and self.revision else {}
+            if offline:
+                kwargs["local_files_only"] = True
+            with cached_files_only(bool(offline)):
+                load(str(self.local_path or self.source), kwargs)
+        except Exception as err:  # noqa: BLE001 - turn any loader failure into one actionable message
+            raise load_error(self.name, what, err, offline, self.hub_repo, folder) from None
+
+    def fingerprint(self) -> dict:
+        out = {"backend": self.backend, self.SOURCE_KEY: str(self.source), "revision": self.revision}
+        if self.local_path is not None:
+            out["files"] = path_fingerprint(self.local_path)
+        else:
+            out["commit"] = hf_hub_revision(str(self.source), self.revision, self.HUB_FILE)
+        return out
 
 
 @dataclass

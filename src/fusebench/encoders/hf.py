@@ -8,15 +8,14 @@ Spec keys: ``checkpoint`` (hub id or local folder), ``revision`` (hub only), ``t
 from __future__ import annotations
 
 import inspect
-import re
-from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
-from fusebench.config.specs import model_spec
-from fusebench.encoders.base import cached_files_only, embedding_width, hub_unavailable, load_error
-from fusebench.encoders.fingerprint import hf_hub_revision, path_fingerprint
+from fusebench.encoders.base import (
+    HubWeights,
+    RealEncoder,
+    embedding_width,
+)
 from fusebench.encoders.kinds.hf import HFModel
 
 
@@ -42,38 +41,19 @@ class HFImageTransform:
         return {key: value[0] for key, value in out.items()}
 
 
-class HFEncoder:
+class HFEncoder(HubWeights, RealEncoder):
     backend = "hf"
+    spec_type = HFModel
+    SOURCE_KEY = "checkpoint"
 
-    def __init__(self, name: str, spec: HFModel | Mapping):
-        """``spec``: the model's typed spec (a mapping of its keys is converted and checked)."""
-        if not isinstance(spec, HFModel):
-            spec = model_spec(name, {"kind": self.backend, **spec}, [])
-        self.name = name
+    def configure(self, spec: HFModel) -> None:
         self.checkpoint, self.revision = spec.checkpoint, spec.revision
         self.padding, self.max_length = spec.text.padding, spec.text.max_length
-        self.model = self.tokenizer = self.processor = None
-        self.dim = 0  # known once loaded
+        self.tokenizer = self.processor = None
 
     @property
-    def local_path(self) -> Path | None:
-        path = Path(str(self.checkpoint)).expanduser()
-        return path if path.is_dir() else None
-
-    @property
-    def hub_repo(self) -> str | None:
-        """The Hugging Face repo id the checkpoint names; None for a folder (or a path that is not one)."""
-        if self.local_path is not None or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", str(self.checkpoint)):
-            return None
-        return str(self.checkpoint)
-
-    def fingerprint(self) -> dict:
-        out = {"backend": self.backend, "checkpoint": str(self.checkpoint), "revision": self.revision}
-        if self.local_path is not None:
-            out["files"] = path_fingerprint(self.local_path)
-        else:
-            out["commit"] = hf_hub_revision(str(self.checkpoint), self.revision)
-        return out
+    def source(self) -> str:
+        return self.checkpoint
 
     def versions(self) -> dict:
         import transformers
@@ -89,21 +69,13 @@ class HFEncoder:
     def load(self, device: torch.device) -> None:
         from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
-        source = str(self.local_path or self.checkpoint)
-        offline = hub_unavailable() if self.hub_repo else None  # no hub: the local cache only, no retries
-        try:
-            kwargs = {"revision": self.revision} if self.local_path is None and self.revision else {}
-            if offline:
-                kwargs["local_files_only"] = True
-            with cached_files_only(bool(offline)):
-                self.model = AutoModel.from_pretrained(source, **kwargs).eval().to(device)
-                self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-                self.processor = AutoImageProcessor.from_pretrained(source, **kwargs)
-        except Exception as err:  # noqa: BLE001 - turn any loader failure into one actionable message
-            raise load_error(self.name, f"transformers could not load checkpoint={self.checkpoint!r}", err, offline,
-                             self.hub_repo,
-                             f"a folder saved with save_pretrained (models.{self.name}.checkpoint=/path/to/folder)"
-                             ) from None
+        def load_all(source: str, kwargs: dict) -> None:
+            self.model = AutoModel.from_pretrained(source, **kwargs).eval().to(device)
+            self.tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            self.processor = AutoImageProcessor.from_pretrained(source, **kwargs)
+
+        self.from_hub(load_all, f"transformers could not load checkpoint={self.checkpoint!r}",
+                      f"a folder saved with save_pretrained (models.{self.name}.checkpoint=/path/to/folder)")
         if self.max_length is None:
             self.max_length = int(getattr(self.model.config, "text_config", self.model.config).max_position_embeddings)
         self.dim = embedding_width(self, device)

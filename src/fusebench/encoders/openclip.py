@@ -8,28 +8,22 @@ Spec keys: ``model`` (e.g. ViT-H-14-quickgelu, hf-hub:timm/ViT-SO400M-14-SigLIP-
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from fusebench.config.specs import model_spec
-from fusebench.encoders.base import cached_files_only, embedding_width, hub_unavailable, load_error
+from fusebench.encoders.base import RealEncoder, cached_files_only, embedding_width, hub_unavailable, load_error
 from fusebench.encoders.fingerprint import path_fingerprint
 from fusebench.encoders.kinds.open_clip import OpenClipModel
 
 
-class OpenClipEncoder:
+class OpenClipEncoder(RealEncoder):
     backend = "open_clip"
+    spec_type = OpenClipModel
 
-    def __init__(self, name: str, spec: OpenClipModel | Mapping):
-        """``spec``: the model's typed spec (a mapping of its keys is converted and checked)."""
-        if not isinstance(spec, OpenClipModel):
-            spec = model_spec(name, {"kind": self.backend, **spec}, [])
-        self.name = name
+    def configure(self, spec: OpenClipModel) -> None:
         self.model_id, self.pretrained, self.context_length = spec.model, spec.pretrained, spec.context_length
-        self.model = self.preprocess = self.tokenizer = None
-        self.dim = 0  # known once loaded
+        self.preprocess = self.tokenizer = None
 
     @property
     def local_weights(self) -> bool:

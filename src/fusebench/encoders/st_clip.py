@@ -8,16 +8,10 @@ the captions go to ``encode`` as strings (its tokenizer cuts them at ``max_seq_l
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from pathlib import Path
-
 import torch
 
 from fusebench import FusebenchError
-from fusebench.config.specs import model_spec
-from fusebench.encoders.base import cached_files_only, embedding_width, hub_unavailable, load_error
-from fusebench.encoders.fingerprint import hf_hub_revision, path_fingerprint
+from fusebench.encoders.base import HubWeights, RealEncoder, embedding_width
 from fusebench.encoders.kinds.sentence_transformers import SentenceTransformersModel
 
 
@@ -37,36 +31,17 @@ def as_pil(image):
     return image
 
 
-class SentenceTransformersEncoder:
+class SentenceTransformersEncoder(HubWeights, RealEncoder):
     backend = "sentence_transformers"
+    spec_type = SentenceTransformersModel
+    HUB_FILE = "modules.json"  # every sentence-transformers snapshot holds it
 
-    def __init__(self, name: str, spec: SentenceTransformersModel | Mapping):
-        """``spec``: the model's typed spec (a mapping of its keys is converted and checked)."""
-        if not isinstance(spec, SentenceTransformersModel):
-            spec = model_spec(name, {"kind": self.backend, **spec}, [])
-        self.name = name
+    def configure(self, spec: SentenceTransformersModel) -> None:
         self.model_id, self.revision = spec.model, spec.revision
-        self.model = None
-        self.dim = 0  # known once loaded
 
     @property
-    def local_path(self) -> Path | None:
-        path = Path(self.model_id).expanduser()
-        return path if path.is_dir() else None
-
-    @property
-    def hub_repo(self) -> str | None:
-        if self.local_path is not None or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", self.model_id):
-            return None
+    def source(self) -> str:
         return self.model_id
-
-    def fingerprint(self) -> dict:
-        out = {"backend": self.backend, "model": self.model_id, "revision": self.revision}
-        if self.local_path is not None:
-            out["files"] = path_fingerprint(self.local_path)
-        else:
-            out["commit"] = hf_hub_revision(self.model_id, self.revision, "modules.json")
-        return out
 
     def versions(self) -> dict:
         import transformers
@@ -82,18 +57,11 @@ class SentenceTransformersEncoder:
 
     def load(self, device: torch.device) -> None:
         SentenceTransformer = library().SentenceTransformer
-        source = str(self.local_path or self.model_id)
-        offline = hub_unavailable() if self.hub_repo else None  # no hub: the local cache only, no retries
-        try:
-            kwargs = {"revision": self.revision} if self.local_path is None and self.revision else {}
-            if offline:
-                kwargs["local_files_only"] = True
-            with cached_files_only(bool(offline)):
-                self.model = SentenceTransformer(source, device=str(device), **kwargs).eval()
-        except Exception as err:  # noqa: BLE001 - turn any loader failure into one actionable message
-            raise load_error(self.name, f"sentence-transformers could not load model={self.model_id!r}", err,
-                             offline, self.hub_repo, f"a folder saved with SentenceTransformer.save "
-                             f"(models.{self.name}.model=/path/to/folder)") from None
+        def load_model(source: str, kwargs: dict) -> None:
+            self.model = SentenceTransformer(source, device=str(device), **kwargs).eval()
+
+        self.from_hub(load_model, f"sentence-transformers could not load model={self.model_id!r}",
+                      f"a folder saved with SentenceTransformer.save (models.{self.name}.model=/path/to/folder)")
         modalities = getattr(self.model, "modalities", None)  # sentence-transformers >= 5.4 says what it encodes
         if modalities is not None and not {"image", "text"} <= set(modalities):
             raise FusebenchError(f"models.{self.name}.model={self.model_id!r} encodes {', '.join(map(str, modalities))} "

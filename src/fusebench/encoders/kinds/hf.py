@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fusebench import FusebenchError
 from fusebench.config.specs import RealModel, TextConfig
 from fusebench.encoders.kinds import ModelKind, _real, register
 from fusebench.runtime import checks
@@ -34,9 +33,8 @@ class HFModel(RealModel):
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.checkpoint:
-            raise FusebenchError(f"models.{self.name}.checkpoint is not set; kind 'hf' needs a Hugging Face model id "
-                                 "(e.g. google/siglip2-so400m-patch14-384) or a local folder saved with save_pretrained.")
+        self.need("checkpoint", "a Hugging Face model id (e.g. google/siglip2-so400m-patch14-384) or a local folder "
+                                "saved with save_pretrained")
 
 
 def backend(name: str, spec: HFModel):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusebench import FusebenchError
 from fusebench.config.specs import RealModel
 from fusebench.encoders.kinds import ModelKind, _real, register
 from fusebench.runtime import checks
@@ -21,9 +20,8 @@ class OpenClipModel(RealModel):
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.model:
-            raise FusebenchError(f"models.{self.name}.model is not set; kind 'open_clip' needs an open_clip model name "
-                                 "(e.g. ViT-B-32), 'hf-hub:org/repo' or 'local-dir:/path/to/checkpoint'.")
+        self.need("model", "an open_clip model name (e.g. ViT-B-32), 'hf-hub:org/repo' or "
+                           "'local-dir:/path/to/checkpoint'")
         self.context_length = checks.optional_integer(self.context_length, f"models.{self.name}.context_length", 1)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusebench import FusebenchError
 from fusebench.config.specs import RealModel
 from fusebench.encoders.kinds import ModelKind, _real, register
 
@@ -22,10 +21,8 @@ class SentenceTransformersModel(RealModel):
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.model:
-            raise FusebenchError(f"models.{self.name}.model is not set; kind 'sentence_transformers' needs a "
-                                 "sentence-transformers model that encodes images and text (e.g. "
-                                 "sentence-transformers/clip-ViT-B-32) or a folder saved with SentenceTransformer.save.")
+        self.need("model", "a sentence-transformers model that encodes images and text (e.g. "
+                           "sentence-transformers/clip-ViT-B-32) or a folder saved with SentenceTransformer.save")
         self.model = str(self.model)
 
 

@@ -136,6 +136,19 @@ def pair_margins(fig, labels: list[str]) -> dict:
     return {"left": left / width, "right": 1 - 0.2 / width, "bottom": 0.55 / height, "top": 1 - 0.45 / height}
 
 
+def finish_pairs(fig, ax, y, rows: list[dict], path: Path, title: str, xlabel: str, legend_loc: str | None = None
+                 ) -> Path:
+    """A pair plot's frame, drawn alike for each: the zero line, one row label per pair, the axis, legend and title,
+    saved with margins that fit the labels."""
+    ax.axvline(0, color="black", lw=0.8)
+    labels = [pair_label(r) for r in rows]
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.legend(fontsize=7, **({"loc": legend_loc} if legend_loc else {}))
+    ax.set_title(title, y=TITLE_Y)
+    return save(fig, path, pair_margins(fig, labels))
+
+
 def pair_label(row: dict) -> str:
     factor = f"{clip(row['factor'], 20)}: " if row.get("factor") else ""
     return f"{factor}{clip(row['candidate'], 48)}\n  vs {clip(row['baseline'], 48)} ({row['direction']})"

@@ -9,7 +9,7 @@ import numpy as np
 
 from fusebench.evaluation.comparisons import level_label
 from fusebench.report.plots import Plot, register
-from fusebench.report.plots._common import TITLE_Y, pair_label, pair_margins, pair_title, save, smallest_k, subplots
+from fusebench.report.plots._common import finish_pairs, pair_title, smallest_k, subplots
 
 
 def forest(rows: list[dict], path: Path, title: str) -> Path | None:
@@ -27,13 +27,7 @@ def forest(rows: list[dict], path: Path, title: str) -> Path | None:
         ax.errorbar(gains, y - 0.2, xerr=[gains - [r["cluster_ci_low"] for r in rows],
                                           np.array([r["cluster_ci_high"] for r in rows]) - gains],
                     fmt="none", ecolor="gray", capsize=2, label=f"{level} CI over images")
-    ax.axvline(0, color="black", lw=0.8)
-    labels = [pair_label(r) for r in rows]
-    ax.set_yticks(y, labels, fontsize=7)
-    ax.set_xlabel(f"gain in R@{rows[0]['k']} (points)")
-    ax.legend(fontsize=7)
-    ax.set_title(title, y=TITLE_Y)
-    return save(fig, path, pair_margins(fig, labels))
+    return finish_pairs(fig, ax, y, rows, path, title, f"gain in R@{rows[0]['k']} (points)")
 
 
 def draw(inputs, path: Path, params=None) -> Path | None:

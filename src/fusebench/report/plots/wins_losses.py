@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from fusebench.report.plots import Plot, register
-from fusebench.report.plots._common import TITLE_Y, pair_label, pair_margins, pair_title, save, smallest_k, subplots
+from fusebench.report.plots._common import finish_pairs, pair_title, smallest_k, subplots
 
 
 def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
@@ -20,13 +20,7 @@ def wins_losses(rows: list[dict], path: Path, title: str) -> Path | None:
     fig, ax = subplots(figsize=(12, 0.5 * len(rows) + 1.5))
     ax.barh(y, [r["wins"] for r in rows], color="tab:green", label="won (candidate right, baseline wrong)")
     ax.barh(y, [-r["losses"] for r in rows], color="tab:red", label="lost (baseline right, candidate wrong)")
-    labels = [pair_label(r) for r in rows]
-    ax.set_yticks(y, labels, fontsize=7)
-    ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel(f"queries at R@{rows[0]['k']}")
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(title, y=TITLE_Y)
-    return save(fig, path, pair_margins(fig, labels))
+    return finish_pairs(fig, ax, y, rows, path, title, f"queries at R@{rows[0]['k']}", "lower right")
 
 
 def draw(inputs, path: Path, params=None) -> Path | None:
