@@ -2,9 +2,9 @@
 one of two kinds, and its line says which with a ``# lazy:`` comment that this test checks against the code:
 
 - ``# lazy: heavy``: the imported module brings a heavy library (``HEAVY``: torch, numba, matplotlib, an engine,
-  ...; numpy too where the importer is a plugin module, which a config check scans) with it at import, itself or
-  through the fusebench modules it imports at its top, and the importer is imported where that library must not
-  be (a command's start, a config check);
+  ...; numpy and tqdm too where the importer is loaded at a command's start or by a registry's scan) with it at
+  import, itself or through the fusebench modules it imports at its top, that the importer does not load at its
+  own top;
 - ``# lazy: cycle``: the imported module, at its top (directly or through others), imports the importer, so a
   top-level import would be a circle. A module that makes a ``Registry`` of a plugin package counts as importing
   every plugin module of it (the registry scans them on first read, which may be while that module loads).
@@ -136,11 +136,21 @@ def is_plugin(name: str) -> bool:
     return any(name == p or name in closure(p, scans=False) for p in plugins)
 
 
-def is_heavy(name: str, plugin: bool = False) -> bool:
-    """``name`` brings a heavy library at import; for an import in a module a registry's scan loads, numpy counts
-    too (a scan, when a config is checked, imports no numpy: tests/test_search_config.py)."""
-    heavy = HEAVY | {"numpy"} if plugin else HEAVY
-    return any(m.split(".")[0] in heavy for m in closure(name, scans=False) | {name})
+# what a command imports before it knows a job will run (Hydra imports the callback and every plugin at start): numpy
+# and tqdm count as heavy there too (tests/test_startup.py: `fusebench --help` loads neither)
+START = ("fusebench.app.cli", "fusebench.app.callback", "fusebench.app.cache_cli", "fusebench.report.cli",
+         "hydra_plugins.fusebench_sweeper.sweeper")
+
+
+def _libraries(name: str) -> set[str]:
+    return {m.split(".")[0] for m in closure(name, scans=False) | {name}}
+
+
+def heavy_libraries(target: str, importer: str) -> set[str]:
+    """The heavy libraries importing ``target`` brings that ``importer`` does not already load at its top (numpy and
+    tqdm count for a module a command's start or a registry's scan loads)."""
+    heavy = HEAVY | {"numpy", "tqdm"} if importer in START or is_plugin(importer) else HEAVY
+    return (_libraries(target) & heavy) - _libraries(importer)
 
 
 def lazy_imports() -> list[tuple[str, int, tuple[str, ...], str]]:
@@ -163,15 +173,16 @@ def _verdict(importer: str, targets: tuple[str, ...], line: str) -> str | None:
     """What is wrong with one function-level import statement (None: nothing); one reason covers the statement
     when it holds for one of the modules it imports."""
     reason = LAZY.search(line)
-    heavy = any(is_heavy(t, is_plugin(importer)) for t in targets)
+    heavy = any(heavy_libraries(t, importer) for t in targets)
     cycle = any(importer in closure(t) for t in targets)
     named = ", ".join(targets)
     if reason is None:
-        why = "heavy" if heavy else "cycle" if cycle else None
+        why = "cycle" if cycle else "heavy" if heavy else None
         return (f"imports {named} inside a function without a '# lazy:' reason"
                 + (f" (it could say '# lazy: {why}')" if why else ": move it to the top"))
     if reason.group(1) == "heavy" and not heavy:
-        return f"says '# lazy: heavy' but {named} imports nothing of HEAVY at its top: move it up"
+        return (f"says '# lazy: heavy' but {named} brings no heavy library {importer} does not load at its top: "
+                + ("say '# lazy: cycle'" if cycle else "move it up"))
     if reason.group(1) == "cycle" and not cycle:
         return f"says '# lazy: cycle' but {named} does not import {importer} at its top: move it up"
     return None
@@ -185,9 +196,11 @@ def test_every_function_level_import_of_ours_says_why_and_is_right():
 
 
 def test_the_checker_sees_heavy_modules_and_cycles():
-    assert is_heavy("fusebench.search.exact")  # torch at its top
-    assert not is_heavy("fusebench.runtime.checks")
-    assert not is_heavy("fusebench.runtime.plugins")
+    assert "torch" in heavy_libraries("fusebench.search.exact", "fusebench.app.cli")  # torch at its top
+    assert not heavy_libraries("fusebench.search.exact", "fusebench.search.model_lists")  # which loads torch itself
+    assert "numpy" in heavy_libraries("fusebench.report.runs", "fusebench.app.callback")  # at a command's start
+    assert not heavy_libraries("fusebench.report.runs", "fusebench.report.sweep")
+    assert not heavy_libraries("fusebench.runtime.checks", "fusebench.app.cli")
     assert "fusebench.runtime.checks" in closure("fusebench.runtime.plugins")
     assert _verdict("fusebench.app.cli", ("fusebench.runtime.checks",), "    from x import y") is not None
     assert _verdict("fusebench.app.cli", ("fusebench.search.exact",), "    import y  # lazy: heavy (torch)") is None

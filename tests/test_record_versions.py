@@ -175,16 +175,23 @@ def test_fusebench_report_refuses_a_newer_record_in_one_line(tmp_path, capsys):
 
 def as_written_by(version: int, data: dict) -> dict:
     """A record of today's as an older fusebench wrote that job's (the fixtures show these are the only
-    differences): version 2 left ties, params and search_precision out at their defaults; version 1 wrote no
-    version and rrf_k as the YAML gave it."""
+    differences): versions 1-3 wrote rrf_k, ddof and rrf_weighting as flat fusion keys, each one (version 4 holds a
+    method's own in params); version 2 left ties, params and search_precision out at their defaults; version 1
+    wrote no version and rrf_k as the YAML gave it."""
     old = json.loads(json.dumps(data))
     for block in [old["fusion"]] + [r["spec"] for r in old["retrievers"].values() if r["spec"]["kind"] == "fusion"]:
+        flat = {"rrf_k": 60.0, "ddof": 0, "rrf_weighting": "multiply"}  # versions 1-3: flat, every one written
+        flat.update({k: block["params"].pop(k) for k in flat if k in block["params"]})
+        block.update(flat)
+        if version == 3:
+            continue
         for key in ("ties", "params"):
             if block[key] == LATER_FUSION[key]:
                 del block[key]
         if version == 1:
             block["rrf_k"] = int(block["rrf_k"])
-    del old["eval"]["search_precision"]
+    if version < 3:
+        del old["eval"]["search_precision"]
     old["version"] = version
     if version == 1:
         del old["version"]
@@ -192,7 +199,7 @@ def as_written_by(version: int, data: dict) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_a_sweep_mixing_old_and_new_job_dirs_reports_each_retriever_once(compose_cfg, tmp_path, version):
     from fusebench.app import pipeline
     from fusebench.report.sweep import build_report

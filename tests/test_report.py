@@ -106,7 +106,8 @@ def test_a_sweep_without_a_logger_has_every_jobs_plots_when_it_ends(tmp_path):
     folder, _ = sweep(tmp_path, "fusion=rrf,dbsf,sum", "logger=none", name="bg")
     for job in ("0", "1", "2"):
         assert sorted(p.name for p in (folder / job / "plots").glob("*.png")) == [
-            "paired_gains.png", "recall_at_k.png", "recall_bars.png", "score_distributions.png", "wins_losses.png"]
+            "paired_gains.png", "query_ranks.png", "recall_at_k.png", "recall_bars.png", "score_distributions.png",
+            "wins_losses.png"]
         assert all(p.stat().st_size > 5000 for p in (folder / job / "plots").glob("*.png"))
     assert (folder / "summary.md").is_file() and (folder / "plots" / "paired_gains.png").is_file()
 

@@ -113,3 +113,22 @@ def test_console_scripts_start_without_heavy_imports(tmp_path):
         result = loaded_after(code, tmp_path)
         assert result["heavy"] == [], argv
         assert result["code"] == (2 if "fusion=nosuch" in argv else 0), argv
+
+
+def test_help_loads_no_numpy_nor_tqdm(tmp_path):
+    """``fusebench --help`` (Hydra importing the callback and every plugin, the config's registries scanned) loads
+    neither numpy nor tqdm, as before issue 40 moved the imports to the modules' tops (tests/test_imports.py
+    counts both as heavy for what a command's start loads)."""
+    result = loaded_after("""
+        import contextlib, io, sys
+        from fusebench.app import cli
+
+        sys.argv = ["fusebench", "--help"]
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                cli.main()
+            except SystemExit:
+                pass
+        result = {"light": sorted({m.split(".")[0] for m in sys.modules} & {"numpy", "tqdm", "asyncio"})}
+    """, tmp_path)
+    assert result["light"] == []

@@ -50,7 +50,7 @@ from fusebench.backends import base as backends
 from fusebench.config import CONFIG_DIR, schema
 from fusebench.config.run import LOGGERS
 from fusebench.data.corpus import Corpus
-from fusebench.fusion.config import check_moved_overrides
+from fusebench.fusion.config import check_moved_overrides, moved_keys
 from fusebench.report.runs import Run
 from fusebench.runtime import run_lock
 
@@ -270,13 +270,14 @@ def _ranks(lists: dict) -> dict[str, dict[str, np.ndarray]]:
 
 
 def _leaves(cfg, prefix: str = "") -> list[str]:
-    """Every setting's dotted key in the composed config (``models`` and ``hydra`` aside)."""
+    """Every setting's dotted key in the composed config (``models``, ``hydra`` and the fusion keys that moved into
+    ``fusion.params`` aside)."""
     from omegaconf import DictConfig
 
     out = []
     for key in cfg:
         path = f"{prefix}{key}"
-        if path in ("models", "hydra"):
+        if path in ("models", "hydra") or path in {f"fusion.{k}" for k in moved_keys()}:  # old names: not offered
             continue
         value = cfg._get_node(key)
         out += _leaves(value, f"{path}.") if isinstance(value, DictConfig) else [path]

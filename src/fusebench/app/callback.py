@@ -24,12 +24,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from fusebench import FusebenchError
 from fusebench.app import rundir
-from fusebench.app.embed_cli import sweep_summary
 from fusebench.app.tracking import log_sweep
 from fusebench.config.run import logger_config
 from fusebench.config.schema import check_draws
 from fusebench.report.report_files import ReportBlocked, check
-from fusebench.report.runs import Scan, scan_runs
 from fusebench.runtime import run_lock
 
 log = logging.getLogger(__name__)
@@ -187,6 +185,7 @@ def job_ended(out_dir: str, job: int, output_subdir: str | None) -> None:
 def _without_failed_jobs(folder: Path, failed: list[str]):
     """The sweep dir's runs, less the job dirs whose job failed in this process (their dirs may still hold an
     earlier run's results, which are not this sweep's: listed as failed, whatever multirun_jobs.json says)."""
+    from fusebench.report.runs import Scan, scan_runs  # lazy: heavy (numpy); Hydra imports the callback at start
 
     scan = scan_runs(folder)
     gone = {(folder / d).resolve(): d for d in failed}
@@ -258,8 +257,10 @@ class SweepReport(Callback):
                 rundir.keep_earlier_config(metrics.parent, config.hydra.output_subdir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from fusebench.report.runs import scan_runs  # lazy: heavy (numpy); Hydra imports the callback at start
         folder = Path(config.hydra.sweep.dir)
         if SweepReport.kind == "embed":  # shards in the cache, not metrics: the jobs' shard.json files
+            from fusebench.app.embed_cli import sweep_summary  # lazy: heavy (numpy); Hydra imports the callback at start
 
             SweepReport.failed = sorted({*sweep_summary(folder), *SweepReport.jobs_failed})
             return

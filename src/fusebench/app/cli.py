@@ -29,10 +29,10 @@ from omegaconf.errors import GrammarParseError, InterpolationResolutionError, Mi
 
 from fusebench import FusebenchError
 from fusebench.app import interrupts, rundir
+from fusebench.app.callback import RunDirRefused, SweepReport, job_ended, job_started
 from fusebench.app.run_config import run_config
 from fusebench.config import CONFIG_DIR, schema, specs
 from fusebench.fusion.config import check_moved_overrides
-from fusebench.report.runs import mark_failed
 from fusebench.runtime import layout, run_lock, state
 
 
@@ -292,7 +292,6 @@ def run_command(hydra_app: Callable[[], None], kind: str = "run",
     if missing:
         _fail(unknown_models_message(missing, extra))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # exceptions reach the handlers below instead of Hydra's printer
-    from fusebench.app.callback import RunDirRefused, SweepReport  # lazy: cycle (app.callback imports this one)
 
     SweepReport.failed, SweepReport.kind, SweepReport.sweep_dir = None, kind, None
     PLACES.clear()
@@ -359,7 +358,7 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
     earlier run in the dir is left as it was (its outputs stay until a run writes its own; its Hydra files, which
     Hydra has just rewritten, are put back)."""
     interrupts.check()  # Ctrl-C during the previous job: no further job starts
-    from fusebench.app.callback import SweepReport, job_ended, job_started  # lazy: cycle (app.callback imports this one)
+    from fusebench.report.runs import mark_failed  # lazy: heavy (numpy)
     hydra_cfg = HydraConfig.get()
     out_dir = hydra_cfg.runtime.output_dir
     multirun = hydra_cfg.mode == RunMode.MULTIRUN

@@ -30,6 +30,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from fusebench.app.callback import SweepReport
 from fusebench.app.cli import CONFIG_DIR, run_command, run_job, user_error_message
 from fusebench.app.rundir import check_writable
 from fusebench.config.gallery import FILE_KINDS
@@ -347,7 +348,6 @@ def embed_app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry (``fusebench-embed``): ``fusebench``'s checks and exit codes around the embed jobs."""
-    from fusebench.app.callback import SweepReport  # lazy: cycle (app.callback imports this one)
 
     try:
         run_command(embed_app, kind="embed",

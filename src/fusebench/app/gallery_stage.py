@@ -23,6 +23,10 @@ from fusebench.data.distractor_items import with_distractors
 from fusebench.data.distractor_sources import distractor_items, listing_digest
 from fusebench.encoders.base import ModelEmbeddings, RawEmbeddings
 from fusebench.encoders.distractors import DistractorRows, KeptRows
+from fusebench.encoders.models import sim_stand_in
+from fusebench.encoders.simulated import sim_distractor_rows
+from fusebench.encoders.vector_dumps import dump_rows
+from fusebench.encoders.vectors import ManifestRows, checked_rows, vector_arrays
 from fusebench.evaluation.subrecords import GalleryModelCost, GalleryRecord
 from fusebench.runtime.progress import bar as progress_bar
 
@@ -30,8 +34,6 @@ log = logging.getLogger(__name__)
 
 
 def _sim_rows(config: RunConfig, name: str, corpus: Corpus) -> DistractorRows:
-    from fusebench.encoders.models import sim_stand_in  # lazy: heavy (numba)
-    from fusebench.encoders.simulated import sim_distractor_rows  # lazy: heavy (numba)
 
     spec = config.models[name]
     params = sim_stand_in(spec) if isinstance(spec, RealModel) else spec.params
@@ -49,7 +51,6 @@ def distractor_sources(config: RunConfig, corpus: Corpus) -> tuple[dict[str, Dis
         source = {"kind": "sim", "seed": gallery.seed, **asdict(gallery.sim)}
         return rows, ids, source, {name: {"stored_dtype": "none (generated)", "value_bytes": 0} for name in names}
     if gallery.kind == "vectors":
-        from fusebench.encoders.vector_dumps import dump_rows  # lazy: heavy (numba)
 
         return dump_rows(gallery, names, corpus.image_ids)
     if gallery.kind in FILE_KINDS:
@@ -200,7 +201,6 @@ def manifest_split(config: RunConfig, corpus: Corpus) -> ManifestSplit | None:
 def manifest_raws(split: ManifestSplit, config: RunConfig) -> tuple[list[RawEmbeddings], dict[str, DistractorRows]]:
     """Each ``vectors`` model's rows of the test split (its .npy files' headers checked against the whole manifest,
     then the test rows read: never the file whole) and its distractor rows (read by tile during the search)."""
-    from fusebench.encoders.vectors import ManifestRows, checked_rows, vector_arrays  # lazy: heavy (numba)
 
     raws, rows = [], {}
     for name, spec in config.models.items():

@@ -27,6 +27,7 @@ from fusebench.fusion.config import RANK_METHODS, FusionConfig
 from fusebench.fusion.whole_rankings import DenseSide, RowBlocks, correct_items, dense_fuse
 from fusebench.runtime.progress import Progress
 from fusebench.search.exact import float_rows
+from fusebench.search.gallery_search import gallery_lists
 from fusebench.search.model_lists import ModelLists, compute_model_lists, full_rows, tiles
 from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
 from fusebench.stores.lists import ListStore, list_materials
@@ -104,7 +105,6 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
             lists = compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
                                         settings.item_chunk_size, update)
         else:
-            from fusebench.search.gallery_search import gallery_lists  # lazy: heavy (torch, numba)
 
             stats: dict = {}
             lists = gallery_lists(model.text, model.image, caption_image, model.distractors, d, device,

@@ -15,6 +15,7 @@ from fusebench import FusebenchError
 from fusebench.data.input_files import not_a_directory
 from fusebench.encoders.base import _check_shape
 from fusebench.encoders.rownorm import l2_normalise_rows
+from fusebench.encoders.vector_dumps import read_sorted_rows
 from fusebench.stores.entries import UNREADABLE
 from fusebench.stores.files import array_digest, remembered_checksum
 
@@ -112,7 +113,6 @@ class ManifestRows:
         positions = self.rows[start:stop]
         if self.fortran:  # rare: a column-major file's rows are not contiguous; the mapped rows, copied
             return np.array(np.load(self.path, mmap_mode="r", allow_pickle=False)[positions])
-        from fusebench.encoders.vector_dumps import read_sorted_rows  # lazy: heavy (numba)
 
         return read_sorted_rows(self.path, self.offset, self.dim, self.dtype, positions)
 

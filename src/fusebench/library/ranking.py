@@ -13,7 +13,7 @@ from fusebench import DIRECTIONS, FusebenchError
 from fusebench.encoders.base import check_matrix
 from fusebench.fusion import methods as registry
 from fusebench.fusion.combine import fuse_in_blocks
-from fusebench.fusion.config import FusionConfig
+from fusebench.fusion.config import FusionConfig, moved_keys
 from fusebench.search.model_lists import compute_model_lists
 from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
 
@@ -87,7 +87,8 @@ def fusion_config(method: str, fuse_on: str, top_k: int | None, final_top_k: int
         raise FusebenchError("method='none' fuses nothing: name a fusion method; valid: "
                              f"{', '.join(registry.names())}.")
     registry.method(method)  # a wrong name: the registry's one message, listing the valid ones
-    own = {f.name for f in fields(FusionConfig)} - {"method", "fuse_on", "top_k", "final_top_k", "params", "preset"}
+    own = {f.name for f in fields(FusionConfig)} - {"method", "fuse_on", "top_k", "final_top_k", "params", "preset",
+                                                     *moved_keys()}  # rrf_k, ddof, rrf_weighting: the method's own
     plain = {key: value for key, value in settings.items() if key in own}
     params = {key: value for key, value in settings.items() if key not in own}
     return FusionConfig(method=method, fuse_on=fuse_on, top_k=top_k, final_top_k=final_top_k, params=params, **plain)

@@ -253,7 +253,7 @@ def _exact_query_ms(run: Run, members: list[str]) -> float | None:
 def _interval_text(row: dict, prefix: str) -> str:
     """'+1.23 [+0.45, +2.01]': a paired difference with its interval over images (the verdict's interval); '-'
     without one (the report's one interval format, ``sweep_markdown._interval``)."""
-    from fusebench.report.sweep_markdown import _interval  # lazy: heavy (numpy, scipy)
+    from fusebench.report.sweep_markdown import _interval  # lazy: cycle (report.sweep_markdown imports this one)
 
     return _interval(row, prefix, f"{prefix}_cluster_ci_low", f"{prefix}_cluster_ci_high", signed=True)
 
@@ -381,7 +381,7 @@ def markdown_section(effects: IndexEffects | None) -> list[str]:
     model, each with its interval over images; what it cost."""
     if effects is None:
         return []
-    from fusebench.report.sweep_markdown import _table  # lazy: heavy (numpy, scipy)
+    from fusebench.report.sweep_markdown import _table  # lazy: cycle (report.sweep_markdown imports this one)
 
     k, level = effects.ks[0], level_label(effects.level)
     flag = " [SIMULATED: simulated models, not real results]" if effects.simulated else ""

@@ -37,6 +37,7 @@ from fusebench.report.retrievers import (  # noqa: F401 - describe, retriever_fa
     unique_retrievers,
 )
 from fusebench.report.runs import Run, Scan, load_runs, scan_runs
+from fusebench.report.scaling import gallery_cost, scaling_report
 from fusebench.report.sweep_markdown import csv_text, markdown
 from fusebench.stores.files import atomic_write_text
 
@@ -152,7 +153,6 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
 
 
 def cost_rows(runs: list[Run]) -> list[dict]:
-    from fusebench.report.scaling import gallery_cost  # lazy: heavy (scipy)
 
     rows = []
     labels, names = dataset_labels(runs), retriever_labels(runs)
@@ -318,7 +318,6 @@ class SweepSummary:
 def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
                  scan: Scan | None = None) -> SweepSummary:
     """The sweep's report from its runs (``scan``: the folder's scan when the caller already made it)."""
-    from fusebench.report.scaling import scaling_report  # lazy: heavy (scipy)
 
     scan = scan if scan is not None else scan_runs(folder)
     runs = scan.runs

@@ -8,6 +8,7 @@ import io
 from typing import TYPE_CHECKING
 
 from fusebench.evaluation.comparisons import format_p, level_label
+from fusebench.report.index_effects import markdown_section
 
 if TYPE_CHECKING:
     from fusebench.report.sweep import SweepSummary
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 def markdown(report: SweepSummary) -> str:
     """summary.md: the runs, recall, the scaling and index-effects studies, paired gains, fusions ranked, the
     article, tuned runs, extra positives, cost."""
-    from fusebench.report.sweep import ranked_fusions  # lazy: heavy (scipy)
+    from fusebench.report.sweep import ranked_fusions  # lazy: cycle (report.sweep imports this one)
 
     ranked = ranked_fusions(report.gains, report.ks[0])
     return "\n".join(_head(report) + _recall(report) + _scaling(report) + _index_effects(report) + _gains(report) + _section(
@@ -169,7 +170,6 @@ def _scaling(report: SweepSummary) -> list[str]:
 
 def _index_effects(report: SweepSummary) -> list[str]:
     """The index-effects study: each search backend's fusion gain and what it kept (fusebench.report.index_effects)."""
-    from fusebench.report.index_effects import markdown_section  # lazy: heavy (scipy)
 
     return markdown_section(getattr(report, "index_effects", None))
 

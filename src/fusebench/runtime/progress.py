@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from tqdm.auto import tqdm
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm
 
 Progress = Callable[[str, int], Callable[[int], None]]  # (description, total) -> update(n): a bar's factory
 LOG_INTERVAL = 30.0  # seconds between refreshes when the bar does not go to a terminal
@@ -22,6 +24,8 @@ def _to_terminal(stream) -> bool:
 
 def bar(*args, **kwargs) -> tqdm:
     """``tqdm(*args, **kwargs)``, refreshed at most every ``LOG_INTERVAL`` seconds unless it writes to a terminal."""
+    from tqdm.auto import tqdm  # tqdm.auto brings asyncio: loaded with the first bar, not at a command's start
+
     if not _to_terminal(kwargs.get("file") or sys.stderr):
         kwargs.setdefault("mininterval", LOG_INTERVAL)
     return tqdm(*args, **kwargs)

@@ -41,7 +41,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from fusebench import FusebenchError
 from fusebench.app import rundir
 from fusebench.app.callback import RunDirRefused
-from fusebench.report.runs import JOBS_FILE, read_jobs, write_jobs
 
 
 class ComposedConfigs:
@@ -104,6 +103,8 @@ def record_jobs(jobs: list[dict], batch: Sequence[Sequence[str]], first_job: int
     """Add a batch's jobs to ``jobs`` and write the sweep's multirun_jobs.json (``report.runs.write_jobs``), so
     that a report names a job whose dir is gone; a file of that name that is not fusebench's is left alone."""
     import os
+
+    from fusebench.report.runs import JOBS_FILE, read_jobs, write_jobs  # lazy: heavy (numpy); Hydra imports every plugin at start
 
 
     sweep_dir = None
