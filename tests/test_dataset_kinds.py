@@ -241,3 +241,16 @@ def test_a_whole_job_on_parquet_images_equals_the_manifest_job(compose_cfg, tmp_
         assert np.array_equal(np.load(tmp_path / "hf" / "ranks" / f"oc.{direction}.npy"),
                               np.load(tmp_path / "m" / "ranks" / f"oc.{direction}.npy"))
     assert ours.retrievers["oc"].t2i == reference.retrievers["oc"].t2i
+
+
+def test_an_image_file_written_before_is_checked_byte_for_byte_and_rewritten_when_damaged(tmp_path):
+    from fusebench.data.tables import image_file
+
+    data = b"\x89PNG\r\n\x1a\n" + bytes(range(200))
+    path = Path(image_file(data, tmp_path))
+    assert path.read_bytes() == data and path.suffix == ".png"
+    damaged = bytearray(data)
+    damaged[50] ^= 0xFF  # same size, other bytes
+    path.write_bytes(bytes(damaged))
+    assert Path(image_file(data, tmp_path)) == path and path.read_bytes() == data
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no .part- file left

@@ -142,14 +142,14 @@ def test_query_ranks_with_its_own_settings(tmp_path, monkeypatch):
                               f"broken: {broken} queries (the top 2 under b, not under a)"]
 
 
-@pytest.mark.parametrize(("given", "fragment"), [({"k": 0}, "plots.query_ranks.k"), ({"k": 1.5}, "plots.query_ranks.k"),
-                                                 ({"a": [1]}, "plots.query_ranks.a")])
+@pytest.mark.parametrize(("given", "fragment"), [({"k": 0}, "QueryRanksParams.k"), ({"k": 1.5}, "QueryRanksParams.k"),
+                                                 ({"a": [1]}, "QueryRanksParams.a")])
 def test_query_ranks_settings_are_checked(given, fragment):
     with pytest.raises(FusebenchError, match=re.escape(fragment)):
         QueryRanksParams(**given)
 
 
-@pytest.mark.parametrize(("given", "fragment"), [({"a": "nope"}, "plots.query_ranks.a"),
+@pytest.mark.parametrize(("given", "fragment"), [({"a": "nope"}, "QueryRanksParams.a"),
                                                  ({"b": "nope"}, "a, b, fused"),
                                                  ({"a": "b", "b": "b"}, "two different retrievers")])
 def test_query_ranks_names_retrievers_of_the_run(tmp_path, given, fragment):

@@ -206,11 +206,16 @@ def image_file(data: bytes, folder: Path) -> str:
     digest = hashlib.sha256(data).hexdigest()
     suffix = next((ext for magic, ext in MAGIC.items() if data.startswith(magic)), "")
     path = folder / f"{digest}{suffix}"
-    if not (path.is_file() and path.stat().st_size == len(data)):
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".part-")
+    if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+        return str(path)  # written before, and still these bytes (a damaged file is written again)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".part-")
+    try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # nothing half-written is left
+        raise
     return str(path)
 
 

@@ -17,7 +17,7 @@ from fusebench.report.plots import Plot, register
 from fusebench.report.plots._common import TITLE_Y, run_title, save, subplots
 from fusebench.runtime import checks
 
-KEY = "plots.query_ranks"
+KEY = "QueryRanksParams"  # its settings are set from Python (no config key yet): messages name the dataclass
 
 
 @dataclass
