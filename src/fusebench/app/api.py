@@ -68,7 +68,6 @@ class Result:
     out_dir: Path | None = None
 
     def _run(self):
-
         return Run(path=self.out_dir or Path("."), name=str(self.out_dir or "evaluate"), record=self.record)
 
     def recall(self):
@@ -209,7 +208,6 @@ def compose(overrides: Sequence[str] = ()):
         with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
             return hydra_compose(config_name="config", overrides=overrides)
     except MissingConfigException as err:  # an option no group has: the CLI's message, with the valid ones
-
         raise FusebenchError(hydra_error_message(err)) from None
     except (HydraException, OmegaConfBaseException) as err:
         raise FusebenchError(f"overrides {overrides}: {str(err).splitlines()[0]}") from None

@@ -217,13 +217,11 @@ class SweepReport(Callback):
         self.draws, self.seed, self.level = draws, seed, level
         self.bad_draws = None  # a report with unbounded draws would never end: refused when the sweep ends
         try:
-
             check_draws(draws, "eval.bootstrap.draws")
         except Exception as err:  # noqa: BLE001 - each job refuses the same value on its own, in one line
             self.bad_draws = str(err)
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-
         _check_roots(config)
         given = _value(config, "hydra.run.dir")
         if isinstance(given, str) and given.strip():
@@ -233,7 +231,6 @@ class SweepReport(Callback):
             rundir.keep_earlier_config(folder, config.hydra.output_subdir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-
         SweepReport.jobs_failed = []
         SweepReport.job_dirs = {}
         _check_roots(config)
@@ -272,7 +269,6 @@ class SweepReport(Callback):
                 report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level,
                                       scan=_without_failed_jobs(folder, SweepReport.jobs_failed))
             except ReportBlocked as err:  # a file put there while the jobs ran: they are finished, kept
-
                 SweepReport.failed = sorted({*scan_runs(folder).failed, *SweepReport.jobs_failed})
                 failed = f"; {len(SweepReport.failed)} job(s) failed: {', '.join(SweepReport.failed)}" \
                     if SweepReport.failed else ""
@@ -292,7 +288,6 @@ class SweepReport(Callback):
             log_sweep(logger_config(OmegaConf.to_container(config.logger, resolve=True)) if "logger" in config else None,
                       folder, report)
         except Exception as err:  # noqa: BLE001 - a report failure must never fail the sweep
-
             SweepReport.failed = sorted({*(scan_runs(folder).failed if folder.is_dir() else []),
                                          *SweepReport.jobs_failed})
             log.error("could not write the sweep report for %s: %s (run fusebench-report %s)", folder, err, folder)

@@ -300,7 +300,6 @@ def run_command(hydra_app: Callable[[], None], kind: str = "run",
         hydra_app()
         interrupts.check()  # a Ctrl-C whose exception Python dropped (see fusebench.app.interrupts)
     except KeyboardInterrupt:
-
         written = state.current().written
         if written and kind == "run":  # after a run's results were swapped in: say so, never "nothing written"
             interrupted = (f"the results of {len(written)} run(s) were written before it ({written[-1]}: "

@@ -86,7 +86,6 @@ class JobRecord:
     started: float = field(default_factory=time.time)
 
     def write(self, **changes) -> None:
-
         for name, value in changes.items():
             setattr(self, name, value)
         data = {name: value for name, value in vars(self).items() if name != "path"}

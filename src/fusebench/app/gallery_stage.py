@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 
 def _sim_rows(config: RunConfig, name: str, corpus: Corpus) -> DistractorRows:
-
     spec = config.models[name]
     params = sim_stand_in(spec) if isinstance(spec, RealModel) else spec.params
     return sim_distractor_rows(params, corpus, config.gallery)
@@ -51,7 +50,6 @@ def distractor_sources(config: RunConfig, corpus: Corpus) -> tuple[dict[str, Dis
         source = {"kind": "sim", "seed": gallery.seed, **asdict(gallery.sim)}
         return rows, ids, source, {name: {"stored_dtype": "none (generated)", "value_bytes": 0} for name in names}
     if gallery.kind == "vectors":
-
         return dump_rows(gallery, names, corpus.image_ids)
     if gallery.kind in FILE_KINDS:
         from fusebench.encoders.real import real_run  # lazy: heavy (torch, numba, PIL)

@@ -196,7 +196,6 @@ def check_backend(job: Job) -> None:
         return
     backends.require(backend.name)
     if backend.engine:  # a user's file in RUN_DIR/engine_db is never removed: refused now
-
         if job.out_dir is None:
             raise FusebenchError(f"search={backend.name} keeps the engine's database in the run dir "
                                  "(RUN_DIR/engine_db): give the run a folder.")
@@ -358,7 +357,6 @@ def write(job: Job, found: Found, record: RunRecord) -> None:
     plots = []
     if config.plots:
         try:
-
             plots = run_plots(out_dir, record)
         except Exception as err:  # noqa: BLE001 - plots are a view of the outputs, never a reason to fail
             log.warning("could not draw plots: %s", err)

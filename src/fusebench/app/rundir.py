@@ -348,7 +348,6 @@ def check_dir(value, key: str, own: tuple[str, ...] = (), subdir: str | None = "
     taken = hold and path.is_dir() and os.path.lexists(path / run_lock.LOCK_NAME) and run_lock.hold(path, key)
     try:
         if path.is_dir() and path.resolve() == Path.cwd().resolve():
-
             ours = {*OUTPUTS, ".hydra", "fusebench.log", run_lock.LOCK_NAME, *own, *report_names(path)}
             theirs = sorted(p.name for p in path.iterdir() if p.name not in ours)  # and a report fusebench wrote
             if theirs:

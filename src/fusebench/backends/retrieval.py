@@ -105,7 +105,6 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
             lists = compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
                                         settings.item_chunk_size, update)
         else:
-
             stats: dict = {}
             lists = gallery_lists(model.text, model.image, caption_image, model.distractors, d, device,
                                   settings.chunk_size, settings.item_chunk_size, update, settings.precision, stats)

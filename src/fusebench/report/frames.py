@@ -259,7 +259,6 @@ def query_frame(run: Run, direction: str = "t2i", k: int = 1, candidate: str | N
     says why."""
     frame = outcome_frame(run, direction, k, candidate, baseline)
     if corpus is None:
-
         try:
             corpus = run_corpus(run)
         except (FusebenchError, OSError) as err:

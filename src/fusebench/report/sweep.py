@@ -153,7 +153,6 @@ def paired_gain_rows(runs: list[Run], ks: list[int], draws: int = 2000, level: f
 
 
 def cost_rows(runs: list[Run]) -> list[dict]:
-
     rows = []
     labels, names = dataset_labels(runs), retriever_labels(runs)
     for run, name in unique_retrievers(runs):
@@ -359,7 +358,6 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
             atomic_write_text(staging / name, text)
         plots_dir, plots = report_files.plots_dir(out), []
         try:
-
             plots = sweep_plots(staging, report, plots_dir)
         except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
             import logging

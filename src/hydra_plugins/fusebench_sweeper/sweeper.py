@@ -117,7 +117,6 @@ def record_jobs(jobs: list[dict], batch: Sequence[Sequence[str]], first_job: int
     if sweep_dir is None:
         return
     if first_job > 0:  # the jobs of earlier batches that failed (report.runs.mark_failed) stay marked
-
         failed = {j["dir"] for j in read_jobs(Path(str(sweep_dir)) / JOBS_FILE) or [] if j.get("failed") is True}
         for job in jobs:
             if job["dir"] in failed:
