@@ -128,6 +128,22 @@ def test_cache_command_lists_and_removes(tmp_path, capsys):
     assert cache.entries() == []
 
 
+def test_the_cache_command_never_lists_nor_removes_what_fusebench_did_not_write(tmp_path, capsys):
+    """A folder or file in the cache dir that is not at a key's place (``ab/abKEY``) is someone else's: never
+    listed, never removed, by ``remove`` or ``clear``."""
+    cache = EmbeddingCache(tmp_path, dtype="fp32", chunk_rows=4)
+    ours = cache.get_or_compute(MATERIAL, 10, rows_of, info={"model": "tiny_clip"})
+    theirs = [tmp_path / "zz" / "foreign" / "x.npy", tmp_path / ours.key[:2] / "notes" / "y.txt",
+              tmp_path / ours.key[:2] / (("e" if ours.key[0] == "f" else "f") * 64) / "z.npy"]  # a key out of place
+    for path in theirs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("not fusebench's")
+    assert [e["key"] for e in cache.entries()] == [ours.key]
+    assert cache_main(["--dir", str(tmp_path), "remove", "fore"]) == 1  # no entry of that name
+    assert cache_main(["--dir", str(tmp_path), "clear", "--yes"]) == 0
+    assert cache.entries() == [] and all(path.is_file() for path in theirs)
+
+
 def with_contents(rows, batch=3):
     """A fake shard encoder: rows_of, and each row's content record [ref, digest] among the stats."""
     for block, stats in rows_of(rows, batch=batch):

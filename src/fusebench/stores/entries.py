@@ -209,10 +209,11 @@ def scan_entries(root: Path, describe: Callable[[dict], dict], data_files: Calla
     without ``verify`` only the cheap checks run, and a complete entry is complete as far as its sizes tell).
     ``progress(bytes)`` after each file hashed. Else ``problem`` says why, when it is damage rather than an
     unfinished write. A file (or a link to nowhere) at an entry's path (a key's name) is listed too, as damaged,
-    so that it can be removed."""
+    so that it can be removed. Only a key's place is looked at (``ab/abKEY``): a folder or file of any other name
+    is not fusebench's, never listed and so never removed."""
     out = []
-    folders = sorted(p for p in root.glob("??/*") if not p.name.endswith(".lock") and (
-        p.is_dir() or (KEY.fullmatch(p.name) and p.name.startswith(p.parent.name)))) if root.is_dir() else []
+    folders = sorted(p for p in root.glob("??/*") if KEY.fullmatch(p.name) and p.name.startswith(p.parent.name)
+                     ) if root.is_dir() else []  # a key's place only: anything else there is not fusebench's
     for folder in folders:
         size = (sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) if folder.is_dir()
                 else folder.lstat().st_size)
