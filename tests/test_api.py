@@ -249,3 +249,19 @@ def test_the_api_is_imported_on_first_use():
     assert done.returncode == 0, done.stderr
     with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
         fusebench.nosuch  # noqa: B018
+
+
+@pytest.mark.parametrize(("named", "overrides", "fragment"), [
+    ([("fusion.top_k", 10)], ["fusion.top_k=20"], "fusion.top_k is given twice"),
+    ([("eval.bootstrap.draws", 50)], ["++eval.bootstrap.draws=60"], "eval.bootstrap.draws is given twice"),
+    ([("dataset", "sim")], [], "dataset is never read"),
+    ([], ["dataset.n_images=5"], "dataset.n_images is never read"),
+])
+def test_a_setting_given_twice_or_a_dataset_setting_is_refused(named, overrides, fragment):
+    """evaluate's keyword and override for one key, or a dataset setting it would ignore, are one error each."""
+    from fusebench import FusebenchError
+    from fusebench.app.api import check_given_once
+
+    with pytest.raises(FusebenchError, match=fragment):
+        check_given_once(named, overrides)
+    check_given_once([("fusion.top_k", 10)], ["eval.bootstrap.draws=60"])  # two settings, each once: read

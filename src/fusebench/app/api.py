@@ -307,6 +307,20 @@ def keyword_settings(cfg, settings: Mapping[str, object]) -> list[tuple[str, obj
     return out
 
 
+def check_given_once(named: list[tuple[str, object]], overrides: list[str]) -> None:
+    """A setting given both as a keyword and as an override, or any dataset setting (evaluate's corpus is the
+    arrays it is given), is refused rather than one of them read."""
+    given = {str(o).lstrip("+~").split("=", 1)[0]: str(o) for o in overrides}
+    for key, _ in named:
+        if key in given:
+            raise FusebenchError(f"fusebench.evaluate: {key} is given twice, as a keyword and as the override "
+                                 f"{given[key]!r}: give it once.")
+    for key in [k for k, _ in named] + list(given):
+        if key == "dataset" or key.startswith("dataset."):
+            raise FusebenchError(f"fusebench.evaluate: {key} is never read: the corpus is the arrays given (models, "
+                                 "caption_image, name); fusebench.run(overrides) runs a dataset.")
+
+
 def _override(key: str, value) -> str:
     """``key=value`` as Hydra reads it (the value written as YAML: lists, null, strings quoted when needed)."""
     import yaml
@@ -358,7 +372,9 @@ def evaluate(models: Mapping[str, object], caption_image, *, fusion: str = "dbsf
               ["eval.lists.store=true", f"embed.cache.dir={Path(cache_dir).expanduser()}"])  # nothing kept unless asked
     base = [f"fusion={fusion}", "logger=none", "plots=false", "models=[]", *stores]
     cfg = compose(base)  # the keywords are read against the config they set
-    keywords = [_override(key, value) for key, value in keyword_settings(cfg, settings)]
+    named = keyword_settings(cfg, settings)
+    check_given_once(named, overrides)
+    keywords = [_override(key, value) for key, value in named]
     cfg = compose([*base, *keywords, *overrides]) if keywords or overrides else cfg
     with open_dict(cfg):
         for model in rows:
