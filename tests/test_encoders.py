@@ -126,3 +126,22 @@ def test_every_real_backend_implements_the_encoder_protocol():
         name, given = shipped[kind.name]
         encoder = kind.backend(name, model_spec(name, given, []))  # nothing loaded yet
         assert isinstance(encoder, Encoder) and encoder.backend == kind.name and encoder.dim == 0
+
+
+def test_when_every_image_is_unreadable_skipping_them_is_one_error_not_an_empty_run():
+    """embed.on_bad_image=skip leaves the unreadable images out; when that is every one, nothing is left to search
+    (a probe's run ended in a traceback from the search): one line saying so."""
+    from fusebench import FusebenchError
+    from fusebench.data.corpus import Corpus
+    from fusebench.encoders.base import RawEmbeddings
+    from fusebench.encoders.models import drop_unreadable
+
+    corpus = Corpus("probe", ["a", "b"], ["x", "y", "z"], np.array([0, 1, 1]))
+    nan = np.full((2, 4), np.nan, dtype=np.float32)
+    raw = RawEmbeddings("m", nan, np.ones((3, 4), np.float32), "i", "t", {}, info={"skipped_images": 2})
+    with pytest.raises(FusebenchError, match="none of the 2 images of probe could be read"):
+        drop_unreadable([raw], corpus)
+    half = RawEmbeddings("m", np.vstack([nan[:1], np.ones((1, 4), np.float32)]), np.ones((3, 4), np.float32), "i",
+                         "t", {}, info={"skipped_images": 1})
+    _, smaller = drop_unreadable([half], corpus)
+    assert smaller.image_ids == ["b"] and smaller.n_captions == 2

@@ -107,7 +107,8 @@ def test_jobs_and_batches_are_hydras_basic_sweepers(arguments, max_batch_size):
 
 @pytest.mark.parametrize(("arguments", "max_batch_size", "message"), [
     (["a=interval(0,1)"], None, "a: the sweeper takes a list of values"),
-    (["a=1,2"], 0, "hydra.sweeper.max_batch_size is 0"), (["a=1,2"], -1, "hydra.sweeper.max_batch_size is -1")])
+    (["a=1,2"], 0, "hydra.sweeper.max_batch_size is 0"), (["a=1,2"], -1, "hydra.sweeper.max_batch_size is -1"),
+    (["a=range(0,30,0)"], None, "a: 'a=range\\(0,30,0\\)' gives no values")])
 def test_a_sweep_it_cannot_make_is_one_message(arguments, max_batch_size, message):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -94,6 +94,10 @@ def drop_unreadable(raws: list[RawEmbeddings], corpus: Corpus) -> tuple[list[Raw
             drop |= raw.unreadable_images
     if not drop.any():
         return raws, corpus
+    if drop.all():
+        raise FusebenchError(f"embed.on_bad_image=skip: none of the {corpus.n_images} images of {corpus.name} could "
+                             "be read, so nothing is left to evaluate; check the image files (with "
+                             "embed.on_bad_image=fail the first bad one is named).")
     smaller, keep_images, keep_captions = corpus.without_images(drop)
     for raw in raws:
         raw.image, raw.text = raw.image[keep_images], raw.text[keep_captions]

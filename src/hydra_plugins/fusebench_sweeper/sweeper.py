@@ -141,7 +141,11 @@ def job_batches(overrides: list[Override], max_batch_size: int | None) -> list[l
         if not override.is_sweep_override():
             values[key] = [f"{key}={override.get_value_element_as_str()}"]
         elif override.is_discrete_sweep():
-            values[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+            try:
+                values[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+            except ValueError as err:  # range(0, 30, 0): Python's range refuses the step
+                raise FusebenchError(f"{key}: {override.input_line!r} gives no values ({err}); a range's step is a "
+                                     "number other than 0") from None
         else:
             raise FusebenchError(f"{key}: the sweeper takes a list of values (a,b,c) or a range(...), not "
                                  f"{override.value_type.name.lower().replace('_', ' ')} {override.input_line!r}")
