@@ -192,7 +192,13 @@ def bad_cases(tmp_path):
            ({"split": "test"}, good, r"dataset.split='test': .* is one table; name the column"),
            ({}, {**good, "image": [b"\x89PNG...", b"\x89PNG..."]}, r"holds image bytes; set dataset.image_dir"),
            ({}, {**good, "caption": pa.array([[], []], type=pa.list_(pa.string()))}, r"ok.parquet: the corpus has no "
-                                                                                  r"captions")]
+                                                                                  r"captions"),
+           ({"split": "test", "split_column": "split"}, {**good, "split": ["test", None]},
+            r"column 'split' \(dataset.split_column\), row 1: no split \(null\)")]
+    mixed = tmp_path / "mixed"  # a folder whose parquet files differ: pyarrow's many-line error, in one line
+    write_parquet(mixed / "a.parquet", good)
+    write_parquet(mixed / "b.parquet", {"img": [1], "caption": [["one"]]})
+    out.append(({"path": str(mixed)}, None, r"^dataset.path=.*mixed: its parquet files do not share one schema \([^\n]*\)\.$"))
     return out
 
 

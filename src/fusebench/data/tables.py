@@ -32,6 +32,11 @@ SHOW = 8  # values listed in a message
 MAGIC = {b"\x89PNG": ".png", b"\xff\xd8\xff": ".jpg", b"GIF8": ".gif", b"RIFF": ".webp", b"BM": ".bmp"}
 
 
+
+def one_line(err: BaseException) -> str:
+    """A library's error text as one line (pyarrow's schema errors print both schemas over many lines)."""
+    return " ".join(str(err).split())
+
 def _pyarrow():
     try:
         import pyarrow as pa  # optional: the gallery and datasets extras install it
@@ -59,7 +64,7 @@ def _saved_dataset(path: Path, split: str | None):
     try:
         saved = datasets.load_from_disk(str(path))
     except Exception as err:  # noqa: BLE001 - any failure to read the folder is the user's data
-        raise FusebenchError(f"dataset.path={path}: datasets.load_from_disk cannot read it ({err}).") from None
+        raise FusebenchError(f"dataset.path={path}: datasets.load_from_disk cannot read it ({one_line(err)}).") from None
     if isinstance(saved, datasets.DatasetDict):
         if split not in saved:
             raise FusebenchError(f"dataset.split={split!r} is not a split of the DatasetDict {path}; valid: "
@@ -85,11 +90,11 @@ def read_table(path: Path, split: str | None):
         try:
             tables.append(pq.read_table(file))
         except (OSError, ValueError) as err:  # pyarrow's errors derive from these
-            raise FusebenchError(f"{file}: not a readable parquet file ({err}).") from None
+            raise FusebenchError(f"{file}: not a readable parquet file ({one_line(err)}).") from None
     try:
         return pa.concat_tables(tables), str(path if len(files) > 1 else files[0]), False
     except (pa.ArrowInvalid, ValueError) as err:
-        raise FusebenchError(f"dataset.path={path}: its parquet files do not share one schema ({err}).") from None
+        raise FusebenchError(f"dataset.path={path}: its parquet files do not share one schema ({one_line(err)}).") from None
 
 
 def _column(table, name: str, key: str, source: str):
@@ -100,7 +105,7 @@ def _column(table, name: str, key: str, source: str):
 
 def _rows_of_split(table, params, source: str, chose: bool):
     """The rows of ``params.split``: by ``split_column``, by a saved DatasetDict's split, or every row."""
-    _, pc, _ = _pyarrow()
+    pa, pc, _ = _pyarrow()
     if params.split_column is None:
         if params.split is not None and not chose:
             raise FusebenchError(f"dataset.split={params.split!r}: {source} is one table; name the column holding "
@@ -109,6 +114,10 @@ def _rows_of_split(table, params, source: str, chose: bool):
         return table
     column = _column(table, params.split_column, "dataset.split_column", source)
     values = column.to_pylist()
+    bad = next((row for row, v in enumerate(values) if not isinstance(v, str)), None)
+    if bad is not None and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):  # a null
+        raise FusebenchError(f"{source}: column {params.split_column!r} (dataset.split_column), row {bad}: no split "
+                             "(null); every row needs its split's name.")
     if not all(isinstance(v, str) for v in values):
         raise FusebenchError(f"{source}: column {params.split_column!r} (dataset.split_column) is {column.type}; it "
                              "must hold each row's split as a string (test, val, train).")
