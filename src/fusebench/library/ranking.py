@@ -50,7 +50,7 @@ def search(texts, images, k: int, caption_image=None, *, device: str = "cpu", ch
     given, the i2t queries are the images that have a text and every list carries exact ranks (in the whole
     ranking, as ranks/ holds them); else i2t covers every image (a second pass, images as queries) with no ranks."""
     k = checks.integer(inputs.plain(k), "k", 1, "the list length")
-    tiles = {"device": resolve_device(device, "device"),
+    tiles = {"device": resolve_device(str(device) if isinstance(device, torch.device) else device, "device"),
              "chunk_size": checks.integer(inputs.plain(chunk_size), "chunk_size", 1, "texts per tile"),
              "item_chunk_size": checks.integer(inputs.plain(item_chunk_size), "item_chunk_size", 1, "items per tile")}
     texts, images = inputs.rows(texts, "texts"), inputs.rows(images, "images")
