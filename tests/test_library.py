@@ -88,9 +88,9 @@ def test_fuse_names_the_valid_methods_and_settings():
     (lambda: ranks(np.ones((3, 4)), [0, 1], "t2i"), "one row per text"),
     (lambda: ranks(np.ones((3, 4)), [0, 1, 2], "x2y"), "direction"),
     (lambda: recall(np.ones((2, 2))), "1-D"),
-    (lambda: compare(np.ones(3), np.ones(4)), "same queries"),
-    (lambda: compare(np.ones(3), np.ones(3), clusters=[1]), "clusters"),
-    (lambda: compare(np.ones(3), np.ones(3), level=2), "level"),
+    (lambda: compare(np.ones(3, int), np.ones(4, int)), "same queries"),
+    (lambda: compare(np.ones(3, int), np.ones(3, int), clusters=[1]), "clusters"),
+    (lambda: compare(np.ones(3, int), np.ones(3, int), level=2), "level"),
 ])
 def test_bad_arguments_are_one_message(call, match):
     with pytest.raises(FusebenchError, match=match):

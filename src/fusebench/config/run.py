@@ -137,9 +137,8 @@ def check_fusion_models(fusion: FusionConfig, models: dict[str, ModelSpec], tuni
             log.warning("fusion.method=%s is skipped: one model is selected (%s), and fusion needs two or more",
                         fusion.method, next(iter(models)))
         return
-    if fusion.method != "none" and tuning is None and not any(spec.weight for spec in models.values()):
-        raise FusebenchError(f"every model weight is 0 ({', '.join(f'models.{n}.weight' for n in models)}): "
-                             "every fused score would be 0. Give at least one model a weight > 0.")
+    if fusion.method != "none" and tuning is None:
+        checks.some_weight({f"models.{n}.weight": spec.weight for n, spec in models.items()})
 
 
 def check_gallery(gallery: GalleryConfig, dataset: DatasetConfig, models: dict[str, ModelSpec],

@@ -7,21 +7,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from fusebench import DIRECTIONS, FusebenchError
+from fusebench import FusebenchError
 from fusebench.config.schema import BootstrapConfig
 from fusebench.evaluation.comparisons import compare as compare_ranks
 from fusebench.evaluation.metrics import recall_at_k
 from fusebench.evaluation.record import Comparison
+from fusebench.library import inputs
 from fusebench.library.ranking import Lists, _list_ranks
+from fusebench.runtime import checks
 from fusebench.search.exact import column_target_ranks, target_ranks
 
 _DEFAULTS = BootstrapConfig()  # the run's defaults (eval.bootstrap)
-
-
-def _direction(direction: str) -> str:
-    if direction not in DIRECTIONS:
-        raise FusebenchError(f"direction={direction!r} is not valid; valid: {', '.join(DIRECTIONS)}.")
-    return direction
 
 
 def ranks(lists_or_scores, caption_image, direction: str = "t2i"):
@@ -33,18 +29,23 @@ def ranks(lists_or_scores, caption_image, direction: str = "t2i"):
     either (then a mapping of ranks)."""
     if isinstance(lists_or_scores, Mapping):
         return {d: ranks(v, caption_image, d) for d, v in lists_or_scores.items()}
-    direction = _direction(direction)
-    truth = np.asarray(caption_image)
-    if truth.ndim != 1 or not np.issubdtype(truth.dtype, np.integer):
-        raise FusebenchError(f"caption_image must be a 1-D integer array (one image index per text); got shape "
-                             f"{truth.shape}, dtype {truth.dtype}.")
-    truth = truth.astype(np.int64)
+    direction = inputs.direction(direction)
+    truth = inputs.caption_image(caption_image)
     values = lists_or_scores.ids if isinstance(lists_or_scores, Lists) else np.asarray(lists_or_scores)
+    values = np.asarray(values)
     if values.ndim != 2:
         raise FusebenchError(f"lists_or_scores must be Lists, an ids array or a score matrix (2-D); got shape "
                              f"{values.shape}.")
-    if np.issubdtype(values.dtype, np.integer):
-        return _list_ranks(torch.as_tensor(values, dtype=torch.int64), direction, truth)
+    if isinstance(lists_or_scores, Lists) or np.issubdtype(values.dtype, np.integer):
+        queries = len(truth) if direction == "t2i" else len(np.unique(truth))
+        ids = inputs.integer_array(values, "lists_or_scores (ids)", 2, -1)
+        if len(ids) != queries:
+            raise FusebenchError(f"lists_or_scores holds the lists of {len(ids)} queries; valid: one per {direction} "
+                                 f"query ({queries}: {'the texts' if direction == 't2i' else 'the images with a text'}).")
+        return _list_ranks(torch.as_tensor(ids), direction, truth)
+    if not np.issubdtype(values.dtype, np.floating):
+        raise FusebenchError(f"lists_or_scores must be integer ids or float scores; got dtype {values.dtype}.")
+    inputs.finite_scores(values, "lists_or_scores")
     scores = torch.as_tensor(np.ascontiguousarray(values, dtype=np.float32))
     cap_img = torch.as_tensor(truth)
     if direction == "t2i":
@@ -61,10 +62,8 @@ def ranks(lists_or_scores, caption_image, direction: str = "t2i"):
 
 def recall(ranks, ks: Sequence[int] = (1, 5, 10)) -> dict[int, float]:
     """Recall@k in percent (the queries whose first positive ranks within k) for each ``k``, as metrics.json's."""
-    values = np.asarray(ranks)
-    if values.ndim != 1:
-        raise FusebenchError(f"ranks must be a 1-D array (one rank per query); got shape {values.shape}.")
-    return {int(k): recall_at_k(values, int(k)) for k in ks}
+    values = inputs.ranks(ranks, "ranks")
+    return {k: recall_at_k(values, k) for k in inputs.ks(ks)}
 
 
 def compare(ranks_a, ranks_b, k: int = 1, *, draws: int = _DEFAULTS.draws, level: float = _DEFAULTS.level,
@@ -75,15 +74,17 @@ def compare(ranks_a, ranks_b, k: int = 1, *, draws: int = _DEFAULTS.draws, level
     queries, ``draws`` and ``level``, from ``seed``), ``cluster_ci_low``/``cluster_ci_high`` (over ``clusters``,
     each query's group: a run passes the image each query is about; None: every query its own), ``wins`` and
     ``losses`` (queries only one finds), ``p_value`` (McNemar's exact test)."""
-    a, b = np.asarray(ranks_a), np.asarray(ranks_b)
-    if a.ndim != 1 or a.shape != b.shape or a.size == 0:
+    a, b = inputs.ranks(ranks_a, "ranks_a"), inputs.ranks(ranks_b, "ranks_b")
+    if a.shape != b.shape:
         raise FusebenchError(f"ranks_a and ranks_b must be 1-D arrays over the same queries; got shapes {a.shape} and "
                              f"{b.shape}.")
+    k = checks.integer(inputs.plain(k), "k", 1, "the recall cut-off")
+    names = inputs.names(names)
     groups = np.arange(a.size) if clusters is None else np.asarray(clusters)
     if groups.shape != a.shape:
         raise FusebenchError(f"clusters must hold one group per query ({a.size}); got shape {groups.shape}.")
-    direction = _direction(direction)
+    direction = inputs.direction(direction)
     BootstrapConfig(draws=draws, seed=seed, level=level)  # the run's checks of eval.bootstrap
-    (row,) = compare_ranks(names[0], names[1], {direction: a}, {direction: b}, {direction: groups}, [int(k)],
+    (row,) = compare_ranks(names[0], names[1], {direction: a}, {direction: b}, {direction: groups}, [k],
                            draws, level, seed, directions=(direction,))
     return row

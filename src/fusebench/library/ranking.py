@@ -11,9 +11,12 @@ import torch
 
 from fusebench import DIRECTIONS, FusebenchError
 from fusebench.encoders.base import check_matrix
+from fusebench.encoders.devices import resolve_device
 from fusebench.fusion import methods as registry
 from fusebench.fusion.combine import fuse_in_blocks
 from fusebench.fusion.config import FusionConfig, moved_keys
+from fusebench.library import inputs
+from fusebench.runtime import checks
 from fusebench.search.model_lists import compute_model_lists
 from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
 
@@ -38,19 +41,6 @@ class Lists:
                       for k, v in arrays.items()})
 
 
-def _caption_image(caption_image, n_texts: int, n_images: int | None) -> np.ndarray | None:
-    if caption_image is None:
-        return None
-    array = np.asarray(caption_image)
-    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer) or len(array) != n_texts:
-        raise FusebenchError(f"caption_image must be a 1-D integer array, one image index per text ({n_texts}); got "
-                             f"shape {array.shape}, dtype {array.dtype}.")
-    if n_images is not None and len(array) and (array.min() < 0 or array.max() >= n_images):
-        raise FusebenchError(f"caption_image holds {int(array.min())}..{int(array.max())}, outside the images' "
-                             f"indices 0..{n_images - 1}.")
-    return array.astype(np.int64)
-
-
 def search(texts, images, k: int, caption_image=None, *, device: str = "cpu", chunk_size: int = 4096,
            item_chunk_size: int = 16384) -> dict[str, Lists]:
     """Each text's top ``k`` images (``t2i``) and each image's top ``k`` texts (``i2t``) by cosine similarity,
@@ -59,24 +49,23 @@ def search(texts, images, k: int, caption_image=None, *, device: str = "cpu", ch
     ``eval.chunk_size`` and ``eval.item_chunk_size``). ``caption_image`` (texts,): the image each text describes;
     given, the i2t queries are the images that have a text and every list carries exact ranks (in the whole
     ranking, as ranks/ holds them); else i2t covers every image (a second pass, images as queries) with no ranks."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise FusebenchError(f"k={k!r} must be a positive integer (the list length).")
-    texts, images = np.asarray(texts), np.asarray(images)
-    n_texts = texts.shape[0] if texts.ndim else 0
-    n_images = images.shape[0] if images.ndim else 0
-    texts = check_matrix(texts, n_texts, "text rows", "texts", "texts")
-    images = check_matrix(images, n_images, "image rows", "images", "images")
+    k = checks.integer(inputs.plain(k), "k", 1, "the list length")
+    tiles = {"device": resolve_device(str(device) if isinstance(device, torch.device) else device, "device"),
+             "chunk_size": checks.integer(inputs.plain(chunk_size), "chunk_size", 1, "texts per tile"),
+             "item_chunk_size": checks.integer(inputs.plain(item_chunk_size), "item_chunk_size", 1, "items per tile")}
+    texts, images = inputs.rows(texts, "texts"), inputs.rows(images, "images")
+    texts = check_matrix(texts, texts.shape[0], "text rows", "texts", "texts")
+    images = check_matrix(images, images.shape[0], "image rows", "images", "images")
     if texts.shape[1] != images.shape[1]:
         raise FusebenchError(f"texts have {texts.shape[1]} dims and images {images.shape[1]}: both must come from one "
                              "model's shared space.")
-    truth = _caption_image(caption_image, n_texts, n_images)
-    tiles = {"device": device, "chunk_size": chunk_size, "item_chunk_size": item_chunk_size}
+    truth = None if caption_image is None else inputs.caption_image(caption_image, len(texts), len(images))
     if truth is not None:
-        found = compute_model_lists(texts, images, truth, int(k), **tiles)
+        found = compute_model_lists(texts, images, truth, k, **tiles)
         return {d: Lists.of(found[d]) for d in DIRECTIONS}
     none = np.empty(0, dtype=np.int64)  # no positives: no i2t queries in the pass, no ranks
-    t2i = compute_model_lists(texts, images, none, int(k), ranks=False, **tiles)["t2i"]
-    i2t = compute_model_lists(images, texts, none, int(k), ranks=False, **tiles)["t2i"]
+    t2i = compute_model_lists(texts, images, none, k, ranks=False, **tiles)["t2i"]
+    i2t = compute_model_lists(images, texts, none, k, ranks=False, **tiles)["t2i"]
     return {"t2i": Lists.of(t2i), "i2t": Lists.of(i2t)}
 
 
@@ -118,18 +107,24 @@ def _by_direction(lists) -> tuple[list[str], list[dict[str, Lists]]]:
     return names, out
 
 
-def _weights(weights, names: list[str]) -> list[float] | None:
-    if weights is None:
+def _checked_lists(names: list[str], entries: list[dict[str, Lists]], n_items: dict[str, int], caption_image
+                   ) -> np.ndarray | None:
+    """Every model's lists by :func:`inputs.list_arrays`, the same queries in a direction across models, and
+    ``caption_image`` (one image per t2i query; i2t: one query per image it names); the latter as an array."""
+    for d in entries[0]:
+        for name, entry in zip(names, entries):
+            inputs.list_arrays(entry[d].ids, entry[d].scores, f"lists[{name!r}][{d!r}]", n_items.get(d))
+        counts = {name: len(entry[d].ids) for name, entry in zip(names, entries)}
+        if len(set(counts.values())) > 1:
+            raise FusebenchError(f"lists: the models' {d} lists hold different numbers of queries: {counts}.")
+    if caption_image is None:
         return None
-    if isinstance(weights, Mapping):
-        unknown = sorted(set(map(str, weights)) - set(names))
-        if unknown:
-            raise FusebenchError(f"weights names {unknown}, which are not among the lists: {', '.join(names)}.")
-        return [float(weights.get(n, 1.0)) for n in names]
-    weights = list(weights)
-    if len(weights) != len(names):
-        raise FusebenchError(f"weights holds {len(weights)} values for {len(names)} models' lists.")
-    return [float(w) for w in weights]
+    queries = {d: len(entries[0][d].ids) for d in entries[0]}
+    truth = inputs.caption_image(caption_image, queries.get("t2i"), n_items.get("t2i"))
+    if "i2t" in queries and queries["i2t"] != len(np.unique(truth)):
+        raise FusebenchError(f"caption_image names {len(np.unique(truth))} images, but the i2t lists hold "
+                             f"{queries['i2t']} queries (one per image that has a text).")
+    return truth
 
 
 def fuse(lists, method: str = "dbsf", *, weights=None, fuse_on: str = "source_object", top_k: int | None = None,
@@ -144,20 +139,19 @@ def fuse(lists, method: str = "dbsf", *, weights=None, fuse_on: str = "source_ob
     (None: ``top_k``, or every entry), never longer than ``n_items[direction]`` (the items a direction ranks, as
     the run caps it). ``caption_image``: the image each text describes; given, each fused list carries its ranks."""
     names, entries = _by_direction(lists)
+    n_items = inputs.n_items(n_items, list(entries[0]))
     config = fusion_config(method, fuse_on, top_k, final_top_k, settings)
-    weights = _weights(weights, names)
+    weights = inputs.weights(weights, names)
+    caption_image = _checked_lists(names, entries, n_items, caption_image)
     out = {}
     for d in entries[0]:
         per_model = [e[d] for e in entries]
-        widths = {p.ids.shape[1] for p in per_model}
+        widths = {np.asarray(p.ids).shape[1] for p in per_model}
         k = min(widths) if top_k is None else min(top_k, min(widths))
         ids = [torch.as_tensor(np.asarray(p.ids)[:, :k], dtype=torch.int64).clone() for p in per_model]
         scores = [torch.as_tensor(np.asarray(p.scores)[:, :k], dtype=torch.float32).clone() for p in per_model]
-        if len({t.shape[0] for t in ids}) > 1:
-            raise FusebenchError(f"the models' {d} lists hold different numbers of queries: "
-                                 f"{dict(zip(names, (t.shape[0] for t in ids)))}.")
         wanted = final_top_k if final_top_k is not None else top_k
-        available = len(ids) * k if fuse_on == "document" else (n_items or {}).get(d, sum(t.shape[1] for t in ids))
+        available = len(ids) * k if fuse_on == "document" else n_items.get(d, sum(t.shape[1] for t in ids))
         fused = fuse_in_blocks(ids, scores, config, available if wanted is None else min(wanted, available), weights)
         out[d] = Lists.of(fused.with_ranks(_list_ranks(fused.ids, d, caption_image)))
     return out

@@ -71,6 +71,13 @@ def weight(value, key: str) -> float:
     return checked
 
 
+def some_weight(weights: Mapping[str, float]) -> None:
+    """A fusion's weights (key -> a value :func:`weight` passed): at least one above 0, else every fused score is 0."""
+    if not any(weights.values()):
+        raise FusebenchError(f"every model weight is 0 ({', '.join(weights)}): every fused score would be 0. Give at "
+                             "least one model a weight > 0.")
+
+
 def boolean(value, key: str) -> bool:
     if not isinstance(value, bool):
         raise _bad(key, value, "true or false")
