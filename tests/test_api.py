@@ -130,9 +130,9 @@ def test_evaluate_writes_nothing_without_out_dir_or_cache_dir(tmp_path, monkeypa
 def test_keyword_settings_equal_the_override_strings(tmp_path):
     models, caption_image = _models(n=30)
     keywords = fusebench.evaluate(models, caption_image, fusion="rrf", top_k=40, ks=(1, 5), draws=np.int64(300),
-                                  eval__bootstrap__seed=3, fusion__rrf_k=20.0)
+                                  eval__bootstrap__seed=3, fusion__params__rrf_k=20.0)
     strings = fusebench.evaluate(models, caption_image, fusion="rrf", overrides=[
-        "fusion.top_k=40", "eval.ks=[1,5]", "eval.bootstrap.draws=300", "eval.bootstrap.seed=3", "fusion.rrf_k=20"])
+        "fusion.top_k=40", "eval.ks=[1,5]", "eval.bootstrap.draws=300", "eval.bootstrap.seed=3", "fusion.params.rrf_k=20"])
     assert _measured(keywords.record.to_json()) == _measured(strings.record.to_json())
     assert keywords.record.eval.bootstrap.draws == 300 and keywords.record.fusion.top_k == 40
 
