@@ -169,7 +169,7 @@ def test_a_failed_sweep_rerun_keeps_the_earlier_jobs(tmp_path):
     for job, files in jobs.items():
         now = without_logs(snapshot(tmp_path / "S" / job))
         error = now.pop("error.txt").decode()  # a user's mistake: its one line, not a traceback
-        assert error.startswith("fusebench: error: ") and "fusion.rrf_k" in error and error.count("\n") == 1
+        assert error.startswith("fusebench: error: ") and "fusion.params.rrf_k" in error and error.count("\n") == 1
         assert now == files
     scan = scan_runs(tmp_path / "S")  # the earlier results are kept, but not reported as this sweep's
     assert not scan.runs and sorted(scan.failed) == ["0", "1"]
