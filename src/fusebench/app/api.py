@@ -52,7 +52,7 @@ from fusebench.config.run import LOGGERS
 from fusebench.data.corpus import Corpus
 from fusebench.fusion.config import check_moved_overrides, moved_keys
 from fusebench.report.runs import Run
-from fusebench.runtime import run_lock
+from fusebench.runtime import checks, run_lock
 
 IN_MEMORY = "(in memory: fusebench.evaluate)"  # what a model's spec records as its files
 
@@ -310,7 +310,7 @@ def keyword_settings(cfg, settings: Mapping[str, object]) -> list[tuple[str, obj
 def check_given_once(named: list[tuple[str, object]], overrides: list[str]) -> None:
     """A setting given both as a keyword and as an override, or any dataset setting (evaluate's corpus is the
     arrays it is given), is refused rather than one of them read."""
-    given = {str(o).lstrip("+~").split("=", 1)[0]: str(o) for o in overrides}
+    given = {checks.override_key(o): str(o) for o in overrides}
     for key, _ in named:
         if key in given:
             raise FusebenchError(f"fusebench.evaluate: {key} is given twice, as a keyword and as the override "

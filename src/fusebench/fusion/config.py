@@ -94,7 +94,7 @@ def check_moved_overrides(overrides) -> None:
     """An old flat key and its new place given together (``fusion.rrf_k=30 fusion.params.rrf_k=50``) are refused
     (exit 2) rather than one of them read: the command line is the only place both can be told apart from what a
     group's YAML gave."""
-    keys = {str(o).lstrip("+~").split("=", 1)[0] for o in overrides}
+    keys = {checks.override_key(o) for o in overrides}
     for key in moved_keys():
         if f"fusion.{key}" in keys and f"fusion.params.{key}" in keys:
             raise FusebenchError(f"fusion.{key} and fusion.params.{key} are both given: fusion.{key} is the old name "

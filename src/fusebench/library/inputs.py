@@ -8,19 +8,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from fusebench import DIRECTIONS, FusebenchError
+from fusebench import FusebenchError
 from fusebench.runtime import checks
 
 
 def plain(value):
     """A NumPy scalar as the Python number it holds (``np.int64(5)`` is the integer 5 to the checks)."""
     return value.item() if isinstance(value, np.generic) else value
-
-
-def direction(value) -> str:
-    if value not in DIRECTIONS:
-        raise FusebenchError(f"direction={value!r} is not valid; valid: {', '.join(DIRECTIONS)}.")
-    return value
 
 
 def integer_array(value, key: str, ndim: int, minimum: int) -> np.ndarray:

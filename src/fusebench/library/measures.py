@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from fusebench import FusebenchError
+from fusebench import DIRECTIONS, FusebenchError
 from fusebench.config.schema import BootstrapConfig
 from fusebench.evaluation.comparisons import compare as compare_ranks
 from fusebench.evaluation.metrics import recall_at_k
@@ -29,7 +29,7 @@ def ranks(lists_or_scores, caption_image, direction: str = "t2i"):
     either (then a mapping of ranks)."""
     if isinstance(lists_or_scores, Mapping):
         return {d: ranks(v, caption_image, d) for d, v in lists_or_scores.items()}
-    direction = inputs.direction(direction)
+    direction = checks.choice(direction, "direction", DIRECTIONS)
     truth = inputs.caption_image(caption_image)
     values = lists_or_scores.ids if isinstance(lists_or_scores, Lists) else np.asarray(lists_or_scores)
     values = np.asarray(values)
@@ -83,7 +83,7 @@ def compare(ranks_a, ranks_b, k: int = 1, *, draws: int = _DEFAULTS.draws, level
     groups = np.arange(a.size) if clusters is None else np.asarray(clusters)
     if groups.shape != a.shape:
         raise FusebenchError(f"clusters must hold one group per query ({a.size}); got shape {groups.shape}.")
-    direction = inputs.direction(direction)
+    direction = checks.choice(direction, "direction", DIRECTIONS)
     BootstrapConfig(draws=draws, seed=seed, level=level)  # the run's checks of eval.bootstrap
     (row,) = compare_ranks(names[0], names[1], {direction: a}, {direction: b}, {direction: groups}, [k],
                            draws, level, seed, directions=(direction,))

@@ -26,6 +26,7 @@ from fusebench.evaluation.metrics import hits_at_k
 from fusebench.report.notebook import run_corpus
 from fusebench.report.plots import wilson
 from fusebench.report.runs import Run, load_runs
+from fusebench.runtime import checks
 
 OUTCOMES = ("won", "lost", "both hit", "both missed")  # a query, candidate against baseline, at R@k
 __all__ = ["as_runs", "comparison_frame", "default_pair", "outcome_frame", "pair_frame", "query_frame",
@@ -85,8 +86,7 @@ def run_columns(run: Run) -> dict:
     column ``override.KEY`` (the factors a sweep varied)."""
     overrides = {}
     for text in run.overrides:
-        key, _, value = text.lstrip("+~").partition("=")
-        overrides[f"override.{key}"] = value
+        overrides[f"override.{checks.override_key(text)}"] = text.partition("=")[2]
     return {"run": run.name, "run_dir": str(run.path), **dataset_columns(run), **overrides}
 
 

@@ -17,6 +17,11 @@ from dataclasses import fields, is_dataclass
 from fusebench import FusebenchError
 
 
+def override_key(text) -> str:
+    """The key a Hydra override sets: ``+fusion.params.rrf_k=30`` -> ``fusion.params.rrf_k``."""
+    return str(text).lstrip("+~").split("=", 1)[0]
+
+
 def _bad(key: str, value, valid: str) -> FusebenchError:
     return FusebenchError(f"{key}={value!r} is not valid; valid: {valid}.")
 
