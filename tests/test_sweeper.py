@@ -1,7 +1,9 @@
 """fusebench's sweeper (hydra/sweeper: fusebench): Hydra's basic sweeper, each job's config composed once."""
 
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +75,13 @@ def test_each_job_is_composed_once_and_runs_as_with_hydras_sweeper(tmp_path):
     hydras, hydras_count = _sweep(tmp_path, "hydras", *jobs, "hydra/sweeper=basic")
     assert hydras.returncode == 0, hydras.stderr
     assert (ours_count, hydras_count) == (4, 8)  # validation composes each of the 4 jobs; Hydra's launcher again
+    # one line per job start on stderr, naming what varies, with the time left once a job has finished
+    lines = [line[line.index("job "):] for line in ours.stderr.splitlines() if re.search(r"job \d/4 \(", line)]
+    assert [line.split(")")[0] for line in lines] == [
+        f"job {i}/4 (fusion={f} fusion.top_k={k}" for i, (f, k) in enumerate(itertools.product(("rrf", "dbsf"),
+                                                                                                 ("25", "null")), 1)]
+    assert "unknown until a job finishes" in lines[0] and all(" left for the sweep" in line for line in lines[1:])
+    assert "job 1/4" not in ours.stdout and "job 1/4" not in hydras.stderr  # stderr only; Hydra's sweeper has none
     for job in range(4):
         mine, theirs = tmp_path / "ours" / str(job), tmp_path / "hydras" / str(job)
         assert (mine / ".hydra" / "config.yaml").read_text() == (theirs / ".hydra" / "config.yaml").read_text()
