@@ -143,3 +143,26 @@ def test_the_sweeper_uses_hydras_public_api_only():
     found = [f"{path.relative_to(src)}:{n}" for path in sorted(src.rglob("*.py"))
              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "hydra._internal" in line]
     assert found == []
+
+
+def test_each_job_start_prints_its_line_with_the_varying_overrides_and_the_time_left(monkeypatch, capsys):
+    from hydra_plugins.fusebench_sweeper import sweeper as module
+
+    batches = [[["fusion=rrf", "eval.ks=[1]"], ["fusion=dbsf", "eval.ks=[1]"]], [["fusion=sum", "eval.ks=[1]"]]]
+    assert module.varying_keys(batches) == {"fusion"}
+    sweeper = module.ComposeOnceSweeper()
+    sweeper.total, sweeper.varying, sweeper.started = 3, frozenset({"fusion"}), 0.0
+    clock = iter([10.0, 70.0, 190.0, 200.0])
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    for number, job in enumerate(batches[0] + batches[1]):
+        sweeper.job_started(number, job)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "job 1/3 (fusion=rrf), 10s elapsed, time left for the sweep unknown until a job finishes",
+        "job 2/3 (fusion=dbsf), 1m10s elapsed, about 2m00s left for the sweep",  # job 1 took 60 s: 2 jobs left
+        "job 3/3 (fusion=sum), 3m10s elapsed, about 1m30s left for the sweep"]  # 60 s and 120 s: 90 s each
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    sweeper.job_started(3, ["fusion=rrf"])
+    assert capsys.readouterr().err == "" and len(sweeper.starts) == 4  # off with the bars, still counted
