@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import subprocess
 import sys
 import time
@@ -24,10 +25,21 @@ FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 SMALL = ["dataset.n_images=200", "dataset.n_captions=1000", "eval.bootstrap.draws=100", "logger=none"]
 
 
-def fusebench(*args, cwd: Path, mode: str, **env):
+def fusebench(*args, cwd: Path, mode: str, terminal: bool = False, **env):
+    """One command; ``terminal``: its stderr a pseudo-terminal, as a user's (a command in a terminal does not wait
+    for its views process: ``views.must_wait``)."""
     environ = {**os.environ, "FUSEBENCH_OUTPUT": str(cwd / "out"), "WANDB_MODE": "disabled", "FUSEBENCH_VIEWS": mode,
                **env}
-    return subprocess.run([FUSEBENCH, *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=600)
+    if not terminal:
+        return subprocess.run([FUSEBENCH, *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=600)
+    main, secondary = pty.openpty()
+    try:
+        result = subprocess.run([FUSEBENCH, *args], cwd=cwd, env=environ, stdout=subprocess.PIPE, stderr=secondary,
+                                text=True, timeout=600)
+    finally:
+        os.close(secondary)
+        os.close(main)
+    return result
 
 
 def drawn(run_dir: Path, timeout: float = 120.0) -> dict[str, bytes]:
@@ -139,8 +151,85 @@ def test_the_views_process_never_draws_over_another_runs_record(tmp_path):
     run_dir.mkdir()
     (run_dir / "metrics.json").write_text("{}")
     job = views.ViewsJob(run_dir=str(run_dir), metrics_sha256="0" * 64, plots=True, logger=None, resolved=None,
-                         group=None, name=None)
+                         group=None, name=None, log_file=str(run_dir / "fusebench.log"))
     views.serve(job, record=None)  # a record that would fail to draw: never reached
     assert not (run_dir / "plots").exists()
-    assert "is no longer the record this run wrote" in (run_dir / views.LOG_NAME).read_text()
+    assert "is no longer the record this run wrote" in (run_dir / "fusebench.log").read_text()
     assert not run_lock.held_here(run_dir)
+
+
+def test_where_a_command_must_wait_for_its_views(monkeypatch):
+    monkeypatch.setattr(views, "in_terminal", lambda: True)
+    for name in (*views.SCHEDULERS, views.COMMAND_PID):
+        monkeypatch.delenv(name, raising=False)
+    assert not views.must_wait()  # a user's terminal: the command returns at once
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert views.must_wait()  # the job's end would take the views process with it
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv(views.COMMAND_PID, str(os.getpid() + 1))
+    assert views.in_worker() and views.must_wait()  # a launcher's worker: waited for as its job ends
+    monkeypatch.setenv(views.COMMAND_PID, str(os.getpid()))
+    assert not views.in_worker() and not views.must_wait()
+    monkeypatch.setattr(views, "in_terminal", lambda: False)
+    assert views.must_wait()  # a script, CI, a notebook: whatever runs it may end its processes
+
+
+@pytest.mark.slow
+def test_a_run_taking_a_dir_handed_to_views_waits_for_that_process(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    try:
+        assert run_lock.hold(folder)
+        run_lock.hand_to_views(folder, sleeper.pid)
+        assert run_lock.holder(folder)["views_pending"] == sleeper.pid
+        run_lock.release(folder)
+        start = time.monotonic()
+        assert run_lock.hold(folder) is True  # waited for the views process it was handed to (here: its end)
+        assert time.monotonic() - start > 0.5
+        assert "views_pending" not in run_lock.holder(folder)  # taken: ours now
+        run_lock.release(folder)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    start = time.monotonic()
+    assert run_lock.hold(folder) is True and time.monotonic() - start < 0.5  # a dead views process: no wait
+    run_lock.release(folder)
+
+
+def test_a_plot_write_cut_short_is_the_runs_own(tmp_path):
+    from fusebench.app import rundir
+    from fusebench.runtime.layout import plots_manifest_text
+
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    (plots / layout.PLOTS_MANIFEST).write_text(plots_manifest_text({"recall_bars.png": None}))
+    (plots / ".recall_bars.png.ab12cd34.tmp").write_bytes(b"\x89PNG cut short")
+    assert rundir.foreign(tmp_path) == []  # being drawn when the views process was killed: a rerun replaces it
+    (plots / ".wins_losses.png.ab12cd34.tmp").write_bytes(b"x")  # not named as being drawn: someone else's
+    assert rundir.foreign(tmp_path) == ["plots/.wins_losses.png.ab12cd34.tmp"]
+
+
+@pytest.mark.slow
+def test_reruns_from_a_terminal_lose_no_plots_and_no_wandb_run(tmp_path):
+    """Each command returns without waiting (a terminal); the next run into the dir waits for the earlier run's
+    views process, so every run's W&B run is made and the plots are the last record's."""
+    for method in ("rrf", "dbsf", "sum"):
+        result = fusebench(*SMALL[:-1], "logger=wandb", f"fusion={method}", "hydra.run.dir=run", cwd=tmp_path,
+                           mode="background", terminal=True, WANDB_MODE="offline")
+        assert result.returncode == 0
+    plots = drawn(tmp_path / "run")
+    run_lock.check_free(tmp_path / "run")  # waits for the last views process (its W&B run comes after the plots)
+    assert len(list((tmp_path / "run" / "wandb").glob("offline-run-*"))) == 3
+    alone = fusebench(*SMALL, "fusion=sum", "hydra.run.dir=alone", cwd=tmp_path, mode="inline")
+    assert alone.returncode == 0 and drawn(tmp_path / "alone", timeout=0.1) == plots
+
+
+@pytest.mark.slow
+def test_a_launchers_worker_waits_for_its_jobs_views(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    result = fusebench("-m", *SMALL, "fusion=rrf,dbsf", "hydra.sweep.dir=sw", "hydra/launcher=joblib",
+                       "hydra.launcher.n_jobs=2", cwd=tmp_path, mode="background", terminal=True)
+    assert result.returncode == 0, result.stdout
+    for job in (0, 1):
+        drawn(tmp_path / "sw" / str(job), timeout=0.1)  # there when the command returned

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import DIRECTIONS, FusebenchError
-from fusebench.app import rundir
+from fusebench.app import rundir, views
 from fusebench.app.cli import hydra_error_message
 from fusebench.app.run_config import run_config
 from fusebench.backends import base as backends
@@ -258,6 +258,7 @@ def _execute(cfg, out_dir, corpus=None, rows: Mapping[str, tuple] | None = None)
         finally:
             if taken:
                 run_lock.release(where)
+            views.finish()  # views=background/wait: the views process draws from here (waited for outside a terminal)
     return Result(record=record, ranks=_ranks(lists), out_dir=folder)
 
 

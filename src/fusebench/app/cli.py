@@ -327,6 +327,7 @@ def run_command(hydra_app: Callable[[], None], kind: str = "run",
         _fail(unknown_models_message(missing, extra))
     os.environ["HYDRA_FULL_ERROR"] = "1"  # exceptions reach the handlers below instead of Hydra's printer
 
+    os.environ["FUSEBENCH_COMMAND_PID"] = str(os.getpid())  # app.views: a job in another process is a worker's
     SweepReport.failed, SweepReport.kind, SweepReport.sweep_dir = None, kind, None
     PLACES.clear()
     interrupts.watch()
@@ -428,6 +429,9 @@ def run_job(cfg: DictConfig, work: Callable[[object, str, str], None]) -> None:
     finally:
         if multirun:
             job_ended(out_dir, hydra_cfg.job.num, hydra_cfg.output_subdir)
+        views = sys.modules.get("fusebench.app.views")
+        if views is not None and views.in_worker():  # a launcher's worker: its job ends once its views are made
+            views.finish()
 
 
 if __name__ == "__main__":

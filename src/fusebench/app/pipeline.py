@@ -318,7 +318,7 @@ def evaluate(job: Job, found: Found, started: float) -> RunRecord:
                     search_seconds=round(found.seconds, 3), lists=found.source.records,
                     similarity_blocks=found.similarity_blocks,
                     query_ms=round(1000 * found.seconds / (corpus.n_captions + len(clusters["i2t"])), 4),
-                    versions={"fusebench": __version__, "torch": torch.__version__, "numpy": np.__version__}),
+                    versions={"fusebench": __version__, "torch": str(torch.__version__), "numpy": np.__version__}),
         reference=config.reference,
         tune=job.tuned,
         gallery=gallery,

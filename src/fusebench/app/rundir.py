@@ -256,12 +256,20 @@ def foreign(out_dir: str | Path) -> list[str]:
     return found
 
 
+CUT_SHORT = re.compile(r"\.(.+)\.[A-Za-z0-9_]+\.tmp")  # stores.files.atomic_save's temp file for NAME: .NAME.XXXXXXXX.tmp
+
+
 def _own_plot(file: Path, drawn: dict[str, str | None] | None) -> bool:
     """Whether ``file`` in plots/ is a plot the run drew: named in the run's plots manifest with its sha256 (or
-    as being drawn, when the run stopped there), or the manifest itself; a plots/ folder without a manifest
-    (written before manifests were kept) by its name alone."""
+    as being drawn, when the run stopped there, and then also the temp file its write left when killed), or the
+    manifest itself; a plots/ folder without a manifest (written before manifests were kept) by its name alone."""
     if file.name == PLOTS_MANIFEST:
         return drawn is not None
+    cut_short = CUT_SHORT.fullmatch(file.name)  # atomic_save's temp file of a plot whose drawing was killed
+    if cut_short:
+        name = cut_short.group(1)
+        return file.is_file() and (name == PLOTS_MANIFEST or (name in run_plot_names() if drawn is None
+                                                               else name in drawn and drawn[name] is None))
     if drawn is None:
         return file.name in run_plot_names()
     if file.name not in drawn or not file.is_file():

@@ -3,22 +3,21 @@ its table printed. Nothing in them is a result: they are drawn from the run's re
 
 ``views`` (a top-level config key) says where:
 
-* ``background`` (the CLI's default): a separate process makes them, and the command returns without waiting for
-  them (a job's fixed cost loses matplotlib's import, the drawing and W&B's start: docs/speed.md). One such process
-  serves every job of a command (a sweep's jobs queue their views to it, so matplotlib is imported once and a plot
-  drawn alike for many jobs is drawn once). Inside a SLURM job (``SLURM_JOB_ID``), whose end takes its processes
-  with it, the command waits for it.
-* ``wait``: the same process, and the command waits for it before it returns (a sweep's plots are drawn beside
-  its next jobs, and are all there when the command ends).
-* ``inline``: in the job itself, before the job returns (the Python API's default: a notebook reads the plots
-  right after the call).
+* ``background`` (the CLI's default): a separate process makes them. One such process serves every job of a
+  command (a sweep's jobs queue their views to it, so matplotlib is imported once and a plot drawn alike for many
+  jobs is drawn once). In a terminal the command returns without waiting for it (a job's fixed cost loses
+  matplotlib's import, the drawing and W&B's start: docs/speed.md); wherever the command's end may take its
+  processes with it, it waits for it at its end (:func:`must_wait`: not in a terminal, a batch scheduler's job, a
+  container's first process, a launcher's worker process).
+* ``wait``: the same process, and the command always waits for it before it returns.
+* ``inline``: in the job itself, before the job returns.
 
-The views process takes the run dir's lock (``runtime.run_lock``) while it draws, after the job has released it:
-a new run into the dir waits for it (``run_lock`` waits for a views holder, never for a run). It draws only when
-metrics.json is still the file the job wrote (its sha256, sent with the request): a run dir another run took in
-between is left to that run. Each run's plots manifest says what is being drawn until it is done, so a view that
-never finished (the machine went down) is told from the run's own plots by the next run in the dir. A failure is a
-warning in the run's ``fusebench.log``, never a reason for the run to fail, as before.
+The views process takes the run dir's lock (``runtime.run_lock``) while it draws. The job hands the dir over
+before it releases the lock (``run_lock.hand_to_views``), so a new run that takes the lock first waits for it
+(a new run never waits for a run). It draws only when metrics.json is still the file the job wrote (its sha256,
+sent with the request). Each run's plots manifest says what is being drawn until it is done, so a view that never
+finished is told from the run's own plots by the next run in the dir. A failure is a warning in the run's log,
+never a reason for the run to fail, as before.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,9 +40,9 @@ from fusebench.report.plots import run_plots
 from fusebench.runtime import run_lock
 from fusebench.stores.files import file_sha256
 
-log = logging.getLogger(__name__)
-LOG_NAME = "fusebench.log"  # the run's log (hydra.job.name + .log), where the views process writes its lines
+log = logging.getLogger("fusebench.app.views")  # its name in the run's log, in the job or the views process
 LOCK_WAIT_S = 3600.0  # how long the views process waits for the job to release the run dir (a sweep job's whole life)
+SCHEDULERS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "SUBMITIT_EXECUTOR")  # a batch job's markers
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,13 @@ class ViewsJob:
     resolved: dict | None  # the composed config, W&B's run config
     group: str | None  # W&B's group and name (the sweep and the job's overrides), read from Hydra in the job
     name: str | None
+    argv: tuple[str, ...] = ()  # the command's argv (W&B records the program and its arguments)
+    log_file: str | None = None  # the run's log (Hydra's RUN_DIR/JOB_NAME.log), where the views process writes
+
+
+def logs(logger: LoggerConfig) -> bool:
+    """Whether ``logger`` logs anything (W&B, not disabled by ``logger.mode`` or ``$WANDB_MODE``)."""
+    return isinstance(logger, WandbConfig) and (logger.mode or os.environ.get("WANDB_MODE")) != "disabled"
 
 
 def make(job: ViewsJob, record: RunRecord) -> None:
@@ -70,33 +77,68 @@ def make(job: ViewsJob, record: RunRecord) -> None:
     log_run(job.logger, record, job.run_dir, plots, resolved=job.resolved, identity=(job.group, job.name))
 
 
+def _run_log_file(run_dir: Path) -> str | None:
+    """The file this job logs to inside ``run_dir`` (Hydra's job log), if any."""
+    for handler in logging.getLogger().handlers:
+        name = getattr(handler, "baseFilename", None)
+        if name and Path(name).parent == run_dir.resolve():
+            return name
+    return None
+
+
 def request(run_dir: str | Path, record: RunRecord, plots: bool, logger: LoggerConfig, resolved: dict | None) -> ViewsJob:
     """The views job of a run just written into ``run_dir`` (its metrics.json hashed now)."""
     group, name = job_identity()
-    return ViewsJob(run_dir=os.path.abspath(run_dir), metrics_sha256=file_sha256(Path(run_dir) / "metrics.json"),
-                    plots=plots, logger=logger, resolved=resolved, group=group, name=name)
+    run_dir = Path(run_dir).resolve()
+    return ViewsJob(run_dir=str(run_dir), metrics_sha256=file_sha256(run_dir / "metrics.json"), plots=plots,
+                    logger=logger, resolved=resolved, group=group, name=name, argv=tuple(sys.argv),
+                    log_file=_run_log_file(run_dir))
+
+
+def in_terminal() -> bool:
+    return any(stream is not None and hasattr(stream, "isatty") and stream.isatty()
+               for stream in (sys.stdout, sys.stderr))
+
+
+def must_wait() -> bool:
+    """Whether the command must wait for its views process at its end (``background``): not in a terminal (a
+    script, CI, a notebook), inside a batch scheduler's job (whose end kills what it started), as a container's
+    first process or a child of it (``docker run``: the container ends with it), or in a launcher's worker
+    process (``hydra/launcher=joblib``, submitit), which may be killed or reused once its job returns."""
+    return (not in_terminal() or any(os.environ.get(v) for v in SCHEDULERS) or 1 in (os.getpid(), os.getppid())
+            or in_worker())
+
+
+COMMAND_PID = "FUSEBENCH_COMMAND_PID"  # the command's process, for the processes it starts (launcher workers)
+
+
+def command_started() -> None:
+    """The command's process is this one (the CLI calls it first): a job in another is a launcher's worker's."""
+    os.environ[COMMAND_PID] = str(os.getpid())
+
+
+def in_worker() -> bool:
+    """Whether this process runs a job for a command in another process (``hydra/launcher=joblib``, submitit)."""
+    return os.environ.get(COMMAND_PID, str(os.getpid())) != str(os.getpid())
 
 
 def dispatch(mode: str, run_dir: str | Path, record: RunRecord, plots: bool, logger: LoggerConfig,
              resolved: dict | None) -> None:
     """Make the run's views where ``mode`` says (nothing to make: plots off and logger=none)."""
-    if not plots and not isinstance(logger, WandbConfig):
+    if not plots and not logs(logger):
         return
     job = request(run_dir, record, plots, logger, resolved)
     if mode == "inline":
         make(job, record)
         return
     try:
-        _PROCESS.submit(job, record)
-    except OSError as err:  # no process could be started (a full process table, no memory): draw them here
+        pid = _PROCESS.submit(job, record)
+    except OSError as err:  # no process could be started (a full process table, no memory): made here instead
         log.warning("could not start the views process (%s); drawing the plots in the job instead", err)
         make(job, record)
         return
-    if mode == "wait" or os.environ.get("SLURM_JOB_ID"):
-        _WAIT["on"] = True
-
-
-_WAIT = {"on": False}  # whether the command waits for its views process before it ends (``finish``)
+    run_lock.hand_to_views(run_dir, pid)  # a run taking the dir before the views process waits for it
+    _PROCESS.wait_at_end |= mode == "wait" or must_wait()
 
 
 class _Views:
@@ -104,6 +146,8 @@ class _Views:
 
     def __init__(self):
         self.proc: subprocess.Popen | None = None
+        self.errors: Path | None = None  # its stderr (a start that failed says why there)
+        self.wait_at_end = False
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -112,11 +156,17 @@ class _Views:
         package_root = str(Path(fusebench.__file__).resolve().parent.parent)  # fusebench as this process imports it
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
                                                            if p)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "fusebench.app.views"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                                     start_new_session=True)  # a Ctrl-C at the terminal stops the command, not this
+        fd, errors = tempfile.mkstemp(prefix="fusebench-views-", suffix=".log")
+        self.errors = Path(errors)
+        try:  # -P: the current folder is not searched first (a user's numpy.py there would hide numpy)
+            self.proc = subprocess.Popen([sys.executable, "-P", "-m", "fusebench.app.views", errors],
+                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=fd, env=env,
+                                         start_new_session=True)  # a Ctrl-C at the terminal stops the command only
+        finally:
+            os.close(fd)
 
-    def submit(self, job: ViewsJob, record: RunRecord) -> None:
+    def submit(self, job: ViewsJob, record: RunRecord) -> int:
+        """Send one run's views; the views process's pid."""
         data = pickle.dumps((job, record), protocol=pickle.HIGHEST_PROTOCOL)
         for attempt in (0, 1):
             if not self.alive():
@@ -124,43 +174,63 @@ class _Views:
             try:
                 self.proc.stdin.write(data)
                 self.proc.stdin.flush()
-                return
+                return self.proc.pid
             except (BrokenPipeError, ValueError):  # it died (killed): a new one takes this job
                 if attempt:
-                    raise OSError("the views process ended as soon as it started") from None
+                    raise OSError(f"the views process ended as soon as it started ({self.why()})") from None
                 self.proc = None
+        raise AssertionError("unreachable")
 
-    def close(self, wait: bool) -> None:
-        """No more jobs: its stdin is closed (it ends once it has made what it was sent); ``wait`` for that."""
-        if self.proc is None:
+    def why(self) -> str:
+        """The last line the views process wrote to its stderr."""
+        try:
+            lines = self.errors.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        except (OSError, AttributeError):
+            return "no message"
+        return lines[-1] if lines else "no message"
+
+    def close(self) -> None:
+        """No more jobs: its stdin is closed (it ends once it has made what it was sent); waited for when a job asked
+        (``wait_at_end``), and then a failed end is a warning."""
+        proc, wait, self.proc, self.wait_at_end = self.proc, self.wait_at_end, None, False
+        if proc is None:
             return
         try:
-            self.proc.stdin.close()
+            proc.stdin.close()
         except OSError:
             pass
-        if wait:
-            self.proc.wait()
-        self.proc = None
+        if not wait:
+            return
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            print(f"\nfusebench: interrupted; the run's results are written, and its plots and log are still being "
+                  f"made by pid {proc.pid}", file=sys.stderr)
+            raise SystemExit(130) from None
+        if code != 0:
+            print(f"fusebench: warning: the plots and log could not be made (the views process ended with {code}: "
+                  f"{self.why()}); the runs' results are written", file=sys.stderr)
+        if self.errors is not None:
+            self.errors.unlink(missing_ok=True)
 
 
 _PROCESS = _Views()
 
 
 def finish() -> None:
-    """The command ends: the views process gets no more jobs; wait for it in ``wait`` mode or inside SLURM. Call
-    after the command's run dir locks are released (the views process takes them)."""
-    wait, _WAIT["on"] = _WAIT["on"], False
-    _PROCESS.close(wait)
+    """The views process gets no more jobs; the command waits for it in ``wait`` mode or where it must
+    (:func:`must_wait`). Call after the run dir locks are released (the views process takes them): as the command
+    ends, and as each job ends in a launcher's worker process (``app.cli.run_job``)."""
+    _PROCESS.close()
 
 
 # The views process.
 
-def _run_log(run_dir: Path) -> logging.Handler | None:
+def _run_log(job: ViewsJob) -> logging.Handler | None:
     """Append this process's log lines to the run's log (Hydra's format), while its views are made."""
-    try:
-        handler = logging.FileHandler(run_dir / LOG_NAME, encoding="utf-8")
-    except OSError:
+    if job.log_file is None:
         return None
+    handler = logging.FileHandler(job.log_file, encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     logging.getLogger().addHandler(handler)
     return handler
@@ -169,40 +239,54 @@ def _run_log(run_dir: Path) -> logging.Handler | None:
 def serve(job: ViewsJob, record: RunRecord) -> None:
     """Make one run's views in this (the views) process: the run dir's lock, the record checked, then ``make``."""
     run_dir = Path(job.run_dir)
-    handler = _run_log(run_dir)
+    if not (run_dir / "metrics.json").is_file():  # removed since (or never written): nothing of it to draw
+        return
     try:
         run_lock.hold(run_dir, wait=LOCK_WAIT_S)
-        try:
-            metrics = run_dir / "metrics.json"
-            if not metrics.is_file() or file_sha256(metrics) != job.metrics_sha256:
-                log.warning("no plots drawn: %s is no longer the record this run wrote (another run took the dir)",
-                            metrics)
-                return
-            make(job, record)
-        finally:
-            run_lock.release(run_dir)
+    except Exception as err:  # noqa: BLE001 - never taken: the dir is another run's now; nothing of it is touched
+        print(f"no plots or log made for {run_dir}: {err}", file=sys.stderr, flush=True)
+        return
+    handler, argv = _run_log(job), sys.argv[:]
+    try:
+        metrics = run_dir / "metrics.json"
+        if not metrics.is_file() or file_sha256(metrics) != job.metrics_sha256:
+            log.warning("no plots drawn and no log made: %s is no longer the record this run wrote (another run "
+                        "took the dir)", metrics)
+            return
+        sys.argv[:] = list(job.argv) or argv  # W&B records the command's program and arguments
+        make(job, record)
     except Exception as err:  # noqa: BLE001 - a view never fails a run; the run's log says why it is missing
         log.warning("could not make the plots or the log of %s: %s", run_dir, err, exc_info=True)
     finally:
+        sys.argv[:] = argv
+        run_lock.release(run_dir)
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
 
 
+def _stop(signum, _frame):
+    raise SystemExit(128 + signum)  # a plot being written removes its temp file on the way out
+
+
 def main() -> None:
-    """``python -m fusebench.app.views``: make the views of each run sent on stdin (a pickled (ViewsJob, RunRecord)
-    each), in order, until stdin closes."""
+    """``python -m fusebench.app.views ERRORS``: make the views of each run sent on stdin (a pickled
+    (ViewsJob, RunRecord) each), in order, until stdin closes; ERRORS (its stderr) is removed at a clean end."""
+    errors = Path(sys.argv[1]) if len(sys.argv) > 1 else None
     sys.argv[:] = [run_lock.VIEWS_COMMAND]  # how this process names itself in a run dir's lock (run_lock.describe)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop)
     logging.getLogger().setLevel(logging.INFO)
     while True:
         try:
             job, record = pickle.load(sys.stdin.buffer)
         except EOFError:
-            return
+            break
         except Exception:  # noqa: BLE001 - cut short (the command was killed mid-send): nothing more to make
-            return
+            break
         serve(job, record)
+    if errors is not None:
+        errors.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
 import socket
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,9 +35,9 @@ LOCK_NAME = ".fusebench.lock"  # in a run (or sweep) dir
 LOCK_FORMAT = "fusebench run dir lock"
 HEAD = json.dumps({"format": LOCK_FORMAT})[:-1].encode("utf-8")  # how every holder record begins (_holder_bytes)
 NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP}  # a filesystem without flock (some network mounts)
-log = logging.getLogger(__name__)
 _HELD: dict[str, object] = {}  # resolved run dir -> the FileLock this process holds on it
 VIEWS_COMMAND = "fusebench-views"  # how the views process (app.views: a run's plots and W&B log) names itself
+_PENDING: dict[str, int] = {}  # lock file -> the live views process its last holder handed the dir to
 VIEWS_WAIT_S = 600.0  # how long a run waits for a views process drawing in its dir (a run never waits for a run)
 
 
@@ -69,11 +69,67 @@ def _holder_bytes() -> bytes:
             + "\n").encode("utf-8")
 
 
-def _write_holder(fd: int) -> None:
-    """filelock's ``on_acquired``: the lock is ours, so is the file's content (the previous holder's is replaced)."""
-    data = _holder_bytes()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
+def _pending_views(data: bytes) -> int | None:
+    """The pid of the views process a finished run handed its dir to (``hand_to_views``), when that process is
+    alive on this host and is not this one; else None."""
+    try:
+        info = json.loads(data.decode("utf-8"))
+        pid = int(info["views_pending"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    if info.get("host") != socket.gethostname() or pid == os.getpid():
+        return None  # another host's pid cannot be checked; our own mark is ours to take
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    return None if _zombie(pid) else pid
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended and waits for its parent to collect it (Linux's /proc; elsewhere: not known)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].startswith("Z")
+
+
+def _on_acquired(path: str, write: bool):
+    """filelock's ``on_acquired`` for ``path``: the previous record read first; a dir handed to a live views
+    process is noted (``_PENDING``) and its record left as it is; otherwise the lock is ours, and so is the file's
+    content (``write``: the previous holder's replaced by ours)."""
+
+    def acquired(fd: int) -> None:
+        pending = _pending_views(os.pread(fd, 4096, 0))
+        if pending is not None:
+            _PENDING[path] = pending
+            return
+        if write:
+            data = _holder_bytes()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+
+    return acquired
+
+
+def hand_to_views(run_dir: str | Path, pid: int) -> None:
+    """A finished run that holds ``run_dir``'s lock hands the dir to the views process ``pid`` (which will take the
+    lock to draw the run's plots): its record says so, so that a run taking the lock before that process does
+    waits for it (``hold``) instead of going first."""
+    if not held_here(run_dir):
+        return
+    record = json.loads(_holder_bytes())
+    record["views_pending"] = pid
+    data = (json.dumps(record) + "\n").encode("utf-8")
+    fd = os.open(Path(run_dir) / LOCK_NAME, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
 
 
 def holder(run_dir: str | Path) -> dict | None:
@@ -139,21 +195,31 @@ def drawing_views(run_dir: str | Path) -> bool:
 
 
 def _acquire(lock, run_dir: str | Path, key: str, what: str | None, wait: float) -> None:
-    """Take ``lock`` without waiting, or within ``wait`` seconds; a views process holding it is waited for (up to
-    :data:`VIEWS_WAIT_S`: it ends within seconds); any other holder is :class:`RunDirInUse`."""
+    """Take ``lock`` without waiting, or within ``wait`` seconds. A views process drawing an earlier run's plots
+    there, or one that run handed the dir to (``hand_to_views``), is waited for, up to :data:`VIEWS_WAIT_S` (it
+    ends within seconds), in short steps that look again each time; a run holding it is :class:`RunDirInUse`."""
     from filelock import Timeout
 
-    try:
-        lock.acquire(timeout=wait) if wait > 0 else lock.acquire(blocking=False)
-        return
-    except Timeout:
-        if not drawing_views(run_dir):
-            raise RunDirInUse(in_use_message(run_dir, key, what)) from None
-    log.info("waiting for the plots of the earlier run in %s to be drawn", run_dir)
-    try:
-        lock.acquire(timeout=VIEWS_WAIT_S)
-    except Timeout:
-        raise RunDirInUse(in_use_message(run_dir, key, what)) from None
+    path, deadline = str(Path(run_dir) / LOCK_NAME), None
+    while True:
+        try:
+            lock.acquire(timeout=wait) if wait > 0 else lock.acquire(blocking=False)
+        except Timeout:
+            if not drawing_views(run_dir):
+                raise RunDirInUse(in_use_message(run_dir, key, what)) from None
+            pid = (holder(run_dir) or {}).get("pid")
+        else:
+            pid = _PENDING.pop(path, None)
+            if pid is None:
+                return
+            lock.release(force=True)  # handed to a views process that has not taken it yet: its turn first
+        if deadline is None:
+            deadline = time.monotonic() + VIEWS_WAIT_S
+            print(f"fusebench: waiting for the plots of the earlier run in {run_dir} (pid {pid} draws them)",
+                  file=sys.stderr, flush=True)
+        if time.monotonic() > deadline:
+            raise RunDirInUse(in_use_message(run_dir, key, what))
+        time.sleep(0.1)
 
 
 def hold(run_dir: str | Path, key: str = "hydra.run.dir", what: str | None = None, wait: float = 0.0) -> bool:
@@ -166,7 +232,7 @@ def hold(run_dir: str | Path, key: str = "hydra.run.dir", what: str | None = Non
     if held_here(run_dir):
         return False
     path = _lock_path(run_dir, key)
-    lock = FileLock(str(path), thread_local=False, on_acquired=_write_holder)
+    lock = FileLock(str(path), thread_local=False, on_acquired=_on_acquired(str(path), write=True))
     try:
         _acquire(lock, run_dir, key, what, wait)
     except OSError as err:
@@ -201,6 +267,6 @@ def check_free(run_dir: str | Path, key: str = "hydra.run.dir", what: str | None
     path = Path(run_dir) / LOCK_NAME
     if held_here(run_dir) or not path.is_file() or path.is_symlink():
         return
-    probe = FileLock(str(path), thread_local=False)
+    probe = FileLock(str(path), thread_local=False, on_acquired=_on_acquired(str(path), write=False))
     _acquire(probe, run_dir, key, what, 0.0)
     probe.release(force=True)
