@@ -162,7 +162,8 @@ def test_the_image_npy_is_read_a_tile_at_a_time_never_whole(compose_cfg, tmp_pat
     monkeypatch.setattr(vectors, "read_sorted_rows", counted)
     monkeypatch.setattr(vectors, "_load_npy", header_only)
     monkeypatch.setattr(np, "load", guarded_load)
-    record = run(compose_cfg(_overrides(case["manifest"], case["files"])), str(tmp_path / "out"))
+    fresh = [f"embed.cache.dir={tmp_path / 'cache'}"]  # an empty store: the lists are computed, the rows read
+    record = run(compose_cfg(_overrides(case["manifest"], case["files"], fresh)), str(tmp_path / "out"))
     monkeypatch.undo()
     assert record.gallery.kind == "manifest" and record.gallery.distractors == 50
     for path, sizes in reads.items():
