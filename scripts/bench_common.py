@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,18 +37,41 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _peak_kib(pid: int) -> int | None:
+    """The process's own peak RSS so far (VmHWM, KiB), or None where /proc does not say."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def run_fusebench(args: list[str], output: Path) -> tuple[float, float]:
     """Wall seconds and peak RSS (GB) of one fusebench command with FUSEBENCH_OUTPUT=output (W&B off).
 
-    The peak is that command's own (os.wait4), not the largest of every child so far."""
+    The peak is that command's own: its VmHWM (the peak of its address space since it started), read every 50 ms
+    while it runs. ``os.wait4``'s ru_maxrss is not: Linux carries the peak of the process that spawned it across
+    ``exec`` (the child's maxrss starts at the spawning harness's own peak: a harness that wrote 1 GB of inputs
+    reports every command as at least that big). Where /proc is missing, ru_maxrss is the fallback."""
     env = {**os.environ, "FUSEBENCH_OUTPUT": str(output), "WANDB_MODE": "disabled"}
     start = time.perf_counter()
     with subprocess.Popen([FUSEBENCH, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True) as proc:
-        stderr = proc.stderr.read()
-        _, status, usage = os.wait4(proc.pid, 0)
+        stderr: list[str] = []
+        reader = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)
+        reader.start()
+        peak = None
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = _peak_kib(proc.pid) or peak
+            time.sleep(0.05)
         proc.returncode = os.waitstatus_to_exitcode(status)
+        reader.join()
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        sys.exit(f"fusebench {' '.join(args)} failed ({proc.returncode}):\n{stderr[-3000:]}")
-    return seconds, usage.ru_maxrss / 1024**2
+        sys.exit(f"fusebench {' '.join(args)} failed ({proc.returncode}):\n{''.join(stderr)[-3000:]}")
+    return seconds, (peak if peak is not None else usage.ru_maxrss) / 1024**2

@@ -13,8 +13,15 @@ spread evenly through the manifest; 25,010 captions as COCO 5k has) and the capt
 both compute and key their lists); wall time and peak RSS are that process's.
 ``--before SRC`` also runs the manifest path with ``PYTHONPATH=SRC`` (a checkout's ``src`` from before this path,
 which searched caption-less lines in memory among the test images), labelled ``before``.
+
+``--index PRESET`` (e.g. ``faiss_ivf_flat``) then times a rerun over a stored index (issue 41, item 5): the dump
+path with ``search=PRESET`` (and ``--index-overrides``, e.g. ``search.nprobe=4``) run twice on one cache, the first
+building the index and storing the exact lists, the second reading both; the rerun's wall time and peak, its index
+search seconds (``query_ms`` x captions, per model, from its metrics.json) and the rest (reading, fusing,
+evaluating, writing), all against the bare fp32 matmuls of the same vectors (every model's captions against its
+whole gallery in the search's tiles, reads excluded: ``bench_scale.streamed_matmul``), timed in this process.
 Usage: nice -n 5 python scripts/bench_manifest_gallery.py [--images 200000] [--dim 256] [--models 2] [--repeats 1]
-       [--before /path/to/old/src]
+       [--before /path/to/old/src] [--index faiss_ivf_flat [--index-overrides "search.nprobe=4"]] [--skip-exact]
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ import numpy as np
 from bench_common import cpu_model, run_fusebench
 
 from fusebench.data.distractor_items import seeded_order
+from fusebench.encoders.distractors import normalised
+from fusebench.encoders.vectors import ManifestRows
 
 CHUNK = 50_000  # rows generated and written at a time
 DUMP_SHARD = 100_000  # rows per dump shard (clip-retrieval writes shards of this order)
@@ -98,6 +107,38 @@ def metrics(run_dir: Path) -> dict:
     return {name: {d: r[d] for d in ("t2i", "i2t")} for name, r in data["retrievers"].items()}
 
 
+def bare_matmuls(folder: Path, n_images: int, n_test: int, n_models: int) -> float:
+    """Seconds of the bare fp32 similarity blocks of every model's captions against its whole gallery (the
+    manifest's rows: test images, then the caption-less lines), in the search's tiles, reads excluded."""
+    import torch
+    from bench_scale import streamed_matmul
+
+    captioned = np.linspace(0, n_images - 1, n_test).round().astype(np.int64)
+    without = np.setdiff1d(np.arange(n_images), captioned)
+    seconds = 0.0
+    for m in range(n_models):
+        image = folder / f"m{m}_img.npy"
+        test = normalised(ManifestRows(image, captioned).raw(0, n_test))
+        text = normalised(np.load(folder / f"m{m}_txt.npy"))
+        total, reading = streamed_matmul(text, test, ManifestRows(image, without), 4096, 16384, torch.device("cpu"))
+        seconds += total - reading
+    return seconds
+
+
+def index_rerun(folder: Path, argv: list[str], preset: str, extra: list[str], n_captions: int) -> dict:
+    """The dump path with ``search=preset`` twice on one cache: (build wall, rerun wall, rerun peak GB, rerun's
+    index search seconds, whether the rerun read the index and the exact lists)."""
+    argv = [*argv, f"search={preset}", *extra, f"embed.cache.dir={folder / 'index_cache'}"]
+    build, _ = run_fusebench([*argv, f"hydra.run.dir={folder / 'index_build'}"], folder / "outputs")
+    wall, peak = run_fusebench([*argv, f"hydra.run.dir={folder / 'index_rerun'}"], folder / "outputs")
+    record = json.loads((folder / "index_rerun" / "metrics.json").read_text())
+    costs = [models["t2i"] for models in record["search"]["models"].values()]
+    lists = record["run"]["lists"].values()
+    return {"build": build, "wall": wall, "peak": peak,
+            "search": sum(c["query_ms"] for c in costs) * n_captions / 1000,
+            "read": all(c["hit"] for c in costs) and all(entry["hit"] for entry in lists)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=200_000, help="manifest lines (test images + distractors)")
@@ -107,6 +148,9 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--before", help="a src folder to run the manifest path from as well (PYTHONPATH)")
+    parser.add_argument("--index", help="a search preset (faiss_ivf_flat): time a rerun over its stored index")
+    parser.add_argument("--index-overrides", default="", help="overrides for the index runs (search.nprobe=4)")
+    parser.add_argument("--skip-exact", action="store_true", help="only the index rerun (with --index)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_manifest_") as tmp:
         folder = Path(tmp)
@@ -119,6 +163,12 @@ def main() -> None:
         }
         if args.before:
             paths["before"] = paths["manifest"]
+        rerun = None
+        if args.index:
+            rerun = index_rerun(folder, paths["dump"], args.index, args.index_overrides.split(), args.captions)
+            rerun["matmuls"] = bare_matmuls(folder, args.images, args.test_images, args.models)
+        if args.skip_exact:
+            paths = {}
         results = {name: [] for name in paths}
         for r in range(args.repeats):
             for name, argv in (list(paths.items()) if r % 2 == 0 else list(reversed(paths.items()))):
@@ -135,13 +185,21 @@ def main() -> None:
                     else:
                         os.environ["PYTHONPATH"] = saved
                 results[name].append((seconds, peak, metrics(out)))
-        same = all(m == results["dump"][0][2] for runs in results.values() for _, _, m in runs)
+        same = all(m == results["dump"][0][2] for runs in results.values() for _, _, m in runs) if results else True
     print(f"CPU: {cpu_model()}; {args.images:,} images ({args.test_images:,} with {args.captions:,} captions), "
           f"d = {args.dim}, {args.models} models, fusion=dbsf")
+    if rerun is not None:
+        print(f"bare fp32 matmuls of the same vectors: {rerun['matmuls']:.1f} s")
+        print(f"search={args.index} {args.index_overrides}: build run {rerun['build']:.1f} s; rerun {rerun['wall']:.1f} s "
+              f"({rerun['wall'] / rerun['matmuls']:.3f}x the matmuls), peak RSS {rerun['peak']:.2f} GB, index and "
+              f"lists read: {rerun['read']}; its index search {rerun['search']:.1f} s "
+              f"({rerun['search'] / rerun['matmuls']:.3f}x), the rest {rerun['wall'] - rerun['search']:.1f} s "
+              f"({(rerun['wall'] - rerun['search']) / rerun['matmuls']:.3f}x)")
     best = {name: min(runs, key=lambda x: x[0]) for name, runs in results.items()}
     for name, (seconds, peak, _) in best.items():
         print(f"{name:9s} path: {seconds:8.1f} s  peak RSS {peak:5.2f} GB  (best of {args.repeats})")
-    print(f"manifest / dump time: {best['manifest'][0] / best['dump'][0]:.3f}; metrics equal: {same}")
+    if "manifest" in best:
+        print(f"manifest / dump time: {best['manifest'][0] / best['dump'][0]:.3f}; metrics equal: {same}")
     if not same:
         sys.exit("the two paths gave different metrics")
 

@@ -122,6 +122,58 @@ def test_manifest_distractors_rank_as_the_in_memory_search(compose_cfg, tmp_path
         np.testing.assert_allclose(scores, scores_m, rtol=0, atol=1e-6, err_msg=key)
 
 
+class _HeaderOnly:
+    """A mapped image .npy whose rows may not be read through the mapping: its header (shape, dtype) only."""
+
+    def __init__(self, mapped):
+        self.shape, self.dtype, self.ndim = mapped.shape, mapped.dtype, mapped.ndim
+
+    def __getitem__(self, _key):
+        raise AssertionError("the image .npy was read through its memory map")
+
+    def __array__(self, *_args, **_kwargs):
+        raise AssertionError("the image .npy was read whole")
+
+
+@pytest.mark.slow
+def test_the_image_npy_is_read_a_tile_at_a_time_never_whole(compose_cfg, tmp_path, case, monkeypatch):
+    """Memory stays bounded by the tiles at any manifest size: each image .npy is read only by row runs
+    (``read_sorted_rows``, at most one tile's rows a call: the test split's 30 rows once, then tiles of
+    ``eval.item_chunk_size`` = 16 of the caption-less lines), never by np.load nor through its mapping, and
+    every row is read exactly once; the ranks are the obvious computation's."""
+    from fusebench.encoders import vectors
+
+    images = {str(image) for image, _ in case["files"].values()}
+    reads: dict[str, list[int]] = {path: [] for path in images}
+    real_read, real_load, real_npy = vectors.read_sorted_rows, np.load, vectors._load_npy
+
+    def counted(npy, offset, dim, dtype, local):
+        reads[str(npy)].append(len(local))
+        return real_read(npy, offset, dim, dtype, local)
+
+    def guarded_load(path, *args, **kwargs):
+        assert str(path) not in images or kwargs.get("mmap_mode") == "r", f"np.load read {path} whole"
+        return real_load(path, *args, **kwargs)
+
+    def header_only(path_value, key, name):
+        array, source = real_npy(path_value, key, name)
+        return (_HeaderOnly(array) if key == "image_embeddings" else array), source
+
+    monkeypatch.setattr(vectors, "read_sorted_rows", counted)
+    monkeypatch.setattr(vectors, "_load_npy", header_only)
+    monkeypatch.setattr(np, "load", guarded_load)
+    fresh = [f"embed.cache.dir={tmp_path / 'cache'}"]  # an empty store: the lists are computed, the rows read
+    record = run(compose_cfg(_overrides(case["manifest"], case["files"], fresh)), str(tmp_path / "out"))
+    monkeypatch.undo()
+    assert record.gallery.kind == "manifest" and record.gallery.distractors == 50
+    for path, sizes in reads.items():
+        assert sizes[0] == 30 and max(sizes[1:]) <= 16, (path, sizes)  # the test split, then tile by tile
+        assert sum(sizes) == 80, (path, sizes)  # every row once: the 30 test rows and the 50 caption-less ones
+    _, ranks, _, _ = _outputs(tmp_path / "out")
+    for name, expected in _reference_ranks(case).items():
+        np.testing.assert_array_equal(ranks[f"{name}.t2i"], expected)
+
+
 def _dump(folder, rows, ids, seed=0):
     """A one-shard clip-retrieval dump whose seeded order (gallery.seed) gives ``rows`` in their order."""
     order = seeded_order(len(rows), seed)

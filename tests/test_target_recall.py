@@ -6,6 +6,9 @@ the best, and bad values are one line each; a null target changes no label, para
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -275,3 +278,44 @@ def test_the_tuning_moves_its_progress_bar_once_per_value_measured():
     tuned = tr.choose(search, np.zeros((40, 4), np.float32), exact_ids, 10, "nprobe", 1, 64, 0.95, "a test index",
                       {"kind": "split"}, update=moved.append)
     assert tuned.value == 37 and moved == [1] * len(tuned.tried) and len(moved) <= tr.most_tries(1, 64)
+
+
+def test_a_rerun_over_a_stored_index_reads_the_choice_and_lists_the_same(clustered, tuning, tmp_path, monkeypatch):
+    """With a store, the choice is kept beside the index (stores.tunings): a rerun reads the index and the choice,
+    runs no exact search of the tuning queries and no trial search, and gives the same lists and record; another
+    target (another key) is chosen again, and an entry not provably the one asked for is chosen again."""
+    from fusebench.stores.entries import cache_key
+    from fusebench.stores.tunings import TuningStore
+
+    model, caption_image, exact = clustered
+    config = SearchConfig(backend="faiss", index="ivf_flat", target_recall=0.9, nlist=40)
+    store = str(tmp_path / "cache")
+    first = faiss_lists(model, caption_image, DEPTH, config, CPU, store, exact=exact, tuning=tuning)
+    entries = TuningStore(store).entries()
+    assert [(e["kind"], e["complete"]) for e in entries] == [("tuning", True), ("tuning", True)]
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("chosen again: the stored choice was not read")
+
+    monkeypatch.setattr(tr, "exact_top", never)
+    monkeypatch.setattr(tr, "choose", never)
+    again = faiss_lists(model, caption_image, DEPTH, config, CPU, store, exact=exact, tuning=tuning)
+    for direction in ("t2i", "i2t"):
+        assert again.costs[direction].hit and not first.costs[direction].hit  # the index itself was read
+        assert again.costs[direction].target == first.costs[direction].target
+        assert again.params[direction] == first.params[direction]
+        for field in ("ids", "scores", "ranks"):
+            assert np.array_equal(np.asarray(getattr(again.lists[direction], field)),
+                                  np.asarray(getattr(first.lists[direction], field)))
+    monkeypatch.undo()
+    other = SearchConfig(backend="faiss", index="ivf_flat", target_recall=0.8, nlist=40)
+    lower = faiss_lists(model, caption_image, DEPTH, other, CPU, store, exact=exact, tuning=tuning)
+    assert len(TuningStore(store).entries()) == 4
+    assert lower.costs["t2i"].target["value"] <= first.costs["t2i"].target["value"]
+    folder = next(e for e in TuningStore(store).entries())["path"]  # a meta.json of another key: chosen again
+    meta = json.loads((Path(folder) / "meta.json").read_text())
+    meta["key"] = cache_key({"another": 1})
+    (Path(folder) / "meta.json").write_text(json.dumps(meta))
+    faiss_lists(model, caption_image, DEPTH, other, CPU, store, exact=exact, tuning=tuning)
+    faiss_lists(model, caption_image, DEPTH, config, CPU, store, exact=exact, tuning=tuning)
+    assert all(e["complete"] for e in TuningStore(store).entries())

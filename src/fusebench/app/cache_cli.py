@@ -1,7 +1,7 @@
 """``fusebench-cache``: list and remove cache entries: embeddings, each model's stored ranked lists, score matrices,
-distractors' near-duplicate maxima and FAISS indexes (``search=faiss_*``).
+distractors' near-duplicate maxima, FAISS indexes (``search=faiss_*``) and the settings a target recall chose.
 
-    fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists/scores/dedup/index), shape,
+    fusebench-cache list [--dir DIR]           entries with model, kind (image/text/lists/scores/dedup/index/tuning), shape,
                                                size, state (every data file's checksum verified, as a run would)
     fusebench-cache list --quick               the same without reading the data: state from sizes alone
     fusebench-cache remove KEY [KEY ...]       remove entries by key prefix (at least 4 characters, either case);

@@ -46,8 +46,10 @@ from fusebench.runtime.progress import Progress
 from fusebench.search.gallery_search import GalleryTiles
 from fusebench.search.model_lists import ModelLists
 from fusebench.search.ranked import i2t_list_ranks, t2i_list_ranks
+from fusebench.stores.files import array_digest
 from fusebench.stores.indexes import IndexStore, StoredIndex, build_unstored, index_material
 from fusebench.stores.lists import shared_digests
+from fusebench.stores.tunings import TuningStore, tuning_material
 
 log = logging.getLogger(__name__)
 QUERY_BLOCK = 2048  # queries per FAISS search call (bounded result memory, one progress step each)
@@ -195,23 +197,36 @@ def _index(faiss, model: ModelEmbeddings, direction: str, items: np.ndarray, bui
 
 
 def _tune(faiss, index, config: SearchConfig, build: dict, tuning: TuningQueries, model: str, direction: str,
-          blocks: Callable[[], Iterable[tuple[int, np.ndarray]]], k: int, n_items: int, what: str) -> Tuned:
+          blocks: Callable[[], Iterable[tuple[int, np.ndarray]]], k: int, n_items: int, what: str,
+          stored: StoredIndex | None = None, store_dir: str | None = None) -> Tuned:
     """The smallest nprobe / efSearch reaching ``config.target_recall`` (:mod:`.target_recall`) on ``tuning``'s
     queries of ``model`` in ``direction``, searched on the CPU index itself, against exact search over the same
-    items (``blocks()``: the items as :func:`.target_recall.exact_top` reads them)."""
+    items (``blocks()``: the items as :func:`.target_recall.exact_top` reads them). With a store (``store_dir``)
+    and a stored index (``stored``), the choice is read from the tuning store when it was made before for the
+    same index and queries (``stores.tunings``): no item is read and the index is not searched."""
     fixed = search_params(config)  # the settings not tuned (a refined IVF-PQ's k_factor) as they will search
     queries = np.ascontiguousarray(tuning.rows[model][direction], dtype=np.float32)
-    started = time.perf_counter()
-    exact_ids = target_recall.exact_top(queries, blocks(), k)
-    exact_seconds = time.perf_counter() - started
-
-    def search(rows: np.ndarray, value: int) -> np.ndarray:
-        set_search_params(faiss, index, {**fixed, config.tuned: value})
-        return index.search(rows, k)[1]
-
     low, high = target_recall.bounds(config.tuned, build.get("nlist"), k, n_items)
-    return target_recall.choose(search, queries, exact_ids, k, config.tuned, low, high, config.target_recall,
-                                what, tuning.describe(), exact_seconds)
+
+    def choose() -> Tuned:
+        started = time.perf_counter()
+        exact_ids = target_recall.exact_top(queries, blocks(), k)
+        exact_seconds = time.perf_counter() - started
+
+        def search(rows: np.ndarray, value: int) -> np.ndarray:
+            set_search_params(faiss, index, {**fixed, config.tuned: value})
+            return index.search(rows, k)[1]
+
+        return target_recall.choose(search, queries, exact_ids, k, config.tuned, low, high, config.target_recall,
+                                    what, tuning.describe(), exact_seconds)
+
+    if store_dir is None or stored is None or stored.key is None:
+        return choose()
+    material = tuning_material(stored.key, array_digest(queries), k, config.target_recall, config.tuned, low, high,
+                               fixed)
+    chosen, _hit = TuningStore(store_dir).get_or_choose(material, lambda: choose().to_json(config.target_recall),
+                                                        {"model": model, "direction": direction})
+    return Tuned.from_json(chosen)
 
 
 def _tuned(tuning: TuningQueries | None, model: str) -> TuningQueries:
@@ -230,7 +245,7 @@ def _direction(faiss, model, direction, items, queries, depth, config, device, s
     if config.tuned:
         tuned = _tune(faiss, stored.index, config, build, _tuned(tuning, model.name), model.name, direction,
                       lambda: target_recall.array_blocks(items), k, len(items),
-                      f"model {model.name}'s {direction} index")
+                      f"model {model.name}'s {direction} index", stored, store_dir)
         params[config.tuned] = tuned.value
     set_search_params(faiss, stored.index, params)
     index, where, _resources = searcher(faiss, stored.index, config.index, device, k, params)
@@ -297,7 +312,8 @@ def _gallery_lists(faiss, model: ModelEmbeddings, caption_image: np.ndarray, dep
     if config.tuned:
         tiles = GalleryTiles(model.image, model.distractors, GALLERY_CHUNK)
         tuned = _tune(faiss, stored.index, config, build, _tuned(tuning, model.name), model.name, "t2i",
-                      lambda: _tile_blocks(tiles), k, n, f"model {model.name}'s t2i index (gallery)")
+                      lambda: _tile_blocks(tiles), k, n, f"model {model.name}'s t2i index (gallery)", stored,
+                      store_dir)
         params[config.tuned] = tuned.value
     if on_disk:
         params["on_disk"] = True

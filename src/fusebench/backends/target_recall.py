@@ -82,6 +82,13 @@ class Tuned:
                 "seconds": round(self.seconds, 3),
                 "tried": {str(v): {"recall": r, "low": lo} for v, (r, lo) in sorted(self.tried.items())}}
 
+    @classmethod
+    def from_json(cls, data: dict) -> Tuned:
+        """The choice :meth:`to_json` gave (as the tuning store keeps it: ``stores.tunings``)."""
+        return cls(data["setting"], int(data["value"]), data["sample_recall"], data["sample_recall_low"],
+                   int(data["sample_queries"]), {int(v): (t["recall"], t["low"]) for v, t in data["tried"].items()},
+                   float(data["seconds"]), data["queries"])
+
 
 def lower_bound(per_query: np.ndarray) -> float:
     """The one-sided 95% normal lower bound of the mean of ``per_query`` (mean - 1.645 sd / sqrt(n), sd with

@@ -15,14 +15,15 @@ the direction, the index kind, the resolved build parameters (nlist, M, efConstr
 seed), the FAISS version and this store's format; over a gallery, the items' digest covers the test images and
 the gallery's distractor key, with the training sample and ``on_disk`` beside the build parameters
 (``backends.gallery_index``). Guarantees as for the list store (``stores.entries``): atomic
-writes (meta.json last), a lock per entry, a checksum verified on every read (the bytes are checked in memory on
-their way to ``faiss.deserialize_index``, which is never given unchecked bytes); an entry that is not provably the
+writes (meta.json last), a lock per entry, a checksum verified on every read (a block at a time, under the entry's
+lock, before ``faiss.read_index`` reads the file: FAISS is never given unchecked bytes, and no copy of them sits
+beside the index); an entry that is not provably the
 one asked for, truncated, corrupt, of another format, without meta.json (a write killed midway) or whose index
 reads back as another index (``ntotal``, ``d``, metric, class, build parameters: ``index_problem``) is reported,
 removed and rebuilt, never read. An entry with lists on disk is built in its folder (the path is written into
 index.faiss), so a build killed midway leaves a folder without meta.json: discarded and rebuilt; one whose folder
 moved (another path than recorded) is rebuilt too. index.faiss is written by FAISS straight to its file (no
-serialised copy in memory beside the index); a read holds its checked bytes and the index at once. Listed and
+serialised copy in memory beside the index), and read back the same way. Listed and
 removed by ``fusebench-cache`` (kind ``index``). faiss is imported
 where an index is read or written, so that ``fusebench-cache`` starts (and lists) without it.
 """
@@ -243,17 +244,20 @@ def _ivfdata_problem(folder: Path, record: dict) -> str | None:
 
 
 def _checked_index(path: Path, meta: dict, material: dict) -> tuple[object | None, str | None]:
-    """The index in ``path`` when its bytes match meta.json's CRC-32 and it reads back as ``material``'s index;
-    else (None, why). Unchecked bytes never reach FAISS's reader (a damaged file could crash it)."""
+    """The index in ``path`` when its bytes match meta.json's size and CRC-32 and it reads back as ``material``'s
+    index; else (None, why). The checksum is read a block at a time, then FAISS reads the file itself into the
+    index (no copy of its bytes beside the index: a 1M-row IVF-Flat is 1 GB); the entry's lock is held across
+    both, so the bytes FAISS reads are the ones checked, and a damaged file never reaches FAISS's reader (it could
+    crash on one)."""
     import faiss
 
-    data = np.fromfile(path, dtype=np.uint8)
-    if data.nbytes != meta["bytes"]:
-        return None, f"{DATA} has {data.nbytes} bytes, expected {meta['bytes']} (truncated?)"
-    if f"{zlib.crc32(memoryview(data)):08x}" != meta.get("crc32"):
+    size = path.stat().st_size
+    if size != meta["bytes"]:
+        return None, f"{DATA} has {size} bytes, expected {meta['bytes']} (truncated?)"
+    if file_crc32(path) != meta.get("crc32"):
         return None, f"{DATA} does not match its recorded checksum"
     try:
-        index = faiss.deserialize_index(data)
+        index = faiss.read_index(str(path))
     except RuntimeError as err:  # FAISS's reader raises RuntimeError on bytes it cannot parse
         return None, f"FAISS cannot read {DATA} ({str(err).strip().splitlines()[0] if str(err).strip() else err})"
     problem = index_problem(index, material)
