@@ -93,6 +93,8 @@ imported("import torch", "torch")
 imported("import numpy, numba, hydra, the rest", "numba")
 cli = imported("import numpy, numba, hydra, the rest", "fusebench.app.cli")
 imported("import numpy, numba, hydra, the rest", "fusebench.app.pipeline")
+views = importlib.import_module("fusebench.app.views")
+views.must_wait = lambda: False  # as in a user's terminal: the command does not wait for its plots
 stages, argv, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 for row, module, attribute in stages:
     owner = importlib.import_module(module)
@@ -160,7 +162,7 @@ def main() -> None:
         for _ in range(args.repeats):  # interleaved: the machine's load falls on every kind alike
             matmuls.append(bare_matmuls(models, args.chunk_size, device))
             with tempfile.TemporaryDirectory() as fresh:
-                walls.append(run_fusebench(in_run_dir(command, fresh), Path(fresh) / "out")[0])
+                walls.append(run_fusebench(in_run_dir(command, fresh), Path(fresh) / "out", terminal=True)[0])
                 views.append(views_done([Path(fresh) / "run"]))  # the plots, drawn after the command returned
             with tempfile.TemporaryDirectory() as fresh:
                 breakdowns.append(instrumented(in_run_dir(command, fresh), Path(fresh)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import pty
 import subprocess
 import sys
 import threading
@@ -48,19 +49,40 @@ def _peak_kib(pid: int) -> int | None:
     return None
 
 
-def run_fusebench(args: list[str], output: Path) -> tuple[float, float]:
+def _drain(fd: int, out: list[str]) -> None:
+    """Read a pseudo-terminal's main side until its other side is closed (EIO)."""
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    out.append(b"".join(chunks).decode("utf-8", "replace"))
+
+
+def run_fusebench(args: list[str], output: Path, terminal: bool = False) -> tuple[float, float]:
     """Wall seconds and peak RSS (GB) of one fusebench command with FUSEBENCH_OUTPUT=output (W&B off).
+    ``terminal``: its stderr a pseudo-terminal, as in a user's terminal, where the command returns without
+    waiting for its views process (the plots: ``fusebench.app.views.must_wait``); else it waits for it.
 
     The peak is that command's own: its VmHWM (the peak of its address space since it started), read every 50 ms
     while it runs. ``os.wait4``'s ru_maxrss is not: Linux carries the peak of the process that spawned it across
     ``exec`` (the child's maxrss starts at the spawning harness's own peak: a harness that wrote 1 GB of inputs
     reports every command as at least that big). Where /proc is missing, ru_maxrss is the fallback."""
     env = {**os.environ, "FUSEBENCH_OUTPUT": str(output), "WANDB_MODE": "disabled"}
+    main_fd, secondary = pty.openpty() if terminal else (None, None)
     start = time.perf_counter()
-    with subprocess.Popen([FUSEBENCH, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True) as proc:
+    with subprocess.Popen([FUSEBENCH, *args], env=env, stdout=subprocess.DEVNULL,
+                          stderr=secondary if terminal else subprocess.PIPE, text=True) as proc:
         stderr: list[str] = []
-        reader = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)
+        if terminal:
+            os.close(secondary)
+            reader = threading.Thread(target=_drain, args=(main_fd, stderr), daemon=True)
+        else:
+            reader = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)
         reader.start()
         peak = None
         while True:
@@ -69,9 +91,13 @@ def run_fusebench(args: list[str], output: Path) -> tuple[float, float]:
                 break
             peak = _peak_kib(proc.pid) or peak
             time.sleep(0.05)
+        seconds = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
-        reader.join()
-    seconds = time.perf_counter() - start
+        if not terminal:
+            reader.join()
+    if terminal:
+        reader.join(timeout=5)  # the command's end closed the terminal's other side
+        os.close(main_fd)
     if proc.returncode != 0:
         sys.exit(f"fusebench {' '.join(args)} failed ({proc.returncode}):\n{''.join(stderr)[-3000:]}")
     return seconds, (peak if peak is not None else usage.ru_maxrss) / 1024**2

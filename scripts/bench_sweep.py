@@ -65,15 +65,15 @@ def main() -> None:
         defaults = []
         for i in range(3):  # each waits for its views (plots) before the next command, as every run below
             defaults.append(run_fusebench(["dataset=sim", "logger=none", f"hydra.run.dir={root / f'default{i}'}/run"],
-                                          root / f"default{i}"))
+                                          root / f"default{i}", terminal=True))
             views_done([root / f"default{i}" / "run"])
         t_default, rss_default = float(np.median([t for t, _ in defaults])), max(r for _, r in defaults)
         ablation = ["experiment=fusion_ablation", "dataset=sim", "logger=none"]
-        t_cold, rss_cold = run_fusebench(ablation, root / "sweep")
+        t_cold, rss_cold = run_fusebench(ablation, root / "sweep", terminal=True)
         views_cold = views_done(sweep_jobs(root / "sweep"))
         cold_metrics = [json.loads((job / "metrics.json").read_text()) for job in sweep_jobs(root / "sweep")]
         shutil.rmtree(root / "sweep" / "multirun")
-        t_warm, rss_warm = run_fusebench(ablation, root / "sweep")
+        t_warm, rss_warm = run_fusebench(ablation, root / "sweep", terminal=True)
         warm_jobs = sweep_jobs(root / "sweep")
         views_warm = views_done(warm_jobs)
         (root / "instrumented").mkdir()
