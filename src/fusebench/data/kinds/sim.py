@@ -83,4 +83,4 @@ def tuning(params: SimDatasetConfig, split: str, n_images: int, seed: int):
 
 
 KIND = register(DatasetKind("sim", SimDatasetConfig, load, "a seeded synthetic corpus (no files); `dataset=sim`, "
-                            "`sim_clustered`", tuning=tuning))
+                            "`sim_clustered`, `sim_clustered_calibrated`", tuning=tuning))
