@@ -178,7 +178,7 @@ def test_the_composed_config_converts_once_into_its_types(compose_cfg):
     (lambda c: c["eval"]["lists"].pop("depth"), "eval.lists.depth is missing"),
     (lambda c: c["eval"].update(ks=5), "eval.ks=5 is not valid"),
     (lambda c: c["eval"].update(device="gpu"), "eval.device='gpu' is not a torch device"),
-    (lambda c: c["dataset"].update(n_imgs=5), "dataset: unknown key(s) n_imgs; valid keys: caption_noise, cone, gap, kind,"),
+    (lambda c: c["dataset"].update(n_imgs=5), "dataset: unknown key(s) n_imgs; valid keys: caption_noise, caption_noise_decay, cone, gap, kind,"),
     (lambda c: c["dataset"].update(n_images=0), "dataset.n_images=0 is not valid"),
     (lambda c: c["models"]["sim_dfn5b_like"].update(wieght=0),
      "models.sim_dfn5b_like (kind sim): unknown key(s) wieght (nothing reads them); valid keys: dim, image_noise,"),
