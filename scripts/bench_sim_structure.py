@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import faiss
@@ -37,18 +38,33 @@ from fusebench.data.simulated import make_sim_corpus, sim_model_embeddings
 from fusebench.encoders.distractors import normalised
 from fusebench.encoders.simulated import sim_distractor_rows
 
+# a CLIP-family-like sim model (conf/models/sim_dfn5b_like.yaml's noise and score placement) at d = 254 (+2)
+CLIP_LIKE = SimParams(dim=254, image_noise=0.24, text_noise=0.21, seed=2, score_scale=0.4, score_shift=0.12)
+
+
+def preset_values(name: str) -> dict:
+    """The keys conf/dataset/``name``.yaml sets, over those of the dataset presets its defaults list names."""
+    node = OmegaConf.load(Path(CONFIG_DIR) / "dataset" / f"{name}.yaml")
+    values = {}
+    for entry in node.pop("defaults", None) or []:  # a sibling preset (not a schema, not _self_)
+        if isinstance(entry, str) and not entry.startswith("/") and entry != "_self_":
+            values.update(preset_values(entry))
+    return {**values, **OmegaConf.to_container(node)}
+
+
+def dataset_preset(name: str, **changes):
+    """The sim dataset of conf/dataset/``name``.yaml (a preset of kind sim), with ``changes`` to its keys."""
+    return SimDatasetConfig(**{**preset_values(name), **changes})
+
 
 def dataset(structure: str):
     """The sim dataset of ``structure``: the isotropic defaults, or the sim_clustered preset's values."""
-    name = "sim" if structure == "isotropic" else "sim_clustered"
-    node = OmegaConf.load(Path(CONFIG_DIR) / "dataset" / f"{name}.yaml")
-    node.pop("defaults", None)
-    return SimDatasetConfig(**OmegaConf.to_container(node))
+    return dataset_preset("sim" if structure == "isotropic" else "sim_clustered")
 
 
-def rows(structure: str, size: int, n_queries: int, params: SimParams, seed: int):
+def rows(settings: SimDatasetConfig, size: int, n_queries: int, params: SimParams, seed: int):
     """(gallery rows (size, d), caption query rows, image query rows), unit float32."""
-    corpus = make_sim_corpus(dataset(structure))
+    corpus = make_sim_corpus(settings)
     images, texts = sim_model_embeddings(corpus, params.dim, params.image_noise, params.text_noise, params.seed,
                                          params.score)
     images, texts = normalised(images), normalised(texts)
@@ -86,7 +102,7 @@ def nprobe_ladder(nlist: int) -> list[int]:
 
 def measure(structure: str, args, params: SimParams) -> dict:
     start = time.perf_counter()
-    base, text_q, image_q = rows(structure, args.size, args.queries, params, args.seed)
+    base, text_q, image_q = rows(dataset(structure), args.size, args.queries, params, args.seed)
     out = {"structure": structure, "rows": len(base), "dim": base.shape[1], "queries": len(text_q),
            "generate_s": time.perf_counter() - start}
     d, k = base.shape[1], args.depth
@@ -184,8 +200,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     faiss.omp_set_num_threads(args.threads)
-    # a CLIP-family-like sim model (conf/models/sim_dfn5b_like.yaml's noise and score placement) at --dim
-    params = SimParams(dim=args.dim, image_noise=0.24, text_noise=0.21, seed=2, score_scale=0.4, score_shift=0.12)
+    params = replace(CLIP_LIKE, dim=args.dim)  # the CLIP-like sim model at --dim
     results = []
     for structure in args.structures:
         results.append(measure(structure, args, params))

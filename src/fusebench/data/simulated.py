@@ -17,7 +17,7 @@ import numpy as np
 
 from fusebench import FusebenchError
 from fusebench.data.corpus import Corpus, validate_corpus
-from fusebench.data.kinds.sim import SIM_STRUCTURE_READS, SimDatasetConfig
+from fusebench.data.kinds.sim import SIM_RECORDED_WHEN_SET, SIM_STRUCTURE_READS, SimDatasetConfig
 
 
 def caption_counts(n_images: int, n_captions: int) -> np.ndarray:
@@ -70,7 +70,8 @@ def structure_meta(settings: SimDatasetConfig) -> dict:
     if settings.structure == "isotropic":
         return {}
     return {"sim_structure": settings.structure,
-            **{f"sim_{key}": getattr(settings, key) for key in SIM_STRUCTURE_READS[settings.structure]}}
+            **{f"sim_{key}": getattr(settings, key) for key in SIM_STRUCTURE_READS[settings.structure]
+               if key not in SIM_RECORDED_WHEN_SET or getattr(settings, key) != SIM_RECORDED_WHEN_SET[key]}}
 
 
 def sim_split(corpus: Corpus) -> str:
@@ -133,6 +134,11 @@ def _latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]
     noise = rng.standard_normal((corpus.n_captions, dim), dtype=np.float32)
     # what every caption of an image misses alike (shared), then what each caption adds or misses on its own
     shared = rng.standard_normal((corpus.n_images, dim), dtype=np.float32)
+    decay = float(corpus.meta.get("sim_caption_noise_decay", 0.0))
+    if decay != 0:  # caption noise shaped across the latent dimensions (recorded only when set: draws as before)
+        shape = spectrum(dim, decay).astype(np.float32)
+        noise *= shape
+        shared *= shape
     captions = (images + np.float32(corpus.meta["sim_shared_caption_noise"]) * shared)[corpus.caption_image]
     captions += np.float32(corpus.meta["sim_caption_noise"]) * noise
     return images, captions, subtopics
@@ -140,7 +146,8 @@ def _latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 def sim_latents(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     """The shared latents of a sim corpus: (image latents (N, L), caption latents (Q, L)), float32. Caption noise
-    is isotropic in both structures (what a caption misses is not shaped like what images vary in)."""
+    is isotropic in both structures (what a caption misses is not shaped like what images vary in), unless a
+    clustered corpus sets ``caption_noise_decay`` (its variance along dimension j then ~ (j + 1) ** -decay)."""
     images, captions, _ = _latents(corpus)
     return images, captions
 
