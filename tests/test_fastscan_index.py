@@ -1,0 +1,167 @@
+"""IVF with fast-scan PQ (``search.index=ivf_pqfs``, the preset faiss_ivf_pqfs_recall95): its lists are FAISS's own
+IndexIVFPQFastScan (re-ranked by IndexRefineFlat) over the same rows, re-ranking raises its neighbour recall against
+exact lists, it is stored and read back (never taken for another kind or an unrefined one), its settings are
+checked once with one line each, and the preset runs as a job with its settings in the record."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+faiss = pytest.importorskip("faiss")
+
+from test_ann import make_case, slow_recall  # noqa: E402
+from test_gallery_index import DEPTH, all_rows, gallery, lists  # noqa: E402,F401 (gallery: the fixture)
+
+from fusebench import FusebenchError  # noqa: E402
+from fusebench.app.pipeline import run  # noqa: E402
+from fusebench.app.run_config import run_config  # noqa: E402
+from fusebench.backends import faiss_index as ann  # noqa: E402
+from fusebench.backends import gallery_index  # noqa: E402
+from fusebench.backends.faiss_index import GALLERY_CHUNK, faiss_lists  # noqa: E402
+from fusebench.backends.quality import with_quality  # noqa: E402
+from fusebench.config.search import SearchConfig, check_sizes, pq_layout  # noqa: E402
+from fusebench.search.model_lists import compute_model_lists  # noqa: E402
+from fusebench.stores.indexes import index_problem  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def pqfs(**settings) -> SearchConfig:
+    return SearchConfig(backend="faiss", index="ivf_pqfs", **settings)
+
+
+def faiss_own_pqfs(rows, queries, sample, nlist, m, nprobe, refine, k):
+    """FAISS's own fast-scan IVF-PQ as its documentation builds one, over ``rows`` in memory (width a multiple of m)."""
+    d, ip = rows.shape[1], faiss.METRIC_INNER_PRODUCT
+    index = faiss.IndexIVFPQFastScan(faiss.IndexFlatIP(d), d, nlist, m, 4, ip)
+    index.cp.seed = index.pq.cp.seed = 1234
+    index.train(rows[sample])
+    index.nprobe = nprobe
+    if refine:
+        index = faiss.IndexRefineFlat(index)
+        index.k_factor = refine
+    for start in range(0, len(rows), GALLERY_CHUNK):
+        index.add(rows[start:start + GALLERY_CHUNK])
+    return index.search(queries, k)
+
+
+@pytest.mark.parametrize("refine", [None, 4])
+def test_pqfs_over_a_gallery_equals_faiss_own_over_the_same_rows(gallery, refine, monkeypatch):  # noqa: F811
+    model, caption_image, distractors = gallery
+    monkeypatch.setattr(gallery_index, "TRAIN_CAP", 0)  # a real sample: 39 rows a centroid, not every row
+    config = pqfs(nlist=8, nprobe=3, pq_m=12, refine_factor=refine, threads=1)
+    result, _exact = lists(model, caption_image, distractors, config)
+    rows = all_rows(model, distractors)
+    size = min(len(rows), 39 * 16)  # max(nlist, 2^4 codebook centroids) a centroid
+    sample = np.sort(np.random.default_rng(1234).choice(len(rows), size, replace=False))
+    scores, ids = faiss_own_pqfs(rows, model.text, sample, 8, 12, 3, refine, DEPTH)
+    np.testing.assert_array_equal(result.lists["t2i"].ids.numpy(), ids)
+    np.testing.assert_array_equal(result.lists["t2i"].scores.numpy(), np.where(ids < 0, -np.inf, scores))
+    params = result.params["t2i"]
+    assert (params["m"], params["nbits"], params.get("refine"), params.get("k_factor")) == \
+        (12, 4, "flat" if refine else None, refine)
+
+
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
+def test_pqfs_recall_against_exact_lists_and_re_ranking_raises_it():
+    """Both directions (no gallery): recall computed against exact lists equals a slow count, re-ranking the codes'
+    hits by the full vectors raises it, and visiting every list with re-ranking is near exact."""
+    model, caption_image = make_case(n_images=1000, dim=32, seed=8, clusters=40)
+    exact = compute_model_lists(model.text, model.image, caption_image, 10)
+    recall = {}
+    for refine, nprobe in ((None, 4), (10, 4), (10, 16)):
+        result = faiss_lists(model, caption_image, 10, pqfs(nlist=16, nprobe=nprobe, refine_factor=refine), CPU, None)
+        quality = with_quality(result, exact)
+        for direction in ("t2i", "i2t"):
+            slow = slow_recall(result.lists[direction].ids.numpy(), exact[direction].ids.numpy(), 10).mean()
+            assert quality[direction].neighbour_recall == pytest.approx(slow, abs=1e-12)
+        recall[refine, nprobe] = quality["t2i"].neighbour_recall
+        assert result.params["t2i"] == {**ann.build_params(pqfs(nlist=16, nprobe=nprobe, refine_factor=refine), 1000, 32, "m"),
+                                        "nprobe": nprobe, **({"k_factor": refine} if refine else {})}
+    assert recall[10, 4] > recall[None, 4] + 0.1, recall
+    assert recall[10, 16] >= 0.97, recall
+
+
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
+def test_pqfs_is_stored_read_back_and_never_taken_for_another_index(gallery, tmp_path):  # noqa: F811
+    model, caption_image, distractors = gallery
+    config = pqfs(nlist=8, nprobe=3, pq_m=5, refine_factor=4)  # width 24 padded to 25
+    first, exact = lists(model, caption_image, distractors, config, tmp_path)
+    again, _ = lists(model, caption_image, distractors, replace(config, nprobe=4), tmp_path, exact)
+    assert not first.costs["t2i"].hit and again.costs["t2i"].hit
+    assert first.params["t2i"]["width"] == 25
+    same, _ = lists(model, caption_image, distractors, config, tmp_path, exact)
+    np.testing.assert_array_equal(same.lists["t2i"].ids.numpy(), first.lists["t2i"].ids.numpy())
+    keys = {first.costs["t2i"].key}
+    for other in (replace(config, refine_factor=None), replace(config, index="ivf_pq", nbits=4)):
+        result, _ = lists(model, caption_image, distractors, other, tmp_path, exact)
+        assert not result.costs["t2i"].hit and result.costs["t2i"].key not in keys
+        keys.add(result.costs["t2i"].key)
+    # a read-back IVF-PQ is not taken for a fast-scan one, nor the other way round
+    ivfpq = faiss.IndexIVFPQ(faiss.IndexFlatIP(16), 16, 2, 4, 4, faiss.METRIC_INNER_PRODUCT)
+    material = {"index": "ivf_pqfs", "n": 0, "dim": 16, "build": {"nlist": 2, "m": 4, "nbits": 4}}
+    assert "expected a IndexIVFPQFastScan" in index_problem(ivfpq, material)
+    fast = faiss.IndexIVFPQFastScan(faiss.IndexFlatIP(16), 16, 2, 4, 4, faiss.METRIC_INNER_PRODUCT)
+    assert index_problem(fast, material) is None
+    assert "m=4 (expected 8)" in index_problem(fast, {**material, "build": {**material["build"], "m": 8}})
+    assert "expected a IndexIVFPQ" in index_problem(fast, {**material, "index": "ivf_pq"})
+
+
+def test_pqfs_layout_memory_and_size_checks():
+    # automatic m: one 4-bit sub-quantizer per 2 dimensions (zero-padded to even), at most 256
+    assert pq_layout(pqfs(), 258, "m") == (129, 258)
+    assert pq_layout(pqfs(), 257, "m") == (129, 258)
+    assert pq_layout(pqfs(), 1152, "m") == (256, 1280)
+    assert pq_layout(pqfs(pq_m=64), 258, "m") == (64, 320)
+    assert ann.build_params(pqfs(nlist=None, refine_factor=10), 1_000_000, 258, "m") == \
+        {"nlist": 4000, "m": 129, "nbits": 4, "seed": 1234, "refine": "flat"}
+    # fast-scan lists stay in memory whatever the budget: counted in the structure, never sent to disk
+    build = {"nlist": 100, "m": 129, "nbits": 4, "seed": 1234}
+    plan = gallery_index.memory_plan("ivf_pqfs", 100_000, 258, build, GALLERY_CHUNK, None)
+    assert plan.codes_bytes == 0 and not plan.on_disk
+    assert plan.structure_bytes >= 100_000 * (65 + 8)
+    with pytest.raises(FusebenchError, match="fast-scan lists stay in memory") as err:
+        gallery_index.memory_plan("ivf_pqfs", 100_000, 258, build, GALLERY_CHUNK, 0.001)
+    assert "\n" not in str(err.value)
+    with pytest.raises(FusebenchError, match="needs at least 16 items"):
+        check_sizes(pqfs(nlist=1, nprobe=1), {"t2i": 12, "i2t": 40}, 10)
+    assert pqfs(target_recall=0.95).tuned == "nprobe"
+
+
+@pytest.mark.slow  # compositions
+def test_the_preset_composes_and_refuses_the_settings_it_does_not_read(compose_cfg):
+    config = run_config(compose_cfg(["search=faiss_ivf_pqfs_recall95"])).search
+    assert (config.index, config.refine_factor, config.target_recall, config.nlist) == ("ivf_pqfs", 10, 0.95, None)
+    assert config.label() == "faiss ivf_pqfs nlist=auto m=auto nbits=4 refine_factor=10 target_recall=0.95"
+    with pytest.raises(FusebenchError, match="search.nbits") as err:  # 4-bit codes: nbits is IVF-PQ's
+        run_config(compose_cfg(["search=faiss_ivf_pqfs_recall95", "search.nbits=6"]))
+    assert "\n" not in str(err.value)
+    with pytest.raises(FusebenchError, match="search.index=ivf_pqfs"):
+        run_config(compose_cfg(["search=lancedb", "search.index=ivf_pqfs"]))
+
+
+@pytest.mark.slow  # runs two jobs
+def test_the_preset_as_a_job_records_its_settings_and_a_rerun_reads_the_stored_index(compose_cfg, tmp_path):
+    args = ["search=faiss_ivf_pqfs_recall95", "gallery=sim", "gallery.size=3000", "gallery.near_duplicate=null",
+            "dataset.n_images=200", "dataset.n_captions=600", "search.tune_images=50", "eval.bootstrap.draws=50",
+            "plots=false", "logger=none", f"embed.cache.dir={tmp_path / 'cache'}"]
+    records = []
+    for out in (tmp_path / "a", tmp_path / "b"):
+        run(compose_cfg(args), str(out))
+        records.append(json.loads((out / "metrics.json").read_text()))
+    for record, hit in zip(records, (False, True)):
+        search = record["search"]
+        assert search["index"] == "ivf_pqfs" and search["label"].startswith("faiss ivf_pqfs")
+        for name, model in search["models"].items():
+            t2i = model["t2i"]
+            assert t2i["hit"] is hit and t2i["target"]["setting"] == "nprobe", name
+            assert t2i["neighbour_recall"] >= 0.9
+        params = search["params"]["t2i"]
+        for p in params.values() if "nbits" not in params else [params]:
+            assert (p["nbits"], p["refine"], p["k_factor"]) == (4, "flat", 10)
+    assert records[0]["retrievers"]["fused"] == records[1]["retrievers"]["fused"]
