@@ -40,6 +40,13 @@ def own_temp_dir(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def views_inline(monkeypatch):
+    """A job's plots and W&B log are made in the job (``views=inline``), so a test reads them as soon as the command
+    returns; tests/test_views.py checks the background process (the CLI's default) against it."""
+    monkeypatch.setenv("FUSEBENCH_VIEWS", "inline")
+
+
+@pytest.fixture(autouse=True)
 def quiet_wandb(monkeypatch):
     """W&B is on by default (offline); tests that do not check it keep it out of the way."""
     monkeypatch.setenv("WANDB_MODE", "disabled")

@@ -370,7 +370,7 @@ def evaluate(models: Mapping[str, object], caption_image, *, fusion: str = "dbsf
         raise FusebenchError(f"name={name!r} must be a non-empty string (the corpus's name in the record).")
     stores = (["eval.lists.store=false"] if cache_dir is None else
               ["eval.lists.store=true", f"embed.cache.dir={Path(cache_dir).expanduser()}"])  # nothing kept unless asked
-    base = [f"fusion={fusion}", "logger=none", "plots=false", "models=[]", *stores]
+    base = [f"fusion={fusion}", "logger=none", "plots=false", "views=inline", "models=[]", *stores]
     cfg = compose(base)  # the keywords are read against the config they set
     named = keyword_settings(cfg, settings)
     check_given_once(named, overrides)
@@ -385,8 +385,10 @@ def evaluate(models: Mapping[str, object], caption_image, *, fusion: str = "dbsf
 
 
 def run(overrides: Sequence[str] = (), out_dir: str | Path | None = None) -> Result:
-    """The job ``fusebench OVERRIDES`` runs (W&B off unless ``logger=wandb`` is given), returning its result;
-    ``overrides``: a list of ``KEY=VALUE`` strings, Hydra's own keys refused (``out_dir``: the run's folder)."""
+    """The job ``fusebench OVERRIDES`` runs (W&B off unless ``logger=wandb`` is given; its plots and log made in
+    the call, ``views=inline``, unless ``views=`` is given), returning its result; ``overrides``: a list of
+    ``KEY=VALUE`` strings, Hydra's own keys refused (``out_dir``: the run's folder)."""
     given = override_list(overrides)
-    quiet = [] if any(o.startswith("logger=") for o in given) else ["logger=none"]
+    quiet = [default for default, key in (("logger=none", "logger="), ("views=inline", "views="))
+             if not any(o.startswith(key) for o in given)]
     return _execute(compose([*quiet, *given]), out_dir)

@@ -19,12 +19,11 @@ import torch
 from omegaconf import DictConfig
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError, __version__
-from fusebench.app import interrupts
+from fusebench.app import interrupts, views
 from fusebench.app.gallery_stage import attach_gallery, attach_manifest, distractor_sources, manifest_raws, manifest_split
 from fusebench.app.index_tuning import HELD_OUT_KEY, tuning_queries
 from fusebench.app.run_config import run_config
 from fusebench.app.rundir import check_writable
-from fusebench.app.tracking import log_run
 from fusebench.app.tune_stage import progress_updates, tune_on_split
 from fusebench.backends import base as backends
 from fusebench.backends.engine_dirs import check_engine_dir
@@ -53,7 +52,6 @@ from fusebench.evaluation.record import (
 from fusebench.evaluation.search_record import EXACT_FUSED
 from fusebench.fusion.config import FusionConfig
 from fusebench.report.outputs import write_run_outputs
-from fusebench.report.plots import run_plots
 from fusebench.report.table import format_table
 from fusebench.runtime import state
 
@@ -351,14 +349,8 @@ def write(job: Job, found: Found, record: RunRecord) -> None:
             raise FusebenchError(f"could not write the outputs to {out_dir}: {err.strerror or err} "
                                  f"({err.filename or 'run dir'}); nothing was left half-written. Free space or choose "
                                  "another dir (hydra.run.dir=...) and rerun.") from None
-    print(format_table(record))
+    print(format_table(record), flush=True)
     if out_dir is None:
         return
-    plots = []
-    if config.plots:
-        try:
-            plots = run_plots(out_dir, record)
-        except Exception as err:  # noqa: BLE001 - plots are a view of the outputs, never a reason to fail
-            log.warning("could not draw plots: %s", err)
-    log_run(config.logger, record, out_dir, plots, resolved=config.resolved)
     log.info("outputs written to %s", out_dir)
+    views.dispatch(config.views, out_dir, record, config.plots, config.logger, config.resolved)  # plots, W&B

@@ -13,6 +13,7 @@ from fusebench.backends import base as backends
 from fusebench.config.gallery import GalleryConfig, SimDistractorConfig
 from fusebench.config.reference import reference_row
 from fusebench.config.run import (
+    VIEWS,
     RunConfig,
     _nested,
     _plain,
@@ -71,6 +72,7 @@ def run_config(cfg) -> RunConfig:
     fusion.check_ks(evaluation.ks)
     models = model_specs(group["models"], registry(config_folders()))
     plots = checks.boolean(group["plots"], "plots")
+    views = checks.choice(group["views"], "views", VIEWS)
     logger = logger_config(group["logger"])
     reference = reference_row(None if not group["reference"] else
                               checks.typed(ReferenceConfig, group["reference"], "reference"))
@@ -89,5 +91,5 @@ def run_config(cfg) -> RunConfig:
     resolved = {str(key): group[key] for key in cfg if key != "hydra"}  # the composed order
     return RunConfig(paths=checks.typed(PathsConfig, group["paths"], "paths"), dataset=dataset, gallery=gallery, search=search,
                      models=models,
-                     fusion=fusion, eval=evaluation, embed=embed, logger=logger, tune=tuning, plots=plots,
+                     fusion=fusion, eval=evaluation, embed=embed, logger=logger, tune=tuning, plots=plots, views=views,
                      reference=reference, resolved=resolved)

@@ -38,7 +38,7 @@ def git_commit() -> str | None:
         return None
 
 
-def _job_identity() -> tuple[str | None, str | None]:
+def job_identity() -> tuple[str | None, str | None]:
     """(group, name) from Hydra: the sweep dir's name for multiruns, the job's overrides as the name."""
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -142,14 +142,15 @@ def _init(cfg: WandbConfig, out_dir: Path, config: dict, group: str | None, name
 
 
 def log_run(cfg: LoggerConfig | None, record: RunRecord, out_dir: str | Path, plots: list[Path],
-            resolved: dict | None = None) -> None:
+            resolved: dict | None = None, identity: tuple[str | None, str | None] | None = None) -> None:
     """Log one finished run (``cfg``: the logger group, typed; ``resolved``: the composed config, logged as the
-    W&B run's config); any W&B failure is a warning, the run dir stays the record."""
+    W&B run's config; ``identity``: its (group, name), read from Hydra when not given); any W&B failure is a
+    warning, the run dir stays the record."""
     if not isinstance(cfg, WandbConfig):  # logger=none
         return
     out_dir = Path(out_dir)
     try:
-        group, name = _job_identity()
+        group, name = identity if identity is not None else job_identity()
         config = {**(resolved or {}), "fusebench": {"git_commit": git_commit(), "versions": record.run.versions},
                   "dataset_summary": record.dataset.to_json(), "fusion": asdict(record.fusion),
                   "eval": eval_to_json(record.eval)}

@@ -39,6 +39,9 @@ from fusebench.runtime import checks
 log = logging.getLogger(__name__)
 
 
+VIEWS = ("background", "wait", "inline")  # where a run's plots and logger are made (fusebench.app.views)
+
+
 @dataclass
 class RunConfig:
     """One job's whole config, typed and checked (the top-level keys are its fields, ``resolved`` aside)."""
@@ -54,6 +57,7 @@ class RunConfig:
     logger: LoggerConfig
     tune: TuneConfig | None  # None: no tuning (tune.enabled=false); else its split resolved for the dataset
     plots: bool
+    views: str  # where the plots and the logger are made: background | wait | inline (fusebench.app.views)
     reference: dict | None  # the article's row for reference: {dataset, study} (fusebench.report.article)
     resolved: dict = field(default_factory=dict, repr=False, metadata=checks.INTERNAL)  # as composed, for trackers
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import socket
 import sys
@@ -34,7 +35,10 @@ LOCK_NAME = ".fusebench.lock"  # in a run (or sweep) dir
 LOCK_FORMAT = "fusebench run dir lock"
 HEAD = json.dumps({"format": LOCK_FORMAT})[:-1].encode("utf-8")  # how every holder record begins (_holder_bytes)
 NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP}  # a filesystem without flock (some network mounts)
+log = logging.getLogger(__name__)
 _HELD: dict[str, object] = {}  # resolved run dir -> the FileLock this process holds on it
+VIEWS_COMMAND = "fusebench-views"  # how the views process (app.views: a run's plots and W&B log) names itself
+VIEWS_WAIT_S = 600.0  # how long a run waits for a views process drawing in its dir (a run never waits for a run)
 
 
 class RunDirInUse(FusebenchError):
@@ -129,20 +133,42 @@ def held_here(run_dir: str | Path) -> bool:
     return _key(run_dir) in _HELD
 
 
-def hold(run_dir: str | Path, key: str = "hydra.run.dir", what: str | None = None) -> bool:
-    """Take ``run_dir``'s lock (the dir must exist) for this run's life, without waiting: another process holding
-    it is :class:`RunDirInUse`, naming it and ``key`` (``what``: what the dir is, for the message). Returns False
+def drawing_views(run_dir: str | Path) -> bool:
+    """Whether ``run_dir``'s lock was last taken by a views process (a finished run's plots and log being made)."""
+    return str((holder(run_dir) or {}).get("command") or "").startswith(VIEWS_COMMAND)
+
+
+def _acquire(lock, run_dir: str | Path, key: str, what: str | None, wait: float) -> None:
+    """Take ``lock`` without waiting, or within ``wait`` seconds; a views process holding it is waited for (up to
+    :data:`VIEWS_WAIT_S`: it ends within seconds); any other holder is :class:`RunDirInUse`."""
+    from filelock import Timeout
+
+    try:
+        lock.acquire(timeout=wait) if wait > 0 else lock.acquire(blocking=False)
+        return
+    except Timeout:
+        if not drawing_views(run_dir):
+            raise RunDirInUse(in_use_message(run_dir, key, what)) from None
+    log.info("waiting for the plots of the earlier run in %s to be drawn", run_dir)
+    try:
+        lock.acquire(timeout=VIEWS_WAIT_S)
+    except Timeout:
+        raise RunDirInUse(in_use_message(run_dir, key, what)) from None
+
+
+def hold(run_dir: str | Path, key: str = "hydra.run.dir", what: str | None = None, wait: float = 0.0) -> bool:
+    """Take ``run_dir``'s lock (the dir must exist) for this run's life, without waiting (``wait``: up to that many
+    seconds) save for a views process drawing a finished run's plots there: another process holding it is
+    :class:`RunDirInUse`, naming it and ``key`` (``what``: what the dir is, for the message). Returns False
     when this process held it already (nothing taken: the one who took it releases it), True when taken here."""
-    from filelock import FileLock, Timeout
+    from filelock import FileLock
 
     if held_here(run_dir):
         return False
     path = _lock_path(run_dir, key)
     lock = FileLock(str(path), thread_local=False, on_acquired=_write_holder)
     try:
-        lock.acquire(blocking=False)
-    except Timeout:
-        raise RunDirInUse(in_use_message(run_dir, key, what)) from None
+        _acquire(lock, run_dir, key, what, wait)
     except OSError as err:
         if err.errno not in NO_LOCKS:
             raise
@@ -170,14 +196,11 @@ def check_free(run_dir: str | Path, key: str = "hydra.run.dir", what: str | None
     """Refuse (:class:`RunDirInUse`) when another process holds ``run_dir``'s lock: what is in the dir may be a live
     run's. Held by this process, or free (no process holds it: no live run there), passes; a probe only, which
     neither keeps the lock nor rewrites who holds it."""
-    from filelock import FileLock, Timeout
+    from filelock import FileLock
 
     path = Path(run_dir) / LOCK_NAME
     if held_here(run_dir) or not path.is_file() or path.is_symlink():
         return
     probe = FileLock(str(path), thread_local=False)
-    try:
-        probe.acquire(blocking=False)
-    except Timeout:
-        raise RunDirInUse(in_use_message(run_dir, key, what)) from None
+    _acquire(probe, run_dir, key, what, 0.0)
     probe.release(force=True)

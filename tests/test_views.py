@@ -1,0 +1,146 @@
+"""A run's views (plots, W&B) made by the background process (``views=background``, the CLI's default, and
+``wait``) are the ones the job makes itself (``views=inline``): the same PNG bytes, the same plots manifest, the same
+W&B run; the views process takes the run dir's lock, which a new run waits for (never for a run); it never draws
+over a record another run wrote; a bad ``views`` value is one line (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_tracking import records
+
+from fusebench import FusebenchError
+from fusebench.app import views
+from fusebench.app.run_config import run_config
+from fusebench.runtime import layout, run_lock
+
+FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
+SMALL = ["dataset.n_images=200", "dataset.n_captions=1000", "eval.bootstrap.draws=100", "logger=none"]
+
+
+def fusebench(*args, cwd: Path, mode: str, **env):
+    environ = {**os.environ, "FUSEBENCH_OUTPUT": str(cwd / "out"), "WANDB_MODE": "disabled", "FUSEBENCH_VIEWS": mode,
+               **env}
+    return subprocess.run([FUSEBENCH, *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=600)
+
+
+def drawn(run_dir: Path, timeout: float = 120.0) -> dict[str, bytes]:
+    """The run's plots once its manifest names every plot with its sha256 (polled: the views process may still
+    be drawing), as {name: bytes}, the manifest included."""
+    manifest = run_dir / "plots" / layout.PLOTS_MANIFEST
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = layout.read_plots_manifest(run_dir / "plots") if manifest.is_file() else None
+        if found and all(found.values()):
+            return {p.name: p.read_bytes() for p in sorted((run_dir / "plots").iterdir())}
+        time.sleep(0.2)
+    raise AssertionError(f"{run_dir}'s plots were not drawn within {timeout} s")
+
+
+def test_views_value_is_checked(compose_cfg):
+    with pytest.raises(FusebenchError, match=r"views.*background, wait, inline"):
+        run_config(compose_cfg(["views=later"]))
+    assert run_config(compose_cfg(["views=wait"])).views == "wait"
+
+
+def test_the_environment_sets_the_default(compose_cfg, monkeypatch):
+    monkeypatch.setenv("FUSEBENCH_VIEWS", "wait")
+    assert run_config(compose_cfg([])).views == "wait"
+    monkeypatch.delenv("FUSEBENCH_VIEWS")
+    assert run_config(compose_cfg([])).views == "background"
+
+
+@pytest.mark.slow
+def test_background_views_are_the_plots_the_job_draws_itself(tmp_path):
+    inline = fusebench(*SMALL, "hydra.run.dir=inline", cwd=tmp_path, mode="inline")
+    assert inline.returncode == 0, inline.stderr
+    background = fusebench(*SMALL, "hydra.run.dir=background", cwd=tmp_path, mode="background")
+    assert background.returncode == 0, background.stderr
+    table = [[line for line in r.stdout.splitlines() if not line.startswith("[")] for r in (inline, background)]
+    assert table[0] == table[1] and any("R@1" in line for line in table[0])  # printed before the views
+    expected = drawn(tmp_path / "inline", timeout=0.1)  # inline: there when the command returned
+    assert len(expected) >= 6 and set(expected) <= {*layout.run_plot_names(), layout.PLOTS_MANIFEST}
+    assert drawn(tmp_path / "background") == expected
+    assert (tmp_path / "background" / "metrics.json").read_bytes() != b""
+    assert "outputs written to" in (tmp_path / "background" / "fusebench.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_rerun_into_the_dir_waits_for_the_views_and_wait_mode_returns_with_them(tmp_path):
+    first = fusebench(*SMALL, "hydra.run.dir=run", cwd=tmp_path, mode="background")
+    second = fusebench(*SMALL, "fusion=rrf", "hydra.run.dir=run", cwd=tmp_path, mode="wait")
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    plots = drawn(tmp_path / "run", timeout=0.1)  # wait: drawn before the command returned
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["fusion"]["method"] == "rrf"
+    rrf = fusebench(*SMALL, "fusion=rrf", "hydra.run.dir=again", cwd=tmp_path, mode="inline")
+    assert rrf.returncode == 0 and drawn(tmp_path / "again", timeout=0.1) == plots  # the second run's plots
+
+
+@pytest.mark.slow
+def test_a_sweep_queues_every_job_to_one_views_process_and_logs_them_to_wandb(tmp_path):
+    result = fusebench("-m", *SMALL[:-1], "fusion=rrf,dbsf", "hydra.sweep.dir=sw", cwd=tmp_path, mode="wait",
+                       WANDB_MODE="offline")
+    assert result.returncode == 0, result.stderr
+    holders = [run_lock.holder(tmp_path / "sw" / str(i)) for i in (0, 1)]
+    assert all(h["command"] == run_lock.VIEWS_COMMAND for h in holders)  # the views process took each job dir
+    assert holders[0]["pid"] == holders[1]["pid"]  # one process for the sweep
+    for i, method in enumerate(("rrf", "dbsf")):
+        drawn(tmp_path / "sw" / str(i), timeout=0.1)
+        got = records(tmp_path / "sw" / str(i))
+        assert got["run"].run_group == "sw" and got["run"].display_name.endswith(f"fusion={method}")
+        assert any(k.startswith("plots/recall_bars") for k in got["history"])
+        metrics = json.loads((tmp_path / "sw" / str(i) / "metrics.json").read_text())
+        assert got["summary"]["t2i/R@1"] == pytest.approx(metrics["retrievers"]["fused"]["t2i"]["R@1"])
+
+
+def _hold(folder: Path, seconds: float, as_views: bool) -> subprocess.Popen:
+    code = ("import sys, time\nfrom fusebench.runtime import run_lock\n"
+            + ("sys.argv[:] = [run_lock.VIEWS_COMMAND]\n" if as_views else "")
+            + f"run_lock.hold({str(folder)!r})\nprint('held', flush=True)\ntime.sleep({seconds})\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.slow
+def test_a_run_waits_for_a_views_process_but_never_for_a_run(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    proc = _hold(folder, 1.5, as_views=True)
+    try:
+        start = time.monotonic()
+        assert run_lock.hold(folder) is True  # waited for the views process to end, then taken
+        assert time.monotonic() - start > 0.5
+        run_lock.release(folder)
+    finally:
+        proc.kill()
+        proc.wait()
+    proc = _hold(folder, 30, as_views=False)
+    try:
+        start = time.monotonic()
+        with pytest.raises(run_lock.RunDirInUse):
+            run_lock.hold(folder)
+        with pytest.raises(run_lock.RunDirInUse):
+            run_lock.check_free(folder)
+        assert time.monotonic() - start < 5
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_views_process_never_draws_over_another_runs_record(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.json").write_text("{}")
+    job = views.ViewsJob(run_dir=str(run_dir), metrics_sha256="0" * 64, plots=True, logger=None, resolved=None,
+                         group=None, name=None)
+    views.serve(job, record=None)  # a record that would fail to draw: never reached
+    assert not (run_dir / "plots").exists()
+    assert "is no longer the record this run wrote" in (run_dir / views.LOG_NAME).read_text()
+    assert not run_lock.held_here(run_dir)
