@@ -134,11 +134,13 @@ def main() -> None:
     parser.add_argument("--n-captions", type=int, default=25010)
     parser.add_argument("--depth", type=int, default=100)
     parser.add_argument("--draws", type=int, default=1000, help="bootstrap draws (eval.bootstrap.draws)")
-    parser.add_argument("--searches", nargs="+", default=list(SEARCHES), help="conf/search presets")
+    parser.add_argument("--searches", nargs="*", default=list(SEARCHES), help="conf/search presets (none: exact only)")
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--dataset", default="sim_clustered", help="sim (isotropic) | sim_clustered")
     parser.add_argument("--extra", default="", help="more overrides for every index run")
     parser.add_argument("--cache", help="the cache (lists, indexes) to share between calls; default a temporary one")
+    parser.add_argument("--exact-json", help="take the exact run from this earlier --json of the same --cache (no "
+                        "exact run here: for a call that builds indexes; ratios then across calls)")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
     print(f"CPU: {cpu_model()}; {args.n_images:,} test images + {args.size:,} distractors, {args.n_captions:,} "
@@ -147,7 +149,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cache, out = Path(args.cache or Path(tmp) / "cache"), Path(tmp) / "runs"
         common = base_args(args, cache)
-        exact = exact_row(args, common, out)
+        if args.exact_json:  # an earlier call's exact run over the same cache (its lists are in the store)
+            exact = json.loads(Path(args.exact_json).read_text())["exact"]
+            print(f"exact: from {args.exact_json} (another call: the ratios are across calls)")
+        else:
+            exact = exact_row(args, common, out)
         for search in args.searches:
             rows[search] = index_row(args, search, common, out, exact)
     print_table(rows, exact)

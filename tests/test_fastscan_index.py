@@ -24,7 +24,7 @@ from fusebench.backends import faiss_index as ann  # noqa: E402
 from fusebench.backends import gallery_index  # noqa: E402
 from fusebench.backends.faiss_index import GALLERY_CHUNK, faiss_lists  # noqa: E402
 from fusebench.backends.quality import with_quality  # noqa: E402
-from fusebench.config.search import SearchConfig, check_sizes, pq_layout  # noqa: E402
+from fusebench.config.search import SearchConfig, check_sizes, fastscan_nlist, pq_layout  # noqa: E402
 from fusebench.search.model_lists import compute_model_lists  # noqa: E402
 from fusebench.stores.indexes import index_problem  # noqa: E402
 
@@ -119,7 +119,10 @@ def test_pqfs_layout_memory_and_size_checks():
     assert pq_layout(pqfs(), 1152, "m") == (256, 1280)
     assert pq_layout(pqfs(pq_m=64), 258, "m") == (64, 320)
     assert ann.build_params(pqfs(nlist=None, refine_factor=10), 1_000_000, 258, "m") == \
-        {"nlist": 4000, "m": 129, "nbits": 4, "seed": 1234, "refine": "flat"}
+        {"nlist": 1000, "m": 129, "nbits": 4, "seed": 1234, "refine": "flat"}  # sqrt(n) lists: longer, for fast scan
+    assert [fastscan_nlist(n) for n in (10, 1000, 15_000, 1_005_000)] == [1, 25, 122, 1002]  # at most n / 39 a list
+    assert ann.build_params(SearchConfig(backend="faiss", index="ivf_flat", nlist=None), 1_000_000, 258, "m")["nlist"] \
+        == 4000  # IVF-Flat's and IVF-PQ's automatic nlist unchanged
     # fast-scan lists stay in memory whatever the budget: counted in the structure, never sent to disk
     build = {"nlist": 100, "m": 129, "nbits": 4, "seed": 1234}
     plan = gallery_index.memory_plan("ivf_pqfs", 100_000, 258, build, GALLERY_CHUNK, None)
@@ -136,8 +139,8 @@ def test_pqfs_layout_memory_and_size_checks():
 @pytest.mark.slow  # compositions
 def test_the_preset_composes_and_refuses_the_settings_it_does_not_read(compose_cfg):
     config = run_config(compose_cfg(["search=faiss_ivf_pqfs_recall95"])).search
-    assert (config.index, config.refine_factor, config.target_recall, config.nlist) == ("ivf_pqfs", 10, 0.95, None)
-    assert config.label() == "faiss ivf_pqfs nlist=auto m=auto nbits=4 refine_factor=10 target_recall=0.95"
+    assert (config.index, config.refine_factor, config.target_recall, config.nlist) == ("ivf_pqfs", 5, 0.95, None)
+    assert config.label() == "faiss ivf_pqfs nlist=auto m=auto nbits=4 refine_factor=5 target_recall=0.95"
     with pytest.raises(FusebenchError, match="search.nbits") as err:  # 4-bit codes: nbits is IVF-PQ's
         run_config(compose_cfg(["search=faiss_ivf_pqfs_recall95", "search.nbits=6"]))
     assert "\n" not in str(err.value)
@@ -163,5 +166,5 @@ def test_the_preset_as_a_job_records_its_settings_and_a_rerun_reads_the_stored_i
             assert t2i["neighbour_recall"] >= 0.9
         params = search["params"]["t2i"]
         for p in params.values() if "nbits" not in params else [params]:
-            assert (p["nbits"], p["refine"], p["k_factor"]) == (4, "flat", 10)
+            assert (p["nbits"], p["refine"], p["k_factor"], p["nlist"]) == (4, "flat", 5, 57)  # sqrt(3,200)
     assert records[0]["retrievers"]["fused"] == records[1]["retrievers"]["fused"]

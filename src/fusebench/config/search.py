@@ -62,7 +62,8 @@ class SearchKeys:
 
     backend: str = "exact"  # exact | faiss | milvus | lancedb | qdrant (fusebench.backends.kinds registers them)
     index: str = "flat"  # flat | ivf_flat | hnsw | ivf_pq | ivf_pqfs (each backend says which it builds)
-    nlist: int | None = 64  # ivf_*: inverted lists; null = min(4 sqrt(n), n / 39) for an index of n items
+    nlist: int | None = 64  # ivf_*: inverted lists; null = min(4 sqrt(n), n / 39) for an index of n items (ivf_pqfs:
+    #   min(sqrt(n), n / 39): fast scan wants longer lists)
     nprobe: int = 52  # ivf_*: lists visited per query (1..nlist); 52 of 64 reaches neighbour recall@100 0.97 on the
     #   COCO-size sim, whose isotropic embeddings have no clusters (real embeddings need far fewer: docs/search.md)
     hnsw_m: int = 32  # hnsw: links per node (FAISS/Milvus "M")
@@ -212,8 +213,21 @@ def auto_nlist(n_items: int) -> int:
     return max(1, min(round(4 * math.sqrt(n_items)), n_items // IVF_MIN_POINTS))
 
 
+def fastscan_nlist(n_items: int) -> int:
+    """``ivf_pqfs``'s default number of inverted lists: sqrt(n), capped at 39 items a list, at least 1. Fast-scan
+    codes are scanned 32 at a time with a lookup table built per query and list, so fewer, longer lists than
+    :func:`auto_nlist`'s amortise it (at 205,000 clustered sim items: 452 lists scanned 3x faster a code than 1,811
+    for the same neighbour recall, docs/search.md)."""
+    return max(1, min(round(math.sqrt(n_items)), n_items // IVF_MIN_POINTS))
+
+
+def default_nlist(index: str, n_items: int) -> int:
+    """``search.nlist: null``'s lists for an index of ``index`` over ``n_items`` items."""
+    return fastscan_nlist(n_items) if index == "ivf_pqfs" else auto_nlist(n_items)
+
+
 def resolved_nlist(config: SearchConfig, n_items: int) -> int:
-    return config.nlist if config.nlist is not None else auto_nlist(n_items)
+    return config.nlist if config.nlist is not None else default_nlist(config.index, n_items)
 
 
 def check_nprobe(config: SearchConfig, nlist: int, lists: str) -> None:
@@ -242,7 +256,7 @@ def check_sizes(config: SearchConfig, n_items: dict[str, int], depth: int) -> No
             nlist = resolved_nlist(config, n)
             if nlist > n:
                 raise FusebenchError(f"search.nlist={config.nlist} is more than the {n:,} items a {direction} index "
-                                     f"holds: valid search.nlist is 1..{n} (or null = {auto_nlist(n)}).")
+                                     f"holds: valid search.nlist is 1..{n} (or null = {default_nlist(config.index, n)}).")
             if config.target_recall is None:  # else nprobe is chosen in 1..nlist
                 check_nprobe(config, nlist, f"the {direction} index ({n:,} items, search.nlist="
                                             f"{config.nlist if config.nlist else 'null = auto'})")
