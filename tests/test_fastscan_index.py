@@ -168,3 +168,39 @@ def test_the_preset_as_a_job_records_its_settings_and_a_rerun_reads_the_stored_i
         for p in params.values() if "nbits" not in params else [params]:
             assert (p["nbits"], p["refine"], p["k_factor"], p["nlist"]) == (4, "flat", 5, 57)  # sqrt(3,200)
     assert records[0]["retrievers"]["fused"] == records[1]["retrievers"]["fused"]
+
+
+@pytest.mark.slow  # compositions
+def test_the_gallery_study_runs_every_faiss_family_at_the_target(compose_cfg):
+    """experiment=gallery_indexes: exact, IVF-Flat, IVF fast-scan PQ re-ranked and the light HNSW, each FAISS family
+    at neighbour recall 0.95, with the engines; the HNSW preset's build settings are the ones recorded."""
+    from omegaconf import OmegaConf
+
+    from fusebench.app.cli import CONFIG_DIR
+
+    study = OmegaConf.load(f"{CONFIG_DIR}/experiment/gallery_indexes.yaml")
+    searches = str(study.hydra.sweeper.params.search).split(",")
+    assert searches[:4] == ["exact", "faiss_ivf_flat_recall95", "faiss_ivf_pqfs_recall95", "faiss_hnsw_m16_recall95"]
+    indexes = set()
+    for name in searches:
+        config = run_config(compose_cfg([f"search={name}"])).search
+        if config.backend == "faiss":
+            assert config.target_recall == 0.95, name
+            indexes.add(config.index)
+    assert indexes == {"ivf_flat", "ivf_pqfs", "hnsw"}
+    hnsw = run_config(compose_cfg(["search=faiss_hnsw_m16_recall95"])).search
+    assert ann.build_params(hnsw, 1_000_000, 258, "m") == {"M": 16, "efConstruction": 100}
+    assert hnsw.label() == "faiss hnsw M=16 efConstruction=100 target_recall=0.95"
+
+
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
+def test_the_light_hnsw_reaches_its_target_against_exact_lists_and_is_read_back(gallery, tmp_path):  # noqa: F811
+    model, caption_image, distractors = gallery
+    config = SearchConfig(backend="faiss", index="hnsw", hnsw_m=16, ef_construction=100, target_recall=0.95)
+    first, exact = lists(model, caption_image, distractors, config, tmp_path)
+    again, _ = lists(model, caption_image, distractors, config, tmp_path, exact)
+    assert not first.costs["t2i"].hit and again.costs["t2i"].hit
+    recall = slow_recall(first.lists["t2i"].ids.numpy(), exact["t2i"].ids.numpy()[:, :DEPTH], DEPTH).mean()
+    assert recall >= 0.9 and with_quality(first, exact)["t2i"].neighbour_recall == pytest.approx(recall, abs=1e-12)
+    assert first.params["t2i"]["M"] == 16 and first.params["t2i"]["efConstruction"] == 100
+    np.testing.assert_array_equal(again.lists["t2i"].ids.numpy(), first.lists["t2i"].ids.numpy())
