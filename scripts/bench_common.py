@@ -12,6 +12,22 @@ from pathlib import Path
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 
 
+def views_done(run_dirs, timeout: float = 600.0) -> float:
+    """Wait until every run dir's views are made (its plots manifest names each plot with its sha256: the views
+    process, ``views=background``, draws after the command returned), so that the next timed command does not
+    share the CPU with it; the seconds waited."""
+    from fusebench.runtime.layout import read_plots_manifest
+
+    start = time.perf_counter()
+    for run_dir in run_dirs:
+        while time.perf_counter() - start < timeout:
+            drawn = read_plots_manifest(Path(run_dir) / "plots") if (Path(run_dir) / "plots").is_dir() else None
+            if drawn and all(drawn.values()):
+                break
+            time.sleep(0.05)
+    return time.perf_counter() - start
+
+
 def cpu_model() -> str:
     path = Path("/proc/cpuinfo")
     for line in path.read_text().splitlines() if path.exists() else []:

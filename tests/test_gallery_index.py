@@ -293,6 +293,16 @@ def test_target_recall_over_a_gallery_is_measured_against_exact_search_over_ever
     np.testing.assert_array_equal(got, want)
 
 
+def test_the_training_sample_is_read_tile_by_tile_with_a_bar_over_the_gallery(gallery):
+    model, _caption_image, distractors = gallery
+    rows = all_rows(model, distractors)
+    tiles = GalleryTiles(model.image, distractors, 1000)
+    sample = gallery_index.train_sample(len(rows), 700, 5)
+    moved = []
+    np.testing.assert_array_equal(gallery_index.read_rows(tiles, sample, moved.append), rows[sample])
+    assert sum(moved) == len(rows) and len(moved) == len(tiles.tiles)  # every tile, read or passed over
+
+
 def test_train_sample_sizes():
     assert gallery_index.train_size("flat", 10**6, {}) == 0
     assert gallery_index.train_size("ivf_flat", 10**6, {"nlist": 4000}) == gallery_index.TRAIN_CAP

@@ -1,7 +1,9 @@
 """fusebench's sweeper (hydra/sweeper: fusebench): Hydra's basic sweeper, each job's config composed once."""
 
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +75,13 @@ def test_each_job_is_composed_once_and_runs_as_with_hydras_sweeper(tmp_path):
     hydras, hydras_count = _sweep(tmp_path, "hydras", *jobs, "hydra/sweeper=basic")
     assert hydras.returncode == 0, hydras.stderr
     assert (ours_count, hydras_count) == (4, 8)  # validation composes each of the 4 jobs; Hydra's launcher again
+    # one line per job start on stderr, naming what varies, with the time left once a job has finished
+    lines = [line[line.index("job "):] for line in ours.stderr.splitlines() if re.search(r"job \d/4 \(", line)]
+    assert [line.split(")")[0] for line in lines] == [
+        f"job {i}/4 (fusion={f} fusion.top_k={k}" for i, (f, k) in enumerate(itertools.product(("rrf", "dbsf"),
+                                                                                                 ("25", "null")), 1)]
+    assert "unknown until a job finishes" in lines[0] and all(" left for the sweep" in line for line in lines[1:])
+    assert "job 1/4" not in ours.stdout and "job 1/4" not in hydras.stderr  # stderr only; Hydra's sweeper has none
     for job in range(4):
         mine, theirs = tmp_path / "ours" / str(job), tmp_path / "hydras" / str(job)
         assert (mine / ".hydra" / "config.yaml").read_text() == (theirs / ".hydra" / "config.yaml").read_text()
@@ -134,3 +143,26 @@ def test_the_sweeper_uses_hydras_public_api_only():
     found = [f"{path.relative_to(src)}:{n}" for path in sorted(src.rglob("*.py"))
              for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "hydra._internal" in line]
     assert found == []
+
+
+def test_each_job_start_prints_its_line_with_the_varying_overrides_and_the_time_left(monkeypatch, capsys):
+    from hydra_plugins.fusebench_sweeper import sweeper as module
+
+    batches = [[["fusion=rrf", "eval.ks=[1]"], ["fusion=dbsf", "eval.ks=[1]"]], [["fusion=sum", "eval.ks=[1]"]]]
+    assert module.varying_keys(batches) == {"fusion"}
+    sweeper = module.ComposeOnceSweeper()
+    sweeper.total, sweeper.varying, sweeper.started = 3, frozenset({"fusion"}), 0.0
+    clock = iter([10.0, 70.0, 190.0, 200.0])
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    for number, job in enumerate(batches[0] + batches[1]):
+        sweeper.job_started(number, job)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "job 1/3 (fusion=rrf), 10s elapsed, time left for the sweep unknown until a job finishes",
+        "job 2/3 (fusion=dbsf), 1m10s elapsed, about 2m00s left for the sweep",  # job 1 took 60 s: 2 jobs left
+        "job 3/3 (fusion=sum), 3m10s elapsed, about 1m30s left for the sweep"]  # 60 s and 120 s: 90 s each
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    sweeper.job_started(3, ["fusion=rrf"])
+    assert capsys.readouterr().err == "" and len(sweeper.starts) == 4  # off with the bars, still counted

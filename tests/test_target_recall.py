@@ -142,8 +142,10 @@ def test_exact_top_over_blocks_equals_a_scan_one_query_at_a_time():
     queries = rng.standard_normal((25, 8)).astype(np.float32)
     queries[0] = items[3]
     for block in (300, 64, 7):
-        got = tr.exact_top(queries, tr.array_blocks(items, block), 10)
+        moved = []  # a progress bar over the items moves by each block's rows
+        got = tr.exact_top(queries, tr.array_blocks(items, block), 10, moved.append)
         np.testing.assert_array_equal(got, slow_exact_top(queries, items, 10))
+        assert sum(moved) == len(items) and len(moved) == -(-len(items) // block)
     short = tr.exact_top(queries, tr.array_blocks(items[:4], 3), 6)  # fewer items than k: -1 after them
     np.testing.assert_array_equal(short[:, 4:], -1)
     np.testing.assert_array_equal(short[:, :4], slow_exact_top(queries, items[:4], 4))
@@ -168,6 +170,19 @@ def test_doubling_then_bisection_equals_a_scan_of_every_value():
         reaching = [v for v in range(low, high + 1) if curve[v] >= target]
         assert value == (reaching[0] if reaching else None)
         assert len(calls) <= 2 * np.log2(high) + 3
+        assert len(calls) <= tr.most_tries(low, high)  # the total of the tuning's progress bar
+
+
+def test_most_tries_bounds_every_search_and_is_reached():
+    for high in range(1, 70):
+        for low in range(1, high + 1):
+            counts = []
+            for first in range(low, high + 2):  # the smallest value reaching (high + 1: none does)
+                calls = []
+                tr.smallest_reaching(lambda v, calls=calls, first=first: calls.append(v) or v >= first, low, high)
+                counts.append(len(calls))
+            assert max(counts) <= tr.most_tries(low, high), (low, high)
+    assert tr.most_tries(1, 4010) <= 2 * 12 + 1 and tr.most_tries(5, 5) == 1
 
 
 def test_an_unreachable_target_is_one_line_naming_the_best_recall_and_setting(clustered, tuning):
@@ -247,3 +262,16 @@ def test_a_null_target_changes_no_label_parameter_or_record(clustered):
     assert SearchRecord.from_json(record.to_json()).to_json() == record.to_json()
     old = {k: v for k, v in quality.to_json().items()}
     assert IndexQuality.from_json(old).target is None  # a record written before the target existed
+
+
+def test_the_tuning_moves_its_progress_bar_once_per_value_measured():
+    exact_ids = np.arange(40 * 10).reshape(40, 10)
+    wrong = exact_ids + 1000  # no neighbour found: recall 0
+
+    def search(_queries, value):
+        return exact_ids if value >= 37 else wrong
+
+    moved = []
+    tuned = tr.choose(search, np.zeros((40, 4), np.float32), exact_ids, 10, "nprobe", 1, 64, 0.95, "a test index",
+                      {"kind": "split"}, update=moved.append)
+    assert tuned.value == 37 and moved == [1] * len(tuned.tried) and len(moved) <= tr.most_tries(1, 64)

@@ -277,17 +277,19 @@ def console_main() -> None:
 
 def quick_exit(code) -> None:
     """End the process with ``code`` (SystemExit's rules: None is 0, a message is printed and is 1) once every
-    atexit handler has run (logging's flush, :func:`freeze_at_exit`, tempfile's clean-ups), skipping only the
+    atexit handler but :func:`freeze_at_exit` has run (logging's flush, tempfile's clean-ups), skipping only the
     interpreter's own teardown of its modules (~0.3 s after a job that imported torch: docs/speed.md). The same
     contract as ``freeze_at_exit``'s: every output is written and closed before the command returns. When no job
-    ran (torch not imported: ``--help``, a config mistake) or a thread other than daemons still runs, the usual
-    exit is taken instead (the first has little to tear down; the usual exit waits for the second)."""
+    ran (torch not imported: ``--help``, a config mistake), a profiler or tracer is on (``python -m cProfile``,
+    coverage: they write their files at exit) or a thread other than daemons still runs, the usual exit is
+    taken instead."""
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    if "torch" not in sys.modules or any(t.is_alive() and not t.daemon for t in threading.enumerate()
-                                         if t is not threading.main_thread()):
-        raise SystemExit(code)  # no job ran (--help, a config mistake: a light exit), or a thread to wait for
+    if ("torch" not in sys.modules or sys.getprofile() is not None or sys.gettrace() is not None
+            or any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread())):
+        raise SystemExit(code)  # no job ran (a light exit), a profiler or coverage to save, or a thread to wait for
+    atexit.unregister(freeze_at_exit)  # its collection and freeze only shorten the teardown skipped here
     atexit._run_exitfuncs()  # noqa: SLF001 - the handlers Python's own exit would run, in its order
     for stream in (sys.stdout, sys.stderr):
         try:

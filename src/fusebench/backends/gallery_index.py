@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,14 +60,18 @@ def train_sample(n: int, size: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False)).astype(np.int64)
 
 
-def read_rows(tiles: GalleryTiles, positions: np.ndarray) -> np.ndarray:
-    """The gallery rows at the ascending ``positions``, read tile by tile (one tile and the result in memory)."""
+def read_rows(tiles: GalleryTiles, positions: np.ndarray, update: Callable[[int], None] | None = None) -> np.ndarray:
+    """The gallery rows at the ascending ``positions``, read tile by tile (one tile and the result in memory);
+    ``update(rows)`` after each tile (a progress bar over the gallery's rows: a tile without a sampled row is
+    passed over, not read)."""
     out = np.empty((len(positions), tiles.image.shape[1]), dtype=np.float32)
     for t, (c0, c1) in enumerate(tiles.tiles):
         lo, hi = np.searchsorted(positions, [c0, c1])
         if hi > lo:
             out[lo:hi] = tiles.rows(t)[positions[lo:hi] - c0]
         tiles.release(t)
+        if update is not None:
+            update(c1 - c0)
     return out
 
 
@@ -136,11 +141,12 @@ def ivf_part(faiss, index):
 
 
 def build_streamed(faiss, index, kind: str, tiles: GalleryTiles, sample: np.ndarray, ivfdata: Path | None,
-                   update) -> object:
+                   update, read_update: Callable[[int], None] | None = None) -> object:
     """``index`` (empty, of ``kind``: :func:`fusebench.backends.faiss_index.new_index`) trained on the rows at
-    ``sample`` and filled tile by tile; its inverted lists in ``ivfdata`` (OnDiskInvertedLists) when given."""
+    ``sample`` and filled tile by tile; its inverted lists in ``ivfdata`` (OnDiskInvertedLists) when given.
+    ``update(rows)`` after each tile added; ``read_update(rows)`` after each tile of the training sample's read."""
     if not index.is_trained:
-        index.train(read_rows(tiles, sample))
+        index.train(read_rows(tiles, sample, read_update))
     growing = ivfdata.with_name(ivfdata.name + ".build") if ivfdata is not None else None
     if growing is not None:
         # filled here first: FAISS doubles a list's slot as it grows (up to 4x the codes on disk); sized once for

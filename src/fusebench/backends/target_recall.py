@@ -93,16 +93,19 @@ def lower_bound(per_query: np.ndarray) -> float:
     return mean - Z_ONE_SIDED_95 * float(values.std(ddof=1)) / math.sqrt(len(values))
 
 
-def exact_top(queries: np.ndarray, blocks: Iterable[tuple[int, np.ndarray]], k: int) -> np.ndarray:
+def exact_top(queries: np.ndarray, blocks: Iterable[tuple[int, np.ndarray]], k: int,
+              update: Callable[[int], None] | None = None) -> np.ndarray:
     """Exact search's top ``k`` item ids of each query row (int64, -1 past the items), over items given as
     ``(first id, rows)`` blocks in ascending id order: cosine on unit rows, ties to the lower id (the exact
-    path's rule)."""
+    path's rule). ``update(rows)`` after each block (a progress bar over the items)."""
     q = float_rows(queries)
     best: tuple | None = None
     for first, rows in blocks:
         values, ids = topk_stable(similarity(q, float_rows(rows)), min(k, len(rows)))
         found = (values, ids + first)
         best = found if best is None else merge_topk([best, found], k)
+        if update is not None:
+            update(len(rows))
     if best is None:
         return np.full((len(queries), k), -1, dtype=np.int64)
     ids = best[1].numpy().astype(np.int64)
@@ -113,6 +116,13 @@ def array_blocks(items: np.ndarray, size: int = EXACT_BLOCK):
     """``items`` as :func:`exact_top`'s blocks."""
     for start in range(0, len(items), size):
         yield start, items[start:start + size]
+
+
+def most_tries(low: int, high: int) -> int:
+    """The most values :func:`smallest_reaching` measures in ``low..high`` (doubling, then bisecting the last
+    doubling's interval): the total of a progress bar over its tries, which ends early when it stops sooner."""
+    doublings = max(0, math.ceil(math.log2(max(high, 1) / max(low, 1))))
+    return doublings + 1 + math.ceil(math.log2(max(1, high - low + 1)))
 
 
 def smallest_reaching(reaches: Callable[[int], bool], low: int, high: int) -> int | None:
@@ -142,10 +152,11 @@ def bounds(setting: str, n_lists: int | None, depth: int, n_items: int) -> tuple
 
 def choose(search: Callable[[np.ndarray, int], np.ndarray], queries: np.ndarray, exact_ids: np.ndarray, k: int,
            setting: str, low: int, high: int, target: float, what: str, source: dict,
-           exact_seconds: float = 0.0) -> Tuned:
+           exact_seconds: float = 0.0, update: Callable[[int], None] | None = None) -> Tuned:
     """The smallest ``setting`` in ``low..high`` whose lists reach ``target`` on the tuning ``queries`` (the lower
     bound rule above). ``search(queries, value)``: the index's top-``k`` ids with the setting at ``value``;
     ``exact_ids``: exact search's lists of those queries (at least ``k`` deep; ``exact_seconds`` it took).
+    ``update(1)`` after each value measured (a bar of :func:`most_tries` steps).
     Unreached: a FusebenchError naming the best recall and where (``what``: which index, for the message)."""
     started = time.perf_counter()
     tried: dict[int, tuple[float, float]] = {}
@@ -154,6 +165,8 @@ def choose(search: Callable[[np.ndarray, int], np.ndarray], queries: np.ndarray,
         if value not in tried:
             per_query = neighbour_recall(search(queries, value), exact_ids, k)
             tried[value] = (float(per_query.mean()), lower_bound(per_query))
+            if update is not None:
+                update(1)
         return tried[value][1] >= target
 
     value = smallest_reaching(reaches, low, high)

@@ -18,12 +18,18 @@ While validating a batch it also works out each job's dir (hydra.sweep.dir / hyd
 will) and refuses the sweep before any job of the batch runs when one lies outside the sweep dir, when two jobs
 of the sweep share one (they would overwrite each other's results), or when one holds another Hydra app's
 .hydra folder (``fusebench.app.rundir.check_job_dir``).
+
+With the basic launcher, each job's start prints one line to stderr (``fusebench.runtime.progress.sweep_line``):
+job i/n, the overrides that vary across the sweep, the time elapsed and an estimate of the sweep's time left from
+the jobs finished so far; ``TQDM_DISABLE`` turns it off with the bars.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +47,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from fusebench import FusebenchError
 from fusebench.app import rundir
 from fusebench.app.callback import RunDirRefused
+from fusebench.runtime import progress
 
 
 class ComposedConfigs:
@@ -158,6 +165,17 @@ def job_batches(overrides: list[Override], max_batch_size: int | None) -> list[l
     return [jobs[i:i + max_batch_size] for i in range(0, len(jobs), max_batch_size)]
 
 
+def varying_keys(batches: list[list[list[str]]]) -> set[str]:
+    """The keys whose value differs between the jobs of a sweep (what a job's progress line names)."""
+    values: dict[str, set[str]] = {}
+    for batch in batches:
+        for job in batch:
+            for override in job:
+                key, _, value = override.partition("=")
+                values.setdefault(key, set()).add(value)
+    return {key for key, seen in values.items() if len(seen) > 1}
+
+
 def runs_in_this_process(config: DictConfig) -> bool:
     """Whether the sweep's launcher is Hydra's basic one (``hydra/launcher: basic``: its jobs composed and run in
     this process, one after the other), named as Hydra's config store names it, not by importing its class."""
@@ -173,6 +191,10 @@ class ComposeOnceSweeper(Sweeper):
     next_job: int = 0  # the number of the first job of the next batch
     job_dirs: dict[str, int] | None = None  # job dir -> job number, every batch of the sweep so far
     jobs: list[dict] | None = None  # every job of the sweep so far: number, dir, overrides (multirun_jobs.json)
+    total: int = 0  # jobs in the whole sweep (every batch)
+    varying: frozenset = frozenset()  # the keys whose value differs between the sweep's jobs
+    started: float = 0.0  # the sweep's start (perf_counter)
+    starts: list[float]  # each job's start so far (perf_counter), in order
 
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None):
         super().__init__()
@@ -181,6 +203,7 @@ class ComposeOnceSweeper(Sweeper):
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
         self.launcher = None
+        self.starts = []
 
     def setup(self, *, hydra_context: HydraContext, task_function: Any, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
@@ -188,8 +211,30 @@ class ComposeOnceSweeper(Sweeper):
         if runs_in_this_process(config):  # another launcher composes in its own processes
             self.composed = ComposedConfigs(hydra_context.config_loader)
             launcher_context = HydraContext(config_loader=self.composed, callbacks=hydra_context.callbacks)
+            task_function = self.announced(task_function)
         self.launcher = Plugins.instance().instantiate_launcher(hydra_context=launcher_context,
                                                                 task_function=task_function, config=config)
+
+    def announced(self, task_function: Any) -> Any:
+        """``task_function`` printing the job's progress line first (jobs run here, one after the other)."""
+
+        @functools.wraps(task_function)
+        def run(config: DictConfig) -> Any:
+            self.job_started(HydraConfig.get().job.num, list(HydraConfig.get().overrides.task))
+            return task_function(config)
+
+        return run
+
+    def job_started(self, number: int, overrides: list[str]) -> None:
+        """Record job ``number``'s start (0-based, Hydra's) and print its line to stderr (stdout holds the jobs'
+        tables): the jobs finished so far are those started before it, each timed to the next one's start."""
+        now = time.perf_counter()
+        self.starts.append(now)
+        if progress.enabled():
+            finished = [b - a for a, b in zip(self.starts, self.starts[1:])]
+            shown = [o for o in overrides if o.partition("=")[0] in self.varying]
+            print(progress.sweep_line(number + 1, self.total, shown, now - self.started, finished), file=sys.stderr,
+                  flush=True)
 
     def sweep(self, arguments: list[str]) -> Any:
         """Hydra's basic sweep (hydra.sweeper.params, then the command line's overrides; multirun.yaml in the
@@ -222,6 +267,8 @@ class ComposeOnceSweeper(Sweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([*(f"{k}={v}" for k, v in self.params.items()), *arguments])
         batches = job_batches(overrides, self.max_batch_size)
+        self.total, self.varying = sum(len(b) for b in batches), frozenset(varying_keys(batches))
+        self.started, self.starts = time.perf_counter(), []
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
