@@ -204,3 +204,27 @@ def test_the_light_hnsw_reaches_its_target_against_exact_lists_and_is_read_back(
     assert recall >= 0.9 and with_quality(first, exact)["t2i"].neighbour_recall == pytest.approx(recall, abs=1e-12)
     assert first.params["t2i"]["M"] == 16 and first.params["t2i"]["efConstruction"] == 100
     np.testing.assert_array_equal(again.lists["t2i"].ids.numpy(), first.lists["t2i"].ids.numpy())
+
+
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
+def test_every_stage_of_a_tuned_gallery_index_moves_a_bar_to_its_end(gallery):  # noqa: F811
+    """Issue 41, item 4: at a million the training sample's read, the tuning's exact reference and its tries take
+    minutes; each shows a bar (its total known up front, so the time left is estimated), counted to the end."""
+    model, caption_image, distractors = gallery
+    counts = {}
+
+    def progress(desc, total):
+        counts[desc] = [total, 0]
+        return lambda n: counts[desc].__setitem__(1, counts[desc][1] + n)
+
+    config = pqfs(nlist=8, refine_factor=4, target_recall=0.9)
+    with_rows = replace(model, distractors=distractors)
+    from test_gallery_index import exact_over, tuning_queries
+
+    faiss_lists(with_rows, caption_image, DEPTH, config, CPU, None, progress=progress,
+                exact=exact_over(model, caption_image, distractors), tuning=tuning_queries(model))
+    n = 300 + len(distractors.rows)
+    tries = counts.pop("tuning m t2i: nprobe tried")
+    assert 1 <= tries[1] <= tries[0]  # the tries end when the target is reached: at most the bar's total
+    assert counts == {"index m t2i (gallery): training sample read": [n, n], "index m t2i (gallery)": [n, n],
+                      "tuning m t2i: exact reference": [n, n], "search m t2i": [len(model.text)] * 2}

@@ -201,14 +201,17 @@ def _index(faiss, model: ModelEmbeddings, direction: str, items: np.ndarray, bui
 
 
 def _tune(faiss, index, config: SearchConfig, build: dict, tuning: TuningQueries, model: str, direction: str,
-          blocks: Callable[[], Iterable[tuple[int, np.ndarray]]], k: int, n_items: int, what: str) -> Tuned:
+          blocks: Callable[[], Iterable[tuple[int, np.ndarray]]], k: int, n_items: int, what: str,
+          progress: Progress = _no_progress) -> Tuned:
     """The smallest nprobe / efSearch reaching ``config.target_recall`` (:mod:`.target_recall`) on ``tuning``'s
     queries of ``model`` in ``direction``, searched on the CPU index itself, against exact search over the same
-    items (``blocks()``: the items as :func:`.target_recall.exact_top` reads them)."""
+    items (``blocks()``: the items as :func:`.target_recall.exact_top` reads them); two bars: the exact reference
+    over the items, then the values tried."""
     fixed = search_params(config)  # the settings not tuned (a refined IVF-PQ's k_factor) as they will search
     queries = np.ascontiguousarray(tuning.rows[model][direction], dtype=np.float32)
     started = time.perf_counter()
-    exact_ids = target_recall.exact_top(queries, blocks(), k)
+    exact_ids = target_recall.exact_top(queries, blocks(), k,
+                                        progress(f"tuning {model} {direction}: exact reference", n_items))
     exact_seconds = time.perf_counter() - started
 
     def search(rows: np.ndarray, value: int) -> np.ndarray:
@@ -216,8 +219,9 @@ def _tune(faiss, index, config: SearchConfig, build: dict, tuning: TuningQueries
         return index.search(rows, k)[1]
 
     low, high = target_recall.bounds(config.tuned, build.get("nlist"), k, n_items)
+    tries = progress(f"tuning {model} {direction}: {config.tuned} tried", target_recall.most_tries(low, high))
     return target_recall.choose(search, queries, exact_ids, k, config.tuned, low, high, config.target_recall,
-                                what, tuning.describe(), exact_seconds)
+                                what, tuning.describe(), exact_seconds, tries)
 
 
 def _tuned(tuning: TuningQueries | None, model: str) -> TuningQueries:
@@ -236,7 +240,7 @@ def _direction(faiss, model, direction, items, queries, depth, config, device, s
     if config.tuned:
         tuned = _tune(faiss, stored.index, config, build, _tuned(tuning, model.name), model.name, direction,
                       lambda: target_recall.array_blocks(items), k, len(items),
-                      f"model {model.name}'s {direction} index")
+                      f"model {model.name}'s {direction} index", progress)
         params[config.tuned] = tuned.value
     set_search_params(faiss, stored.index, params)
     index, where, _resources = searcher(faiss, stored.index, config.index, device, k, params)
@@ -262,8 +266,10 @@ def _gallery_index(faiss, model: ModelEmbeddings, config: SearchConfig, store_di
                  len(sample))
 
     def make(ivfdata=None):
-        return gallery_index.build_streamed(faiss, new_index(faiss, config.index, dim, build), config.index, tiles,
-                                            sample, ivfdata, progress(f"index {model.name} t2i (gallery)", n))
+        index = new_index(faiss, config.index, dim, build)
+        reading = progress(f"index {model.name} t2i (gallery): training sample read", n) if len(sample) else None
+        return gallery_index.build_streamed(faiss, index, config.index, tiles, sample, ivfdata,
+                                            progress(f"index {model.name} t2i (gallery)", n), reading)
 
     if store_dir is None:
         if plan.on_disk:
@@ -303,7 +309,7 @@ def _gallery_lists(faiss, model: ModelEmbeddings, caption_image: np.ndarray, dep
     if config.tuned:
         tiles = GalleryTiles(model.image, model.distractors, GALLERY_CHUNK)
         tuned = _tune(faiss, stored.index, config, build, _tuned(tuning, model.name), model.name, "t2i",
-                      lambda: _tile_blocks(tiles), k, n, f"model {model.name}'s t2i index (gallery)")
+                      lambda: _tile_blocks(tiles), k, n, f"model {model.name}'s t2i index (gallery)", progress)
         params[config.tuned] = tuned.value
     if on_disk:
         params["on_disk"] = True
