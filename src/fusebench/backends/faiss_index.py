@@ -9,7 +9,9 @@ cached embeddings (inner product on L2-normalised rows = cosine), searched ``dep
   IndexIVFFlat(IndexFlatIP, d, nlist, METRIC_INNER_PRODUCT); ``hnsw`` IndexHNSWFlat(d, M, METRIC_INNER_PRODUCT)
   with efConstruction; ``ivf_pq`` IndexIVFPQ(IndexFlatIP, d, nlist, m, nbits, METRIC_INNER_PRODUCT), inside an
   IndexPreTransform(RemapDimensionsTransform(d, width)) that zero-pads the vectors when m does not divide d
-  (``config.search.pq_layout``: the build parameter ``width``, absent when nothing is padded). IVF k-means
+  (``config.search.pq_layout``: the build parameter ``width``, absent when nothing is padded); ``ivf_pqfs``
+  IndexIVFPQFastScan(IndexFlatIP, width, nlist, m, 4, METRIC_INNER_PRODUCT): 4-bit codes scanned by FAISS's SIMD
+  fast-scan kernels (padded alike), searched on the CPU. IVF k-means
   is seeded by ``search.seed`` (``index.cp.seed``, and ``index.pq.cp.seed`` for the PQ codebooks); FAISS's
   IndexIVF constructor makes that k-means spherical for inner product (``index.cp.spherical``).
 * Build parameters are part of the index's store key (``stores.indexes``); the search-time ones (``nprobe``,
@@ -17,10 +19,10 @@ cached embeddings (inner product on L2-normalised rows = cosine), searched ``dep
 * Lists: ids int32 best first (-1 where the index returned fewer than asked), scores the index's own inner
   products (-inf beside -1), ranks the 1-based position of the first correct item IN THE LIST (0 = not listed:
   the query counts as missed at every k).
-* ``search.refine_factor`` (IVF-PQ): an IndexRefineFlat around it keeps the full vectors (build parameter
+* ``search.refine_factor`` (IVF-PQ, either code): an IndexRefineFlat around it keeps the full vectors (build parameter
   ``refine: flat``) and re-ranks ``k_factor`` = refine_factor x k hits of the codes by exact inner products.
 * ``device.type == "cuda"`` with FAISS's GPU build: flat and IVF indexes are copied to the GPU for the search
-  (HNSW has no GPU form in FAISS and stays on the CPU, as does a refined IVF-PQ); ``where`` records which one
+  (HNSW and fast-scan IVF-PQ have no GPU form in FAISS and stay on the CPU, as does a refined IVF-PQ); ``where`` records which one
   searched.
 """
 
@@ -39,7 +41,7 @@ from fusebench.backends import gallery_index, target_recall
 from fusebench.backends.base import require
 from fusebench.backends.target_recall import Tuned, TuningQueries
 from fusebench.config import search as search_config
-from fusebench.config.search import SearchConfig
+from fusebench.config.search import IVF_INDEXES, PQ_INDEXES, SearchConfig
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.evaluation.search_record import IndexQuality
 from fusebench.runtime.progress import Progress
@@ -56,6 +58,7 @@ QUERY_BLOCK = 2048  # queries per FAISS search call (bounded result memory, one 
 ADD_BLOCK = 8192  # items per index.add call while building (one progress step each)
 PQ_POINTS = 39  # FAISS's ClusteringParameters.min_points_per_centroid default
 GALLERY_CHUNK = 16384  # gallery rows read and added at a time (one tile of the gallery's index)
+CPU_ONLY = ("hnsw", "ivf_pqfs")  # no GPU form in FAISS (HNSW; fast-scan codes are the CPU's SIMD layout)
 GPU_MAX_K = 2048  # FAISS's GPU k-selection limit (GPU_MAX_SELECTION_K): k and nprobe above it stay on the CPU
 
 
@@ -76,12 +79,12 @@ def build_params(config: SearchConfig, n_items: int, dim: int, model: str) -> di
         return {"M": config.hnsw_m, "efConstruction": config.ef_construction}
     if config.index == "ivf_flat":
         return {"nlist": search_config.resolved_nlist(config, n_items), "seed": config.seed}
-    if config.index == "ivf_pq":
+    if config.index in PQ_INDEXES:
         m, width = search_config.pq_layout(config, dim, model)
         padded = {"width": width} if width != dim else {}  # absent when nothing is padded: earlier keys hold
         refine = {"refine": "flat"} if config.refine_factor else {}  # the full vectors kept beside the codes
-        return {"nlist": search_config.resolved_nlist(config, n_items), "m": m, **padded, "nbits": config.nbits,
-                "seed": config.seed, **refine}
+        return {"nlist": search_config.resolved_nlist(config, n_items), "m": m, **padded,
+                "nbits": search_config.pq_bits(config), "seed": config.seed, **refine}
     return {}
 
 
@@ -89,8 +92,8 @@ def search_params(config: SearchConfig) -> dict:
     """The search-time parameters of ``config.index`` (not in the store key)."""
     if config.index == "hnsw":
         return {"efSearch": config.ef_search}
-    refine = {"k_factor": config.refine_factor} if config.index == "ivf_pq" and config.refine_factor else {}
-    return {"nprobe": config.nprobe, **refine} if config.index in ("ivf_flat", "ivf_pq") else {}
+    refine = {"k_factor": config.refine_factor} if config.index in PQ_INDEXES and config.refine_factor else {}
+    return {"nprobe": config.nprobe, **refine} if config.index in IVF_INDEXES else {}
 
 
 def new_index(faiss, kind: str, dim: int, build: dict):
@@ -106,6 +109,9 @@ def new_index(faiss, kind: str, dim: int, build: dict):
     quantizer = faiss.IndexFlatIP(width)  # the IVF index keeps a reference to it (faiss's add_ref_in_constructor)
     if kind == "ivf_flat":
         index = faiss.IndexIVFFlat(quantizer, dim, build["nlist"], ip)
+    elif kind == "ivf_pqfs":  # 4-bit codes in blocks of 32 (FAISS's bbs), scanned with SIMD lookup tables
+        index = faiss.IndexIVFPQFastScan(quantizer, width, build["nlist"], build["m"], build["nbits"], ip)
+        index.pq.cp.seed = build["seed"]
     else:
         index = faiss.IndexIVFPQ(quantizer, width, build["nlist"], build["m"], build["nbits"], ip)
         index.pq.cp.seed = build["seed"]
@@ -123,7 +129,7 @@ def new_index(faiss, kind: str, dim: int, build: dict):
 def build_index(faiss, kind: str, items: np.ndarray, build: dict, update) -> object:
     """The index of ``kind`` over ``items``: trained (IVF: on every item), then filled in blocks."""
     index = new_index(faiss, kind, items.shape[1], build)
-    if kind == "ivf_pq" and len(items) < PQ_POINTS * 2 ** build["nbits"]:
+    if kind in PQ_INDEXES and len(items) < PQ_POINTS * 2 ** build["nbits"]:
         log.info("IVF-PQ: %d codebook centroids (nbits=%d) trained on %d items (FAISS suggests %d a centroid)",
                  2 ** build["nbits"], build["nbits"], len(items), PQ_POINTS)
     if not index.is_trained:
@@ -149,7 +155,7 @@ def set_search_params(faiss, index, params: dict) -> None:
 def searcher(faiss, index, kind: str, device: torch.device, k: int, params: dict) -> tuple[object, str, object]:
     """(the index to search, where it searches, the GPU resources to keep alive): a GPU copy of a flat or IVF
     index when ``device`` is CUDA and this FAISS has GPUs, else the CPU index itself."""
-    if (device.type != "cuda" or kind == "hnsw" or "k_factor" in params or not hasattr(faiss, "StandardGpuResources")
+    if (device.type != "cuda" or kind in CPU_ONLY or "k_factor" in params or not hasattr(faiss, "StandardGpuResources")
             or faiss.get_num_gpus() < 1 or k > GPU_MAX_K or params.get("nprobe", 0) > GPU_MAX_K):
         return index, "cpu", None
     try:
@@ -198,27 +204,31 @@ def _index(faiss, model: ModelEmbeddings, direction: str, items: np.ndarray, bui
 
 def _tune(faiss, index, config: SearchConfig, build: dict, tuning: TuningQueries, model: str, direction: str,
           blocks: Callable[[], Iterable[tuple[int, np.ndarray]]], k: int, n_items: int, what: str,
-          stored: StoredIndex | None = None, store_dir: str | None = None) -> Tuned:
+          stored: StoredIndex | None = None, store_dir: str | None = None,
+          progress: Progress = _no_progress) -> Tuned:
     """The smallest nprobe / efSearch reaching ``config.target_recall`` (:mod:`.target_recall`) on ``tuning``'s
     queries of ``model`` in ``direction``, searched on the CPU index itself, against exact search over the same
-    items (``blocks()``: the items as :func:`.target_recall.exact_top` reads them). With a store (``store_dir``)
-    and a stored index (``stored``), the choice is read from the tuning store when it was made before for the
-    same index and queries (``stores.tunings``): no item is read and the index is not searched."""
+    items (``blocks()``: the items as :func:`.target_recall.exact_top` reads them); two bars: the exact reference
+    over the items, then the values tried. With a store (``store_dir``) and a stored index (``stored``), the
+    choice is read from the tuning store when it was made before for the same index and queries
+    (``stores.tunings``): no item is read and the index is not searched."""
     fixed = search_params(config)  # the settings not tuned (a refined IVF-PQ's k_factor) as they will search
     queries = np.ascontiguousarray(tuning.rows[model][direction], dtype=np.float32)
     low, high = target_recall.bounds(config.tuned, build.get("nlist"), k, n_items)
 
     def choose() -> Tuned:
         started = time.perf_counter()
-        exact_ids = target_recall.exact_top(queries, blocks(), k)
+        exact_ids = target_recall.exact_top(queries, blocks(), k,
+                                            progress(f"tuning {model} {direction}: exact reference", n_items))
         exact_seconds = time.perf_counter() - started
 
         def search(rows: np.ndarray, value: int) -> np.ndarray:
             set_search_params(faiss, index, {**fixed, config.tuned: value})
             return index.search(rows, k)[1]
 
+        tries = progress(f"tuning {model} {direction}: {config.tuned} tried", target_recall.most_tries(low, high))
         return target_recall.choose(search, queries, exact_ids, k, config.tuned, low, high, config.target_recall,
-                                    what, tuning.describe(), exact_seconds)
+                                    what, tuning.describe(), exact_seconds, tries)
 
     if store_dir is None or stored is None or stored.key is None:
         return choose()
@@ -245,7 +255,7 @@ def _direction(faiss, model, direction, items, queries, depth, config, device, s
     if config.tuned:
         tuned = _tune(faiss, stored.index, config, build, _tuned(tuning, model.name), model.name, direction,
                       lambda: target_recall.array_blocks(items), k, len(items),
-                      f"model {model.name}'s {direction} index", stored, store_dir)
+                      f"model {model.name}'s {direction} index", stored, store_dir, progress)
         params[config.tuned] = tuned.value
     set_search_params(faiss, stored.index, params)
     index, where, _resources = searcher(faiss, stored.index, config.index, device, k, params)
@@ -266,13 +276,15 @@ def _gallery_index(faiss, model: ModelEmbeddings, config: SearchConfig, store_di
     build = build_params(config, n, dim, model.name)
     plan = gallery_index.memory_plan(config.index, n, dim, build, GALLERY_CHUNK, config.max_memory_gb)
     sample = gallery_index.train_sample(n, gallery_index.train_size(config.index, n, build), config.seed)
-    if config.index == "ivf_pq" and len(sample) < PQ_POINTS * 2 ** build["nbits"]:
+    if config.index in PQ_INDEXES and len(sample) < PQ_POINTS * 2 ** build["nbits"]:
         log.info("IVF-PQ: %d codebook centroids (nbits=%d) trained on %d rows", 2 ** build["nbits"], build["nbits"],
                  len(sample))
 
     def make(ivfdata=None):
-        return gallery_index.build_streamed(faiss, new_index(faiss, config.index, dim, build), config.index, tiles,
-                                            sample, ivfdata, progress(f"index {model.name} t2i (gallery)", n))
+        index = new_index(faiss, config.index, dim, build)
+        reading = progress(f"index {model.name} t2i (gallery): training sample read", n) if len(sample) else None
+        return gallery_index.build_streamed(faiss, index, config.index, tiles, sample, ivfdata,
+                                            progress(f"index {model.name} t2i (gallery)", n), reading)
 
     if store_dir is None:
         if plan.on_disk:
@@ -313,7 +325,7 @@ def _gallery_lists(faiss, model: ModelEmbeddings, caption_image: np.ndarray, dep
         tiles = GalleryTiles(model.image, model.distractors, GALLERY_CHUNK)
         tuned = _tune(faiss, stored.index, config, build, _tuned(tuning, model.name), model.name, "t2i",
                       lambda: _tile_blocks(tiles), k, n, f"model {model.name}'s t2i index (gallery)", stored,
-                      store_dir)
+                      store_dir, progress)
         params[config.tuned] = tuned.value
     if on_disk:
         params["on_disk"] = True

@@ -10,7 +10,8 @@ embedding shards, clip-retrieval dumps), never held whole beside the index:
 * **memory** (``search.max_memory_gb``, :func:`memory_plan`): the index's own structure (the quantizer and the
   training sample; flat: every vector; HNSW: vectors and graph) must fit, else one line naming what it needs; IVF
   codes past the rest of the budget go to FAISS's ``OnDiskInvertedLists`` in the index store's entry (as FAISS's own
-  on-disk IVF demo, ``demos/demo_ondisk_ivf.py``), memory-mapped when searched.
+  on-disk IVF demo, ``demos/demo_ondisk_ivf.py``), memory-mapped when searched; ``ivf_pqfs``'s blocked fast-scan
+  lists stay in memory (4-bit codes: about m / 2 + 8 bytes an item).
 
 The store key (:func:`gallery_digest`) is the test images' digest with the gallery's distractor key (the source, its
 seed, its size and the near-duplicates dropped: ``DistractorRows.key``, the key the exact path's list store uses),
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from fusebench import FusebenchError
+from fusebench.config.search import IVF_INDEXES, PQ_INDEXES
 from fusebench.search.gallery_search import GalleryTiles
 
 TRAIN_POINTS = 256  # rows a k-means centroid trains on at most (FAISS's max_points_per_centroid default)
@@ -37,15 +39,16 @@ TRAIN_CAP = 262_144  # rows in the training sample at most (k-means' cost; at le
 MIN_POINTS = 39  # rows a centroid needs at least (FAISS's min_points_per_centroid)
 GB = 1e9  # search.max_memory_gb's unit (bytes)
 IVFDATA = "index.ivfdata"  # the on-disk inverted lists' file in the store entry
+IN_MEMORY_LISTS = ("ivf_pqfs",)  # IVF kinds whose lists FAISS cannot put on disk (fast-scan's blocked lists)
 
 
 def train_size(kind: str, n: int, build: dict) -> int:
     """The training sample's rows: what FAISS's k-means would use (256 a centroid, the IVF quantizer's and IVF-PQ's
     codebooks'), capped at ``TRAIN_CAP`` but never below 39 a centroid, and at most every row; 0 for an index
     that trains nothing (flat, HNSW)."""
-    if kind not in ("ivf_flat", "ivf_pq"):
+    if kind not in IVF_INDEXES:
         return 0
-    centroids = max(build["nlist"], 2 ** build.get("nbits", 0) if kind == "ivf_pq" else 0)
+    centroids = max(build["nlist"], 2 ** build.get("nbits", 0) if kind in PQ_INDEXES else 0)
     return min(n, max(MIN_POINTS * centroids, min(TRAIN_POINTS * centroids, TRAIN_CAP)))
 
 
@@ -87,7 +90,7 @@ class MemoryPlan:
 
 def code_bytes(kind: str, dim: int, build: dict) -> int:
     """Bytes of one vector's code in an inverted list (ids aside)."""
-    if kind == "ivf_pq":
+    if kind in PQ_INDEXES:
         return math.ceil(build["m"] * build["nbits"] / 8)
     return 4 * dim
 
@@ -102,24 +105,29 @@ def memory_plan(kind: str, n: int, dim: int, build: dict, chunk: int, max_gb: fl
         structure, codes = n * (4 * dim + 4 * 2 * build["M"] + 8), 0
     else:
         width = build.get("width", dim)
-        pq = 4 * width * 2 ** build["nbits"] if kind == "ivf_pq" else 0  # the PQ codebooks
+        pq = 4 * width * 2 ** build["nbits"] if kind in PQ_INDEXES else 0  # the PQ codebooks
         refine = 4 * dim * n if build.get("refine") == "flat" else 0  # IndexRefineFlat's full vectors, in memory
         structure = (4 * width * build["nlist"] + pq + 4 * dim * train_size(kind, n, build) + 8 * build["nlist"]
                      + refine)
         codes = n * (code_bytes(kind, dim, build) + 8)
+        if kind in IN_MEMORY_LISTS:  # its lists cannot go to disk: part of the structure
+            structure, codes = structure + codes, 0
     if max_gb is None:
         return MemoryPlan(structure + tile, codes, False)
     limit = max_gb * GB
     if structure + tile > limit:
         need = math.ceil((structure + tile) / GB * 1000) / 1000
         what = {"flat": "every vector (a flat index keeps no part on disk)",
-                "hnsw": "its vectors and graph (HNSW keeps no part on disk)"}.get(
+                "hnsw": "its vectors and graph (HNSW keeps no part on disk)",
+                "ivf_pqfs": "its quantizer, codebooks, training sample, codes (fast-scan lists stay in memory) and "
+                            "one tile of rows"}.get(
             kind, "its quantizer, codebooks, training sample and one tile of rows"
             + (", and the full vectors search.refine_factor re-ranks by" if build.get("refine") else ""))
         raise FusebenchError(f"search.max_memory_gb={max_gb:g} is less than the {need:g} GB a {kind} index of "
                              f"{n:,} vectors of width {dim} needs in memory for {what}: valid search.max_memory_gb "
                              f">= {need:g}" + (", or search.index=ivf_flat | ivf_pq (their lists go to disk)"
-                                              if kind in ("flat", "hnsw") else ", or a smaller search.nlist") + ".")
+                                              if kind in ("flat", "hnsw", *IN_MEMORY_LISTS)
+                                              else ", or a smaller search.nlist") + ".")
     return MemoryPlan(structure + tile, codes, structure + tile + codes > limit)
 
 

@@ -4,8 +4,8 @@
 
 * ``exact``   brute-force search (the default; exact ranks in each model's full ranking);
 * ``faiss``   a FAISS index per model and direction, built from the cached embeddings (``index``: ``flat`` |
-  ``ivf_flat`` | ``hnsw`` | ``ivf_pq``), stored content-addressed beside the list store; fusebench fuses the
-  index's lists with the run's fusion;
+  ``ivf_flat`` | ``hnsw`` | ``ivf_pq`` | ``ivf_pqfs``: IVF-PQ with 4-bit fast-scan codes), stored content-addressed
+  beside the list store; fusebench fuses the index's lists with the run's fusion;
 * ``milvus`` | ``lancedb`` | ``qdrant``: the engine itself, embedded (Milvus Lite, LanceDB, Qdrant's local mode):
   the cached embeddings are loaded into it, and it answers every query with its own hybrid search and its own
   fusion (the run's ``fusion`` must be one of that engine's presets).
@@ -33,17 +33,24 @@ from fusebench import FusebenchError
 from fusebench.runtime import checks
 from fusebench.runtime.plugins import Registry
 
-INDEXES = ("flat", "ivf_flat", "hnsw", "ivf_pq")
+INDEXES = ("flat", "ivf_flat", "hnsw", "ivf_pq", "ivf_pqfs")
+IVF_INDEXES = ("ivf_flat", "ivf_pq", "ivf_pqfs")  # inverted lists: nlist, nprobe, a k-means quantizer
+PQ_INDEXES = ("ivf_pq", "ivf_pqfs")  # product-quantised codes: pq_m sub-quantizers
+FASTSCAN_SUBDIMS = 2  # ivf_pqfs: dimensions a sub-quantizer codes when search.pq_m is null (pq_layout)
+FASTSCAN_MAX_M = 256  # ivf_pqfs: sub-quantizers at most when search.pq_m is null
+FASTSCAN_BITS = 4  # ivf_pqfs: FAISS's fast-scan codes are 4 bits a sub-quantizer (search.nbits is IVF-PQ's)
 # The settings each index type reads (a setting the chosen index does not read must keep its default: refused
 # otherwise, as checks.unread says); the k-means seed is FAISS's (the engines train their own). Which backend builds
 # which index, and the settings each backend reads, are the backends' own (fusebench.backends: their registry).
 TARGET_READS = ("target_recall", "tune_queries", "tune_images")  # an index with a search-time setting to choose
 INDEX_READS = {"flat": (), "ivf_flat": ("nlist", "nprobe", "seed", *TARGET_READS),
                "hnsw": ("hnsw_m", "ef_construction", "ef_search", *TARGET_READS),
-               "ivf_pq": ("nlist", "nprobe", "pq_m", "nbits", "seed", "refine_factor", *TARGET_READS)}
+               "ivf_pq": ("nlist", "nprobe", "pq_m", "nbits", "seed", "refine_factor", *TARGET_READS),
+               "ivf_pqfs": ("nlist", "nprobe", "pq_m", "seed", "refine_factor", *TARGET_READS)}
 TUNE_QUERIES = ("auto", "split", "held_out")  # search.tune_queries (backends.target_recall)
 # the search-time setting search.target_recall chooses for each index type (FAISS's name, the config key)
-TUNED = {"ivf_flat": ("nprobe", "nprobe"), "ivf_pq": ("nprobe", "nprobe"), "hnsw": ("efSearch", "ef_search")}
+TUNED = {"ivf_flat": ("nprobe", "nprobe"), "ivf_pq": ("nprobe", "nprobe"), "ivf_pqfs": ("nprobe", "nprobe"),
+         "hnsw": ("efSearch", "ef_search")}
 IVF_MIN_POINTS = 39  # FAISS k-means wants at least 39 training points per list (it warns below that)
 # the search backends (fusebench.backends.base.Backend, one module each in fusebench.backends.kinds), by their order
 BACKENDS = Registry("fusebench.backends.kinds", "search backend", "search.backend")
@@ -54,15 +61,16 @@ class SearchKeys:
     """The ``search`` keys several backends read; :class:`SearchConfig` adds each backend's own."""
 
     backend: str = "exact"  # exact | faiss | milvus | lancedb | qdrant (fusebench.backends.kinds registers them)
-    index: str = "flat"  # flat | ivf_flat | hnsw | ivf_pq (each backend says which it builds)
-    nlist: int | None = 64  # ivf_*: inverted lists; null = min(4 sqrt(n), n / 39) for an index of n items
+    index: str = "flat"  # flat | ivf_flat | hnsw | ivf_pq | ivf_pqfs (each backend says which it builds)
+    nlist: int | None = 64  # ivf_*: inverted lists; null = min(4 sqrt(n), n / 39) for an index of n items (ivf_pqfs:
+    #   min(sqrt(n), n / 39): fast scan wants longer lists)
     nprobe: int = 52  # ivf_*: lists visited per query (1..nlist); 52 of 64 reaches neighbour recall@100 0.97 on the
     #   COCO-size sim, whose isotropic embeddings have no clusters (real embeddings need far fewer: docs/search.md)
     hnsw_m: int = 32  # hnsw: links per node (FAISS/Milvus "M")
     ef_construction: int = 200  # hnsw: candidate list while building (FAISS efConstruction)
     ef_search: int = 256  # hnsw: candidate list per query (FAISS efSearch, Milvus "ef"); at least the list depth
-    pq_m: int | None = None  # ivf_pq: sub-quantizers (FAISS zero-pads the width to a multiple; an engine's must divide
-    #   it); null = width / 4, at most 64
+    pq_m: int | None = None  # ivf_pq, ivf_pqfs: sub-quantizers (FAISS zero-pads the width to a multiple; an engine's
+    #   must divide it); null = width / 4, at most 64 (ivf_pq), width / 2, at most 256 (ivf_pqfs: 4-bit codes)
     nbits: int = 8  # ivf_pq: bits per sub-quantizer code (4..12)
     refine_factor: int | None = None  # ivf_pq (faiss, lancedb): re-rank refine_factor x k PQ hits by their full
     #   vectors (FAISS IndexRefineFlat's k_factor, LanceDB's refine_factor); null = PQ distances as they are
@@ -101,7 +109,7 @@ class SearchKeys:
             for key in own_keys(backend):
                 setattr(self, key, getattr(own, key))
         self._check_target()
-        if self.nlist is not None and self.index in ("ivf_flat", "ivf_pq") and self.target_recall is None:
+        if self.nlist is not None and self.index in IVF_INDEXES and self.target_recall is None:
             check_nprobe(self, self.nlist, f"search.nlist={self.nlist}")
 
     def _check_target(self) -> None:
@@ -167,10 +175,10 @@ class SearchKeys:
             return {"M": self.hnsw_m, "efConstruction": self.ef_construction, "efSearch": self.ef_search}
         if self.index == "ivf_flat":
             return {"nlist": self.nlist or "auto", "nprobe": self.nprobe}
-        if self.index == "ivf_pq":
+        if self.index in PQ_INDEXES:
             refine = {"refine_factor": self.refine_factor} if self.refine_factor else {}  # absent: earlier labels hold
-            return {"nlist": self.nlist or "auto", "m": self.pq_m or "auto", "nbits": self.nbits, "nprobe": self.nprobe,
-                    **refine}
+            return {"nlist": self.nlist or "auto", "m": self.pq_m or "auto", "nbits": pq_bits(self),
+                    "nprobe": self.nprobe, **refine}
         return {}
 
 
@@ -205,8 +213,21 @@ def auto_nlist(n_items: int) -> int:
     return max(1, min(round(4 * math.sqrt(n_items)), n_items // IVF_MIN_POINTS))
 
 
+def fastscan_nlist(n_items: int) -> int:
+    """``ivf_pqfs``'s default number of inverted lists: sqrt(n), capped at 39 items a list, at least 1. Fast-scan
+    codes are scanned 32 at a time with a lookup table built per query and list, so fewer, longer lists than
+    :func:`auto_nlist`'s amortise it (at 205,000 clustered sim items: 452 lists scanned 3x faster a code than 1,811
+    for the same neighbour recall, docs/search.md)."""
+    return max(1, min(round(math.sqrt(n_items)), n_items // IVF_MIN_POINTS))
+
+
+def default_nlist(index: str, n_items: int) -> int:
+    """``search.nlist: null``'s lists for an index of ``index`` over ``n_items`` items."""
+    return fastscan_nlist(n_items) if index == "ivf_pqfs" else auto_nlist(n_items)
+
+
 def resolved_nlist(config: SearchConfig, n_items: int) -> int:
-    return config.nlist if config.nlist is not None else auto_nlist(n_items)
+    return config.nlist if config.nlist is not None else default_nlist(config.index, n_items)
 
 
 def check_nprobe(config: SearchConfig, nlist: int, lists: str) -> None:
@@ -230,15 +251,21 @@ def check_sizes(config: SearchConfig, n_items: dict[str, int], depth: int) -> No
     (every backend's index: FAISS's and the engines'): ``nlist`` over the items an index of each direction holds,
     ``nprobe`` over its lists, IVF-PQ's codebooks over the items they train on, ``ef_search`` over the largest
     index's items (``depth``: the list depth, for the message)."""
-    if config.index in ("ivf_flat", "ivf_pq"):
+    if config.index in IVF_INDEXES:
         for direction, n in n_items.items():
             nlist = resolved_nlist(config, n)
             if nlist > n:
                 raise FusebenchError(f"search.nlist={config.nlist} is more than the {n:,} items a {direction} index "
-                                     f"holds: valid search.nlist is 1..{n} (or null = {auto_nlist(n)}).")
+                                     f"holds: valid search.nlist is 1..{n} (or null = {default_nlist(config.index, n)}).")
             if config.target_recall is None:  # else nprobe is chosen in 1..nlist
                 check_nprobe(config, nlist, f"the {direction} index ({n:,} items, search.nlist="
                                             f"{config.nlist if config.nlist else 'null = auto'})")
+    if config.index == "ivf_pqfs":  # 16 centroids a sub-quantizer (4-bit codes: no setting to lower)
+        for direction, n in n_items.items():
+            if n < 2 ** FASTSCAN_BITS:
+                raise FusebenchError(f"search.index=ivf_pqfs needs at least {2 ** FASTSCAN_BITS} items to train its "
+                                     f"4-bit PQ codebooks, and the {direction} index holds {n:,}: valid here "
+                                     "search.index=flat | ivf_flat | hnsw.")
     if config.index == "ivf_pq":  # k-means on 2^nbits centroids per sub-quantizer (FAISS refuses fewer rows;
         for direction, n in n_items.items():  # LanceDB silently leaves every row unindexed)
             if n < 2 ** config.nbits:
@@ -274,17 +301,26 @@ def _largest_divisor(dim: int, cap: int) -> int:
     return max(m for m in range(1, cap + 1) if dim % m == 0)
 
 
+def pq_bits(config: SearchConfig) -> int:
+    """Bits per PQ code: 4 for ``ivf_pqfs`` (fast-scan), ``search.nbits`` for ``ivf_pq``."""
+    return FASTSCAN_BITS if config.index == "ivf_pqfs" else config.nbits
+
+
 def pq_layout(config: SearchConfig, dim: int, model: str) -> tuple[int, int]:
     """FAISS IVF-PQ's (sub-quantizers m, coded width) for a model ``dim`` wide. The coded width is ``dim`` zero-padded
     up to a multiple of m (zeros change no inner product), so m need not divide the width: ``pq_m`` as set (at most
     ``dim``), or automatically width / 4 capped at 64: the largest divisor of ``dim`` up to that cap when it is at
     least half the cap (no padding: 768, 1024, 1152, 1280 and 1026 keep their divisor), else the cap itself over
-    padded vectors (width 1154 = 2 x 577 gets m = 64 over 1,216 dims where a divisor would give m = 2)."""
+    padded vectors (width 1154 = 2 x 577 gets m = 64 over 1,216 dims where a divisor would give m = 2). ``ivf_pqfs``
+    (4-bit codes, FAISS's fast scan): automatically ``FASTSCAN_SUBDIMS`` dimensions a sub-quantizer, m = ceil(width /
+    that) at most 256, the width zero-padded to m times that."""
     if config.pq_m is not None:
         if config.pq_m > dim:
             raise FusebenchError(f"search.pq_m={config.pq_m} is more than model {model}'s width {dim}: each "
                                  f"sub-quantizer codes at least one dimension; valid: 1..{dim}, or null (automatic).")
         m = config.pq_m
+    elif config.index == "ivf_pqfs":
+        m = min(-(-dim // FASTSCAN_SUBDIMS), FASTSCAN_MAX_M)
     else:
         cap = _pq_cap(dim)
         divisor = _largest_divisor(dim, cap)

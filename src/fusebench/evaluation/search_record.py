@@ -85,7 +85,7 @@ class Parity(FieldsRecord):
 @dataclass
 class SearchRecord:
     backend: str  # faiss | milvus | lancedb | qdrant
-    index: str  # flat | ivf_flat | hnsw | ivf_pq
+    index: str  # flat | ivf_flat | hnsw | ivf_pq | ivf_pqfs
     params: dict  # the index parameters that ran (resolved: nlist and pq_m numbers, per direction when they differ)
     label: str  # "faiss hnsw M=32 efConstruction=200 efSearch=256"
     version: str  # "faiss 1.15.1" | "pymilvus 3.0.2, milvus-lite 3.2.2" | ...

@@ -49,7 +49,8 @@ IVFDATA = "index.ivfdata"  # an IVF index's inverted lists on disk (OnDiskInvert
 CRC_BLOCK = 1 << 26  # bytes read at a time for a checksum
 # the FAISS class each index kind builds (what a read-back index must be; an IVF-PQ with search.refine_factor sits
 # inside an IndexRefineFlat holding the full vectors, build parameter refine=flat)
-KIND_CLASSES = {"flat": "IndexFlatIP", "ivf_flat": "IndexIVFFlat", "hnsw": "IndexHNSWFlat", "ivf_pq": "IndexIVFPQ"}
+KIND_CLASSES = {"flat": "IndexFlatIP", "ivf_flat": "IndexIVFFlat", "hnsw": "IndexHNSWFlat", "ivf_pq": "IndexIVFPQ",
+                "ivf_pqfs": "IndexIVFPQFastScan"}
 
 
 def index_material(items_digest: str, n: int, dim: int, direction: str, kind: str, build: dict,
@@ -92,8 +93,8 @@ def index_problem(index, material: dict) -> str | None:
     if outer.metric_type != faiss.METRIC_INNER_PRODUCT:
         return f"metric {outer.metric_type}, expected inner product ({faiss.METRIC_INNER_PRODUCT})"
     found = {"nlist": getattr(index, "nlist", None), "M": index.hnsw.nb_neighbors(1) if expected == "IndexHNSWFlat"
-             else None, "m": index.pq.M if expected == "IndexIVFPQ" else None,
-             "nbits": index.pq.nbits if expected == "IndexIVFPQ" else None}
+             else None, "m": index.pq.M if hasattr(index, "pq") else None,
+             "nbits": index.pq.nbits if hasattr(index, "pq") else None}
     wrong = [f"{name}={found[name]} (expected {build[name]})" for name in found if name in build and found[name] != build[name]]
     return f"built with {', '.join(wrong)}" if wrong else None
 

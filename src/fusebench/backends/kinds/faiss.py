@@ -1,4 +1,4 @@
-"""``search=faiss``: each model's lists from its FAISS index (``search.index``: flat, ivf_flat, hnsw, ivf_pq; built
+"""``search=faiss``: each model's lists from its FAISS index (``search.index``: flat, ivf_flat, hnsw, ivf_pq, ivf_pqfs; built
 once per model and direction, stored content-addressed beside the list store: :mod:`.faiss_index`), fused by
 fusebench with the run's fusion exactly as it fuses exact lists; exact lists beside them, for the index's neighbour
 recall and for the same fusion over exact lists (``exact_fused``)."""
