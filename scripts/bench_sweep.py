@@ -36,9 +36,11 @@ from bench_common import cpu_model, run_fusebench, views_done
 # A job's fixed cost in a sweep, per stage (the instrumented cold sweep, in a fresh interpreter): each row's total
 # over the sweep's jobs, shown per job. A stage called inside another is subtracted from its parent.
 SWEEP_STAGES = [
-    ("each job's config composed (the sweeper)", "hydra_plugins.fusebench_sweeper.sweeper",
-     "ComposedConfigs.compose_and_keep"),
-    ("Hydra's per-job work: job dir, .hydra/ files, logging", "hydra._internal.core_plugins.basic_launcher", "run_job"),
+    # Hydra loads its plugins (the sweeper, the launcher) afresh when it scans them: what they call is timed where
+    # it lives, in Hydra's own modules, which the scan does not reload
+    ("each job's config composed (the sweeper)", "hydra._internal.config_loader_impl",
+     "ConfigLoaderImpl.load_sweep_config"),
+    ("Hydra's per-job work: job dir, .hydra/ files, logging", "hydra.core.utils", "run_job"),
     ("typed config (run_config)", "fusebench.app.cli", "run_config"),
     ("run dir checks", "fusebench.app.rundir", "start_fresh"),
     ("the job's own work (search, fusion, ranks, bootstraps: the record's run.seconds)", "fusebench.app.pipeline",
