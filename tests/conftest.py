@@ -39,11 +39,14 @@ def own_temp_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(folder))
 
 
-@pytest.fixture(autouse=True)
-def views_inline(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def views_inline():
     """A job's plots and W&B log are made in the job (``views=inline``), so a test reads them as soon as the command
-    returns; tests/test_views.py checks the background process (the CLI's default) against it."""
-    monkeypatch.setenv("FUSEBENCH_VIEWS", "inline")
+    returns; tests/test_views.py checks the background process (the CLI's default) against it. Session-wide, so a
+    module's fixture that runs jobs (set up before any test's own fixtures) gets it too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FUSEBENCH_VIEWS", "inline")
+        yield
 
 
 @pytest.fixture(autouse=True)
