@@ -1,7 +1,10 @@
 """Ctrl-C stops fusebench even when Python drops its KeyboardInterrupt (raised inside a weakref callback)."""
 
 import gc
+import json
+import os
 import signal
+import subprocess
 import sys
 import weakref
 
@@ -64,3 +67,32 @@ def test_an_ignored_ctrl_c_stays_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_closed_pipe_sends_the_rest_to_dev_null():
+    read, write = os.pipe()
+    stream = interrupts.PipeSafe(open(write, "w", buffering=1, encoding="utf-8"))  # noqa: SIM115 - closed below
+    stream.write("first\n")
+    assert os.read(read, 100) == b"first\n"
+    os.close(read)  # the reader is gone (`| head -1`)
+    for _ in range(3):
+        assert stream.write("more\n" * 10_000) == 50_000  # no BrokenPipeError
+        stream.flush()
+    assert os.path.samestat(os.fstat(stream.fileno()), os.stat(os.devnull))
+    stream.close()
+
+
+@pytest.mark.slow
+def test_a_command_whose_reader_stops_finishes_its_run(tmp_path):
+    env = {**os.environ, "FUSEBENCH_OUTPUT": str(tmp_path / "out"), "FUSEBENCH_VIEWS": "inline"}
+    proc = subprocess.Popen([sys.executable, "-m", "fusebench.app.cli", "dataset.n_images=200",
+                             "dataset.n_captions=1000", "eval.bootstrap.draws=100", "logger=none",
+                             "hydra.run.dir=run"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # `fusebench ... | head -1`
+    stderr = proc.communicate(timeout=300)[1].decode()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr and "Logging error" not in stderr, stderr
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())  # the run finished and was written
+    assert (tmp_path / "run" / "plots").is_dir()

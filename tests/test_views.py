@@ -68,6 +68,19 @@ def test_the_environment_sets_the_default(compose_cfg, monkeypatch):
     assert run_config(compose_cfg([])).views == "background"
 
 
+def test_a_bad_or_empty_environment_value(compose_cfg, monkeypatch):
+    monkeypatch.setenv("FUSEBENCH_VIEWS", "later")  # the user never typed views=: the message names the variable
+    with pytest.raises(FusebenchError, match=r"^\$FUSEBENCH_VIEWS \(the default of views\)='later' is not valid; "
+                                             r"valid: background, wait, inline\.$"):
+        run_config(compose_cfg([]))
+    assert run_config(compose_cfg(["views=wait"])).views == "wait"  # a typed value is the user's, not the variable's
+    with pytest.raises(FusebenchError, match=r"^views='soon' is not valid"):
+        run_config(compose_cfg(["views=soon"]))
+    for empty in ("", "  "):  # set but empty: unset, as shells and CI files often leave it
+        monkeypatch.setenv("FUSEBENCH_VIEWS", empty)
+        assert run_config(compose_cfg([])).views == "background"
+
+
 @pytest.mark.slow
 def test_background_views_are_the_plots_the_job_draws_itself(tmp_path):
     inline = fusebench(*SMALL, "hydra.run.dir=inline", cwd=tmp_path, mode="inline")

@@ -331,6 +331,7 @@ def run_command(hydra_app: Callable[[], None], kind: str = "run",
     SweepReport.failed, SweepReport.kind, SweepReport.sweep_dir = None, kind, None
     PLACES.clear()
     interrupts.watch()
+    interrupts.guard_stdout()  # `fusebench ... | head -1`: the runs finish, what is printed after goes nowhere
     try:
         hydra_app()
         interrupts.check()  # a Ctrl-C whose exception Python dropped (see fusebench.app.interrupts)

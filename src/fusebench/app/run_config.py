@@ -8,12 +8,15 @@ importing anything heavy: nothing here imports torch, numba, matplotlib or wandb
 
 from __future__ import annotations
 
+import os
+
 from fusebench import FusebenchError
 from fusebench.backends import base as backends
 from fusebench.config.gallery import GalleryConfig, SimDistractorConfig
 from fusebench.config.reference import reference_row
 from fusebench.config.run import (
     VIEWS,
+    VIEWS_ENV,
     RunConfig,
     _nested,
     _plain,
@@ -61,6 +64,15 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
     check_depth(search, max(evaluation.lists.depth, fusion.top_k or 0, evaluation.save_topk or 0))
 
 
+def views_choice(value) -> str:
+    """The ``views`` key, whose default comes from ``$FUSEBENCH_VIEWS`` (conf/config.yaml): an empty variable counts
+    as unset, and a bad value that came from it is named as the variable, since the user never typed ``views=``."""
+    env = os.environ.get(VIEWS_ENV)
+    if env is not None and value == env:
+        return checks.choice(env.strip() or VIEWS[0], f"${VIEWS_ENV} (the default of views)", VIEWS)
+    return checks.choice(value, "views", VIEWS)
+
+
 def run_config(cfg) -> RunConfig:
     """The composed config ``cfg`` (a DictConfig or a mapping of its groups) as one checked :class:`RunConfig`."""
 
@@ -72,7 +84,7 @@ def run_config(cfg) -> RunConfig:
     fusion.check_ks(evaluation.ks)
     models = model_specs(group["models"], registry(config_folders()))
     plots = checks.boolean(group["plots"], "plots")
-    views = checks.choice(group["views"], "views", VIEWS)
+    views = views_choice(group["views"])
     logger = logger_config(group["logger"])
     reference = reference_row(None if not group["reference"] else
                               checks.typed(ReferenceConfig, group["reference"], "reference"))

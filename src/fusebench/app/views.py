@@ -168,18 +168,22 @@ class _Views:
     def submit(self, job: ViewsJob, record: RunRecord) -> int:
         """Send one run's views; the views process's pid."""
         data = pickle.dumps((job, record), protocol=pickle.HIGHEST_PROTOCOL)
-        for attempt in (0, 1):
-            if not self.alive():
-                self.start()
-            try:
-                self.proc.stdin.write(data)
-                self.proc.stdin.flush()
-                return self.proc.pid
-            except (BrokenPipeError, ValueError):  # it died (killed): a new one takes this job
-                if attempt:
-                    raise OSError(f"the views process ended as soon as it started ({self.why()})") from None
-                self.proc = None
-        raise AssertionError("unreachable")
+        if not self.alive():
+            self.start()
+        if not self._send(data):  # it died (killed): a new one takes this job
+            self.start()
+            if not self._send(data):
+                raise OSError(f"the views process ended as soon as it started ({self.why()})")
+        return self.proc.pid
+
+    def _send(self, data: bytes) -> bool:
+        """``data`` written to the views process's stdin; False when it has ended."""
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            return False
+        return True
 
     def why(self) -> str:
         """The last line the views process wrote to its stderr."""

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 
 VIEWS = ("background", "wait", "inline")  # where a run's plots and logger are made (fusebench.app.views)
+VIEWS_ENV = "FUSEBENCH_VIEWS"  # the variable conf/config.yaml takes the default of ``views`` from
 
 
 @dataclass

@@ -61,12 +61,20 @@ def _key(run_dir: str | Path) -> str:
     return os.path.realpath(os.path.abspath(os.fspath(run_dir)))
 
 
-def _holder_bytes() -> bytes:
-    """What the holder writes into the lock file: who it is, for a refused run's message."""
+def _holder_bytes(**extra) -> bytes:
+    """What the holder writes into the lock file: who it is, for a refused run's message (and ``extra``: the views
+    process it handed the dir to)."""
     return (json.dumps({"format": LOCK_FORMAT, "pid": os.getpid(), "host": socket.gethostname(),
                         "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-                        "command": " ".join([Path(sys.argv[0]).name if sys.argv else "python", *sys.argv[1:]])})
+                        "command": " ".join([Path(sys.argv[0]).name if sys.argv else "python", *sys.argv[1:]]),
+                        **extra})
             + "\n").encode("utf-8")
+
+
+def _write_record(fd: int, data: bytes) -> None:
+    """The lock file's record replaced by ``data`` (the lock's own fd, or one opened on it by its holder)."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
 
 
 def _pending_views(data: bytes) -> int | None:
@@ -108,9 +116,7 @@ def _on_acquired(path: str, write: bool):
             _PENDING[path] = pending
             return
         if write:
-            data = _holder_bytes()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
+            _write_record(fd, _holder_bytes())
 
     return acquired
 
@@ -121,13 +127,9 @@ def hand_to_views(run_dir: str | Path, pid: int) -> None:
     waits for it (``hold``) instead of going first."""
     if not held_here(run_dir):
         return
-    record = json.loads(_holder_bytes())
-    record["views_pending"] = pid
-    data = (json.dumps(record) + "\n").encode("utf-8")
     fd = os.open(Path(run_dir) / LOCK_NAME, os.O_WRONLY)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
+        _write_record(fd, _holder_bytes(views_pending=pid))
     finally:
         os.close(fd)
 
