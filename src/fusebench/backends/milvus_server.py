@@ -7,7 +7,7 @@ embedded in the run, in one place (``backends/kinds/milvus.py`` runs the same st
   the record, a log line, W&B or an error message).
 * **Collections**: one per direction, named ``fusebench_<RUN>_<DIRECTION>`` (``RUN``: 12 hex digits of the hash
   of the run's direction folder, ``RUN_DIR/engine_db/DIRECTION``, so a rerun into the same run dir uses the same
-  names) and created with the property ``fusebench.run`` = ``RUN`` (the marker). Under that name, a collection
+  names) and created with the property ``fusebench_run`` = ``RUN`` (the marker). Under that name, a collection
   with the marker is this run dir's own (a killed run's leftovers, or kept by ``search.keep_db``): dropped and made
   again, never read; one without it is someone else's: refused before any work, never read, changed or dropped.
   Only the collections this run created are ever dropped.
@@ -32,8 +32,8 @@ from fusebench import FusebenchError
 from fusebench.backends.engine_dirs import ENGINE_DIR
 
 SCHEMES = ("http", "https", "tcp")  # what pymilvus connects to over the network (client/connection_manager.py)
-MARK = "fusebench.run"  # the collection property that says fusebench made it, and for which run dir
-MARK_DIR = "fusebench.run_dir"  # the run dir it was made for (for a person looking at the server)
+MARK = "fusebench_run"  # the collection property that says fusebench made it, and for which run dir
+MARK_DIR = "fusebench_run_dir"  # the run dir it was made for (for a person looking at the server)
 PREFIX = "fusebench_"
 # Milvus' limit on vector fields in one collection (proxy.maxVectorFieldNum, 4 by default in Milvus 2.4-2.6;
 # a server may raise it): one per model here
