@@ -405,3 +405,30 @@ def test_cli_exit_2_before_any_work_for_a_foreign_collection(milvus, tmp_path):
     assert name in done.stderr and "Traceback" not in done.stderr
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert milvus.collections() == [name] and milvus.client.get_collection_stats(name)["row_count"] == 3
+
+
+def test_a_server_config_has_the_server_capacity_not_the_embedded_one():
+    """Past Milvus Lite's measured 2,000,000 items the embedded run is refused; the server holds what it holds.
+    Milvus' own limit of 4 vector fields a collection (one per model) is refused when the config is checked."""
+    from fusebench.backends import base
+
+    milvus_backend = base.get("milvus")
+    past = milvus_backend.capacity.items + 1
+    with pytest.raises(FusebenchError, match="search.uri=http://HOST:PORT"):
+        base.check_capacity(milvus_backend, 2, False, past, search=_config(None))
+    base.check_capacity(milvus_backend, 2, False, past, search=_config("http://127.0.0.1:19530"))
+    engine.check_server(_config("http://127.0.0.1:19530"), 4)
+    with pytest.raises(FusebenchError, match=r"5 models .* past Milvus' default limit of 4 \(proxy.maxVectorFieldNum\)"):
+        engine.check_server(_config("http://127.0.0.1:19530"), 5)
+
+
+def test_uris_are_shown_without_credentials_and_a_token_variable_is_read_only_when_set(monkeypatch):
+    assert server.shown("http://root:Milvus@h:19530/db") == "http://h:19530/db"
+    assert server.shown("https://h") == "https://h"
+    monkeypatch.delenv("FUSEBENCH_TEST_TOKEN", raising=False)
+    config = _config("http://h:1", token_env="FUSEBENCH_TEST_TOKEN")
+    with pytest.raises(FusebenchError, match="search.token_env=FUSEBENCH_TEST_TOKEN names an environment variable"):
+        server.token(config)
+    monkeypatch.setenv("FUSEBENCH_TEST_TOKEN", SECRET)
+    assert server.token(config) == SECRET and server.token(_config("http://h:1")) == ""
+    assert SECRET not in repr(config)
