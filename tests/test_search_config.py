@@ -92,6 +92,15 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
     (["search=lancedb", "search.max_memory_gb=2"], ("search.max_memory_gb=2", "only with search.backend=faiss")),
     (["search=faiss_ivf_flat", "search.max_memory_gb=0"], ("search.max_memory_gb", "null = no limit")),
     (["search.backend=nosuch"], ("search.backend", "exact, faiss, milvus, lancedb, qdrant")),
+    # a Milvus server's keys (issue 42): Milvus' own, each checked once by its params
+    (["search=faiss_flat", "search.uri=http://127.0.0.1:19530"], ("search.uri=", "only with search.backend=milvus")),
+    (["search=milvus", "search.uri=ftp://h:1"], ("search.uri=ftp://h:1", "http://HOST:PORT")),
+    (["search=milvus", "search.uri='http://root:Milvus@h:1'"], ("search.uri=http://h:1 holds credentials", "token_env")),
+    (["search=milvus", "search.retries=3"], ("search.retries=3 is read only with search.uri set",)),
+    (["search=milvus", "search.uri=http://h:1", "search.token_env=FUSEBENCH_NO_SUCH_VARIABLE"],
+     ("search.token_env=FUSEBENCH_NO_SUCH_VARIABLE", "export FUSEBENCH_NO_SUCH_VARIABLE=")),
+    (["search=milvus", "search.uri=http://h:1", "search.request_timeout_s=0"], ("search.request_timeout_s=0", "> 0")),
+    (["search=milvus", "search.uri=http://h:1", "search.milvus_lean_rows=true"], ("search.milvus_lean_rows=true",)),
 ], unpack=True))
 def test_bad_search_settings_are_one_line(compose_cfg, overrides, fragments):
     _refused(compose_cfg, overrides, *fragments)

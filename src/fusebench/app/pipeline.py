@@ -198,6 +198,8 @@ def check_backend(job: Job) -> None:
             raise FusebenchError(f"search={backend.name} keeps the engine's database in the run dir "
                                  "(RUN_DIR/engine_db): give the run a folder.")
         check_engine_dir(job.out_dir)
+        if backend.preflight is not None:  # an engine's server: it answers, no one else's collection in the way
+            backend.preflight(config.search, job.out_dir)
     gallery_size = config.gallery.size if config.gallery.active else 0  # at most (before near-duplicates)
     images = (split.n_images if split is not None else corpus.n_images) + gallery_size
     if config.search.max_memory_gb is not None and split is None and not config.gallery.active:
@@ -206,7 +208,7 @@ def check_backend(job: Job) -> None:
                              "gallery): leave it unset (null).")
     if backend.engine:
         backends.check_capacity(backend, len(config.models), config.fusion.fuse_on == "document", gallery_size,
-                                images - gallery_size, corpus.n_captions)
+                                images - gallery_size, corpus.n_captions, config.search)
     check_sizes(config.search, {"t2i": images, "i2t": corpus.n_captions},
                 max(settings.lists.depth, job.fusion.top_k or 0, job.keep_k or 0))
 

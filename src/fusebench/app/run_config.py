@@ -60,7 +60,7 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
         if bad:
             raise FusebenchError(f"{what} {why}.")
     if gallery.active and backend.engine:  # the distractors alone, now; the rest once the corpus is read (pipeline)
-        backends.check_capacity(backend, len(models), fusion.fuse_on == "document", gallery.size)
+        backends.check_capacity(backend, len(models), fusion.fuse_on == "document", gallery.size, search=search)
     check_depth(search, max(evaluation.lists.depth, fusion.top_k or 0, evaluation.save_topk or 0))
 
 

@@ -77,6 +77,10 @@ class Backend:
     #   source, out_dir) -> BackendResult
     version: Callable[[], str] | None = None  # the library's version, for the record
     capacity: Capacity | None = None  # an engine: the most items it holds here (None: as many as the gallery has)
+    served: Callable[[SearchConfig], bool] | None = None  # an engine: whether this config drives its server form
+    #   (whose capacity is the server's: ``capacity`` is then not checked; its own rules are in ``check``)
+    preflight: Callable[[SearchConfig, str], None] | None = None  # an engine: what it checks for the run dir
+    #   before any work (a server that answers, no collection of someone else's under the run's names)
 
     @property
     def engine(self) -> bool:
@@ -184,13 +188,14 @@ def engine_points(n_images: int, n_captions: int, n_models: int, document: bool)
 
 
 def check_capacity(backend: Backend, n_models: int, document: bool, distractors: int, n_test: int | None = None,
-                   n_captions: int = 0) -> None:
+                   n_captions: int = 0, search: SearchConfig | None = None) -> None:
     """Refuse an engine asked to hold more than it serves on this class of machine (its measured :class:`Capacity`),
     before any work: one line with the measurement, what is valid here, and the engine's server form. The one
     rule, checked with what is known: ``n_test`` None when the config is checked (the distractors alone, as a lower
-    bound), then the test images and the captions once the corpus is read (:func:`engine_points`)."""
+    bound), then the test images and the captions once the corpus is read (:func:`engine_points`). A config that
+    drives the engine's server (``Backend.served``) is the server's to hold: not checked here."""
     cap = backend.capacity
-    if cap is None:
+    if cap is None or (search is not None and backend.served is not None and backend.served(search)):
         return
     points = engine_points((n_test or 0) + distractors, n_captions, n_models, document)
     if points <= cap.items:
@@ -205,5 +210,5 @@ def check_capacity(backend: Backend, n_models: int, document: bool, distractors:
                  else f"a corpus of at most {most:,} images and captions")
     raise FusebenchError(f"search={backend.name} with {what} ({points:,} items in one collection) is past the "
                          f"{cap.items:,} its embedded form serves on this class of machine (2 cores, 24 GB; measured: "
-                         f"{cap.measured}); valid: {valid}, or the engine's server form ({cap.server}), which "
-                         "fusebench does not drive, or search=faiss_* for an index over the whole gallery.")
+                         f"{cap.measured}); valid: {valid}, or the engine's server form ({cap.server}), "
+                         "or search=faiss_* for an index over the whole gallery.")

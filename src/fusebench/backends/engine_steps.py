@@ -315,7 +315,7 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     # an API caller's rows, checked as the pipeline checks a config's (before any work)
     n_test = len(models[0].image)
     check_capacity(get(config.backend), len(models), fusion.fuse_on == "document", models[0].n_items - n_test, n_test,
-                   len(caption_image))
+                   len(caption_image), config)
     depth = list_depth(fusion, keep_k, settings)
     exact = exact_lists(models, caption_image, depth, settings, source)
     exact_results = retrieve(models, caption_image, fusion, None, settings, source, stored=exact)  # whole final_k
@@ -324,7 +324,7 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     results[FUSED] = {}
     results[EXACT_FUSED] = {d: r.cut(keep_k) for d, r in exact_results[FUSED].items()}
     qualities: dict[str, dict[str, IndexQuality]] = {m.name: {} for m in models}
-    costs, parities, differences = {}, {}, []
+    costs, parities, differences, answered = {}, {}, [], None
     notes = [f"gallery: t2i over the test images and every distractor ({n_items['t2i']:,} items), loaded block by "
              "block from the gallery's rows; i2t as without one (only test images ask i2t queries)"] if gallery else []
     root = Path(out_dir) / ENGINE_DIR
@@ -347,6 +347,7 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
             if config.keep_db:  # what the engine wrote, so that a file put there later is never taken for it
                 seal(workdir)
             notes += [n for n in out.notes if n not in notes]
+            answered = answered or out.version  # the engine's own word (a server's: its version and address)
             for m in models:
                 ids, scores = out.singles[m.name]
                 results[m.name][direction] = RankedLists(ranks=_list_ranks(ids, direction, caption_image),
@@ -381,7 +382,7 @@ def engine_backend(lists: Callable[[EngineRequest], EngineLists], version: Calla
     else:
         remove_engine_dir(out_dir)
     record = SearchRecord(backend=config.backend, index=config.index, params=config.index_params(),
-                          label=config.label(), version=version(), depth=fusion.per_model_k(n_items["t2i"]),
+                          label=config.label(), version=answered or version(), depth=fusion.per_model_k(n_items["t2i"]),
                           models=qualities,
                           engine=costs, parity=parities, notes=notes)
     return BackendResult(results, record, differences)

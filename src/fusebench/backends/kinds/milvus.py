@@ -14,6 +14,11 @@ IVF_FLAT): ``milvus_lite/function/ops/merge_op.py`` (``MergeOp._merge_rrf``, ``_
 lists differ from fusebench's exact preset are in :data:`NOTES` (and docs/engines.md). Nothing is written outside
 ``request.workdir``: the database is the folder ``workdir/milvus.db``; the server binds 127.0.0.1 on a free TCP
 port (no socket or lock file elsewhere) and is stopped in ``finally``.
+
+With ``search.uri=http://HOST:PORT`` the same steps run against a Milvus server (standalone, distributed, or Milvus
+Lite's own ``milvus-lite server``): the collection is the run's own on that server, named and marked by
+:mod:`fusebench.backends.milvus_server` (which also holds the timeouts, retries and the one-line faults), dropped
+in ``finally`` unless ``search.keep_db``; nothing is written under ``request.workdir``.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fusebench import FusebenchError
+from fusebench import DIRECTIONS, FusebenchError
 from fusebench.backends import engine_steps as steps
+from fusebench.backends import milvus_server as server
 from fusebench.backends.base import Backend, Capacity, register, require
 from fusebench.backends.engine_steps import EngineLists, EngineRequest
 from fusebench.backends.milvus_internals import lean_rows
@@ -47,7 +53,7 @@ MAX_TOPK = MAX_NQ = 16384
 CAPACITY = Capacity(items=2_000_000, measured="Milvus Lite keeps every vector in this process: 6.07 GB peak at "
                     "1,001,000 items of two 256-wide models (3.15 GB at 301,000), ingest 235.5 s and HNSW build "
                     "252.6 s; about 5 GB more a million, so at most twice the measured million on 24 GB",
-                    server="Milvus standalone or distributed")
+                    server="Milvus standalone or distributed, which fusebench drives with search.uri=http://HOST:PORT")
 INDEX_EXISTS = 35  # the status code of "index already exists" (Milvus Lite engine/collection.py IndexAlreadyExistsError)
 INSERT_ROWS = 2048  # rows per insert call (a 2 x 1152-float batch is ~20 MB of protobuf, under the 256 MB cap)
 METRICS = {"milvus_rrf": "IP", "milvus_weighted": "COSINE", "milvus_weighted_ip": "IP"}
@@ -74,9 +80,36 @@ class MilvusParams:
 
     milvus_lean_rows: bool = False  # skip Lite's copy of each hit's vectors while searching (patches the engine: its
     #   times are then not stock Milvus Lite's, and every figure says so); false = stock Milvus Lite
+    uri: str | None = None  # a Milvus server (http://HOST:PORT); null = Milvus Lite embedded in the run
+    token_env: str | None = None  # with uri: the NAME of the environment variable holding the server's token
+    #   (the token itself is never in the config); null = no authentication
+    connect_timeout_s: float = 10.0  # with uri: seconds to wait for the server to answer when connecting
+    request_timeout_s: float = 120.0  # with uri: seconds one request may take (an insert batch, the index load, a
+    #   block of queries), pymilvus' own retries of an unavailable server included
+    retries: int = 2  # with uri: times a transient failure (unavailable, deadline, rate limit) is sent again
 
     def __post_init__(self):
         checks.boolean(self.milvus_lean_rows, "search.milvus_lean_rows")
+        if self.uri is not None:
+            server.check_uri(self.uri)
+        server.check_token_env(self.token_env)
+        self.connect_timeout_s = float(checks.number(self.connect_timeout_s, "search.connect_timeout_s", 0,
+                                                     open_low=True, hint="seconds"))
+        self.request_timeout_s = float(checks.number(self.request_timeout_s, "search.request_timeout_s", 0,
+                                                     open_low=True, hint="seconds"))
+        checks.integer(self.retries, "search.retries", 0, "times a transient failure is sent again")
+        if self.uri is None:
+            for key in SERVER_KEYS:
+                if getattr(self, key) != getattr(MilvusParams, key):
+                    raise FusebenchError(f"search.{key}={getattr(self, key)} is read only with search.uri set (a "
+                                         f"Milvus server): set search.uri=http://HOST:PORT, or leave search.{key} unset.")
+        elif self.milvus_lean_rows:
+            raise FusebenchError("search.milvus_lean_rows=true patches Milvus Lite inside this process, and "
+                                 f"search.uri={server.shown(self.uri)} is a server elsewhere: valid with search.uri, "
+                                 "search.milvus_lean_rows=false.")
+
+
+SERVER_KEYS = ("token_env", "connect_timeout_s", "request_timeout_s", "retries")  # read only with search.uri
 
 
 def version() -> str:
@@ -108,6 +141,30 @@ def check(search: SearchConfig, fusion: FusionConfig, weights: list[float]) -> N
     if search.batch_size > MAX_NQ:
         raise FusebenchError(f"search.batch_size={search.batch_size} is more queries per request than Milvus takes: "
                              f"valid search.batch_size is 1..{MAX_NQ}.")
+    if search.uri is not None:
+        check_server(search, len(weights))
+
+
+def check_server(search: SearchConfig, n_models: int) -> None:
+    """The server form's own rules (its capacity is the server's, not this machine's): a vector field per model
+    within Milvus' default limit, and the token's variable set."""
+    if n_models > server.MAX_VECTOR_FIELDS:
+        raise FusebenchError(f"search.uri={server.shown(search.uri)} holds {n_models} models as {n_models} vector fields "
+                             f"of one collection, past Milvus' default limit of {server.MAX_VECTOR_FIELDS} "
+                             "(proxy.maxVectorFieldNum): valid: at most "
+                             f"{server.MAX_VECTOR_FIELDS} models, or a server configured for more.")
+    server.token(search)
+
+
+def served(search: SearchConfig) -> bool:
+    """Whether the run drives a Milvus server (its capacity is the server's: no embedded item limit)."""
+    return search.uri is not None
+
+
+def preflight(search: SearchConfig, out_dir) -> None:
+    """With search.uri, before any work: the server answers and no collection under the run's names is another's."""
+    if search.uri is not None:
+        server.preflight(require("milvus"), search, out_dir, DIRECTIONS)
 
 
 def index_params(request: EngineRequest) -> tuple[str, dict, dict]:
@@ -120,22 +177,31 @@ def index_params(request: EngineRequest) -> tuple[str, dict, dict]:
     return "FLAT", {}, {}
 
 
-def _create(client, pymilvus, request: EngineRequest) -> None:
+def _schema(client, pymilvus, request: EngineRequest):
     schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field(PK, pymilvus.DataType.INT64, is_primary=True)
     for model, name in steps.vector_names(request).items():
         schema.add_field(name, pymilvus.DataType.FLOAT_VECTOR, dim=request.dim(model))
-    client.create_collection(COLLECTION, schema=schema)
+    return schema
+
+
+def _create(client, pymilvus, request: EngineRequest) -> None:
+    client.create_collection(COLLECTION, schema=_schema(client, pymilvus, request))
+
+
+def _batches(request: EngineRequest, size: int):
+    """(rows, count) for every insert request of ``size`` items, in id order, moving the ingest progress bar."""
+    names = steps.vector_names(request)
+    tick = steps.ticker(request, "milvus: inserting items", request.n_items)
+    for start, stop, blocks in request.item_blocks(size):
+        columns = {name: blocks[m] for m, name in names.items()}
+        yield [{PK: i, **{name: columns[name][i - start] for name in names.values()}} for i in range(start, stop)]
+        tick(stop - start)
 
 
 def _insert(client, request: EngineRequest) -> None:
-    names = steps.vector_names(request)
-    tick = steps.ticker(request, "milvus: inserting items", request.n_items)
-    for start, stop, blocks in request.item_blocks(INSERT_ROWS):
-        columns = {name: blocks[m] for m, name in names.items()}
-        rows = [{PK: i, **{name: columns[name][i - start] for name in names.values()}} for i in range(start, stop)]
+    for rows in _batches(request, INSERT_ROWS):
         client.insert(COLLECTION, rows)
-        tick(stop - start)
     client.flush(COLLECTION)
 
 
@@ -241,8 +307,51 @@ def require_lite() -> None:
                              "'milvus-lite>=3.2,<4'.")
 
 
+def _run_server(request: EngineRequest, pymilvus, metric: str) -> EngineLists:
+    """The same steps against the server of ``search.uri``: this run's collection created, filled in batches of
+    about 16 MB, indexed, searched, dropped in ``finally`` (kept with ``search.keep_db``); nothing written under
+    ``request.workdir``."""
+    remote = server.Remote(pymilvus, request.search, request.workdir, request.direction)
+    try:
+        answered = remote.connect()
+        remote.claim()
+        client = server.Guarded(remote)
+        began = time.perf_counter()
+        remote.create(_schema(remote.client, pymilvus, request))
+        for rows in _batches(request, server.insert_rows([request.dim(m) for m in request.models])):
+            client.insert(COLLECTION, rows)
+        client.flush(COLLECTION)
+        remote.check_rows(request.n_items)
+        ingest = time.perf_counter() - began
+        began = time.perf_counter()
+        try:
+            _build(client, pymilvus, request, metric)
+        except pymilvus.MilvusException as err:  # an index already there that is not the one asked for
+            raise remote.fail("index", err) from None
+        build = time.perf_counter() - began
+        searcher = _Searcher(client, pymilvus, request, metric)
+        singles, fused, seconds = _search_all(searcher, request)
+        latency, _ = steps.latencies(request, lambda q: searcher.fused(q, q + 1))
+    finally:
+        if not request.search.keep_db:
+            remote.drop()
+        remote.close()
+    said = [f"milvus: answered by the Milvus server at {remote.uri} ({answered}); search_seconds and latency are "
+            "client-to-server over the network (gRPC requests from this process), not in-process; disk_bytes 0: "
+            "the server's storage is not measured"]
+    if request.search.keep_db:
+        said.append(f"milvus: search.keep_db=true: collection {remote.name} kept on {remote.uri} (the next run into "
+                    "this run dir drops it)")
+    return steps.engine_lists(request, singles, fused, ingest_seconds=ingest, build_seconds=build,
+                              search_seconds=seconds, latency_ms=latency, disk_bytes=0,
+                              version=f"pymilvus {pymilvus.__version__}, Milvus server {answered} at {remote.uri}",
+                              notes=said + notes(request))
+
+
 def run(request: EngineRequest) -> EngineLists:
     pymilvus = require("milvus")
+    if request.search.uri is not None:
+        return _run_server(request, pymilvus, METRICS[request.fusion.preset])
     require_lite()
     metric = METRICS[request.fusion.preset]
     path = str(request.workdir / "milvus.db")
@@ -281,7 +390,7 @@ def notes(request: EngineRequest) -> list[str]:
 
 
 BACKEND = register(Backend(name="milvus", indexes=("flat", "ivf_flat", "hnsw"), params=MilvusParams,
-                           label_flags={"milvus_lean_rows": "lean_rows"},
+                           label_flags={"milvus_lean_rows": "lean_rows", "uri": "server"},
                            presets=("milvus_rrf", "milvus_weighted", "milvus_weighted_ip"), extra="milvus",
                            module="pymilvus", check=check, run=steps.engine_runner(run, version), version=version,
-                           capacity=CAPACITY, order=30))
+                           capacity=CAPACITY, served=served, preflight=preflight, order=30))

@@ -57,7 +57,7 @@ LARGE = 20_000  # local mode warns above this many points (LocalCollection.LARGE
 # models), so COCO's 25,010 captions over 100,000 items take about 18 minutes; past that its server (HNSW) is the tool
 CAPACITY = Capacity(items=100_000, measured="local mode searches by numpy brute force: 8.2 ms a query at 21,000 "
                     "items, so COCO's 25,010 captions over 100,000 items take about 18 minutes, ingest 1 ms a point",
-                    server="Qdrant server, with its HNSW index")
+                    server="Qdrant server, with its HNSW index, which fusebench does not drive")
 NOTES = [
     "qdrant: local mode searches exactly (qdrant_client/local/local_collection.py LocalCollection.search: every "
     "score, then np.argsort(scores)[::-1]): equal scores come in reverse argsort order, not by id",
