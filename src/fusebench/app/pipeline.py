@@ -23,8 +23,8 @@ from fusebench.app import interrupts, views
 from fusebench.app.gallery_stage import attach_gallery, attach_manifest, distractor_sources, manifest_raws, manifest_split
 from fusebench.app.index_tuning import HELD_OUT_KEY, tuning_queries
 from fusebench.app.run_config import run_config
-from fusebench.app.slice_job import search_slice
 from fusebench.app.rundir import check_writable
+from fusebench.app.slice_job import search_slice
 from fusebench.app.tune_stage import progress_updates, tune_on_split
 from fusebench.backends import base as backends
 from fusebench.backends.engine_dirs import check_engine_dir

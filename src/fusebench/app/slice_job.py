@@ -57,3 +57,27 @@ def search_slice(config: RunConfig, embeddings: list, caption_image, settings: S
     print(f"fusebench: gallery slice {index} of {slices} in the slice store: {done}. Merge with the same command "
           f"without gallery.slice.")
     return record
+
+
+def slice_summary(folder: Path) -> list[str]:
+    """The end of a multirun of slice jobs: print and write (``slices.json`` in the sweep dir) the jobs done and
+    those that failed or were killed (no slice.json: their slices are computed again by a rerun, or by the merge
+    run itself). Returns the failed job dirs."""
+    done, failed, lines = [], [], []
+    for job in sorted((p for p in Path(folder).iterdir() if p.is_dir() and (p / ".hydra").is_dir()),
+                      key=lambda p: (len(p.name), p.name)):
+        record = job / RECORD
+        if record.is_file() and not (job / "error.txt").is_file():
+            done.append(json.loads(record.read_text(encoding="utf-8"))["slice"])
+            continue
+        failed.append(job.name)
+        error = (job / "error.txt").read_text(encoding="utf-8").splitlines()[:1] if (job / "error.txt").is_file() else []
+        lines.append(f"  job {job.name}: {error[0] if error else 'no slice.json (killed, or still running)'}")
+    text = [f"fusebench: {len(done) + len(failed)} slice job(s) in {folder}: {len(done)} done (slices "
+            f"{', '.join(map(str, sorted(done))) or 'none'}), {len(failed)} failed", *lines,
+            "  merge them with the same command, without -m and gallery.slice (a slice not stored is computed by the "
+            "merge run; a rerun of this sweep reads the finished slices and computes the others)"]
+    print("\n".join(text))
+    atomic_write_text(Path(folder) / "slices.json", json.dumps({"done": sorted(done), "failed": failed,
+                                                                "problems": lines}, indent=2))
+    return failed
