@@ -1,7 +1,7 @@
 """A slice job (``gallery.slice=N`` with ``gallery.slices=S``): slice N of every model's exact search over the
 gallery, stored in the slice store for the run that merges them (docs/galleries.md, "Searching one gallery in many
 jobs"). Nothing is evaluated: the job dir gets ``slice.json`` (per model: the slice's items, its store key, read or
-computed, seconds) and no metrics.json.
+computed, seconds; the job's seconds and peak memory) and no metrics.json.
 
     fusebench -m dataset=sim gallery=sim gallery.size=1000000 gallery.slices=8 'gallery.slice=range(0,8)' \\
         hydra/launcher=joblib hydra.launcher.n_jobs=2          # or hydra/launcher=submitit_slurm
@@ -50,6 +50,7 @@ def search_slice(config: RunConfig, embeddings: list, caption_image, settings: S
         log.info("slice %d of %d, model %s: items %d..%d %s (%.1f s)", index, slices, model.name, start, stop - 1,
                  "read from the slice store" if found.hit else "computed and stored", found.seconds)
     record["seconds"] = round(time.time() - started, 3)
+    record["peak_rss_gb"] = peak_rss_gb()
     if out_dir is not None:
         atomic_write_text(Path(out_dir) / RECORD, json.dumps(record, indent=2))
     done = ", ".join(f"{name} items {m['start']:,}..{m['stop'] - 1:,} ({'stored already' if m['hit'] else 'computed'})"
@@ -57,6 +58,18 @@ def search_slice(config: RunConfig, embeddings: list, caption_image, settings: S
     print(f"fusebench: gallery slice {index} of {slices} in the slice store: {done}. Merge with the same command "
           f"without gallery.slice.")
     return record
+
+
+def peak_rss_gb() -> float | None:
+    """This process's peak resident memory so far (VmHWM), in GB; None where /proc does not say. A launcher that
+    runs several jobs in one worker (joblib) gives the largest of them."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) * 1024 / 1e9, 3)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def slice_summary(folder: Path) -> list[str]:
