@@ -116,6 +116,25 @@ def test_the_merge_equals_the_one_process_pass_bit_for_bit(slices):
     assert np.array_equal(merged["t2i_scores"].view(np.int32), one["t2i_scores"].view(np.int32))
 
 
+def test_slices_whose_target_scores_differ_or_that_leave_a_gap_are_refused():
+    text, image, caption_image, distractors = _tie_case()
+    rows = ArrayRows(distractors)
+    tiles = pass_tiles(image.shape[0] + rows.n, 16)
+    walks = slice_tiles(len(tiles), 3)
+    parts = [part_from_pass(gallery_pass(text, image, caption_image, rows, 10, "cpu", 16, 16, walk=w),
+                            tiles[w.start][0], tiles[w.stop - 1][1]) for w in walks]
+    query_images = np.unique(caption_image)
+    n_items = image.shape[0] + rows.n
+    parts[2].target_score = parts[2].target_score.copy()
+    parts[2].target_score[5] = np.nextafter(parts[2].target_score[5], np.float32(2))  # one ULP: another machine's
+    with pytest.raises(FusebenchError, match=r"the slice of items 144\.\.209 scores the captions' targets with other"):
+        merge_slices(iter(parts), 10, n_items, len(caption_image), query_images)
+    with pytest.raises(ValueError, match="after items up to"):
+        merge_slices(iter([parts[0], parts[2]]), 10, n_items, len(caption_image), query_images)
+    with pytest.raises(ValueError, match="cover items"):
+        merge_slices(iter(parts[:2]), 10, n_items, len(caption_image), query_images)
+
+
 def test_slices_are_whole_tiles_in_order_none_empty():
     assert slice_tiles(19, 4) == [range(0, 4), range(4, 9), range(9, 14), range(14, 19)]
     assert all(len(w) >= 1 for w in slice_tiles(7, 7))

@@ -124,8 +124,8 @@ def merge_slices(parts: Iterable[SlicePart], depth: int, n_items: int, n_caption
             if not np.array_equal(target.view(np.int32), part.target_score.view(np.int32)):
                 raise FusebenchError(f"the slice of items {part.start:,}..{part.stop - 1:,} scores the captions' "
                                      "targets with other bits than the first slice: its job ran where fp32 products "
-                                     "differ (another device or library); remove its entry (fusebench-cache list "
-                                     "--kind slices) and run it where the others ran.")
+                                     "differ (another device or library); remove its entry (kind slices in fusebench-cache "
+                                     "list; fusebench-cache remove KEY) and run it where the others ran.")
         rows = np.searchsorted(query_images, part.i2t_images)
         i2t_ids[rows], i2t_scores[rows] = part.i2t_ids, part.i2t_scores
     if covered != n_items:
