@@ -74,6 +74,22 @@ def model_slice(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
                                                          {"model": model.name, "slice": index})
 
 
+def _share(progress: Callable[[int], None] | None, parts: int) -> Callable[[int], None] | None:
+    """``progress`` fed 1/``parts`` of what it is told (a bar over captions, told by each of ``parts`` passes)."""
+    if progress is None:
+        return None
+    told = {"done": 0, "shown": 0}
+
+    def update(rows: int) -> None:
+        told["done"] += rows
+        now = told["done"] // parts
+        if now > told["shown"]:
+            progress(now - told["shown"])
+            told["shown"] = now
+
+    return update
+
+
 def _part(found: SliceResult, start: int, stop: int, depth: int, n_captions: int) -> SlicePart:
     return SlicePart(start, stop, **found.arrays).cut(depth, n_captions)
 
@@ -90,9 +106,11 @@ def merged_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, 
     seconds = {"t2i": 0.0, "i2t": 0.0}
     computed: list[int] = []
 
+    share = _share(progress, slices)  # each slice computed here walks every caption: a slice's share of the bar
+
     def parts() -> Iterator[SlicePart]:
         for index in range(slices):
-            found = model_slice(model, caption_image, depth, settings, list_material, slicing, index, progress)
+            found = model_slice(model, caption_image, depth, settings, list_material, slicing, index, share)
             if not found.hit:
                 computed.append(index)
             for direction in seconds:
