@@ -22,7 +22,7 @@ from fusebench.encoders.distractors import ArrayRows
 from fusebench.search.gallery_search import gallery_lists, gallery_pass, pass_tiles
 from fusebench.search.model_lists import i2t_ranks
 from fusebench.search.slices import merge_slices, part_from_pass, slice_tiles
-from fusebench.stores.slices import SliceStore
+from fusebench.stores.slice_lists import SliceStore
 
 FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 

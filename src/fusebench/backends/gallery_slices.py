@@ -1,5 +1,5 @@
 """Exact search of a gallery cut into ``gallery.slices`` slices: a slice job (``gallery.slice=N``) computes its
-slice of every model and stores it (:mod:`fusebench.stores.slices`); the merge (a run with ``gallery.slices`` and
+slice of every model and stores it (:mod:`fusebench.stores.slice_lists`); the merge (a run with ``gallery.slices`` and
 no ``gallery.slice``) reads every slice, computes here any slice not stored (logged, with the command that runs them
 as jobs), and merges them into the one-process pass's lists and ranks, bit for bit (:mod:`fusebench.search.slices`).
 A slice job reads only its own tiles of the gallery's rows (and the tiles holding its captions' targets: test
@@ -22,7 +22,7 @@ from fusebench.search.gallery_search import gallery_pass, pass_tiles
 from fusebench.search.margin import resolve_precision
 from fusebench.search.model_lists import ModelLists, i2t_ranks
 from fusebench.search.slices import SlicePart, check_slices, merge_slices, part_from_pass, part_problem, slice_tiles
-from fusebench.stores.slices import SliceResult, SliceStore, slice_material
+from fusebench.stores.slice_lists import SliceResult, SliceStore, slice_material
 
 log = logging.getLogger(__name__)
 
