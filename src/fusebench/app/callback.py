@@ -2,7 +2,8 @@
 folders it lies under (``paths.*``), and for a sweep its job dir pattern (``hydra.sweep.subdir``) and that it has
 jobs at all; read an earlier run's ``.hydra`` files, which Hydra is about to rewrite; at the end of a multirun,
 write the sweep report (and log it to W&B when enabled), or for ``fusebench-embed`` (``SweepReport.kind``) the
-shard summary (``fusebench.app.embed_cli.sweep_summary``).
+shard summary (``fusebench.app.embed_cli.sweep_summary``), or for slice jobs (``gallery.slice=...``) the slice
+summary (``fusebench.app.slice_job.slice_summary``).
 
 The report never replaces a file fusebench did not write (``fusebench.report.report_files``): a sweep dir that
 holds one is refused before any job runs (exit 2); one put there while the jobs ran leaves the jobs' results as
@@ -127,6 +128,12 @@ def empty_sweeps(config: DictConfig) -> list[str]:
             line = override.input_line or f"{override.get_key_element()}={override.value()}"
             empty.append(f"{line} matches nothing" + (f" ({group}'s options: {', '.join(options)})" if options else ""))
     return empty
+
+
+def _slice_sweep(config: DictConfig) -> bool:
+    """True for a multirun of slice jobs (``gallery.slice=...`` among its overrides): no job writes metrics."""
+    overrides = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+    return any(str(o).lstrip("+~").startswith("gallery.slice=") for o in overrides)
 
 
 def _check_jobs(config: DictConfig) -> None:
@@ -260,6 +267,11 @@ class SweepReport(Callback):
             from fusebench.app.embed_cli import sweep_summary  # lazy: heavy (numpy); Hydra imports the callback at start
 
             SweepReport.failed = sorted({*sweep_summary(folder), *SweepReport.jobs_failed})
+            return
+        if _slice_sweep(config):  # slices in the slice store, not metrics: the jobs' slice.json files
+            from fusebench.app.slice_job import slice_summary  # lazy: heavy (torch); Hydra imports the callback at start
+
+            SweepReport.failed = sorted({*slice_summary(folder), *SweepReport.jobs_failed})
             return
 
         try:

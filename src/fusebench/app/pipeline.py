@@ -24,6 +24,7 @@ from fusebench.app.gallery_stage import attach_gallery, attach_manifest, distrac
 from fusebench.app.index_tuning import HELD_OUT_KEY, tuning_queries
 from fusebench.app.run_config import run_config
 from fusebench.app.rundir import check_writable
+from fusebench.app.slice_job import search_slice
 from fusebench.app.tune_stage import progress_updates, tune_on_split
 from fusebench.backends import base as backends
 from fusebench.backends.engine_dirs import check_engine_dir
@@ -150,6 +151,9 @@ def measure(config: RunConfig | DictConfig, out_dir: str | None, inputs: Inputs 
     check_backend(job)  # the backend's package and sizes, before any embedding work
     embed(job, inputs)  # each model's rows; index-tuning queries held out; the gallery's distractors attached
     job.search = search_settings(job)
+    if config.gallery.slice is not None:  # a slice job: its slice of each model's search, stored; nothing evaluated
+        search_slice(config, job.embeddings, job.corpus.caption_image, job.search, job.keep_k, job.out_dir)
+        return None, {}
     tune(job)  # tune=...: the fusion's weights chosen on the tuning split
     found = find_lists(job)  # every retriever's ranked lists, by the backend
     record = evaluate(job, found, started)  # recall, paired comparisons, the oracle; extra positives
@@ -247,7 +251,7 @@ def search_settings(job: Job) -> SearchSettings:
                           depth=settings.lists.depth, max_scores_mb=settings.lists.max_scores_mb,
                           store_dir=_store_dir(job),
                           precision=None if settings.search_precision == "auto" else settings.search_precision,
-                          progress=progress_updates, tuning=job.index_tuning)
+                          progress=progress_updates, tuning=job.index_tuning, slices=job.config.gallery.slices)
 
 
 def tune(job: Job) -> None:

@@ -44,6 +44,7 @@ def check_search(search: SearchConfig, fusion: FusionConfig, models: dict[str, M
     sizes against the corpus (nlist, nprobe, ef_search) are checked once the corpus is read
     (:func:`fusebench.config.search.check_sizes`)."""
     backend = backends.check_search(search, fusion, [spec.weight for spec in models.values()])
+    check_slices(gallery, search, evaluation)
     if not search.approximate:
         return
     what = f"search={search.backend}" + (f" (search.index={search.index})" if not backend.engine else "")
@@ -71,6 +72,20 @@ def views_choice(value) -> str:
     if env is not None and value == env:
         return checks.choice(env.strip() or VIEWS[0], f"${VIEWS_ENV} (the default of views)", VIEWS)
     return checks.choice(value, "views", VIEWS)
+
+
+def check_slices(gallery: GalleryConfig, search: SearchConfig, evaluation: EvalConfig) -> None:
+    """``gallery.slices`` cuts the exact search of a gallery, whose slices are kept in the stores' folder."""
+    if gallery.slices is None:
+        return
+    for bad, why in [(search.approximate, f"is the exact search's; search={search.backend} builds an index of the "
+                                          "whole gallery: use search=exact"),
+                     (not gallery.active, "cuts a gallery's search: it needs distractors (gallery=sim | folder | "
+                                          "webdataset | paths | vectors with gallery.size > 0)"),
+                     (not evaluation.lists.store, "keeps each slice in the slice store (embed.cache.dir/slices): set "
+                                                  "eval.lists.store=true")]:
+        if bad:
+            raise FusebenchError(f"gallery.slices={gallery.slices} {why}.")
 
 
 def run_config(cfg) -> RunConfig:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fusebench import DIRECTIONS, FUSED, FusebenchError
+from fusebench.backends.gallery_slices import merged_lists
 from fusebench.encoders.base import ModelEmbeddings
 from fusebench.fusion import methods as registry
 from fusebench.fusion.combine import fuse_in_blocks
@@ -50,6 +51,7 @@ class SearchSettings:
     precision: str | None = None  # a gallery's distractor tiles: None (bf16 on cuda, fp32 elsewhere) | fp32 | bf16 | tf32
     progress: Progress | None = None
     tuning: TuningQueries | None = None  # search.target_recall: the queries outside the metrics it is chosen on
+    slices: int | None = None  # gallery.slices: a gallery's lists merged from its stored slices (computing any missing)
 
     @property
     def tile_bytes(self) -> int:
@@ -104,6 +106,11 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
         if model.distractors is None:
             lists = compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
                                         settings.item_chunk_size, update)
+        elif settings.slices is not None:  # the store is required (run_config.check_search)
+            found: dict = {}
+            lists = merged_lists(model, caption_image, d, settings, source.material(model, caption_image, device.type),
+                                 settings.slices, update, found)
+            source.direction_seconds[model.name] = {"t2i": found["t2i_seconds"], "i2t": found["i2t_seconds"]}
         else:
             stats: dict = {}
             lists = gallery_lists(model.text, model.image, caption_image, model.distractors, d, device,

@@ -24,9 +24,11 @@ from fusebench.runtime import checks
 GALLERY_KINDS = ("none", "sim", "folder", "webdataset", "paths", "vectors")
 FILE_KINDS = ("folder", "webdataset", "paths")  # image files a real model embeds (in shards, fusebench-embed)
 # The settings each kind reads (one no chosen kind reads must keep its default: refused otherwise, checks.unread)
-GALLERY_READS = {"none": (), "sim": ("size", "seed", "near_duplicate", "sim"),
-                 **{kind: ("size", "seed", "source", "near_duplicate", "shard_size", "shard") for kind in FILE_KINDS},
-                 "vectors": ("size", "seed", "vectors", "near_duplicate")}
+SLICE_KEYS = ("slices", "slice")  # the exact search cut into slices, one job each (docs/galleries.md)
+GALLERY_READS = {"none": (), "sim": ("size", "seed", "near_duplicate", "sim", *SLICE_KEYS),
+                 **{kind: ("size", "seed", "source", "near_duplicate", "shard_size", "shard", *SLICE_KEYS)
+                    for kind in FILE_KINDS},
+                 "vectors": ("size", "seed", "vectors", "near_duplicate", *SLICE_KEYS)}
 # what a manifest run's gallery is with gallery=none (docs/galleries.md, "A manifest's caption-less lines")
 MANIFEST_LINES = "the manifest's lines without captions (its gallery)"
 NEAR_DUPLICATE = 0.94  # default image-image cosine threshold: clip-retrieval's dedup (docs/galleries.md)
@@ -61,6 +63,8 @@ class GalleryConfig:
     near_duplicate: float | None = NEAR_DUPLICATE  # drop distractors this close (cosine) to a test image; null = keep
     shard_size: int = 10000  # images per embedding shard (one cache entry, one fusebench-embed job)
     shard: int | None = None  # fusebench-embed: the one shard this job embeds; null = every shard `size` needs
+    slices: int | None = None  # exact search in this many slices of whole tiles, merged; null = one process searches it
+    slice: int | None = None  # the one slice this job searches and stores (0..slices-1); null = merge every slice
     sim: SimDistractorConfig = field(default_factory=SimDistractorConfig)
     # the run's dataset.kind, for the messages (an init-only value: no field, no config key)
     dataset_kind: InitVar[str] = ""
@@ -77,6 +81,16 @@ class GalleryConfig:
                                                 hint="a cosine; null keeps every distractor")
         self.shard_size = checks.integer(self.shard_size, "gallery.shard_size", 1)
         self.shard = checks.optional_integer(self.shard, "gallery.shard", 0, "null = every shard")
+        self.slices = checks.optional_integer(self.slices, "gallery.slices", 1,
+                                              "slices of the exact search, one job each; null = one process")
+        self.slice = checks.optional_integer(self.slice, "gallery.slice", 0, "the slice this job searches; null = "
+                                             "merge every slice")
+        if self.slice is not None and self.slices is None:
+            raise FusebenchError(f"gallery.slice={self.slice} needs gallery.slices=N (the number of slices the "
+                                 "gallery's search is cut into, the same in every slice job and in the merge run).")
+        if self.slice is not None and self.slice >= self.slices:
+            raise FusebenchError(f"gallery.slice={self.slice} but gallery.slices={self.slices}: valid gallery.slice "
+                                 f"is 0..{self.slices - 1} (or null for the run that merges them).")
         if isinstance(self.sim, dict):
             self.sim = checks.typed(SimDistractorConfig, self.sim, "gallery.sim", every_key=False)
         manifest = self.kind == "none" and dataset_kind == "manifest"

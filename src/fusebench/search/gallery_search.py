@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -139,15 +140,18 @@ class _TorchRows(_TorchLists):
 
 
 def _targets_past_the_first_tile(block: Callable, gallery: GalleryTiles, chunks: list[tuple[int, int]],
-                                 target_item: torch.Tensor, target_score: torch.Tensor) -> None:
-    """The fp32 scores of targets in a test tile past the first, from the blocks of their own tiles (the same
-    shapes as the pass's, so the same bits), before the pass counts any tile; the first tile's come in passing."""
+                                 target_item: torch.Tensor, target_score: torch.Tensor, walk: range) -> None:
+    """The fp32 scores of targets in a test tile other than the first one the pass walks (``walk``: the tiles'
+    indices), from the blocks of their own tiles (the same shapes as the pass's, so the same bits), before the pass
+    counts any tile; the first tile's come in passing. A slice's pass reads its targets' tiles outside it here."""
     width = gallery.tiles[0][1]
     for r0, r1 in chunks:
         for t in torch.unique(target_item[r0:r1] // width).tolist():
-            if t > 0:
+            if t != walk.start:
                 items = float_rows(gallery.rows(t), target_item.device)
                 read_target_scores(block(r0, r1, items), r0, gallery.tiles[t][0], target_item, target_score)
+                if t not in walk:  # a slice's pass: the tile astride the boundary is not kept for it
+                    gallery.release(t)
 
 
 def _row_lists(n: int, k: int, device: torch.device, precision: str):
@@ -179,6 +183,59 @@ def gallery_lists(text, image, caption_image: np.ndarray, distractors, depth: in
     needs (the image heaps' columns and the i2t lists and ranks; the similarity blocks are t2i's), and
     ``t2i_seconds``, the rest: what a t2i-only search would take (the device synchronised around i2t's parts)."""
     started = _clock(device)
+    found = gallery_pass(text, image, caption_image, distractors, depth, device, chunk_size, item_chunk_size,
+                         progress, precision)
+    mark = _clock(device)
+    ranks = i2t_ranks(found.i2t_ids, found.text, float_rows(found.image, found.text.device),
+                      torch.as_tensor(found.query_images, device=found.text.device), found.target_item,
+                      found.tile_entries)
+    i2t_seconds = found.i2t_seconds + _clock(device) - mark
+    if stats is not None:
+        stats.update(precision=found.precision, entries=found.entries, rescored=found.rescored,
+                     t2i_seconds=_clock(device) - started - i2t_seconds, i2t_seconds=i2t_seconds)
+    return ModelLists.from_arrays(depth, {
+        "t2i_ids": found.t2i_ids.astype(np.int32), "t2i_scores": found.t2i_scores.astype(np.float32),
+        "t2i_ranks": found.ahead + 1,
+        "i2t_ids": found.i2t_ids.astype(np.int32), "i2t_scores": found.i2t_scores.astype(np.float32),
+        "i2t_ranks": ranks,
+    })
+
+
+@dataclass
+class GalleryPass:
+    """What one pass over some tiles of the gallery found: each caption's top-k among those tiles' items
+    (``t2i_*``, global item ids), the items among them ranked before its target (``ahead``) and its target's fp32
+    score; each query image's top-k captions (``i2t_*``: every query image's row, complete for the query images in
+    the walked tiles, empty (-inf, -1) for the others); the inputs the i2t ranks are counted on."""
+
+    t2i_ids: np.ndarray
+    t2i_scores: np.ndarray
+    ahead: np.ndarray
+    target_score: np.ndarray
+    i2t_ids: np.ndarray
+    i2t_scores: np.ndarray
+    query_images: np.ndarray
+    text: torch.Tensor
+    image: np.ndarray
+    target_item: torch.Tensor
+    tile_entries: int
+    precision: str
+    entries: int
+    rescored: int
+    i2t_seconds: float
+
+
+def pass_tiles(n_items: int, item_chunk_size: int) -> list[tuple[int, int]]:
+    """The gallery's tiles of items, as every pass over it walks them (a slice is a run of whole tiles)."""
+    return tiles(n_items, min(item_chunk_size, n_items))
+
+
+def gallery_pass(text, image, caption_image: np.ndarray, distractors, depth: int, device: torch.device | str = "cpu",
+                 chunk_size: int = 4096, item_chunk_size: int = 16384, progress: Callable[[int], None] | None = None,
+                 precision: str | None = None, walk: range | None = None) -> GalleryPass:
+    """The streamed pass of :func:`gallery_lists` over the tiles ``walk`` (None: every tile), in the tiles and
+    caption chunks of the whole gallery's pass, so every score has the same bits; the t2i lists are
+    ``min(depth, items walked)`` long."""
     i2t_seconds = 0.0
     device = torch.device(device)
     precision = resolve_precision(precision, device)
@@ -194,8 +251,10 @@ def gallery_lists(text, image, caption_image: np.ndarray, distractors, depth: in
     n_items = n_test + int(distractors.n)
     chunk, item_chunk = min(chunk_size, n_captions), min(item_chunk_size, n_items)
     gallery = GalleryTiles(image_np, distractors, item_chunk)
+    walk = range(len(gallery.tiles)) if walk is None else walk
+    walked = gallery.tiles[walk.stop - 1][1] - gallery.tiles[walk.start][0]
     chunks = tiles(n_captions, chunk)
-    k_t2i, k_i2t = min(depth, n_items), min(depth, n_captions)
+    k_t2i, k_i2t = min(depth, walked), min(depth, n_captions)
     query_images_np = np.unique(cap_img)
     slot = np.full(n_test, -1, dtype=np.int64)
     slot[query_images_np] = np.arange(query_images_np.size)
@@ -209,10 +268,11 @@ def gallery_lists(text, image, caption_image: np.ndarray, distractors, depth: in
     def block(r0: int, r1: int, items: torch.Tensor) -> torch.Tensor:
         return similarity(text[r0:r1], items, out=buffer[: (r1 - r0) * items.shape[0]].view(r1 - r0, items.shape[0]))
 
-    _targets_past_the_first_tile(block, gallery, chunks, target_item, target_score)
+    _targets_past_the_first_tile(block, gallery, chunks, target_item, target_score, walk)
     q_low = None if precision == "fp32" else low_rows(text, precision)
-    report = _Progress(progress, len(gallery.tiles))
-    for t, (c0, c1) in enumerate(gallery.tiles):
+    report = _Progress(progress, len(walk))
+    for t in walk:
+        c0, c1 = gallery.tiles[t]
         items = float_rows(gallery.rows(t), device)
         v_low = low_rows(items, precision) if q_low is not None and c0 >= n_test else None
         tile_slot = gallery.slot(slot, t)
@@ -233,22 +293,17 @@ def gallery_lists(text, image, caption_image: np.ndarray, distractors, depth: in
         del items, v_low
         gallery.release(t)
     buffer.set_()  # the tiles' memory back before the i2t ranks
-    if bool(torch.isnan(target_score).any()):  # every target is a test image, in a tile already walked
+    if bool(torch.isnan(target_score).any()):  # every target is a test image, in a tile already read
         raise RuntimeError("gallery_lists: a target score was never read")
     t2i_scores, t2i_ids = rows.lists()
-    t2i_ranks = (ahead + 1).cpu().numpy()
     mark = _clock(device)
     i2t_scores, i2t_ids = columns.lists()
-    query_images = torch.as_tensor(query_images_np, device=device)
-    ranks = i2t_ranks(i2t_ids, text, float_rows(image_np, device), query_images, target_item, chunk * item_chunk)
     i2t_seconds += _clock(device) - mark
-    if stats is not None:
-        stats.update(precision=precision, entries=n_captions * n_items, rescored=int(getattr(rows, "rescored", 0)),
-                     t2i_seconds=_clock(device) - started - i2t_seconds, i2t_seconds=i2t_seconds)
-    return ModelLists.from_arrays(depth, {
-        "t2i_ids": t2i_ids.astype(np.int32), "t2i_scores": t2i_scores.astype(np.float32), "t2i_ranks": t2i_ranks,
-        "i2t_ids": i2t_ids.astype(np.int32), "i2t_scores": i2t_scores.astype(np.float32), "i2t_ranks": ranks,
-    })
+    return GalleryPass(t2i_ids=t2i_ids, t2i_scores=t2i_scores, ahead=ahead.cpu().numpy(),
+                       target_score=target_score.cpu().numpy(), i2t_ids=i2t_ids, i2t_scores=i2t_scores,
+                       query_images=query_images_np, text=text, image=image_np, target_item=target_item,
+                       tile_entries=chunk * item_chunk, precision=precision, entries=n_captions * walked,
+                       rescored=int(getattr(rows, "rescored", 0)), i2t_seconds=i2t_seconds)
 
 
 def _clock(device) -> float:
