@@ -326,6 +326,9 @@ def test_collection_names_are_valid_milvus_names_and_follow_the_run_dir(tmp_path
     assert a == server.collection_name(tmp_path / "run" / "x" / ".." / "engine_db" / "t2i", "t2i")  # resolved
     assert a != server.collection_name(tmp_path / "other" / "engine_db" / "t2i", "t2i")
     assert a.replace("_", "").isalnum() and not a[0].isdigit() and len(a) <= 255 and a.endswith("_t2i")
+    with pytest.MonkeyPatch.context() as patch:  # the same path on another machine: another run's collections
+        patch.setattr(server.socket, "gethostname", lambda: "another-host")
+        assert server.collection_name(tmp_path / "run" / "engine_db" / "t2i", "t2i") != a
     assert server.insert_rows([1152, 1152]) * 4 * 2304 <= server.INSERT_BYTES and server.insert_rows([10**9]) == 1
 
 

@@ -270,6 +270,9 @@ def test_a_killed_slice_is_computed_alone_and_damage_or_foreign_entries_are_neve
     (["gallery.slices=2", "search=faiss_flat"], "gallery.slices=2 is the exact search's"),
     (["gallery.slices=2", "eval.lists.store=false"], "eval.lists.store=true"),
     (["gallery.size=0", "gallery.slices=2"], "it needs distractors"),
+    (["gallery.slices=2", "eval.search_precision=bf16"], "set eval.search_precision=fp32 or auto"),
+    (["gallery.slices=2", "eval.search_precision=tf32"], "set eval.search_precision=fp32 or auto"),
+    (["gallery.slices=2", "tune=weights"], "tune=weights with distractors is not supported"),
 ])
 def test_bad_slice_keys_are_one_line_naming_the_key(compose_cfg, extra, words):
     with pytest.raises(FusebenchError) as err:

@@ -19,7 +19,7 @@ def _refused(compose_cfg, overrides: list[str], *fragments: str) -> str:
     with pytest.raises(FusebenchError) as err:
         run_config(compose_cfg(overrides))
     message = str(err.value)
-    assert "\n" not in message
+    assert "\n" not in message and "secret" not in message  # a credential typed into a value is never echoed
     for fragment in fragments:
         assert fragment in message, message
     return message
@@ -101,6 +101,10 @@ def test_every_search_option_composes_and_engines_take_their_preset(compose_cfg)
      ("search.token_env=FUSEBENCH_NO_SUCH_VARIABLE", "export FUSEBENCH_NO_SUCH_VARIABLE=")),
     (["search=milvus", "search.uri=http://h:1", "search.request_timeout_s=0"], ("search.request_timeout_s=0", "> 0")),
     (["search=milvus", "search.uri=http://h:1", "search.milvus_lean_rows=true"], ("search.milvus_lean_rows=true",)),
+    (["search=milvus", "search.uri=http://h:1", "search.retries=11"], ("search.retries=11", "0..10")),
+    (["search=milvus", "search.uri='http://h:1?token=secret'"], ("search.uri=http://h:1?*** has a query",)),
+    (["search=milvus", "search.uri='root:secret@h:1'"], ("search.uri=***@h:1 is not a Milvus server address",)),
+    (["search=milvus", "search.uri='grpc://u:secret@h:1'"], ("search.uri=grpc://***@h:1 is not",)),
 ], unpack=True))
 def test_bad_search_settings_are_one_line(compose_cfg, overrides, fragments):
     _refused(compose_cfg, overrides, *fragments)

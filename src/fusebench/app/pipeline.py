@@ -250,8 +250,17 @@ def search_settings(job: Job) -> SearchSettings:
     return SearchSettings(device=job.device, chunk_size=settings.chunk_size, item_chunk_size=settings.item_chunk_size,
                           depth=settings.lists.depth, max_scores_mb=settings.lists.max_scores_mb,
                           store_dir=_store_dir(job),
-                          precision=None if settings.search_precision == "auto" else settings.search_precision,
+                          precision=_precision(job),
                           progress=progress_updates, tuning=job.index_tuning, slices=job.config.gallery.slices)
+
+
+def _precision(job: Job) -> str | None:
+    """The distractor tiles' precision: None = auto (bf16 on cuda, fp32 elsewhere); fp32 for a sliced gallery
+    (run_config.check_slices: a slice must score every entry as one process would, to the bit)."""
+    chosen = job.config.eval.search_precision
+    if job.config.gallery.slices is not None:
+        return "fp32"
+    return None if chosen == "auto" else chosen
 
 
 def tune(job: Job) -> None:

@@ -75,7 +75,9 @@ def views_choice(value) -> str:
 
 
 def check_slices(gallery: GalleryConfig, search: SearchConfig, evaluation: EvalConfig) -> None:
-    """``gallery.slices`` cuts the exact search of a gallery, whose slices are kept in the stores' folder."""
+    """``gallery.slices`` cuts the exact search of a gallery, whose slices are kept in the stores' folder. Slices
+    search in fp32 (``auto`` means fp32 with slices: pipeline.search_settings): a low-precision pass rescores other
+    candidates in each slice than in one process, so its scores' last bits could differ from the one-process run's."""
     if gallery.slices is None:
         return
     for bad, why in [(search.approximate, f"is the exact search's; search={search.backend} builds an index of the "
@@ -83,7 +85,11 @@ def check_slices(gallery: GalleryConfig, search: SearchConfig, evaluation: EvalC
                      (not gallery.active, "cuts a gallery's search: it needs distractors (gallery=sim | folder | "
                                           "webdataset | paths | vectors with gallery.size > 0)"),
                      (not evaluation.lists.store, "keeps each slice in the slice store (embed.cache.dir/slices): set "
-                                                  "eval.lists.store=true")]:
+                                                  "eval.lists.store=true"),
+                     (evaluation.search_precision not in ("auto", "fp32"),
+                      f"searches each slice in fp32, bit for bit as one process does (eval.search_precision="
+                      f"{evaluation.search_precision} rescores other candidates in a slice than in the whole "
+                      "gallery): set eval.search_precision=fp32 or auto")]:
         if bad:
             raise FusebenchError(f"gallery.slices={gallery.slices} {why}.")
 

@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import re
+import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,7 +46,9 @@ INSERT_BYTES = 16 * 2**20  # vector bytes per insert request (Milvus' gRPC cap i
 #   Status.CONNECT_FAILED = 2; ErrorCode.RATE_LIMIT = 8)
 TRANSIENT_GRPC = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 TRANSIENT_CODES = (2, 8)
-BACKOFF_S = 1.0  # the first wait before a retry; doubled each time
+BACKOFF_S = 1.0  # the first wait before a retry; doubled each time, up to MAX_BACKOFF_S
+MAX_BACKOFF_S = 30.0
+MAX_RETRIES = 10  # search.retries at most: a server away for longer is a fault to report, not to wait out
 log = logging.getLogger(__name__)
 
 
@@ -56,18 +59,35 @@ def check_uri(uri) -> str:
                              "(Milvus Lite embedded in the run).")
     parsed = urlparse(uri)
     if parsed.scheme.lower() not in SCHEMES or not parsed.hostname:
-        raise FusebenchError(f"search.uri={uri} is not a Milvus server address; valid: "
+        raise FusebenchError(f"search.uri={masked(uri)} is not a Milvus server address; valid: "
                              f"{' | '.join(s + '://HOST:PORT' for s in SCHEMES)} (a Milvus Lite .db path is what "
                              "search.uri=null runs, inside the run dir).")
     if parsed.username or parsed.password:
         raise FusebenchError(f"search.uri={shown(uri)} holds credentials, which would then be in the run's config "
                              "and record: give the address alone and put the token in an environment variable "
                              "named by search.token_env.")
+    if parsed.query or parsed.fragment or parsed.params:
+        raise FusebenchError(f"search.uri={masked(uri)} has a query or fragment (?...#...), which could carry a "
+                             "credential into the run's config and record; valid: http://HOST:PORT alone (the token "
+                             "in an environment variable named by search.token_env).")
     try:
         parsed.port  # noqa: B018 (a port that is not a number raises)
     except ValueError:
-        raise FusebenchError(f"search.uri={uri} has a port that is not a number; valid: http://HOST:PORT.") from None
+        raise FusebenchError(f"search.uri={masked(uri)} has a port that is not a number; valid: http://HOST:PORT.") \
+            from None
     return uri
+
+
+def masked(text: str) -> str:
+    """A value given as ``search.uri`` as a message may show it, whatever its shape: what comes before an '@' in the
+    address (user:password, with or without a scheme) and after a '?' or '#' is left out."""
+    text = re.sub(r"[?#].*$", "?***", text)
+    head, sep, rest = text.partition("//")
+    head, rest = (head + sep, rest) if sep else ("", text)
+    host, slash, path = rest.partition("/")
+    if "@" in host:
+        host = "***@" + host.rpartition("@")[2]
+    return head + host + slash + path
 
 
 def shown(uri: str) -> str:
@@ -103,8 +123,10 @@ def token(search) -> str:
 
 
 def run_key(folder: str | Path) -> str:
-    """12 hex digits naming a run dir's direction folder (RUN_DIR/engine_db/DIRECTION): the same for a rerun."""
-    return hashlib.sha256(str(Path(folder).resolve()).encode("utf-8")).hexdigest()[:12]
+    """16 hex digits naming a run dir's direction folder (RUN_DIR/engine_db/DIRECTION) on this host: the same for a
+    rerun into it, another for the same path on another machine (whose run lock is not this one's)."""
+    where = f"{socket.gethostname()}\0{Path(folder).resolve()}"
+    return hashlib.sha256(where.encode("utf-8")).hexdigest()[:16]
 
 
 def collection_name(folder: str | Path, direction: str) -> str:
@@ -180,7 +202,7 @@ class Remote:
                 log.warning("search.uri=%s: %s failed at %s (%s); trying again in %g s (%d of %d)", self.uri, name,
                             stage, _reason(err, self.secret), wait, attempt + 1, self.search.retries)
                 time.sleep(wait)
-                wait *= 2
+                wait = min(2 * wait, MAX_BACKOFF_S)
         raise AssertionError("unreachable")
 
     def connect(self) -> str:
@@ -196,7 +218,7 @@ class Remote:
                 if not transient(err) or attempt == self.search.retries:
                     raise self.fail("connect", err) from None
                 time.sleep(wait)
-                wait *= 2
+                wait = min(2 * wait, MAX_BACKOFF_S)
         return str(self.call("connect", "get_server_version"))
 
     def claim(self) -> None:
@@ -213,8 +235,8 @@ class Remote:
 
     def create(self, schema) -> None:
         """The run's collection, with the marker that makes it known as this run dir's."""
-        self.call("ingest", "create_collection", self.name, schema=schema,
-                  properties={MARK: self.key, MARK_DIR: self.folder})
+        self.call("ingest", "create_collection", self.name, schema=schema, consistency_level="Strong",
+                  properties={MARK: self.key, MARK_DIR: self.folder})  # Strong: a search sees every row inserted
         self.created = True
 
     def check_rows(self, expected: int) -> None:
@@ -224,14 +246,17 @@ class Remote:
             raise self.fail("ingest", f"the collection holds {held:,} rows after the flush, {expected:,} were sent")
 
     def drop(self) -> None:
-        """Drop the collection this run created (never one it did not); a failure is a warning naming it."""
+        """Drop the collection this run created (never one it did not), in one request of at most
+        ``connect_timeout_s`` (after a fault the server is likely gone: not waited out a second time); a failure is a
+        warning naming it, and the next run into this run dir drops it."""
         if self.client is None or not self.created:
             return
         try:
-            self.call("drop", "drop_collection", self.name)
-        except FusebenchError as err:
-            log.warning("%s; the collection %s stays on the server: the next run into this run dir drops it", err,
-                        self.name)
+            with _quiet_client():
+                self.client.drop_collection(self.name, timeout=self.search.connect_timeout_s)
+        except Exception as err:  # noqa: BLE001 (as in call)
+            log.warning("%s; the collection %s stays on the server: the next run into this run dir drops it",
+                        self.fail("drop", err), self.name)
 
     def close(self) -> None:
         if self.client is not None:

@@ -98,6 +98,9 @@ class MilvusParams:
         self.request_timeout_s = float(checks.number(self.request_timeout_s, "search.request_timeout_s", 0,
                                                      open_low=True, hint="seconds"))
         checks.integer(self.retries, "search.retries", 0, "times a transient failure is sent again")
+        if self.retries > server.MAX_RETRIES:
+            raise FusebenchError(f"search.retries={self.retries} is not valid; valid: 0..{server.MAX_RETRIES} (a "
+                                 "server away for longer is reported, not waited out).")
         if self.uri is None:
             for key in SERVER_KEYS:
                 if getattr(self, key) != getattr(MilvusParams, key):
