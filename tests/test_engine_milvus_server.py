@@ -140,8 +140,8 @@ def test_ingest_in_batches_checks_the_rows_held(milvus, tmp_path, monkeypatch):
         if method == "insert":
             sent.append(len(args[1]))
         answer = original(self, stage, method, *args, **kwargs)
-        if method == "get_collection_stats" and extra:  # a server that holds one row more than was sent
-            answer = {**answer, "row_count": int(answer["row_count"]) + 1}
+        if method == "query" and extra:  # a server that holds one row more than was sent
+            answer = [{"count(*)": int(answer[0]["count(*)"]) + 1}]
         return answer
 
     monkeypatch.setattr(server.Remote, "call", counting)
@@ -149,9 +149,36 @@ def test_ingest_in_batches_checks_the_rows_held(milvus, tmp_path, monkeypatch):
     engine.run(req)
     assert sent == [7] * 7 + [1]
     extra.append(1)
-    with pytest.raises(FusebenchError, match=r"failed at ingest \(the collection holds 51 rows after the flush, 50 "):
+    with pytest.raises(FusebenchError, match=r"failed at ingest \(the collection holds 51 rows, 50 were sent"):
         engine.run(req)
     assert milvus.collections() == []
+
+
+@pytest.mark.slow  # starts a Milvus Lite server process
+def test_an_insert_whose_answer_was_lost_is_sent_again_as_an_upsert(milvus, tmp_path, monkeypatch):
+    """The server applied the batch but its answer never came (a transient failure): the batch goes again as an
+    upsert, and the rows counted after the load are the items sent, each once."""
+    monkeypatch.setattr(server, "BACKOFF_S", 0.01)
+    calls = []
+    insert, upsert = pymilvus.MilvusClient.insert, pymilvus.MilvusClient.upsert
+
+    def answer_lost(self, *args, **kwargs):
+        calls.append("insert")
+        answer = insert(self, *args, **kwargs)
+        if calls.count("insert") == 2:  # the second batch: applied, its answer lost
+            raise pymilvus.MilvusException(code=2, message="connection reset after the batch was applied")
+        return answer
+
+    def counted_upsert(self, *args, **kwargs):
+        calls.append("upsert")
+        return upsert(self, *args, **kwargs)
+
+    monkeypatch.setattr(server, "INSERT_BYTES", 7 * 4 * 40)
+    monkeypatch.setattr(pymilvus.MilvusClient, "insert", answer_lost)
+    monkeypatch.setattr(pymilvus.MilvusClient, "upsert", counted_upsert)
+    out = engine.run(_request(tmp_path / "engine_db" / "t2i", milvus.uri, n_items=50, n_queries=5))
+    assert calls[:3] == ["insert", "insert", "upsert"] and calls.count("upsert") == 1  # the lost one, sent again
+    assert out.singles and milvus.collections() == []
 
 
 @pytest.mark.slow  # starts a Milvus Lite server process
