@@ -180,7 +180,7 @@ def test_the_gallery_study_runs_every_faiss_family_at_the_target(compose_cfg):
 
     study = OmegaConf.load(f"{CONFIG_DIR}/experiment/gallery_indexes.yaml")
     searches = str(study.hydra.sweeper.params.search).split(",")
-    assert searches[:4] == ["exact", "faiss_ivf_flat_recall95", "faiss_ivf_pqfs_recall95", "faiss_hnsw_m16_recall95"]
+    assert searches[:4] == ["exact", "faiss_ivf_flat_lists_recall95", "faiss_ivf_pqfs_recall95", "faiss_hnsw_m16_recall95"]
     indexes = set()
     for name in searches:
         config = run_config(compose_cfg([f"search={name}"])).search

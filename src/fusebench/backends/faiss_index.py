@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from fusebench import FusebenchError
-from fusebench.backends import gallery_index, target_recall
+from fusebench.backends import gallery_index, list_major, target_recall
 from fusebench.backends.base import require
 from fusebench.backends.target_recall import Tuned, TuningQueries
 from fusebench.config import search as search_config
@@ -93,7 +93,8 @@ def search_params(config: SearchConfig) -> dict:
     if config.index == "hnsw":
         return {"efSearch": config.ef_search}
     refine = {"k_factor": config.refine_factor} if config.index in PQ_INDEXES and config.refine_factor else {}
-    return {"nprobe": config.nprobe, **refine} if config.index in IVF_INDEXES else {}
+    scan = {"list_major": True} if config.index == "ivf_flat" and config.list_major else {}  # absent: earlier keys
+    return {"nprobe": config.nprobe, **refine, **scan} if config.index in IVF_INDEXES else {}
 
 
 def new_index(faiss, kind: str, dim: int, build: dict):
@@ -169,17 +170,27 @@ def searcher(faiss, index, kind: str, device: torch.device, k: int, params: dict
     return gpu, "cuda", resources
 
 
-def search_blocks(index, queries: np.ndarray, k: int, update) -> tuple[np.ndarray, np.ndarray, float]:
-    """(ids int64, scores float32 with -inf beside -1 ids, seconds) of ``queries`` searched ``k`` deep."""
+def block_search(faiss, index, params: dict, where: str = "cpu") -> tuple[Callable, int]:
+    """(search(rows, k) -> (scores, ids), the queries it takes at a time) for ``index`` as ``params`` search it:
+    list-major on the CPU when ``search.list_major`` is set (:mod:`.list_major`), else FAISS's own search."""
+    if params.get("list_major") and where == "cpu" and list_major.supported(faiss, index):
+        return (lambda rows, k: list_major.search(faiss, index, rows, k)), list_major.BLOCK
+    return index.search, QUERY_BLOCK
+
+
+def search_blocks(search: Callable, block: int, queries: np.ndarray, k: int, update
+                  ) -> tuple[np.ndarray, np.ndarray, float]:
+    """(ids int64, scores float32 with -inf beside -1 ids, seconds) of ``queries`` searched ``k`` deep by
+    ``search`` (:func:`block_search`), ``block`` queries at a time."""
     ids = np.empty((len(queries), k), dtype=np.int64)
     scores = np.empty((len(queries), k), dtype=np.float32)
     seconds = 0.0
-    for start in range(0, len(queries), QUERY_BLOCK):
-        block = np.ascontiguousarray(queries[start:start + QUERY_BLOCK], dtype=np.float32)
+    for start in range(0, len(queries), block):
+        rows = np.ascontiguousarray(queries[start:start + block], dtype=np.float32)
         started = time.perf_counter()
-        scores[start:start + len(block)], ids[start:start + len(block)] = index.search(block, k)
+        scores[start:start + len(rows)], ids[start:start + len(rows)] = search(rows, k)
         seconds += time.perf_counter() - started
-        update(len(block))
+        update(len(rows))
     scores[ids < 0] = -np.inf
     return ids, scores, seconds
 
@@ -222,9 +233,11 @@ def _tune(faiss, index, config: SearchConfig, build: dict, tuning: TuningQueries
                                             progress(f"tuning {model} {direction}: exact reference", n_items))
         exact_seconds = time.perf_counter() - started
 
+        run, _block = block_search(faiss, index, fixed)
+
         def search(rows: np.ndarray, value: int) -> np.ndarray:
             set_search_params(faiss, index, {**fixed, config.tuned: value})
-            return index.search(rows, k)[1]
+            return run(rows, k)[1]
 
         tries = progress(f"tuning {model} {direction}: {config.tuned} tried", target_recall.most_tries(low, high))
         return target_recall.choose(search, queries, exact_ids, k, config.tuned, low, high, config.target_recall,
@@ -259,7 +272,8 @@ def _direction(faiss, model, direction, items, queries, depth, config, device, s
         params[config.tuned] = tuned.value
     set_search_params(faiss, stored.index, params)
     index, where, _resources = searcher(faiss, stored.index, config.index, device, k, params)
-    ids, scores, seconds = search_blocks(index, queries, k, progress(f"search {model.name} {direction}", len(queries)))
+    ids, scores, seconds = search_blocks(*block_search(faiss, index, params, where), queries, k,
+                                         progress(f"search {model.name} {direction}", len(queries)))
     cost = IndexQuality(neighbour_recall=0.0, top1_agreement=0.0, depth=k, build_seconds=stored.build_seconds,
                         index_bytes=stored.index_bytes, query_ms=1000 * seconds / max(len(queries), 1),
                         stored=stored.stored, hit=stored.hit, key=stored.key, where=where,
@@ -332,7 +346,8 @@ def _gallery_lists(faiss, model: ModelEmbeddings, caption_image: np.ndarray, dep
     set_search_params(faiss, stored.index, params)
     index, where, _resources = (stored.index, "cpu", None) if on_disk else searcher(
         faiss, stored.index, config.index, device, k, params)
-    ids, scores, seconds = search_blocks(index, model.text, k, progress(f"search {model.name} t2i", len(model.text)))
+    ids, scores, seconds = search_blocks(*block_search(faiss, index, params, where), model.text, k,
+                                         progress(f"search {model.name} t2i", len(model.text)))
     cost = IndexQuality(neighbour_recall=0.0, top1_agreement=0.0, depth=k, build_seconds=stored.build_seconds,
                         index_bytes=stored.index_bytes, query_ms=1000 * seconds / max(len(model.text), 1),
                         stored=stored.stored, hit=stored.hit, key=stored.key, where=where,

@@ -62,8 +62,8 @@ class SearchKeys:
 
     backend: str = "exact"  # exact | faiss | milvus | lancedb | qdrant (fusebench.backends.kinds registers them)
     index: str = "flat"  # flat | ivf_flat | hnsw | ivf_pq | ivf_pqfs (each backend says which it builds)
-    nlist: int | None = 64  # ivf_*: inverted lists; null = min(4 sqrt(n), n / 39) for an index of n items (ivf_pqfs:
-    #   min(sqrt(n), n / 39): fast scan wants longer lists)
+    nlist: int | None = 64  # ivf_*: inverted lists; null = min(4 sqrt(n), n / 39) for an index of n items (ivf_pqfs
+    #   and a list-major ivf_flat, search.list_major: min(sqrt(n), n / 39): they want longer lists)
     nprobe: int = 52  # ivf_*: lists visited per query (1..nlist); 52 of 64 reaches neighbour recall@100 0.97 on the
     #   COCO-size sim, whose isotropic embeddings have no clusters (real embeddings need far fewer: docs/search.md)
     hnsw_m: int = 32  # hnsw: links per node (FAISS/Milvus "M")
@@ -214,20 +214,24 @@ def auto_nlist(n_items: int) -> int:
 
 
 def fastscan_nlist(n_items: int) -> int:
-    """``ivf_pqfs``'s default number of inverted lists: sqrt(n), capped at 39 items a list, at least 1. Fast-scan
-    codes are scanned 32 at a time with a lookup table built per query and list, so fewer, longer lists than
-    :func:`auto_nlist`'s amortise it (at 205,000 clustered sim items: 452 lists scanned 3x faster a code than 1,811
-    for the same neighbour recall, docs/search.md)."""
+    """``ivf_pqfs``'s (and a list-major ``ivf_flat``'s) default number of inverted lists: sqrt(n), capped at 39
+    items a list, at least 1. Fast-scan codes are scanned 32 at a time with a lookup table built per query and
+    list, so fewer, longer lists than :func:`auto_nlist`'s amortise it (at 205,000 clustered sim items: 452 lists
+    scanned 3x faster a code than 1,811 for the same neighbour recall, docs/search.md); a list-major scan
+    (``search.list_major``) multiplies each list by the queries that probe it, which longer lists make a larger,
+    faster matmul."""
     return max(1, min(round(math.sqrt(n_items)), n_items // IVF_MIN_POINTS))
 
 
-def default_nlist(index: str, n_items: int) -> int:
-    """``search.nlist: null``'s lists for an index of ``index`` over ``n_items`` items."""
-    return fastscan_nlist(n_items) if index == "ivf_pqfs" else auto_nlist(n_items)
+def default_nlist(index: str, n_items: int, list_major: bool = False) -> int:
+    """``search.nlist: null``'s lists for an index of ``index`` over ``n_items`` items (``list_major``: FAISS's
+    ``search.list_major`` scan, which wants longer lists)."""
+    return fastscan_nlist(n_items) if index == "ivf_pqfs" or list_major else auto_nlist(n_items)
 
 
 def resolved_nlist(config: SearchConfig, n_items: int) -> int:
-    return config.nlist if config.nlist is not None else default_nlist(config.index, n_items)
+    list_major = bool(getattr(config, "list_major", False))  # FAISS's own key (kinds.faiss), flat on SearchConfig
+    return config.nlist if config.nlist is not None else default_nlist(config.index, n_items, list_major)
 
 
 def check_nprobe(config: SearchConfig, nlist: int, lists: str) -> None:
@@ -256,7 +260,8 @@ def check_sizes(config: SearchConfig, n_items: dict[str, int], depth: int) -> No
             nlist = resolved_nlist(config, n)
             if nlist > n:
                 raise FusebenchError(f"search.nlist={config.nlist} is more than the {n:,} items a {direction} index "
-                                     f"holds: valid search.nlist is 1..{n} (or null = {default_nlist(config.index, n)}).")
+                                     f"holds: valid search.nlist is 1..{n} (or null = "
+                                     f"{default_nlist(config.index, n, bool(getattr(config, 'list_major', False)))}).")
             if config.target_recall is None:  # else nprobe is chosen in 1..nlist
                 check_nprobe(config, nlist, f"the {direction} index ({n:,} items, search.nlist="
                                             f"{config.nlist if config.nlist else 'null = auto'})")
