@@ -197,3 +197,56 @@ def test_the_preset_over_a_gallery_is_recorded_read_back_and_equals_faiss_search
             assert records[0]["retrievers"][name]["t2i"] == reference["retrievers"][name]["t2i"], name
             assert (records[0]["search"]["models"][name]["t2i"]["neighbour_recall"]
                     == reference["search"]["models"][name]["t2i"]["neighbour_recall"]), name
+
+
+def _model_and_tuning(seed=0):
+    from fusebench.backends.target_recall import TuningQueries
+
+    items, queries = clustered(n=1500, nq=400, seed=seed)
+    rng = np.random.default_rng(seed)
+    caption_image = np.repeat(np.arange(len(items)), rng.integers(0, 3, len(items)))
+    text = _unit(items[caption_image] + 0.7 * rng.standard_normal((len(caption_image), items.shape[1])))
+    tuning = TuningQueries("held_out", "test", 100, len(queries),
+                           {"m": {"t2i": queries, "i2t": items[rng.choice(len(items), 100, replace=False)]}})
+    return ModelEmbeddings("m", items, text), caption_image, tuning
+
+
+@pytest.mark.slow  # builds and tunes four indexes
+def test_a_tuning_made_one_way_is_never_read_for_the_other(tmp_path):
+    """With one store and an explicit nlist, FAISS's search and the list-major scan share the index (its build is
+    the same) but never a tuned nprobe: each choice is made, and stored, by the search that will use it."""
+    model, caption_image, tuning = _model_and_tuning()
+    store = str(tmp_path / "store")
+
+    def entries(kind):
+        return sorted(p.parent.name for p in (tmp_path / "store" / kind).rglob("meta.json"))
+
+    settings = {"index": "ivf_flat", "nlist": 30, "target_recall": 0.9}
+    faiss_index.faiss_lists(model, caption_image, 20, config(**settings), CPU, store, tuning=tuning)
+    indexes, tunings = entries("indexes"), entries("tunings")
+    assert len(indexes) == 2 and len(tunings) == 2  # t2i and i2t
+    major = faiss_index.faiss_lists(model, caption_image, 20, config(**settings, list_major=True), CPU, store,
+                                    tuning=tuning)
+    assert entries("indexes") == indexes  # read, not built again
+    assert len(entries("tunings")) == 4 and set(tunings) < set(entries("tunings"))
+    assert all(cost.hit for cost in major.costs.values())
+
+
+def test_search_threads_limit_the_list_major_matmuls(monkeypatch):
+    """search.threads=1: FAISS's OpenMP threads and numpy's BLAS threads are 1 while a list-major search runs, and
+    both are restored after."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    model, caption_image, _tuning = _model_and_tuning()
+    real, seen = list_major.search, []
+
+    def spy(*args):
+        blas = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+        seen.append((faiss.omp_get_max_threads(), blas))
+        return real(*args)
+
+    monkeypatch.setattr(list_major, "search", spy)
+    before = faiss.omp_get_max_threads()
+    faiss_index.faiss_lists(model, caption_image, 10,
+                            config(index="ivf_flat", nlist=30, nprobe=4, list_major=True, threads=1), CPU, None)
+    assert seen and all(omp == 1 and all(n == 1 for n in blas) for omp, blas in seen)
+    assert faiss.omp_get_max_threads() == before

@@ -28,6 +28,7 @@ cached embeddings (inner product on L2-normalised rows = cosine), searched ``dep
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -361,6 +362,26 @@ def _gallery_lists(faiss, model: ModelEmbeddings, caption_image: np.ndarray, dep
     return AnnLists(ModelLists.from_arrays(depth, arrays), {"t2i": cost}, {"t2i": params})
 
 
+@contextlib.contextmanager
+def _threads(faiss, threads: int | None):
+    """``search.threads`` for what runs inside: FAISS's OpenMP threads and, where threadpoolctl is installed (the
+    faiss extra), numpy's BLAS threads (a list-major search's matmuls are numpy's); both restored after."""
+    if not threads:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        threadpool_limits = None
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(threads)
+    try:
+        with threadpool_limits(limits=threads, user_api="blas") if threadpool_limits else contextlib.nullcontext():
+            yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
 def faiss_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, config: SearchConfig,
                 device: torch.device, store_dir: str | None, progress: Progress | None = None,
                 exact: ModelLists | None = None, tuning: TuningQueries | None = None) -> AnnLists:
@@ -372,25 +393,15 @@ def faiss_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, c
     if model.distractors is not None:
         if exact is None:
             raise ValueError("an index over a gallery needs the exact gallery lists (its i2t lists)")
-        threads = faiss.omp_get_max_threads()
-        if config.threads:
-            faiss.omp_set_num_threads(config.threads)
-        try:
+        with _threads(faiss, config.threads):
             return _gallery_lists(faiss, model, caption_image, depth, config, device, store_dir, progress, exact,
                                   tuning)
-        finally:
-            faiss.omp_set_num_threads(threads)
     caption_image = np.asarray(caption_image, dtype=np.int64)
     query_images = np.unique(caption_image)
     sides = {"t2i": (model.image, model.text), "i2t": (model.text, model.image[query_images])}
-    threads = faiss.omp_get_max_threads()
-    if config.threads:
-        faiss.omp_set_num_threads(config.threads)
-    try:
+    with _threads(faiss, config.threads):
         out = {d: _direction(faiss, model, d, items, queries, depth, config, device, store_dir, progress, tuning)
                for d, (items, queries) in sides.items()}
-    finally:
-        faiss.omp_set_num_threads(threads)
     cap_img = torch.from_numpy(caption_image)
     ranks = {"t2i": t2i_list_ranks(torch.from_numpy(out["t2i"][0]), cap_img),
              "i2t": i2t_list_ranks(torch.from_numpy(out["i2t"][0]), torch.from_numpy(query_images), cap_img)}

@@ -229,9 +229,13 @@ def default_nlist(index: str, n_items: int, list_major: bool = False) -> int:
     return fastscan_nlist(n_items) if index == "ivf_pqfs" or list_major else auto_nlist(n_items)
 
 
+def _list_major(config: SearchConfig) -> bool:
+    """FAISS's own ``search.list_major`` (kinds.faiss's params, flat on SearchConfig), which sizes nlist's default."""
+    return bool(getattr(config, "list_major", False))
+
+
 def resolved_nlist(config: SearchConfig, n_items: int) -> int:
-    list_major = bool(getattr(config, "list_major", False))  # FAISS's own key (kinds.faiss), flat on SearchConfig
-    return config.nlist if config.nlist is not None else default_nlist(config.index, n_items, list_major)
+    return config.nlist if config.nlist is not None else default_nlist(config.index, n_items, _list_major(config))
 
 
 def check_nprobe(config: SearchConfig, nlist: int, lists: str) -> None:
@@ -261,7 +265,7 @@ def check_sizes(config: SearchConfig, n_items: dict[str, int], depth: int) -> No
             if nlist > n:
                 raise FusebenchError(f"search.nlist={config.nlist} is more than the {n:,} items a {direction} index "
                                      f"holds: valid search.nlist is 1..{n} (or null = "
-                                     f"{default_nlist(config.index, n, bool(getattr(config, 'list_major', False)))}).")
+                                     f"{default_nlist(config.index, n, _list_major(config))}).")
             if config.target_recall is None:  # else nprobe is chosen in 1..nlist
                 check_nprobe(config, nlist, f"the {direction} index ({n:,} items, search.nlist="
                                             f"{config.nlist if config.nlist else 'null = auto'})")

@@ -87,6 +87,9 @@ def run(models: Sequence[ModelEmbeddings], caption_image: np.ndarray, fusion: Fu
     gallery = any(m.distractors is not None for m in models)
     notes = ["gallery: t2i from the index over the test images and every distractor; i2t from exact search (only "
              "test images ask i2t queries)"] if gallery else []
+    if config.list_major and any(c.where == "cuda" for a in ann.values() for c in a.costs.values()):
+        notes.append("search.list_major: the lists were searched on the GPU by FAISS's GPU index (each query's lists; "
+                     "a list-major scan is the CPU's), at the nprobe chosen list-major on the CPU")
     record = SearchRecord(backend="faiss", index=config.index, params=params, label=config.label(),
                           version=faiss_version(), depth=depth, models=qualities, notes=notes)
     return BackendResult(results, record)
