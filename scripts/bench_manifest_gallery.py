@@ -127,7 +127,8 @@ def bare_matmuls(folder: Path, n_images: int, n_test: int, n_models: int) -> flo
 
 def index_rerun(folder: Path, argv: list[str], preset: str, extra: list[str], n_captions: int) -> dict:
     """The dump path with ``search=preset`` twice on one cache: (build wall, rerun wall, rerun peak GB, rerun's
-    index search seconds, whether the rerun read the index and the exact lists)."""
+    index search seconds, whether the rerun read the index and the exact lists, each model's setting and neighbour
+    recall)."""
     argv = [*argv, f"search={preset}", *extra, f"embed.cache.dir={folder / 'index_cache'}"]
     build, _ = run_fusebench([*argv, f"hydra.run.dir={folder / 'index_build'}"], folder / "outputs")
     wall, peak = run_fusebench([*argv, f"hydra.run.dir={folder / 'index_rerun'}"], folder / "outputs")
@@ -136,7 +137,10 @@ def index_rerun(folder: Path, argv: list[str], preset: str, extra: list[str], n_
     lists = record["run"]["lists"].values()
     return {"build": build, "wall": wall, "peak": peak,
             "search": sum(c["query_ms"] for c in costs) * n_captions / 1000,
-            "read": all(c["hit"] for c in costs) and all(entry["hit"] for entry in lists)}
+            "read": all(c["hit"] for c in costs) and all(entry["hit"] for entry in lists),
+            "settings": "; ".join(f"{name}: {record['search']['params']['t2i'].get(name, record['search']['params']['t2i'])}"
+                                  f", neighbour recall {m['t2i']['neighbour_recall']:.3f}"
+                                  for name, m in record["search"]["models"].items())}
 
 
 def main() -> None:
@@ -194,7 +198,7 @@ def main() -> None:
               f"({rerun['wall'] / rerun['matmuls']:.3f}x the matmuls), peak RSS {rerun['peak']:.2f} GB, index and "
               f"lists read: {rerun['read']}; its index search {rerun['search']:.1f} s "
               f"({rerun['search'] / rerun['matmuls']:.3f}x), the rest {rerun['wall'] - rerun['search']:.1f} s "
-              f"({(rerun['wall'] - rerun['search']) / rerun['matmuls']:.3f}x)")
+              f"({(rerun['wall'] - rerun['search']) / rerun['matmuls']:.3f}x); {rerun['settings']}")
     best = {name: min(runs, key=lambda x: x[0]) for name, runs in results.items()}
     for name, (seconds, peak, _) in best.items():
         print(f"{name:9s} path: {seconds:8.1f} s  peak RSS {peak:5.2f} GB  (best of {args.repeats})")
