@@ -319,3 +319,36 @@ def test_a_rerun_over_a_stored_index_reads_the_choice_and_lists_the_same(cluster
     faiss_lists(model, caption_image, DEPTH, other, CPU, store, exact=exact, tuning=tuning)
     faiss_lists(model, caption_image, DEPTH, config, CPU, store, exact=exact, tuning=tuning)
     assert all(e["complete"] for e in TuningStore(store).entries())
+
+
+@pytest.mark.parametrize("damage", ["value", "recall", "no checksum"])
+def test_a_stored_choice_whose_bytes_changed_is_chosen_again(clustered, tuning, tmp_path, monkeypatch, caplog, damage):
+    """meta.json is the whole tuning entry: a digit changed in the choice (it still parses: nprobe 22 read as 23,
+    with 22's recall) or an entry without the choice's checksum is reported and chosen again, and the lists are
+    the ones the first run chose, never the altered setting's."""
+    from fusebench.stores.tunings import TuningStore
+
+    model, caption_image, exact = clustered
+    config = SearchConfig(backend="faiss", index="ivf_flat", target_recall=0.9, nlist=40)
+    store = str(tmp_path / "cache")
+    first = faiss_lists(model, caption_image, DEPTH, config, CPU, store, exact=exact, tuning=tuning)
+    for entry in TuningStore(store).entries():
+        path = Path(entry["path"]) / "meta.json"
+        meta = json.loads(path.read_text())
+        if damage == "value":
+            meta["tuned"]["value"] += 1
+        elif damage == "recall":
+            meta["tuned"]["sample_recall"] = 1.0
+        else:
+            del meta["tuned_sha256"]
+        path.write_text(json.dumps(meta))
+    chosen = []
+    real = tr.choose
+    monkeypatch.setattr(tr, "choose", lambda *a, **k: chosen.append(1) or real(*a, **k))
+    with caplog.at_level("WARNING"):
+        again = faiss_lists(model, caption_image, DEPTH, config, CPU, store, exact=exact, tuning=tuning)
+    assert len(chosen) == 2  # both directions chosen again
+    assert "checksum" in caplog.text
+    for direction in ("t2i", "i2t"):
+        assert again.costs[direction].target["value"] == first.costs[direction].target["value"]
+        assert np.array_equal(np.asarray(again.lists[direction].ids), np.asarray(first.lists[direction].ids))

@@ -200,8 +200,13 @@ def _differs(value, default, name: str) -> str | None:
         return None
     if is_dataclass(value) and is_dataclass(default):
         sub = next(f.name for f in fields(value) if getattr(value, f.name) != getattr(default, f.name))
-        return f"{name}.{sub}={getattr(value, sub)!r}"
-    return f"{name}={value!r}"
+        return f"{name}.{sub}={_as_typed(getattr(value, sub))}"
+    return f"{name}={_as_typed(value)}"
+
+
+def _as_typed(value) -> str:
+    """``value`` as a user types it on the command line: a boolean as true / false, anything else as repr."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def unread(config, group: str, selector: str, readers: Mapping[str, Sequence[str]], why: str = "") -> None:
