@@ -43,9 +43,9 @@ from helpers.seeded_rows import SeededRows  # noqa: E402
 from fusebench.encoders.devices import resolve_device  # noqa: E402
 from fusebench.encoders.distractors import normalised  # noqa: E402
 from fusebench.search.exact import float_rows, merge_topk, similarity, topk_stable  # noqa: E402
-from fusebench.search.gallery_search import GalleryTiles, count_ahead, gallery_lists, read_target_scores  # noqa: E402
+from fusebench.search.gallery_search import GalleryTiles, gallery_lists  # noqa: E402
 from fusebench.search.margin import U32, gamma  # noqa: E402
-from fusebench.search.model_lists import compute_model_lists, tiles  # noqa: E402
+from fusebench.search.model_lists import compute_model_lists, count_ahead, read_target_scores, tiles  # noqa: E402
 
 GB = 1024**3
 

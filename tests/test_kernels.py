@@ -1,4 +1,4 @@
-"""The numba heaps against the stable top-k written with torch, on inputs that defeat the sampled floor."""
+"""The numba heaps against the stable top-k written with torch, on inputs that defeat the rows' and columns' floors."""
 
 import numpy as np
 import pytest
@@ -72,6 +72,45 @@ def test_column_floor_keeps_exactly_enough(k, rows):
     heaps.offer_columns(columns, 0, slot)
     values, ids = heaps.lists()
     expected_values, expected_ids = topk_stable(torch.from_numpy(columns.T.copy()), k)
+    assert np.array_equal(ids, expected_ids.numpy())
+    assert np.array_equal(values, expected_values.numpy())
+
+
+def _group_floor_reference(row: np.ndarray, k: int) -> float:
+    """The row floor written the obvious way: the k-th largest of the maxima of 2 k interleaved groups."""
+    if row.size < 4 * k:
+        return -np.inf
+    maxima = [row[g::2 * k].max() for g in range(2 * k)]
+    return sorted(maxima, reverse=True)[k - 1]
+
+
+@pytest.mark.parametrize("k", [1, 2, 7, 100])
+def test_row_floor_is_the_kth_group_maximum_and_keeps_enough(k):
+    """The row floor (quickselect over the group maxima) against sorting them, on the blocks above and on rows
+    whose width is not a multiple of 2 k; at least k entries of each row lie at or above it."""
+    rng = np.random.default_rng(k)
+    rows = [row for _, block in _blocks() for row in block[:3]]
+    rows += [rng.integers(0, 3, size=width).astype(np.float32) for width in (4 * k, 4 * k + 1, 9 * k + 5)]
+    for row in rows:
+        floor = row_kernels._row_floor(np.ascontiguousarray(row), k)
+        assert floor == _group_floor_reference(row, k)
+        assert (row >= floor).sum() >= k
+
+
+@pytest.mark.parametrize("k,width", [(9, 36), (9, 1000), (100, 5000), (100, 5037)])
+def test_row_floor_keeps_exactly_enough(k, width):
+    """A row whose top k lie one in each of k distinct groups (entries j, j + 2k, ... form group j): the k-th
+    largest group maximum is the k-th best entry itself, so a floor one place too high loses it."""
+    rng = np.random.default_rng(k + width)
+    block = rng.uniform(-1, 0, size=(5, width)).astype(np.float32)
+    for row in block:
+        groups = rng.choice(2 * k, size=k, replace=False)
+        row[groups + 2 * k * rng.integers(0, width // (2 * k), size=k)] = rng.permutation(k) + 1.0
+        assert row_kernels._row_floor(row, k) == 1.0
+    heaps = Heaps(5, k)
+    heaps.offer_rows(block, 0)
+    values, ids = heaps.lists()
+    expected_values, expected_ids = topk_stable(torch.from_numpy(block), k)
     assert np.array_equal(ids, expected_ids.numpy())
     assert np.array_equal(values, expected_values.numpy())
 

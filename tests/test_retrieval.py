@@ -59,6 +59,27 @@ def test_single_model_ranks_and_lists_match_reference(case, chunks):
         assert lists["i2t"].ids[row].tolist() == stable_order(scores[:, image].tolist())[:4]
 
 
+@pytest.mark.parametrize("torch_path", [False, True])
+@pytest.mark.parametrize("item_chunk", [16384, 9])
+def test_t2i_ranks_past_the_list_are_counted_in_the_pass(case, monkeypatch, item_chunk, torch_path):
+    """A caption whose target lies in the first item tile has its rank counted while its heap is fed (numba's
+    heaps, or the torch path other devices take): no row is recomputed for it; only captions whose target lies
+    past that tile and past their list are."""
+    models, caption_image = case
+    if torch_path:
+        monkeypatch.setattr(model_lists, "_running_lists", lambda n, k, device: model_lists._TorchLists(n, k, device))
+    recomputed = []
+    full_rows = model_lists.full_rows
+    monkeypatch.setattr(model_lists, "full_rows", lambda text, *a: recomputed.append(len(text)) or full_rows(text, *a))
+    out = _run(models[:1], caption_image, FusionConfig(method="none", top_k=4), chunk_size=7,
+               item_chunk_size=item_chunk, depth=4)
+    scores = _scores(models[0])
+    ranks = np.array([t2i_rank(scores[q].tolist(), caption_image[q]) for q in range(len(caption_image))])
+    assert np.array_equal(out["a"]["t2i"].ranks, ranks)
+    assert (ranks > 4).sum() > 10  # most ranks lie past the 4-entry lists
+    assert sum(recomputed) == ((ranks > 4) & (caption_image >= min(item_chunk, N_IMAGES))).sum()
+
+
 def _assert_same(base, other):
     assert base.keys() == other.keys()
     for name in base:

@@ -34,7 +34,15 @@ import torch
 from fusebench import FusebenchError
 from fusebench.search.exact import float_rows, similarity, topk_stable
 from fusebench.search.margin import GROUP, MIN_COLUMNS, low_rows, margin_block, resolve_precision
-from fusebench.search.model_lists import ModelLists, _running_lists, _TorchLists, i2t_ranks, tiles
+from fusebench.search.model_lists import (
+    ModelLists,
+    _running_lists,
+    _TorchLists,
+    count_ahead,
+    i2t_ranks,
+    read_target_scores,
+    tiles,
+)
 from fusebench.search.topk_kernels import Heaps, offer_rows_count
 
 
@@ -86,24 +94,6 @@ class GalleryTiles:
         out = np.full(c1 - c0, -1, dtype=np.int64)
         out[: min(c1, self.n_test) - c0] = slot[c0:c1]
         return out
-
-
-def read_target_scores(block: torch.Tensor, r0: int, c0: int, target_item: torch.Tensor,
-                       target_score: torch.Tensor) -> None:
-    """Fill ``target_score`` (NaN: not read yet) for the block's rows whose target item is one of its columns."""
-    r1, c1 = r0 + block.shape[0], c0 + block.shape[1]
-    items = target_item[r0:r1]
-    rows = torch.nonzero((items >= c0) & (items < c1) & torch.isnan(target_score[r0:r1])).flatten()
-    if rows.numel():
-        target_score[r0 + rows] = block[rows, items[rows] - c0]
-
-
-def count_ahead(block: torch.Tensor, first_item: int, target_item: torch.Tensor, target_score: torch.Tensor
-                ) -> torch.Tensor:
-    """Per row, the entries ranked before the row's target: a higher score, or the same at a lower index."""
-    items = first_item + torch.arange(block.shape[1], device=block.device)
-    score = target_score[:, None]
-    return ((block > score) | ((block == score) & (items[None, :] < target_item[:, None]))).sum(dim=1)
 
 
 class _CpuRows(Heaps):

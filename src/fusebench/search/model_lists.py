@@ -6,8 +6,11 @@ feeds two sets of running top-``depth`` lists: per caption (t2i, merged across i
 that has captions (i2t, merged across caption tiles; a tile or column strip of captionless images is skipped).
 On the CPU the numba heaps of :mod:`fusebench.search.topk_kernels` read the tile in place; on other devices
 ``torch.topk`` candidates are merged.
-Ranks are exact: a query whose first correct item is in its list gets its list position, the rest are
-counted against a recomputed full row (t2i) or column (i2t), in pieces of at most one tile.
+Ranks are exact. A caption's t2i rank is counted in the same read of each tile as its heap (the entries ranked
+before its target, whose score is read from the first item tile: ``topk_kernels.offer_rows_count`` on the CPU,
+:func:`count_ahead` elsewhere); a caption whose target lies past the first item tile, and every i2t query, gets
+its list position when a correct item is listed, else is counted against a recomputed full row (t2i) or column
+(i2t), in pieces of at most one tile.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 
 from fusebench.search.exact import column_target_ranks, float_rows, merge_topk, similarity, target_ranks, topk_stable
 from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
-from fusebench.search.topk_kernels import Heaps
+from fusebench.search.topk_kernels import Heaps, offer_rows_count
 
 
 @dataclass
@@ -55,6 +58,24 @@ class ModelLists:
                 and self["i2t"].ids.shape[1] >= min(depth, n_captions))
 
 
+def read_target_scores(block: torch.Tensor, r0: int, c0: int, target_item: torch.Tensor,
+                       target_score: torch.Tensor) -> None:
+    """Fill ``target_score`` (NaN: not read yet) for the block's rows whose target item is one of its columns."""
+    r1, c1 = r0 + block.shape[0], c0 + block.shape[1]
+    items = target_item[r0:r1]
+    rows = torch.nonzero((items >= c0) & (items < c1) & torch.isnan(target_score[r0:r1])).flatten()
+    if rows.numel():
+        target_score[r0 + rows] = block[rows, items[rows] - c0]
+
+
+def count_ahead(block: torch.Tensor, first_item: int, target_item: torch.Tensor, target_score: torch.Tensor
+                ) -> torch.Tensor:
+    """Per row, the entries ranked before the row's target: a higher score, or the same at a lower index."""
+    items = first_item + torch.arange(block.shape[1], device=block.device)
+    score = target_score[:, None]
+    return ((block > score) | ((block == score) & (items[None, :] < target_item[:, None]))).sum(dim=1)
+
+
 class _TorchLists:
     """Running top-k lists on any torch device: ``topk_stable`` candidates per tile, merged in index order."""
 
@@ -78,6 +99,11 @@ class _TorchLists:
             values, ids = topk_stable(block[:, cols].T, min(self.k, block.shape[0]))
             self._merge(torch.as_tensor(slot[columns], device=block.device), values, ids + first_row)
 
+    def offer_rows_counting(self, block: torch.Tensor, first_item: int, target_item: torch.Tensor,
+                            target_score: torch.Tensor, ahead: torch.Tensor) -> None:
+        self.offer_rows(block, first_item)
+        ahead += count_ahead(block, first_item, target_item, target_score)
+
     def lists(self) -> tuple[np.ndarray, np.ndarray]:
         return self.vals.cpu().numpy(), self.ids.cpu().numpy()
 
@@ -85,6 +111,12 @@ class _TorchLists:
 class _CpuLists(Heaps):
     def offer_rows(self, block: torch.Tensor, first_item: int) -> None:
         super().offer_rows(block.numpy(), first_item)
+
+    def offer_rows_counting(self, block: torch.Tensor, first_item: int, target_item: torch.Tensor,
+                            target_score: torch.Tensor, ahead: torch.Tensor) -> None:
+        """``offer_rows`` and, in the same read, the entries ranked before each row's target added to ``ahead``."""
+        offer_rows_count(block.numpy(), first_item, self.vals, self.ids, self.counts, target_score.numpy(),
+                         target_item.numpy(), ahead.numpy())
 
     def offer_columns(self, block: torch.Tensor, first_row: int, slot: np.ndarray) -> None:
         super().offer_columns(block.numpy(), first_row, slot)
@@ -110,9 +142,13 @@ def full_rows(text: torch.Tensor, image: torch.Tensor, item_chunk: int, out: tor
 
 
 def t2i_ranks(ids: np.ndarray, text: torch.Tensor, image: torch.Tensor, cap_img: torch.Tensor,
-              tile_entries: int, item_chunk: int) -> np.ndarray:
-    """Exact t2i ranks: list position when the target is listed, else counted on the recomputed row."""
+              tile_entries: int, item_chunk: int, counted: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Exact t2i ranks: ``counted`` (rows, entries ranked before each row's target) where the pass counted them,
+    else the list position when the target is listed, else counted on the recomputed row."""
     ranks = t2i_list_ranks(torch.from_numpy(ids), cap_img.cpu())
+    if counted is not None:
+        rows, ahead = counted
+        ranks[rows] = ahead + 1
     missing = np.flatnonzero(ranks == 0)
     step = max(1, tile_entries // image.shape[0])
     for start in range(0, missing.size, step):
@@ -136,6 +172,11 @@ def i2t_ranks(ids: np.ndarray, text: torch.Tensor, image: torch.Tensor, query_im
     return ranks
 
 
+def _counted(counted: torch.Tensor, ahead: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    rows = torch.nonzero(counted).flatten()
+    return rows.cpu().numpy(), ahead[rows].cpu().numpy()
+
+
 def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, device: torch.device | str = "cpu",
                         chunk_size: int = 4096, item_chunk_size: int = 16384,
                         progress: Callable[[int], None] | None = None, ranks: bool = True) -> ModelLists:
@@ -156,11 +197,22 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
     t2i_scores = np.empty((n_captions, k_t2i), dtype=np.float32)
     item_tiles = tiles(n_images, item_chunk)
     asks = [bool((slot[c0:c1] >= 0).any()) for c0, c1 in item_tiles]  # a tile of captionless images asks no i2t query
+    # t2i ranks counted in the pass for the captions whose target is in the first item tile (where its score is read)
+    counted = cap_img < (item_tiles[0][1] if item_tiles else 0)
+    target_score = torch.full((n_captions,), float("nan"), device=device)
+    ahead = torch.zeros(n_captions, dtype=torch.int64, device=device)
     for r0, r1 in tiles(n_captions, chunk):
         rows = _running_lists(r1 - r0, k_t2i, device)
         for (c0, c1), tile_asks in zip(item_tiles, asks):
             block = similarity(text[r0:r1], image[c0:c1], out=buffer[: (r1 - r0) * (c1 - c0)].view(r1 - r0, c1 - c0))
-            rows.offer_rows(block, c0)
+            if not ranks:
+                rows.offer_rows(block, c0)
+            else:
+                if c0 == 0:
+                    read_target_scores(block, r0, c0, cap_img, target_score)
+                    # a row whose target's score comes later compares with +inf: nothing counted ahead of it
+                    row_score = torch.where(counted[r0:r1], target_score[r0:r1], float("inf"))
+                rows.offer_rows_counting(block, c0, cap_img[r0:r1], row_score, ahead[r0:r1])
             if tile_asks:
                 columns.offer_columns(block, r0, slot[c0:c1])
         t2i_scores[r0:r1], t2i_ids[r0:r1] = rows.lists()
@@ -172,7 +224,8 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
     tile_entries = chunk * item_chunk
     return ModelLists.from_arrays(depth, {
         "t2i_ids": t2i_ids, "t2i_scores": t2i_scores,
-        "t2i_ranks": t2i_ranks(t2i_ids, text, image, cap_img, tile_entries, item_chunk) if ranks else None,
+        "t2i_ranks": (t2i_ranks(t2i_ids, text, image, cap_img, tile_entries, item_chunk, _counted(counted, ahead))
+                      if ranks else None),
         "i2t_ids": i2t_ids.astype(np.int32), "i2t_scores": i2t_scores.astype(np.float32),
         "i2t_ranks": i2t_ranks(i2t_ids, text, image, query_images, cap_img, tile_entries) if ranks else None,
     })

@@ -198,7 +198,7 @@ def affine_evidence(block, low, scale, flat, flat_value, weight, out, accumulate
 @kernel(cache=True, fastmath=FAST)
 def _row_floor(row, k):
     """``_floor_of_kth`` compiled on its own with fast reductions (its caller must not take fastmath)."""
-    return _floor_of_kth(row, k)
+    return _floor_of_kth(row, k, np.empty(2 * k, dtype=row.dtype))
 
 
 @kernel(parallel=True, cache=True)
