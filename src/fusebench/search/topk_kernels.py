@@ -171,7 +171,7 @@ def _column_floors(block, j0, j1, k, floor):
             for j in range(width):
                 maxima[c, j] = max(maxima[c, j], block[r, j0 + j])
     for j in range(width):
-        floor[j] = np.partition(maxima[:, j].copy(), n_chunks - k)[n_chunks - k]
+        floor[j] = _kth_largest(maxima[:, j].copy(), k)
 
 
 @kernel(parallel=True, cache=True, fastmath=FAST)
