@@ -6,11 +6,11 @@ feeds two sets of running top-``depth`` lists: per caption (t2i, merged across i
 that has captions (i2t, merged across caption tiles; a tile or column strip of captionless images is skipped).
 On the CPU the numba heaps of :mod:`fusebench.search.topk_kernels` read the tile in place; on other devices
 ``torch.topk`` candidates are merged.
-Ranks are exact. A caption's t2i rank is counted in the same read of each tile as its heap (the entries ranked
-before its target, whose score is read from the first item tile: ``topk_kernels.offer_rows_count`` on the CPU,
-:func:`count_ahead` elsewhere); a caption whose target lies past the first item tile, and every i2t query, gets
-its list position when a correct item is listed, else is counted against a recomputed full row (t2i) or column
-(i2t), in pieces of at most one tile.
+Ranks are exact. A caption's t2i rank is counted on each tile that feeds its heap, from the very scores its list
+holds (the entries ranked before its target, whose score is read from the first item tile): in the same read of
+the tile on the CPU (``topk_kernels.offer_rows_count``), by :func:`count_ahead` on the tile elsewhere. A caption
+whose target lies past the first item tile, and every i2t query, gets its list position when a correct item is
+listed, else is counted against a recomputed full row (t2i) or column (i2t), in pieces of at most one tile.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
             else:
                 if c0 == 0:
                     read_target_scores(block, r0, c0, cap_img, target_score)
-                    # a row whose target's score comes later compares with +inf: nothing counted ahead of it
+                    # a row whose target's score comes later compares with +inf; its count is discarded (_counted)
                     row_score = torch.where(counted[r0:r1], target_score[r0:r1], float("inf"))
                 rows.offer_rows_counting(block, c0, cap_img[r0:r1], row_score, ahead[r0:r1])
             if tile_asks:

@@ -75,7 +75,8 @@ def _offer(vals, ids, count, value, index) -> int:
 
 @kernel(inline="always")
 def _kth_largest(values, k):
-    """The ``k``-th largest (1-based) of ``values``, which it reorders: Hoare's quickselect, median-of-three pivots.
+    """The ``k``-th largest (1 <= k <= len(values)) of ``values``, which it reorders: Hoare's quickselect,
+    median-of-three pivots.
     After each partition ``values[lo:j+1] >= pivot >= values[i:hi+1]`` and the entries between equal the pivot."""
     lo, hi, target = 0, values.shape[0] - 1, k - 1
     while hi > lo:
