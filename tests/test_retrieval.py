@@ -80,6 +80,25 @@ def test_t2i_ranks_past_the_list_are_counted_in_the_pass(case, monkeypatch, item
     assert sum(recomputed) == ((ranks > 4) & (caption_image >= min(item_chunk, N_IMAGES))).sum()
 
 
+def test_t2i_ranks_are_counted_on_the_scores_the_lists_hold():
+    """Float rows, duplicated images (exact ties) and ranks past 4-entry lists: each rank equals the count on the
+    pass's own tile (the same matmul call), and each list's scores are that tile's (a row recomputed in another
+    shape need not reproduce them bit for bit: fp32 products may depend on the shapes multiplied)."""
+    rng = np.random.default_rng(12)
+    text = rng.standard_normal((400, 16)).astype(np.float32)
+    image = rng.standard_normal((20, 16)).astype(np.float32)[rng.integers(0, 20, 60)]  # duplicates: exact ties
+    caption_image = rng.integers(0, len(image), size=len(text))
+    got = model_lists.compute_model_lists(text, image, caption_image, 4, "cpu", chunk_size=17)
+    for r0 in range(0, len(text), 17):
+        block = torch.matmul(torch.from_numpy(text[r0:r0 + 17]), torch.from_numpy(image).T).numpy()
+        for i, row in enumerate(block):
+            q, target = r0 + i, caption_image[r0 + i]
+            ahead = (row > row[target]).sum() + (row[:target] == row[target]).sum()
+            assert got["t2i"].ranks[q] == ahead + 1, q
+            assert np.array_equal(got["t2i"].scores[q].numpy(), row[got["t2i"].ids[q].numpy()])
+    assert (got["t2i"].ranks > 4).sum() > 200
+
+
 def _assert_same(base, other):
     assert base.keys() == other.keys()
     for name in base:
