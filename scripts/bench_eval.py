@@ -15,8 +15,11 @@ models so ranks and fusion behave realistically) and reports, in one run:
     start, loading vectors, search, outputs, plots; empty caches) against the bare matmuls, and the floor
     under it: a fresh interpreter importing the pipeline, plus the same matmuls in bf16;
   * --distractors: fusebench on dataset=sim with 100,000 images (90,000 without captions) and 10,000
-    captions, two models, empty caches: wall time and peak memory (target under 3 GB).
-Usage: python scripts/bench_eval.py [--device auto|cpu|cuda] [--method dbsf] [--cli] [--distractors]
+    captions, two models, empty caches: wall time and peak memory (target under 3 GB);
+  * --lists N: each model's lists alone (``compute_model_lists``: matmuls, both directions' heaps, exact ranks)
+    against its bare matmuls, in N interleaved pairs per model: the median ratio of wall time and of CPU time
+    (``time.process_time``, which a busy neighbour on a shared machine disturbs less), with the quartiles.
+Usage: python scripts/bench_eval.py [--device auto|cpu|cuda] [--method dbsf] [--cli] [--distractors] [--lists N]
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from fusebench.evaluation.stats import paired_bootstrap
 from fusebench.fusion.combine import fuse_in_blocks
 from fusebench.fusion.config import FusionConfig
 from fusebench.search.exact import float_rows
+from fusebench.search.model_lists import compute_model_lists
 
 
 def sync(device: torch.device) -> None:
@@ -66,6 +70,24 @@ def bare_matmuls(models, chunk: int, device: torch.device, dtype: torch.dtype = 
             del scores
     sync(device)
     return time.perf_counter() - start
+
+
+def lists_over_matmuls(models, corpus, chunk: int, device: torch.device, pairs: int) -> dict:
+    """Each model's lists alone against its bare matmuls, interleaved ``pairs`` times per model: the median and
+    quartiles of the wall-time and CPU-time ratios."""
+    wall, cpu = [], []
+    for _ in range(pairs):
+        for m in models:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            bare_matmuls([m], chunk, device)
+            matmul, matmul_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+            start, start_cpu = time.perf_counter(), time.process_time()
+            compute_model_lists(m.text, m.image, corpus.caption_image, 100, device, chunk)
+            sync(device)
+            wall.append((time.perf_counter() - start) / matmul)
+            cpu.append((time.process_time() - start_cpu) / matmul_cpu)
+    return {kind: [round(float(v), 3) for v in np.percentile(ratios, [50, 25, 75])]
+            for kind, ratios in (("wall", wall), ("cpu", cpu))}
 
 
 def import_seconds(repeats: int = 3) -> float:
@@ -139,6 +161,8 @@ def main() -> None:
     parser.add_argument("--python-sample", type=int, default=3000)
     parser.add_argument("--cli", action="store_true", help="also time the vectors command through the CLI")
     parser.add_argument("--distractors", action="store_true", help="also run 100,000 images x 10,000 captions")
+    parser.add_argument("--lists", type=int, default=0, metavar="N",
+                        help="also time each model's lists alone against its matmuls, N interleaved pairs per model")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
     device = resolve_device(args.device)
@@ -208,6 +232,8 @@ def main() -> None:
         result["bf16_matmul_s"] = round(bare_matmuls(models, args.chunk_size, device, torch.bfloat16), 3)
         result["imports_s"] = round(import_seconds(), 3)
         result["cli_floor_over_matmul"] = round((result["imports_s"] + result["bf16_matmul_s"]) / t_matmul, 2)
+    if args.lists:
+        result["lists_over_matmul"] = lists_over_matmuls(models, corpus, args.chunk_size, device, args.lists)
     if args.distractors:
         with tempfile.TemporaryDirectory() as folder:
             wall, peak = run_fusebench(["dataset=sim", "dataset.n_images=100000", "dataset.n_captions=10000", "logger=none",
@@ -224,6 +250,10 @@ def main() -> None:
         print(f"    its floor: process start + imports {result['imports_s']:.3f} s + the matmuls in bf16 "
               f"{result['bf16_matmul_s']:.3f} s = {result['cli_floor_over_matmul']:.2f}x the fp32 matmuls, before "
               "loading, Hydra, rescoring, bootstraps, outputs and plots")
+    if args.lists:
+        for kind, (median, low, high) in result["lists_over_matmul"].items():
+            print(f"  lists alone, {kind:4} time             {median:8.3f}x the matmuls (quartiles {low:.3f}-{high:.3f}; "
+                  "target <= 1.2x)")
     if args.distractors:
         print(f"  100,000 images x 10,000 captions    {result['distractors_100k_s']:8.2f} s   peak "
               f"{result['distractors_100k_peak_gb']:.2f} GB (target < 3 GB)")
