@@ -144,19 +144,35 @@ def test_row_order_scatter_and_gather_against_numpy(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64])
-def test_row_order_of_a_large_block_on_threads_in_groups(dtype):
-    """A block large enough for one thread per core and many cache-sized groups of rows per thread (ties,
-    -0.0 against 0.0, infinities) gives numpy's stable argsort of the negated scores, in the dtype asked for;
-    a dtype too narrow for the columns is refused."""
+def test_row_order_of_a_large_block_on_threads(dtype):
+    """A block large enough for one thread per core (ties, -0.0 against 0.0, infinities) gives numpy's stable
+    argsort of the negated scores, in the dtype asked for; a dtype too narrow for the columns is refused."""
     rng = np.random.default_rng(11)
-    block = rng.integers(-20, 21, size=(301, 4000)).astype(np.float32)  # 1.2M entries: 2 threads, 32-row groups
+    block = rng.integers(-20, 21, size=(301, 4000)).astype(np.float32)  # 1.2M entries: 2 threads
     block[5, :7] = [0.0, -0.0, np.inf, -np.inf, 0.0, -0.0, np.inf]
-    assert block.size > 1 << 20 and row_kernels.GROUP_ENTRIES // block.shape[1] < len(block) // 4
+    assert block.size > 1 << 20
     order = row_order(block, dtype)
     assert order.dtype == dtype
     assert np.array_equal(order, np.argsort(-block, axis=1, kind="stable"))
     with pytest.raises(ValueError, match="columns"):
         row_order(np.zeros((2, 70_000), dtype=np.float32), np.uint16)
+
+
+def test_row_order_radix_passes_against_numpy():
+    """The radix sort's passes: keys that differ only in their low, middle or high digit (a pass that moves
+    entries beside passes it skips), every digit at once (scores spread over many exponents, subnormals, both
+    signs), all equal (every pass skipped), one column and none, and rows wider than the 2,048 buckets."""
+    rng = np.random.default_rng(5)
+    base = np.float32(0.3)
+    low = base + np.arange(64, dtype=np.float32) * np.spacing(base)  # the same high bits, the low digit varies
+    middle = np.float32(0.3) * (1 + rng.integers(0, 64, 300).astype(np.float32) / 2**12)
+    spread = (rng.standard_normal(3000) * 10.0 ** rng.integers(-40, 30, 3000)).astype(np.float32)
+    spread[:6] = [0.0, -0.0, 1e-45, -1e-45, np.float32(np.finfo(np.float32).max), -np.inf]
+    rows = [low, rng.permutation(low), middle, spread, np.full(2500, -0.25, np.float32), np.zeros(1, np.float32),
+            np.zeros(0, np.float32), np.repeat(rng.standard_normal(40).astype(np.float32), 100)]
+    for row in rows:
+        block = np.ascontiguousarray(np.vstack([row, row[::-1]]))
+        assert np.array_equal(row_order(block), np.argsort(-block, axis=1, kind="stable")), row[:3]
 
 
 @pytest.mark.parametrize("flat_rows", [False, True])
