@@ -18,8 +18,12 @@ models so ranks and fusion behave realistically) and reports, in one run:
     captions, two models, empty caches: wall time and peak memory (target under 3 GB);
   * --lists N: each model's lists alone (``compute_model_lists``: matmuls, both directions' heaps, exact ranks)
     against its bare matmuls, in N interleaved pairs per model: the median ratio of wall time and of CPU time
-    (``time.process_time``, which a busy neighbour on a shared machine disturbs less), with the quartiles.
+    (``time.process_time``, which a busy neighbour on a shared machine disturbs less), with the quartiles;
+  * --row-orders: the row orders the score store keeps for RRF over whole rankings (``row_kernels.row_order``, a
+    radix sort) of the first model's 25,010 x 5,000 score matrix and of its transpose, against numpy's sort of the
+    same int64 keys (score's order-preserving bits, column index) that it replaced, median of 3.
 Usage: python scripts/bench_eval.py [--device auto|cpu|cuda] [--method dbsf] [--cli] [--distractors] [--lists N]
+       [--row-orders]
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from fusebench.evaluation.metrics import hits_at_k
 from fusebench.evaluation.stats import paired_bootstrap
 from fusebench.fusion.combine import fuse_in_blocks
 from fusebench.fusion.config import FusionConfig
-from fusebench.search.exact import float_rows
+from fusebench.search.exact import descending_keys, float_rows
 from fusebench.search.model_lists import compute_model_lists
 
 
@@ -88,6 +92,30 @@ def lists_over_matmuls(models, corpus, chunk: int, device: torch.device, pairs: 
             cpu.append((time.process_time() - start_cpu) / matmul_cpu)
     return {kind: [round(float(v), 3) for v in np.percentile(ratios, [50, 25, 75])]
             for kind, ratios in (("wall", wall), ("cpu", cpu))}
+
+
+def row_order_seconds(scores: np.ndarray, repeats: int = 3) -> tuple[float, float]:
+    """Median seconds of ``row_order`` (uint16) and of numpy's sort of the same int64 keys, on two threads alike."""
+    from fusebench.search.row_kernels import _on_threads, row_order
+
+    def numpy_keys(block: np.ndarray) -> np.ndarray:
+        out = np.empty(block.shape, dtype=np.uint16)
+
+        def rows(r0: int, r1: int) -> None:
+            keys = descending_keys(torch.from_numpy(block[r0:r1]),
+                                   torch.arange(block.shape[1]).expand(r1 - r0, -1)).numpy()
+            out[r0:r1] = np.sort(keys, axis=1) & 0xFFFFFFFF
+        _on_threads(rows, len(block), block.size)
+        return out
+
+    times = {f: [] for f in ("radix", "numpy")}
+    for _ in range(repeats):
+        for name, order in (("radix", lambda b: row_order(b, np.uint16)), ("numpy", numpy_keys)):
+            start = time.perf_counter()
+            got = order(scores)
+            times[name].append(time.perf_counter() - start)
+        assert np.array_equal(got, row_order(scores, np.uint16))
+    return float(np.median(times["radix"])), float(np.median(times["numpy"]))
 
 
 def import_seconds(repeats: int = 3) -> float:
@@ -163,6 +191,7 @@ def main() -> None:
     parser.add_argument("--distractors", action="store_true", help="also run 100,000 images x 10,000 captions")
     parser.add_argument("--lists", type=int, default=0, metavar="N",
                         help="also time each model's lists alone against its matmuls, N interleaved pairs per model")
+    parser.add_argument("--row-orders", action="store_true", help="also time the score store's row orders")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
     device = resolve_device(args.device)
@@ -234,6 +263,11 @@ def main() -> None:
         result["cli_floor_over_matmul"] = round((result["imports_s"] + result["bf16_matmul_s"]) / t_matmul, 2)
     if args.lists:
         result["lists_over_matmul"] = lists_over_matmuls(models, corpus, args.chunk_size, device, args.lists)
+    if args.row_orders:
+        t2i = (torch.from_numpy(models[0].text) @ torch.from_numpy(models[0].image).T).numpy()
+        for name, block in (("t2i", t2i), ("i2t", np.ascontiguousarray(t2i.T))):
+            result[f"row_order_{name}_s"] = [round(v, 3) for v in row_order_seconds(block)]
+        del t2i
     if args.distractors:
         with tempfile.TemporaryDirectory() as folder:
             wall, peak = run_fusebench(["dataset=sim", "dataset.n_images=100000", "dataset.n_captions=10000", "logger=none",
@@ -254,6 +288,11 @@ def main() -> None:
         for kind, (median, low, high) in result["lists_over_matmul"].items():
             print(f"  lists alone, {kind:4} time             {median:8.3f}x the matmuls (quartiles {low:.3f}-{high:.3f}; "
                   "target <= 1.2x)")
+    if args.row_orders:
+        for name in ("t2i", "i2t"):
+            radix, keys = result[f"row_order_{name}_s"]
+            print(f"  row orders, {name} matrix             {radix:8.3f} s   (numpy's sort of int64 keys: {keys:.3f} s, "
+                  f"{keys / radix:.1f}x)")
     if args.distractors:
         print(f"  100,000 images x 10,000 captions    {result['distractors_100k_s']:8.2f} s   peak "
               f"{result['distractors_100k_peak_gb']:.2f} GB (target < 3 GB)")
