@@ -101,10 +101,14 @@ def row_order_seconds(scores: np.ndarray, repeats: int = 3) -> tuple[float, floa
     def numpy_keys(block: np.ndarray) -> np.ndarray:
         out = np.empty(block.shape, dtype=np.uint16)
 
-        def rows(r0: int, r1: int) -> None:
-            keys = descending_keys(torch.from_numpy(block[r0:r1]),
-                                   torch.arange(block.shape[1]).expand(r1 - r0, -1)).numpy()
-            out[r0:r1] = np.sort(keys, axis=1) & 0xFFFFFFFF
+        def rows(r0: int, r1: int) -> None:  # as row_order did: 1 MB of keys at a time, in the core's cache
+            group = max(1, (1 << 17) // block.shape[1])
+            for g0 in range(r0, r1, group):
+                g1 = min(r1, g0 + group)
+                keys = descending_keys(torch.from_numpy(block[g0:g1]),
+                                       torch.arange(block.shape[1]).expand(g1 - g0, -1)).numpy()
+                keys.sort(axis=1)
+                out[g0:g1] = keys & 0xFFFFFFFF
         _on_threads(rows, len(block), block.size)
         return out
 
