@@ -21,7 +21,8 @@ models so ranks and fusion behave realistically) and reports, in one run:
     (``time.process_time``, which a busy neighbour on a shared machine disturbs less), with the quartiles;
   * --row-orders: the row orders the score store keeps for RRF over whole rankings (``row_kernels.row_order``, a
     radix sort) of the first model's 25,010 x 5,000 score matrix and of its transpose, against numpy's sort of the
-    same int64 keys (score's order-preserving bits, column index) that it replaced, median of 3.
+    same int64 keys (score's order-preserving bits, column index), the sort it replaced, 1 MB of keys at a time as
+    it was done (the keys built here with torch, somewhat slower than the numba kernel that built them), median of 3.
 Usage: python scripts/bench_eval.py [--device auto|cpu|cuda] [--method dbsf] [--cli] [--distractors] [--lists N]
        [--row-orders]
 """
@@ -295,7 +296,7 @@ def main() -> None:
     if args.row_orders:
         for name in ("t2i", "i2t"):
             radix, keys = result[f"row_order_{name}_s"]
-            print(f"  row orders, {name} matrix             {radix:8.3f} s   (numpy's sort of int64 keys: {keys:.3f} s, "
+            print(f"  row orders, {name} matrix             {radix:8.3f} s   (numpy's sort of torch-built int64 keys: {keys:.3f} s, "
                   f"{keys / radix:.1f}x)")
     if args.distractors:
         print(f"  100,000 images x 10,000 captions    {result['distractors_100k_s']:8.2f} s   peak "
