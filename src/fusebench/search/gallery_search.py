@@ -36,14 +36,13 @@ from fusebench.search.exact import float_rows, similarity, topk_stable
 from fusebench.search.margin import GROUP, MIN_COLUMNS, low_rows, margin_block, resolve_precision
 from fusebench.search.model_lists import (
     ModelLists,
+    _CpuLists,
     _running_lists,
     _TorchLists,
-    count_ahead,
     i2t_ranks,
     read_target_scores,
     tiles,
 )
-from fusebench.search.topk_kernels import Heaps, offer_rows_count
 
 
 class GalleryTiles:
@@ -96,27 +95,10 @@ class GalleryTiles:
         return out
 
 
-class _CpuRows(Heaps):
-    """Every caption's t2i heap and rank count, fed in place by the fused numba kernel."""
-
-    def offer(self, block: torch.Tensor, r0: int, first_item: int, target_item: torch.Tensor,
-              target_score: torch.Tensor, ahead: torch.Tensor) -> None:
-        r1 = r0 + block.shape[0]
-        offer_rows_count(block.numpy(), first_item, self.vals[r0:r1], self.ids[r0:r1], self.counts[r0:r1],
-                         target_score[r0:r1].numpy(), target_item[r0:r1].numpy(), ahead[r0:r1].numpy())
-
-
 class _TorchRows(_TorchLists):
     """Every caption's t2i list and rank count on any torch device; distractor tiles also by certified margin."""
 
     rescored = 0
-
-    def offer(self, block: torch.Tensor, r0: int, first_item: int, target_item: torch.Tensor,
-              target_score: torch.Tensor, ahead: torch.Tensor) -> None:
-        r1 = r0 + block.shape[0]
-        values, ids = topk_stable(block, min(self.k, block.shape[1]))
-        self._merge(slice(r0, r1), values, ids + first_item)
-        ahead[r0:r1] += count_ahead(block, first_item, target_item[r0:r1], target_score[r0:r1])
 
     def offer_margin(self, text, q_low, items, v_low, precision: str, r0: int, first_item: int,
                      target_score: torch.Tensor, ahead: torch.Tensor) -> None:
@@ -146,7 +128,7 @@ def _targets_past_the_first_tile(block: Callable, gallery: GalleryTiles, chunks:
 
 def _row_lists(n: int, k: int, device: torch.device, precision: str):
     """The numba heaps for fp32 on the CPU; torch lists elsewhere and for the certified-margin path."""
-    return _CpuRows(n, k) if device.type == "cpu" and precision == "fp32" else _TorchRows(n, k, device)
+    return _CpuLists(n, k) if device.type == "cpu" and precision == "fp32" else _TorchRows(n, k, device)
 
 
 class _Progress:
@@ -274,7 +256,7 @@ def gallery_pass(text, image, caption_image: np.ndarray, distractors, depth: int
                 scores = block(r0, r1, items)
                 if c0 < n_test:
                     read_target_scores(scores, r0, c0, target_item, target_score)
-                rows.offer(scores, r0, c0, target_item, target_score, ahead)
+                rows.offer_rows_counting(scores, r0, c0, target_item, target_score, ahead)
                 if tile_slot is not None:
                     mark = _clock(device)
                     columns.offer_columns(scores, r0, tile_slot)

@@ -99,10 +99,14 @@ class _TorchLists:
             values, ids = topk_stable(block[:, cols].T, min(self.k, block.shape[0]))
             self._merge(torch.as_tensor(slot[columns], device=block.device), values, ids + first_row)
 
-    def offer_rows_counting(self, block: torch.Tensor, first_item: int, target_item: torch.Tensor,
+    def offer_rows_counting(self, block: torch.Tensor, r0: int, first_item: int, target_item: torch.Tensor,
                             target_score: torch.Tensor, ahead: torch.Tensor) -> None:
-        self.offer_rows(block, first_item)
-        ahead += count_ahead(block, first_item, target_item, target_score)
+        """The block's rows are heaps (and entries of the target arrays) ``r0..r0 + len(block)``: offered, and
+        the entries ranked before each row's target added to ``ahead``."""
+        r1 = r0 + block.shape[0]
+        values, ids = topk_stable(block, min(self.k, block.shape[1]))
+        self._merge(slice(r0, r1), values, ids + first_item)
+        ahead[r0:r1] += count_ahead(block, first_item, target_item[r0:r1], target_score[r0:r1])
 
     def lists(self) -> tuple[np.ndarray, np.ndarray]:
         return self.vals.cpu().numpy(), self.ids.cpu().numpy()
@@ -112,11 +116,12 @@ class _CpuLists(Heaps):
     def offer_rows(self, block: torch.Tensor, first_item: int) -> None:
         super().offer_rows(block.numpy(), first_item)
 
-    def offer_rows_counting(self, block: torch.Tensor, first_item: int, target_item: torch.Tensor,
+    def offer_rows_counting(self, block: torch.Tensor, r0: int, first_item: int, target_item: torch.Tensor,
                             target_score: torch.Tensor, ahead: torch.Tensor) -> None:
-        """``offer_rows`` and, in the same read, the entries ranked before each row's target added to ``ahead``."""
-        offer_rows_count(block.numpy(), first_item, self.vals, self.ids, self.counts, target_score.numpy(),
-                         target_item.numpy(), ahead.numpy())
+        """As ``_TorchLists.offer_rows_counting``, in one read of the block (the fused numba kernel)."""
+        r1 = r0 + block.shape[0]
+        offer_rows_count(block.numpy(), first_item, self.vals[r0:r1], self.ids[r0:r1], self.counts[r0:r1],
+                         target_score[r0:r1].numpy(), target_item[r0:r1].numpy(), ahead[r0:r1].numpy())
 
     def offer_columns(self, block: torch.Tensor, first_row: int, slot: np.ndarray) -> None:
         super().offer_columns(block.numpy(), first_row, slot)
@@ -212,7 +217,7 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
                     read_target_scores(block, r0, c0, cap_img, target_score)
                     # a row whose target's score comes later compares with +inf; its count is discarded (_counted)
                     row_score = torch.where(counted[r0:r1], target_score[r0:r1], float("inf"))
-                rows.offer_rows_counting(block, c0, cap_img[r0:r1], row_score, ahead[r0:r1])
+                rows.offer_rows_counting(block, 0, c0, cap_img[r0:r1], row_score, ahead[r0:r1])
             if tile_asks:
                 columns.offer_columns(block, r0, slot[c0:c1])
         t2i_scores[r0:r1], t2i_ids[r0:r1] = rows.lists()
