@@ -246,3 +246,26 @@ def test_a_launchers_worker_waits_for_its_jobs_views(tmp_path):
     assert result.returncode == 0, result.stdout
     for job in (0, 1):
         drawn(tmp_path / "sw" / str(job), timeout=0.1)  # there when the command returned
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="POSIX priorities")
+def test_the_views_process_yields_the_cores_to_the_jobs_and_takes_requests_without_blocking():
+    process = views._Views()
+    process.start()
+    try:
+        pid = process.proc.pid
+        deadline = time.monotonic() + 60
+        while os.getpriority(os.PRIO_PROCESS, pid) < views.VIEWS_NICENESS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == views.VIEWS_NICENESS  # plots take only the idle time
+        autogroup = Path(f"/proc/{pid}/autogroup")
+        if autogroup.is_file():  # Linux shares the CPU between sessions first: the views' session yields too
+            assert autogroup.read_text().split()[-1] == str(views.VIEWS_NICENESS)
+        if sys.platform == "linux" and int(Path("/proc/sys/fs/pipe-max-size").read_text()) >= views.PIPE_BYTES:
+            import fcntl
+
+            assert fcntl.fcntl(process.proc.stdin.fileno(), fcntl.F_GETPIPE_SZ) == views.PIPE_BYTES
+    finally:
+        process.proc.kill()
+        process.proc.wait()

@@ -41,6 +41,8 @@ from fusebench.runtime import run_lock
 from fusebench.stores.files import file_sha256
 
 log = logging.getLogger("fusebench.app.views")  # its name in the run's log, in the job or the views process
+VIEWS_NICENESS = 19  # the views process yields a core to the jobs: plots are background work (docs/speed.md)
+PIPE_BYTES = 1 << 20  # the requests' pipe: ~100 jobs' records queued without the job waiting (Linux's default cap)
 LOCK_WAIT_S = 3600.0  # how long the views process waits for the job to release the run dir (a sweep job's whole life)
 SCHEDULERS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "SUBMITIT_EXECUTOR")  # a batch job's markers
 
@@ -164,6 +166,7 @@ class _Views:
                                          start_new_session=True)  # a Ctrl-C at the terminal stops the command only
         finally:
             os.close(fd)
+        _widen(self.proc.stdin)
 
     def submit(self, job: ViewsJob, record: RunRecord) -> int:
         """Send one run's views; the views process's pid."""
@@ -216,6 +219,18 @@ class _Views:
                   f"{self.why()}); the runs' results are written", file=sys.stderr)
         if self.errors is not None:
             self.errors.unlink(missing_ok=True)
+
+
+def _widen(pipe) -> None:
+    """Let the pipe hold ``PIPE_BYTES`` of requests (Linux: 64 KB by default, a few records): a job hands its record
+    over without waiting for the views process, which may still be drawing earlier jobs' plots; elsewhere the
+    default stays."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):
+        pass
 
 
 _PROCESS = _Views()
@@ -273,6 +288,23 @@ def _stop(signum, _frame):
     raise SystemExit(128 + signum)  # a plot being written removes its temp file on the way out
 
 
+def _yield_to_jobs() -> None:
+    """Lower this process's priority: a job's parallel steps (torch's and numba's threads, one per core) wait for
+    their slowest thread, so plots drawn on a core they use slowed a sweep's fusion up to 10x (docs/speed.md). At
+    the lowest priority the views take only the time the jobs leave idle, and all of it once the command waits for
+    them. Linux shares the CPU between sessions first (autogroups) and this process leads its own session, so its
+    session's priority is lowered too (``/proc/self/autogroup``); where either is missing this does nothing."""
+    if hasattr(os, "nice"):
+        try:
+            os.nice(VIEWS_NICENESS)
+        except OSError:
+            pass
+    try:
+        Path("/proc/self/autogroup").write_text(str(VIEWS_NICENESS))
+    except OSError:
+        pass
+
+
 def main() -> None:
     """``python -m fusebench.app.views ERRORS``: make the views of each run sent on stdin (a pickled
     (ViewsJob, RunRecord) each), in order, until stdin closes; ERRORS (its stderr) is removed at a clean end."""
@@ -280,6 +312,7 @@ def main() -> None:
     sys.argv[:] = [run_lock.VIEWS_COMMAND]  # how this process names itself in a run dir's lock (run_lock.describe)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
+    _yield_to_jobs()
     logging.getLogger().setLevel(logging.INFO)
     while True:
         try:
