@@ -140,7 +140,7 @@ def test_row_order_scatter_and_gather_against_numpy(dtype):
     for r in range(9):
         expected[r, order[r]] = 2 * by_rank
     assert np.array_equal(out, expected)
-    assert np.array_equal(gather_rows(block, stored), np.take_along_axis(block, order, 1))
+    assert np.array_equal(gather_rows(block, stored, np.empty_like(block)), np.take_along_axis(block, order, 1))
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64])

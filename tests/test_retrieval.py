@@ -293,24 +293,32 @@ def test_read_ahead_loads_each_block_once_in_order_and_at_most_one_ahead(ahead):
 @pytest.mark.parametrize("method,fuse_on", fast_first([("dbsf", "document"), ("rrf", "source_object"), ("zscore", "source_object")],
                                                        unpack=True))
 def test_dense_blocks_read_into_reused_buffers_give_the_same_result(case, tmp_path, monkeypatch, method, fuse_on):
-    """Block i is read into block i - 2's buffers (scores, stored orders and moments, fresh or stored rows):
-    the same lists and ranks as fresh arrays for every block."""
+    """Block i is read into block i - 2's buffers (scores, stored orders and moments, fresh or stored rows), and
+    fused in the work arrays of the blocks before it (the fused evidence, RRF's gathered values; the last block
+    is smaller): the same lists and ranks as fresh arrays for every block."""
     import fusebench.fusion.whole_rankings as dense
 
     models, caption_image = case
     config = FusionConfig(method=method, fuse_on=fuse_on, top_k=None)
-    refilled = []
-    read = dense.BlockBuffers.read
+    refilled, reworked = [], []
+    read, scratch = dense.BlockBuffers.read, dense.BlockBuffers.scratch
 
     def spy(self, rows, r0, r1, i, key):
         refilled.append(key in self.sets[i % len(self.sets)])
         return read(self, rows, r0, r1, i, key)
+
+    def scratch_spy(self, name, like):
+        reworked.append(name in self.work)
+        return scratch(self, name, like)
     monkeypatch.setattr(dense.BlockBuffers, "read", spy)
+    monkeypatch.setattr(dense.BlockBuffers, "scratch", scratch_spy)
     tiny = {"keep_k": 12, "chunk_size": 5, "item_chunk_size": 4}
     reused = [_run(models, caption_image, config, **tiny),  # fresh rows, then stored rows (read ahead) twice
               *(_run(models, caption_image, config, store_dir=str(tmp_path), **tiny) for _ in range(2))]
     assert any(refilled) and not all(refilled)  # the first two blocks allocate, later ones refill
+    assert (fuse_on == "source_object") == any(reworked)  # the document passes keep no work array
     monkeypatch.setattr(dense.BlockBuffers, "read", lambda self, rows, r0, r1, i, key: rows(r0, r1))
+    monkeypatch.setattr(dense.BlockBuffers, "scratch", lambda self, name, like: None)
     fresh = _run(models, caption_image, config, **tiny)
     for out in reused:
         _assert_same(fresh, out)

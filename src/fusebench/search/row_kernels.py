@@ -128,10 +128,10 @@ def scatter_by_order(order, by_rank, out, accumulate):
 
 
 @kernel(parallel=True, cache=True)
-def gather_rows(values, order):
-    """values[r, order[r, p]] for every row r and position p (``order`` of any integer dtype)."""
+def gather_rows(values, order, out):
+    """out[r, p] = values[r, order[r, p]] for every row r and position p (``order`` of any integer dtype; ``out``
+    shaped as ``order``, of ``values``' dtype: a buffer its caller reuses). Returns ``out``."""
     rows, width = order.shape
-    out = np.empty(order.shape, dtype=values.dtype)
     for r in prange(rows):
         for p in range(width):
             out[r, p] = values[r, order[r, p]]

@@ -35,7 +35,7 @@ SIGNATURES: dict[str, list[tuple[str, ...]]] = {
                                                   (F2, "i8", "i8", "i4:2")],
     "fusebench.search.row_kernels.scatter_by_order": [(I2, I1, I2, "b1"), ("u2:2", F1, F2, "b1"),
                                                       ("i4:2", F1, F2, "b1"), (I2, F1, F2, "b1")],
-    "fusebench.search.row_kernels.gather_rows": [(F2, "u2:2"), (F2, "i4:2"), (F2, I2)],
+    "fusebench.search.row_kernels.gather_rows": [(F2, "u2:2", F2), (F2, "i4:2", F2), (F2, I2, F2)],
     "fusebench.search.row_kernels.gather_transposed": [(F2, I1, F2, "i8")],
     "fusebench.search.row_kernels.affine_evidence": [(F2, F1, F1, B1, "f8", "f8", F2, "b1")],
     "fusebench.search.row_kernels._row_floor": [(F1, "i8")],
