@@ -322,3 +322,53 @@ def test_dense_blocks_read_into_reused_buffers_give_the_same_result(case, tmp_pa
     fresh = _run(models, caption_image, config, **tiny)
     for out in reused:
         _assert_same(fresh, out)
+
+
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
+def test_a_list_pass_stores_the_score_matrices_a_whole_ranking_job_reads(tmp_path):
+    """With ``whole_rows`` (a job of the process fuses whole rankings) the list pass writes the model's score
+    matrices too: the very files a separate score pass writes (float rows, several row tiles: the same matmul
+    shapes, so the same bits), read by the whole-ranking job without another similarity, with the same results."""
+    from fusebench.runtime import state
+    from fusebench.stores.scores import ScoreStore
+
+    rng = np.random.default_rng(3)
+    caption_image = np.repeat(np.arange(40), 3)
+    models = [ModelEmbeddings(name, rng.standard_normal((40, dim)).astype(np.float32),
+                              rng.standard_normal((120, dim)).astype(np.float32)) for name, dim in (("a", 48), ("b", 40))]
+    tiny = {"chunk_size": 7, "item_chunk_size": 64}
+    dense = FusionConfig(method="dbsf", top_k=None, final_top_k=10)
+    apart, together = tmp_path / "apart", tmp_path / "together"
+    _run(models, caption_image, FusionConfig(method="dbsf", top_k=5), store_dir=str(apart), **tiny)
+    assert not list(apart.rglob("t2i.npy"))  # no whole-ranking job: the lists alone
+    want = _run(models, caption_image, dense, store_dir=str(apart), **tiny)  # a second pass for the matrices
+
+    _run(models, caption_image, FusionConfig(method="dbsf", top_k=5), store_dir=str(together), whole_rows=True, **tiny)
+    for direction in ("t2i", "i2t"):
+        written = sorted(p.relative_to(together).as_posix() for p in together.rglob(f"{direction}.npy"))
+        assert written == sorted(p.relative_to(apart).as_posix() for p in apart.rglob(f"{direction}.npy"))
+        for name in written:
+            assert (together / name).read_bytes() == (apart / name).read_bytes(), name
+    before = state.current().similarity_blocks
+    got = _run(models, caption_image, dense, store_dir=str(together), whole_rows=True, **tiny)
+    assert state.current().similarity_blocks == before  # lists and score matrices both read from the stores
+    _assert_same(want, got)
+    assert ScoreStore(str(together)).entries()  # the entries are the score store's own
+
+
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
+def test_a_whole_ranking_job_computes_its_lists_and_score_matrices_in_one_pass(case, tmp_path):
+    from fusebench.runtime import state
+
+    models, caption_image = case
+    dense = FusionConfig(method="rrf", fuse_on="source_object", top_k=None, final_top_k=9)
+    tiny = {"chunk_size": 5, "item_chunk_size": 64}
+    blocks = state.current().similarity_blocks
+    one = _run(models, caption_image, dense, store_dir=str(tmp_path / "one"), whole_rows=True, **tiny)
+    one_pass = state.current().similarity_blocks - blocks
+    two = _run(models, caption_image, dense, store_dir=str(tmp_path / "two"), **tiny)
+    two_passes = state.current().similarity_blocks - blocks - one_pass
+    tiles_per_pass = 2 * -(-len(caption_image) // 5)  # two models, one item tile
+    assert two_passes - one_pass == tiles_per_pass  # the score matrices cost no second pass
+    _assert_same(two, one)
+    assert one["fused"]["t2i"].ranks.tolist() == two["fused"]["t2i"].ranks.tolist()

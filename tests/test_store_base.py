@@ -1,5 +1,6 @@
 """The store base (stores.entries.Store) under the list, near-duplicate, score and index stores: entries written
-by fusebench before it (tests/data/stores_from_main/, written by main's code with tests/store_entries_script.py)
+by fusebench before it (tests/data/stores_from_main/, written by main's code with tests/store_entries_script.py;
+the score entry written again at the score store's format 4, whose key an older format's entry does not have)
 are read as they are, and the stores write those very entries again (same keys, files and meta.json)."""
 
 import json

@@ -251,7 +251,13 @@ def search_settings(job: Job) -> SearchSettings:
                           depth=settings.lists.depth, max_scores_mb=settings.lists.max_scores_mb,
                           store_dir=_store_dir(job),
                           precision=_precision(job),
-                          progress=progress_updates, tuning=job.index_tuning, slices=job.config.gallery.slices)
+                          progress=progress_updates, tuning=job.index_tuning, slices=job.config.gallery.slices,
+                          whole_rows=fuses_whole_rankings(job.config.fusion) or state.current().whole_rankings_ahead)
+
+
+def fuses_whole_rankings(fusion) -> bool:
+    """Whether a job fuses whole rankings (``fusion.top_k: null``), reading whole score matrices."""
+    return fusion.top_k is None and fusion.method != "none"
 
 
 def _precision(job: Job) -> str | None:

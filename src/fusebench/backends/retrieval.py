@@ -12,7 +12,7 @@ store, or computed once and stored), then fusion over them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,7 +29,15 @@ from fusebench.fusion.whole_rankings import DenseSide, RowBlocks, correct_items,
 from fusebench.runtime.progress import Progress
 from fusebench.search.exact import float_rows
 from fusebench.search.gallery_search import gallery_lists
-from fusebench.search.model_lists import ModelLists, compute_model_lists, full_rows, tiles
+from fusebench.search.model_lists import (
+    ModelLists,
+    compute_model_lists,
+    full_rows,
+    lists_pass,
+    row_tile,
+    tiles,
+    whole_rows_in_pass,
+)
 from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
 from fusebench.stores.lists import ListStore, list_materials
 from fusebench.stores.scores import ScoreStore
@@ -52,6 +60,8 @@ class SearchSettings:
     progress: Progress | None = None
     tuning: TuningQueries | None = None  # search.target_recall: the queries outside the metrics it is chosen on
     slices: int | None = None  # gallery.slices: a gallery's lists merged from its stored slices (computing any missing)
+    whole_rows: bool = False  # a job of this process fuses whole rankings: lists computed here also store the score
+    #   matrices it will read, in the same pass (model_lists)
 
     @property
     def tile_bytes(self) -> int:
@@ -67,6 +77,7 @@ class ListSource:
     materials: dict[str, dict] = field(default_factory=dict)
     # per model and direction, when its gallery lists were computed here (gallery_lists' t2i_seconds, i2t_seconds)
     direction_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    scored: set[str] = field(default_factory=set)  # models whose score matrices this run stored in its list pass
 
     def prepare(self, models: Sequence[ModelEmbeddings], caption_image: np.ndarray, device_type: str) -> None:
         """Hash every model's key material at once, on all cores (the keys of a job's models in one go)."""
@@ -104,8 +115,10 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
     def compute(d: int) -> ModelLists:
         update = progress(f"lists {model.name}", len(caption_image))
         if model.distractors is None:
-            lists = compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
-                                        settings.item_chunk_size, update)
+            lists = _lists_storing_scores(model, caption_image, d, settings, source, update)
+            if lists is None:
+                lists = compute_model_lists(model.text, model.image, caption_image, d, device, settings.chunk_size,
+                                            settings.item_chunk_size, update)
         elif settings.slices is not None:  # the store is required (run_config.check_search)
             found: dict = {}
             lists = merged_lists(model, caption_image, d, settings, source.material(model, caption_image, device.type),
@@ -132,6 +145,51 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
     return found.lists
 
 
+def _score_shapes(model: ModelEmbeddings, n_query_images: int) -> dict[str, tuple[int, int]]:
+    return {"t2i": (len(model.text), len(model.image)), "i2t": (n_query_images, len(model.text))}
+
+
+def _stores_scores(shapes: dict[str, tuple[int, int]], settings: SearchSettings) -> bool:
+    """Whether a model's whole score matrices go to the score store (a store, and under ``max_scores_mb``)."""
+    return settings.store_dir is not None and _megabytes(shapes) <= settings.max_scores_mb
+
+
+def _megabytes(shapes: dict[str, tuple[int, int]]) -> float:
+    return 4 * sum(a * b for a, b in shapes.values()) / 2**20
+
+
+def _lists_storing_scores(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, settings: SearchSettings,
+                          source: ListSource, update: Callable[[int], None]) -> ModelLists | None:
+    """The model's lists from a pass that also writes its whole score matrices to the score store, when a job of
+    this process will read them (``settings.whole_rows``), they are stored (``score_rows``) and not stored yet,
+    and the pass sees whole rows (one item tile); else None (the caller computes the lists alone). The matrix is
+    the pass's own tiles, the shapes ``score_rows`` computes it in: the same bits either way."""
+    query_images = np.unique(np.asarray(caption_image))
+    shapes = _score_shapes(model, len(query_images))
+    if not (settings.whole_rows and whole_rows_in_pass(len(model.image), settings.item_chunk_size)
+            and _stores_scores(shapes, settings)):
+        return None
+    device = torch.device(settings.device)
+    found: dict[str, ModelLists] = {}
+
+    def t2i_blocks() -> Iterator[torch.Tensor]:
+        passing = lists_pass(model.text, model.image, caption_image, depth, device, settings.chunk_size,
+                             settings.item_chunk_size, update)
+        while True:
+            try:
+                yield next(passing)
+            except StopIteration as done:
+                found["lists"] = done.value
+                return
+
+    ScoreStore(settings.store_dir).get_or_compute(source.material(model, caption_image, device.type), shapes,
+                                                   t2i_blocks, query_images, settings.tile_bytes, {"model": model.name})
+    if "lists" not in found:  # the matrices were stored already: the pass never ran
+        return None
+    source.scored.add(model.name)
+    return found["lists"]
+
+
 def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: np.ndarray, settings: SearchSettings,
                source: ListSource, orders: bool = False, moments_ddof: int | None = None
                ) -> tuple[dict[str, RowBlocks], dict[str, dict[str, RowBlocks]]]:
@@ -141,7 +199,7 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
     ``order`` (with ``orders``: RRF by source object), each row's order, sorted once; ``moments`` (with
     ``moments_ddof``: DBSF, z-score), each row's mean and sd, computed once."""
     device = torch.device(settings.device)
-    shapes = {"t2i": (len(model.text), len(model.image)), "i2t": (len(query_images), len(model.text))}
+    shapes = _score_shapes(model, len(query_images))
 
     def fresh_rows() -> dict[str, RowBlocks]:
         """Rows computed from the embeddings, block by block (built only when something will compute)."""
@@ -154,15 +212,14 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
                                                                             out(r0, r1, items, into)))
                 for d, (q, items) in sides.items()}
 
-    megabytes = 4 * sum(a * b for a, b in shapes.values()) / 2**20
-    if settings.store_dir is None or megabytes > settings.max_scores_mb:
+    megabytes = _megabytes(shapes)
+    if not _stores_scores(shapes, settings):
         source.records.setdefault(model.name, {})["scores"] = {"stored": False, "mb": round(megabytes)}
         return fresh_rows(), {}
 
-    def t2i_blocks():
+    def t2i_blocks():  # in the list pass's tiles (model_lists.row_tile): the bits its lists were read from
         rows = fresh_rows()["t2i"]
-        step = max(1, settings.tile_bytes // (4 * shapes["t2i"][1]))
-        return (rows(r0, r1) for r0, r1 in tiles(shapes["t2i"][0], step))
+        return (rows(r0, r1) for r0, r1 in tiles(shapes["t2i"][0], row_tile(shapes["t2i"][0], settings.chunk_size)))
 
     material = source.material(model, caption_image, device.type)
     started = time.perf_counter()
@@ -174,6 +231,7 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
         beside["order"] = {d: store.row_orders(readers[d], settings.tile_bytes) for d in DIRECTIONS}
     if moments_ddof is not None and device.type == "cpu":
         beside["moments"] = {d: store.row_moments(readers[d], moments_ddof, settings.tile_bytes) for d in DIRECTIONS}
+    hit = hit and model.name not in source.scored  # stored by this run's own list pass: computed here
     source.records.setdefault(model.name, {})["scores"] = {"stored": True, "hit": hit, "mb": round(megabytes),
                                                            "orders": "order" in beside, "moments": "moments" in beside,
                                                            "seconds": round(time.perf_counter() - started, 3)}

@@ -98,6 +98,9 @@ class ProcessState:
     shared: SharedArrays = field(default_factory=SharedArrays)
     # webdataset shards read from: tar path -> its image members' offsets and, if still open, its file (data.tar_shards)
     tars: dict[str, Any] = field(default_factory=dict)
+    # a job this process runs fuses whole rankings (fusion.top_k null; set by the sweeper for its batch): a list pass
+    # also stores the score matrices that job reads (backends.retrieval)
+    whole_rankings_ahead: bool = False
 
 
 _STATE = [ProcessState()]  # the one state of this process: read with current(), replaced by start()

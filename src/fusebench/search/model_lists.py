@@ -15,7 +15,7 @@ listed, else is counted against a recomputed full row (t2i) or column (i2t), in 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,6 +187,32 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
                         progress: Callable[[int], None] | None = None, ranks: bool = True) -> ModelLists:
     """Top-``depth`` lists and exact ranks of one model, both directions (see the module docstring); ``ranks``
     False: the lists alone (ranks None; ``fusebench.library.search`` without positives)."""
+    passing = lists_pass(text, image, caption_image, depth, device, chunk_size, item_chunk_size, progress, ranks)
+    while True:
+        try:
+            next(passing)
+        except StopIteration as done:
+            return done.value
+
+
+def whole_rows_in_pass(n_images: int, item_chunk_size: int) -> bool:
+    """Whether :func:`lists_pass` yields whole score rows: one item tile holds every image."""
+    return 0 < n_images <= item_chunk_size
+
+
+def row_tile(n_captions: int, chunk_size: int) -> int:
+    """The caption rows of each similarity tile of :func:`lists_pass` (and of a whole score matrix computed for
+    the score store: the same matmul shapes, so the same bits)."""
+    return min(chunk_size, n_captions)
+
+
+def lists_pass(text, image, caption_image: np.ndarray, depth: int, device: torch.device | str = "cpu",
+               chunk_size: int = 4096, item_chunk_size: int = 16384, progress: Callable[[int], None] | None = None,
+               ranks: bool = True) -> Generator[torch.Tensor, None, ModelLists]:
+    """:func:`compute_model_lists` as a generator that returns its lists and, where one item tile holds every
+    image (:func:`whole_rows_in_pass`), yields each caption tile's whole score rows in order once the lists have
+    read them (the pass's own buffer: valid until the generator resumes), so that one pass can also write a
+    model's whole score matrix (``backends.retrieval``)."""
     device = torch.device(device)
     text, image = float_rows(text, device), float_rows(image, device)
     n_captions, n_images = text.shape[0], image.shape[0]
@@ -195,7 +221,7 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
     query_images_np = np.unique(np.asarray(caption_image))
     slot = np.full(n_images, -1, dtype=np.int64)
     slot[query_images_np] = np.arange(query_images_np.size)
-    chunk, item_chunk = min(chunk_size, n_captions), min(item_chunk_size, n_images)
+    chunk, item_chunk = row_tile(n_captions, chunk_size), min(item_chunk_size, n_images)
     buffer = torch.empty(chunk * item_chunk, dtype=torch.float32, device=device)
     columns = _running_lists(query_images_np.size, k_i2t, device)
     t2i_ids = np.empty((n_captions, k_t2i), dtype=np.int32)
@@ -223,6 +249,8 @@ def compute_model_lists(text, image, caption_image: np.ndarray, depth: int, devi
         t2i_scores[r0:r1], t2i_ids[r0:r1] = rows.lists()
         if progress is not None:
             progress(r1 - r0)
+        if len(item_tiles) == 1:
+            yield block
     del buffer
     i2t_scores, i2t_ids = columns.lists()
     query_images = torch.as_tensor(query_images_np, device=device)

@@ -32,7 +32,8 @@ if TYPE_CHECKING:  # torch and the numba kernels are imported where a matrix is 
     import torch
 
 log = logging.getLogger(__name__)
-FORMAT = 3  # 3: i2t is the transpose of t2i (2 computed it by a second matmul); 2: CRC-32 (1 had SHA-256);
+FORMAT = 4  # 4: t2i in the list pass's row tiles (eval.chunk_size rows; 3: tile_bytes' worth); 3: i2t is the
+# transpose of t2i (2 computed it by a second matmul); 2: CRC-32 (1 had SHA-256);
 # an entry of another format has another key: never read (fusebench-cache lists and removes it)
 SCORE_DTYPE = np.dtype(np.float32)
 

@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from fusebench import FusebenchError
 from fusebench.app import rundir
 from fusebench.app.callback import RunDirRefused
-from fusebench.runtime import progress
+from fusebench.runtime import progress, state
 
 
 class ComposedConfigs:
@@ -71,6 +71,12 @@ class ComposedConfigs:
         if kept:
             return kept.pop(0)
         return self.loader.load_sweep_config(master_config, sweep_overrides)
+
+
+def _fuses_whole_rankings(config: Any) -> bool:
+    """A job config that fuses whole rankings (``fusebench.app.pipeline.fuses_whole_rankings``, read untyped)."""
+    return (isinstance(config, DictConfig) and OmegaConf.select(config, "fusion.top_k", default=0) is None
+            and OmegaConf.select(config, "fusion.method", default="none") != "none")
 
 
 def check_job_dirs(configs: Sequence[DictConfig], first_job: int, taken: dict[str, int]) -> dict[int, tuple]:
@@ -294,5 +300,7 @@ class ComposeOnceSweeper(Sweeper):
             self.composed.kept.clear()  # a batch's configs are used by that batch only
             configs = [self.composed.compose_and_keep(self.config, overrides) for overrides in batch]
         dirs = check_job_dirs(configs, self.next_job, self.job_dirs)
+        if self.composed is not None and any(_fuses_whole_rankings(c) for c in configs):
+            state.current().whole_rankings_ahead = True  # this process runs them: its list passes store their rows
         record_jobs(self.jobs, batch, self.next_job, dirs)
         self.next_job += len(batch)
