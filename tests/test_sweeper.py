@@ -82,6 +82,9 @@ def test_each_job_is_composed_once_and_runs_as_with_hydras_sweeper(tmp_path):
                                                                                                  ("25", "null")), 1)]
     assert "unknown until a job finishes" in lines[0] and all(" left for the sweep" in line for line in lines[1:])
     assert "job 1/4" not in ours.stdout and "job 1/4" not in hydras.stderr  # stderr only; Hydra's sweeper has none
+    blocks = [json.loads((tmp_path / "ours" / str(job) / "metrics.json").read_text())["run"]["similarity_blocks"]
+              for job in range(4)]
+    assert blocks[0] > 0 and blocks[1:] == [0, 0, 0]  # the first list pass stored the whole-ranking jobs' rows too
     for job in range(4):
         mine, theirs = tmp_path / "ours" / str(job), tmp_path / "hydras" / str(job)
         assert (mine / ".hydra" / "config.yaml").read_text() == (theirs / ".hydra" / "config.yaml").read_text()

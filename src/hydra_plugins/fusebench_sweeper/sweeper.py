@@ -254,6 +254,7 @@ class ComposeOnceSweeper(Sweeper):
         try:
             return self._sweep(arguments)
         except BaseException:
+            state.current().whole_rankings_ahead = False
             if self.next_job == 0:  # no job ran: nothing of this sweep stays
                 try:
                     if earlier is not None:
@@ -288,6 +289,7 @@ class ComposeOnceSweeper(Sweeper):
             for result in results:
                 _ = result.return_value  # raises a failed job's error, as Hydra's sweeper does
             returns.append(results)
+        state.current().whole_rankings_ahead = False  # a later run of this process (the Python API) asks again
         return returns
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
@@ -300,7 +302,7 @@ class ComposeOnceSweeper(Sweeper):
             self.composed.kept.clear()  # a batch's configs are used by that batch only
             configs = [self.composed.compose_and_keep(self.config, overrides) for overrides in batch]
         dirs = check_job_dirs(configs, self.next_job, self.job_dirs)
-        if self.composed is not None and any(_fuses_whole_rankings(c) for c in configs):
-            state.current().whole_rankings_ahead = True  # this process runs them: its list passes store their rows
+        # the batch's jobs run in this process: with a whole-ranking job among them, its list passes store the rows
+        state.current().whole_rankings_ahead = self.composed is not None and any(map(_fuses_whole_rankings, configs))
         record_jobs(self.jobs, batch, self.next_job, dirs)
         self.next_job += len(batch)
