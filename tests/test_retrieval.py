@@ -372,3 +372,33 @@ def test_a_whole_ranking_job_computes_its_lists_and_score_matrices_in_one_pass(c
     assert two_passes - one_pass == tiles_per_pass  # the score matrices cost no second pass
     _assert_same(two, one)
     assert one["fused"]["t2i"].ranks.tolist() == two["fused"]["t2i"].ranks.tolist()
+
+
+@pytest.mark.slow  # > 0.1 s: outside the unit tier
+def test_a_score_store_that_cannot_be_written_leaves_the_list_job_its_lists(case, tmp_path, monkeypatch, caplog):
+    """The lists need no score matrices: a full disk under the score store is a warning, and the lists take a pass
+    of their own (a whole-ranking job that needs the matrices still fails, as before)."""
+    import errno
+
+    from fusebench.backends.retrieval import ListSource
+    from fusebench.stores import scores
+
+    models, caption_image = case
+    config = FusionConfig(method="dbsf", top_k=5)
+    want = _run(models, caption_image, config, chunk_size=5)
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(scores, "_write_blocks", full)
+    source = ListSource()
+    got = retrieve(models, caption_image, config, None, settings=SearchSettings(store_dir=str(tmp_path), whole_rows=True,
+                                                                          chunk_size=5), source=source)
+    _assert_same(want, got)
+    assert "computed alone" in caplog.text and not any(r.get("with_scores") for r in source.records.values())
+    with pytest.raises(OSError):
+        _run(models, caption_image, FusionConfig(method="dbsf", top_k=None), store_dir=str(tmp_path / "b"))
+    monkeypatch.undo()
+    source = ListSource()
+    retrieve(models, caption_image, config, None, settings=SearchSettings(store_dir=str(tmp_path / "c"), whole_rows=True,
+                                                                    chunk_size=5), source=source)
+    assert all(r["with_scores"] for r in source.records.values())  # the list record says what its pass also wrote

@@ -252,7 +252,8 @@ def search_settings(job: Job) -> SearchSettings:
                           store_dir=_store_dir(job),
                           precision=_precision(job),
                           progress=progress_updates, tuning=job.index_tuning, slices=job.config.gallery.slices,
-                          whole_rows=fuses_whole_rankings(job.config.fusion) or state.current().whole_rankings_ahead)
+                          whole_rows=(fuses_whole_rankings(job.fusion or job.config.fusion)
+                                      or state.current().whole_rankings_ahead))
 
 
 def fuses_whole_rankings(fusion) -> bool:

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -292,17 +293,25 @@ def _yield_to_jobs() -> None:
     """Lower this process's priority: a job's parallel steps (torch's and numba's threads, one per core) wait for
     their slowest thread, so plots drawn on a core they use slowed a sweep's fusion up to 10x (docs/speed.md). At
     the lowest priority the views take only the time the jobs leave idle, and all of it once the command waits for
-    them. Linux shares the CPU between sessions first (autogroups) and this process leads its own session, so its
-    session's priority is lowered too (``/proc/self/autogroup``); where either is missing this does nothing."""
+    them. Linux shares the CPU between sessions first (autogroups), so the session's priority is lowered too
+    (``/proc/self/autogroup``), only where this process leads its own session (as the command starts it: never a
+    terminal's session). Linux takes one such change every 0.1 s from a process without CAP_SYS_ADMIN: tried
+    again a few times. Where either is missing this does nothing."""
     if hasattr(os, "nice"):
         try:
             os.nice(VIEWS_NICENESS)
         except OSError:
             pass
-    try:
-        Path("/proc/self/autogroup").write_text(str(VIEWS_NICENESS))
-    except OSError:
-        pass
+    if not hasattr(os, "getsid") or os.getsid(0) != os.getpid():
+        return
+    for _ in range(5):
+        try:
+            Path("/proc/self/autogroup").write_text(str(VIEWS_NICENESS))
+            return
+        except BlockingIOError:  # EAGAIN: another autogroup changed in the last 0.1 s
+            time.sleep(0.11)
+        except OSError:
+            return
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ store, or computed once and stored), then fusion over them.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from fusebench.search.model_lists import (
 from fusebench.search.ranked import RankedLists, i2t_list_ranks, t2i_list_ranks
 from fusebench.stores.lists import ListStore, list_materials
 from fusebench.stores.scores import ScoreStore
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fusebench.backends.target_recall import TuningQueries
@@ -140,6 +143,7 @@ def model_lists(model: ModelEmbeddings, caption_image: np.ndarray, depth: int, s
     material = source.material(model, caption_image, device.type)
     found = store.get_or_compute(material, depth, n_images, n_captions, compute, {"model": model.name})
     source.records[model.name] = {"hit": found.hit, "stored": True, "key": found.key,
+                                  **({"with_scores": True} if model.name in source.scored and not found.hit else {}),
                                   "depth": found.lists.depth, "seconds": round(found.seconds, 3),
                                   **_direction_record(source, model.name, found.hit)}
     return found.lists
@@ -182,8 +186,14 @@ def _lists_storing_scores(model: ModelEmbeddings, caption_image: np.ndarray, dep
                 found["lists"] = done.value
                 return
 
-    ScoreStore(settings.store_dir).get_or_compute(source.material(model, caption_image, device.type), shapes,
-                                                   t2i_blocks, query_images, settings.tile_bytes, {"model": model.name})
+    try:
+        ScoreStore(settings.store_dir).get_or_compute(source.material(model, caption_image, device.type), shapes,
+                                                       t2i_blocks, query_images, settings.tile_bytes,
+                                                       {"model": model.name})
+    except OSError as err:  # the lists need no score matrices: they take a pass of their own
+        log.warning("score store: could not write %s's score matrices beside its lists (%s); the lists are "
+                    "computed alone", model.name, err)
+        return None
     if "lists" not in found:  # the matrices were stored already: the pass never ran
         return None
     source.scored.add(model.name)
@@ -217,9 +227,12 @@ def score_rows(model: ModelEmbeddings, caption_image: np.ndarray, query_images: 
         source.records.setdefault(model.name, {})["scores"] = {"stored": False, "mb": round(megabytes)}
         return fresh_rows(), {}
 
-    def t2i_blocks():  # in the list pass's tiles (model_lists.row_tile): the bits its lists were read from
+    def t2i_blocks():  # where one item tile holds a row, the list pass's tiles (model_lists.row_tile): the same bits
         rows = fresh_rows()["t2i"]
-        return (rows(r0, r1) for r0, r1 in tiles(shapes["t2i"][0], row_tile(shapes["t2i"][0], settings.chunk_size)))
+        n_captions, n_images = shapes["t2i"]
+        step = (row_tile(n_captions, settings.chunk_size) if whole_rows_in_pass(n_images, settings.item_chunk_size)
+                else max(1, settings.tile_bytes // (4 * n_images)))  # else rows of tile_bytes at most
+        return (rows(r0, r1) for r0, r1 in tiles(n_captions, step))
 
     material = source.material(model, caption_image, device.type)
     started = time.perf_counter()
