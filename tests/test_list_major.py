@@ -88,6 +88,11 @@ def test_a_batch_with_fewer_probes_than_lists_is_searched_by_faiss():
 
 
 def test_blocks_of_queries_give_the_lists_of_one_call(monkeypatch):
+    """The same candidates whatever the block: each list's scores are one BLAS matmul of the block's queries that
+    probe it, whose shape depends on the block, and BLAS may sum a product in another order in another shape (seen
+    on a 2-core EPYC without AVX-512, faiss-cpu's OpenBLAS 0.3.15 with its Zen and Haswell kernels alike: 4,916 of
+    21,000 scores 1 ulp apart between blocks of 64 and one call; the machines this test was written on gave equal
+    bits), so scores are equal to rounding and ids but for ties within it, as against FAISS's search."""
     items, queries = clustered()
     index = ivf_flat(items, 45)
     index.nprobe = 8
@@ -96,7 +101,8 @@ def test_blocks_of_queries_give_the_lists_of_one_call(monkeypatch):
     search, block = faiss_index.block_search(faiss, index, {"nprobe": 8, "list_major": True})
     assert block == 64
     parts = run(search, block, queries, 30)
-    assert np.array_equal(parts[0], whole[0]) and np.array_equal(parts[1], whole[1])
+    assert_same_lists(parts[0], parts[1], whole[0], whole[1])
+    assert (parts[0] == whole[0]).all(axis=1).mean() > 0.9  # ties are the exception
 
 
 def test_other_indexes_and_settings_search_as_faiss_does():
