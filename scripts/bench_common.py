@@ -16,8 +16,10 @@ FUSEBENCH = str(Path(sys.executable).with_name("fusebench"))
 
 def views_done(run_dirs, timeout: float = 600.0) -> float:
     """Wait until every run dir's views are made (its plots manifest names each plot with its sha256: the views
-    process, ``views=background``, draws after the command returned), so that the next timed command does not
+    process, ``views=background``, draws after the command returned), and a sweep's report plots (its sweep
+    dir's lock, which the views process holds while it draws them in a terminal's sweep), so that the next timed command does not
     share the CPU with it; the seconds waited."""
+    from fusebench.runtime import run_lock
     from fusebench.runtime.layout import read_plots_manifest
 
     start = time.perf_counter()
@@ -27,6 +29,13 @@ def views_done(run_dirs, timeout: float = 600.0) -> float:
             if drawn and all(drawn.values()):
                 break
             time.sleep(0.05)
+    for sweep_dir in {Path(run_dir).parent for run_dir in run_dirs if (Path(run_dir).parent / "multirun.yaml").is_file()}:
+        while time.perf_counter() - start < timeout:
+            try:  # waits while the views process draws the report's plots there
+                run_lock.check_free(sweep_dir, key="hydra.sweep.dir")
+                break
+            except run_lock.RunDirInUse:  # taken that instant, its holder not yet written
+                time.sleep(0.05)
     return time.perf_counter() - start
 
 

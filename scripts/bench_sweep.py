@@ -48,7 +48,8 @@ SWEEP_STAGES = [
     ("outputs: metrics.json, ranks/, topk/", "fusebench.app.pipeline", "write_run_outputs"),
     ("printed table", "fusebench.app.pipeline", "format_table"),
     ("views: the record handed to the views process (plots, W&B)", "fusebench.app.views", "dispatch"),
-    ("the sweep report (summary.md, gains.csv, its plots)", "fusebench.app.callback", "SweepReport.on_multirun_end"),
+    ("the sweep report (summary.md, gains.csv; its plots unless the views process draws them)",
+     "fusebench.app.callback", "SweepReport.on_multirun_end"),
 ]
 
 

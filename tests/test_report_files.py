@@ -142,6 +142,50 @@ def test_a_later_report_removes_a_plot_an_earlier_release_drew(runs):
     assert not old.exists() and "plots/index_gain_kept.png" not in report_files.read_manifest(runs)
 
 
+def test_a_report_drawn_in_two_steps_is_the_report_drawn_in_one(runs, tmp_path):
+    """``write_report(plots=False)`` then ``write_report_plots`` (a sweep whose plots the views process draws):
+    the same files, the same bytes and the same report.sha256 as one ``write_report``; between the steps an
+    earlier report's plots are gone (they described another report) and the tables are recorded."""
+    import shutil
+
+    from fusebench.report.sweep import without_arrays, write_report, write_report_plots
+
+    shutil.copytree(runs, tmp_path / "two")
+    whole = write_report(runs, draws=50)
+    assert write_report(tmp_path / "two", draws=50).plots  # an earlier report, with its plots
+    tables = write_report(tmp_path / "two", draws=50, plots=False)
+    assert tables.plots == [] and not (tmp_path / "two" / "plots").exists()
+    assert set(report_files.read_manifest(tmp_path / "two")) == {"summary.md", "summary.csv", "gains.csv", "cost.csv"}
+    sent = without_arrays(tables)  # what the views process is sent: no run's arrays, read again where needed
+    assert all(run._loaded == {} for run in sent.runs) and any(run._loaded for run in tables.runs)
+    plots = write_report_plots(sent)
+    assert sorted(p.name for p in plots) == sorted(p.name for p in whole.plots) != []
+    assert snapshot(tmp_path / "two", ("plots",)) == snapshot(runs, ("plots",))
+    manifest = report_files.read_manifest(tmp_path / "two")
+    one_step = report_files.read_manifest(runs)
+    assert manifest.keys() == one_step.keys()
+    assert {rel: manifest[rel] for rel in manifest if rel != "summary.md"} == \
+        {rel: one_step[rel] for rel in one_step if rel != "summary.md"}  # summary.md names its folder
+    assert (tmp_path / "two" / "summary.md").read_text().replace(str(tmp_path / "two"), str(runs)) == \
+        (runs / "summary.md").read_text()
+    for rel in manifest:
+        assert report_files.written(tmp_path / "two", rel, manifest)
+    assert not list((tmp_path / "two").glob(f"{report_files.STAGING}*"))
+
+
+def test_a_report_s_plots_drawn_after_its_tables_never_replace_a_users_file(runs):
+    from fusebench.report.sweep import write_report, write_report_plots
+
+    report = write_report(runs, draws=50, plots=False)
+    (runs / "plots").mkdir()
+    (runs / "plots" / "wins_losses.png").write_bytes(b"\x89PNG mine")
+    with pytest.raises(report_files.ReportBlocked, match="wins_losses.png"):
+        write_report_plots(report)
+    assert (runs / "plots" / "wins_losses.png").read_bytes() == b"\x89PNG mine"
+    assert set(report_files.read_manifest(runs)) == {"summary.md", "summary.csv", "gains.csv", "cost.csv"}
+    assert not list(runs.glob(f"{report_files.STAGING}*"))
+
+
 # ---------------------------------------------------------------- a user's files are never replaced
 
 @pytest.mark.parametrize("name", ["summary.md", "summary.csv", "gains.csv", "cost.csv", "plots/cost_vs_gain.png",

@@ -171,6 +171,69 @@ def test_the_views_process_never_draws_over_another_runs_record(tmp_path):
     assert not run_lock.held_here(run_dir)
 
 
+@pytest.mark.slow
+def test_a_terminal_sweep_returns_before_its_report_plots_which_the_views_process_draws_as_a_sweep_would(tmp_path):
+    """In a terminal (``background``, not waited for) the sweep's report plots and its W&B summary run are made by
+    the views process after the command returns: the same PNG bytes and report.sha256 entries as a sweep that
+    draws them itself, and the sweep dir's lock held by that process meanwhile."""
+    args = ["-m", *SMALL[:-1], "fusion=rrf,dbsf", "logger=wandb"]
+    inline = fusebench(*args, "hydra.sweep.dir=inline", cwd=tmp_path, mode="inline", WANDB_MODE="offline")
+    assert inline.returncode == 0, inline.stderr
+    terminal = fusebench(*args, "hydra.sweep.dir=sw", cwd=tmp_path, mode="background", terminal=True,
+                         WANDB_MODE="offline")
+    assert terminal.returncode == 0, terminal.stdout
+    from fusebench.report import report_files
+
+    sweep = tmp_path / "sw"
+    plots = [f"plots/{name}" for name in report_files.plot_names() if (tmp_path / "inline" / "plots" / name).is_file()]
+    assert len(plots) >= 3
+    deadline = time.monotonic() + 120
+    while not set(plots) <= set(report_files.read_manifest(sweep) or {}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    run_lock.check_free(sweep, key="hydra.sweep.dir")  # waits for the views process (the W&B run after the plots)
+    holder = run_lock.holder(sweep)
+    assert holder["command"] == run_lock.VIEWS_COMMAND  # the views process took the sweep dir to draw there
+    manifest, expected = report_files.read_manifest(sweep), report_files.read_manifest(tmp_path / "inline")
+    for rel in plots:
+        assert (sweep / rel).read_bytes() == (tmp_path / "inline" / rel).read_bytes()
+        assert manifest[rel] == expected[rel] and report_files.written(sweep, rel, manifest)
+    for job in (0, 1):
+        drawn(sweep / str(job))
+    summary = records(sweep)  # the sweep's own W&B run: its tables and the plots drawn after it returned
+    for rel in plots:
+        assert any(key.startswith(f"plots/{Path(rel).stem}") for key in summary["history"]), rel
+    assert summary["summary"]["runs"] == 2
+
+
+def test_the_views_process_never_draws_a_sweeps_plots_over_another_report(tmp_path, capsys):
+    from fusebench.report.sweep import SweepSummary
+
+    (tmp_path / "summary.md").write_text("# another report\n")
+    report = SweepSummary(folder=tmp_path, runs=[], reasons={}, ks=[1], level=0.95, draws=10, article=[], gains=[],
+                          cost=[], beside_article=[], positives=[], positive_gains=[], tuned=[], out=tmp_path)
+    job = views.SweepViews(sweep_dir=str(tmp_path), summary_sha256="0" * 64, logger=None)
+    views.serve_sweep(job, report)
+    assert not (tmp_path / "plots").exists() and not run_lock.held_here(tmp_path)
+    assert "is no longer the report this sweep wrote" in capsys.readouterr().err
+
+
+def test_where_a_sweeps_report_plots_are_drawn(monkeypatch):
+    """Only a command that will not wait for the views process leaves them to it; one that waits draws them
+    itself, beside the views process's last runs."""
+    monkeypatch.setattr(views, "in_terminal", lambda: True)
+    for name in views.SCHEDULERS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(views.COMMAND_PID, raising=False)
+    monkeypatch.setattr(views._PROCESS, "wait_at_end", False)
+    assert views.sweep_deferred("background")
+    assert not views.sweep_deferred("wait") and not views.sweep_deferred("inline")
+    monkeypatch.setattr(views._PROCESS, "wait_at_end", True)  # a job of the command asked for the wait
+    assert not views.sweep_deferred("background")
+    monkeypatch.setattr(views._PROCESS, "wait_at_end", False)
+    monkeypatch.setattr(views, "in_terminal", lambda: False)  # a script: the command waits anyway
+    assert not views.sweep_deferred("background")
+
+
 def test_where_a_command_must_wait_for_its_views(monkeypatch):
     monkeypatch.setattr(views, "in_terminal", lambda: True)
     for name in (*views.SCHEDULERS, views.COMMAND_PID):

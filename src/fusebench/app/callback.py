@@ -1,9 +1,10 @@
 """Hydra callback of every fusebench run: before Hydra creates the run or sweep dir, check it (``rundir``), the
 folders it lies under (``paths.*``), and for a sweep its job dir pattern (``hydra.sweep.subdir``) and that it has
 jobs at all; read an earlier run's ``.hydra`` files, which Hydra is about to rewrite; at the end of a multirun,
-write the sweep report (and log it to W&B when enabled), or for ``fusebench-embed`` (``SweepReport.kind``) the
-shard summary (``fusebench.app.embed_cli.sweep_summary``), or for slice jobs (``gallery.slice=...``) the slice
-summary (``fusebench.app.slice_job.slice_summary``).
+write the sweep report (and log it to W&B when enabled; in a terminal whose command will not wait for its views
+process, that process draws the report's plots and logs it: ``app.views.sweep_deferred``), or for
+``fusebench-embed`` (``SweepReport.kind``) the shard summary (``fusebench.app.embed_cli.sweep_summary``), or for
+slice jobs (``gallery.slice=...``) the slice summary (``fusebench.app.slice_job.slice_summary``).
 
 The report never replaces a file fusebench did not write (``fusebench.report.report_files``): a sweep dir that
 holds one is refused before any job runs (exit 2); one put there while the jobs ran leaves the jobs' results as
@@ -213,6 +214,23 @@ def _check_report_files(folder: Path) -> None:
                             "away, or choose another hydra.sweep.dir=...") from None
 
 
+def views_module():
+    from fusebench.app import views  # lazy: heavy (the record, the plots' registry); Hydra imports the callback
+
+    return views
+
+
+def _views_deferred(config: DictConfig) -> bool:
+    """Whether the sweep report's plots go to the views process (``views.sweep_deferred``: a terminal's command
+    that will not wait for it)."""
+    mode = _value(config, "views")
+    return isinstance(mode, str) and views_module().sweep_deferred(mode)
+
+
+def _hand_to_views(report, logger) -> bool:
+    return views_module().dispatch_sweep(report, logger)
+
+
 class SweepReport(Callback):
     failed: list[str] | None = None  # set at the end of each multirun in this process
     jobs_failed: list[str] = []  # job dirs (relative to the sweep dir) whose job raised, this multirun
@@ -275,11 +293,12 @@ class SweepReport(Callback):
             return
 
         try:
-            from fusebench.report.sweep import write_report  # lazy: heavy (scipy)
+            from fusebench.report.sweep import write_report, write_report_plots  # lazy: heavy (scipy)
 
+            deferred = _views_deferred(config)
             try:
                 report = write_report(folder, draws=self.draws, seed=self.seed, level=self.level,
-                                      scan=_without_failed_jobs(folder, SweepReport.jobs_failed))
+                                      scan=_without_failed_jobs(folder, SweepReport.jobs_failed), plots=not deferred)
             except ReportBlocked as err:  # a file put there while the jobs ran: they are finished, kept
                 SweepReport.failed = sorted({*scan_runs(folder).failed, *SweepReport.jobs_failed})
                 failed = f"; {len(SweepReport.failed)} job(s) failed: {', '.join(SweepReport.failed)}" \
@@ -297,8 +316,14 @@ class SweepReport(Callback):
                 log.error("damaged runs (their files changed since they finished; summary.md says which): %s",
                           ", ".join(report.damaged))
 
-            log_sweep(logger_config(OmegaConf.to_container(config.logger, resolve=True)) if "logger" in config else None,
-                      folder, report)
+            logger = logger_config(OmegaConf.to_container(config.logger, resolve=True)) if "logger" in config else None
+            if deferred and _hand_to_views(report, logger):
+                log.info("the sweep's plots%s are being made by the views process", " and W&B summary" if logger
+                         and views_module().logs(logger) else "")
+                return
+            if deferred:  # no views process could take them: drawn here
+                write_report_plots(report)
+            log_sweep(logger, folder, report)
         except Exception as err:  # noqa: BLE001 - a report failure must never fail the sweep
             SweepReport.failed = sorted({*(scan_runs(folder).failed if folder.is_dir() else []),
                                          *SweepReport.jobs_failed})

@@ -12,6 +12,9 @@ its table printed. Nothing in them is a result: they are drawn from the run's re
 * ``wait``: the same process, and the command always waits for it before it returns.
 * ``inline``: in the job itself, before the job returns.
 
+A sweep's report plots and W&B summary run are a view too: the views process makes them, after the jobs', only where
+the command will not wait for it (:func:`sweep_deferred`); the report's tables are written by the command first.
+
 The views process takes the run dir's lock (``runtime.run_lock``) while it draws. The job hands the dir over
 before it releases the lock (``run_lock.hand_to_views``), so a new run that takes the lock first waits for it
 (a new run never waits for a run). It draws only when metrics.json is still the file the job wrote (its sha256,
@@ -62,6 +65,17 @@ class ViewsJob:
     name: str | None
     argv: tuple[str, ...] = ()  # the command's argv (W&B records the program and its arguments)
     log_file: str | None = None  # the run's log (Hydra's RUN_DIR/JOB_NAME.log), where the views process writes
+
+
+@dataclass(frozen=True)
+class SweepViews:
+    """What a sweep report's views need besides the report (sent beside it, pickled: the report its tables were
+    written from): its plots, drawn after its tables, and its W&B summary run."""
+
+    sweep_dir: str  # the sweep dir: its lock, held while they are made
+    summary_sha256: str  # summary.md as the report wrote it: drawn only for that report
+    logger: LoggerConfig | None
+    argv: tuple[str, ...] = ()
 
 
 def logs(logger: LoggerConfig) -> bool:
@@ -144,6 +158,31 @@ def dispatch(mode: str, run_dir: str | Path, record: RunRecord, plots: bool, log
     _PROCESS.wait_at_end |= mode == "wait" or must_wait()
 
 
+def sweep_deferred(mode: str) -> bool:
+    """Whether a sweep's report plots (and its W&B summary) go to the views process: only where the command will
+    not wait for it (``background`` in a terminal). A command that waits draws them itself, beside the views
+    process's last runs, which is sooner on the same cores."""
+    return mode == "background" and not must_wait() and not _PROCESS.wait_at_end
+
+
+def dispatch_sweep(report, logger: LoggerConfig | None) -> bool:
+    """Hand a sweep report written without its plots (``report.sweep.write_report(plots=False)``) to the views
+    process, which draws them and logs the summary run; False when no process could take it (the caller makes
+    them itself)."""
+    from fusebench.report.sweep import without_arrays
+
+    sweep_dir = Path(report.folder).resolve()
+    job = SweepViews(sweep_dir=str(sweep_dir), summary_sha256=file_sha256(Path(report.out) / "summary.md"),
+                     logger=logger, argv=tuple(sys.argv))
+    try:
+        pid = _PROCESS.submit(job, without_arrays(report))
+    except OSError as err:
+        log.warning("could not start the views process (%s); drawing the sweep's plots here instead", err)
+        return False
+    run_lock.hand_to_views(sweep_dir, pid)
+    return True
+
+
 class _Views:
     """The views process of this process, fed (ViewsJob, RunRecord) pickles on its stdin, one per run."""
 
@@ -169,8 +208,8 @@ class _Views:
             os.close(fd)
         _widen(self.proc.stdin)
 
-    def submit(self, job: ViewsJob, record: RunRecord) -> int:
-        """Send one run's views; the views process's pid."""
+    def submit(self, job: ViewsJob | SweepViews, record) -> int:
+        """Send one run's views (or a sweep report's); the views process's pid."""
         data = pickle.dumps((job, record), protocol=pickle.HIGHEST_PROTOCOL)
         if not self.alive():
             self.start()
@@ -285,6 +324,44 @@ def serve(job: ViewsJob, record: RunRecord) -> None:
             handler.close()
 
 
+def make_sweep(job: SweepViews, report) -> None:
+    """A sweep report's plots, then its W&B summary run (which logs them): each failure a warning."""
+    from fusebench.app.tracking import log_sweep
+    from fusebench.report.sweep import write_report_plots
+
+    try:
+        write_report_plots(report)
+    except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
+        log.warning("could not draw the sweep's plots in %s: %s (fusebench-report %s draws them)", report.out, err,
+                    job.sweep_dir)
+    log_sweep(job.logger, job.sweep_dir, report)
+
+
+def serve_sweep(job: SweepViews, report) -> None:
+    """Make a sweep report's views in this process: the sweep dir's lock, its summary.md checked, then
+    ``make_sweep``."""
+    sweep_dir = Path(job.sweep_dir)
+    try:
+        run_lock.hold(sweep_dir, key="hydra.sweep.dir", wait=LOCK_WAIT_S)
+    except Exception as err:  # noqa: BLE001 - never taken: the dir is another sweep's now
+        print(f"no sweep plots or log made for {sweep_dir}: {err}", file=sys.stderr, flush=True)
+        return
+    argv = sys.argv[:]
+    try:
+        summary = Path(report.out) / "summary.md"
+        if not summary.is_file() or file_sha256(summary) != job.summary_sha256:
+            print(f"no sweep plots drawn: {summary} is no longer the report this sweep wrote", file=sys.stderr,
+                  flush=True)
+            return
+        sys.argv[:] = list(job.argv) or argv
+        make_sweep(job, report)
+    except Exception as err:  # noqa: BLE001 - a view never fails a sweep
+        print(f"could not make the sweep's plots or log in {sweep_dir}: {err}", file=sys.stderr, flush=True)
+    finally:
+        sys.argv[:] = argv
+        run_lock.release(sweep_dir)
+
+
 def _stop(signum, _frame):
     raise SystemExit(128 + signum)  # a plot being written removes its temp file on the way out
 
@@ -316,7 +393,8 @@ def _yield_to_jobs() -> None:
 
 def main() -> None:
     """``python -m fusebench.app.views ERRORS``: make the views of each run sent on stdin (a pickled
-    (ViewsJob, RunRecord) each), in order, until stdin closes; ERRORS (its stderr) is removed at a clean end."""
+    (ViewsJob, RunRecord) each; a sweep report's: (SweepViews, SweepSummary)), in order, until stdin closes;
+    ERRORS (its stderr) is removed at a clean end."""
     errors = Path(sys.argv[1]) if len(sys.argv) > 1 else None
     sys.argv[:] = [run_lock.VIEWS_COMMAND]  # how this process names itself in a run dir's lock (run_lock.describe)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -330,10 +408,12 @@ def main() -> None:
             break
         except Exception:  # noqa: BLE001 - cut short (the command was killed mid-send): nothing more to make
             break
-        serve(job, record)
+        (serve_sweep if isinstance(job, SweepViews) else serve)(job, record)
     if errors is not None:
         errors.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
-    main()
+    from fusebench.app import views  # the module by its name, not __main__: the classes the requests were pickled as
+
+    views.main()

@@ -173,11 +173,12 @@ def _write_manifest(folder: Path, entries: dict[str, set[str]]) -> None:
     atomic_write_text(folder / MANIFEST, "\n".join([HEADER, *lines]) + "\n")
 
 
-def commit(folder: str | Path, staged: dict[str, Path]) -> list[Path]:
+def commit(folder: str | Path, staged: dict[str, Path], add: bool = False) -> list[Path]:
     """Move ``staged`` (relative path in ``folder`` -> the file drawn in ``staging``) into place, refused first
     (``check``) when any would replace a file fusebench did not write; remove the files an earlier report
     recorded that this one does not write (a table or plot it no longer has); record them all in report.sha256.
-    Returns the paths written."""
+    ``add``: ``staged`` completes the report already in place (its plots, drawn after its tables): the files
+    report.sha256 records are kept, and recorded still. Returns the paths written."""
     folder = Path(folder)
     check(folder, [*staged, MANIFEST])
     earlier = read_manifest(folder) or {}
@@ -188,6 +189,8 @@ def commit(folder: str | Path, staged: dict[str, Path]) -> list[Path]:
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         os.replace(src, folder / rel)
         placed.append(folder / rel)
+    if add:
+        new = {**{rel: shas for rel, shas in earlier.items() if rel not in new}, **new}
     for rel in earlier.keys() - new.keys():  # an earlier report's file this one does not write
         if written(folder, rel, earlier):
             (folder / rel).unlink()

@@ -12,7 +12,7 @@ ranks (``ranks/*.npy``), so retrievers from different jobs are compared query by
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,7 +50,7 @@ FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselin
     "text": list(TEXT_CASES),  # config.specs' query text cases
 }
 SCALING_TABLES = ("recall", "gains", "changes", "extrapolation")  # scaling_*.csv beside summary.md
-__all__ = ["Run", "Scan", "SweepSummary", "build_report", "load_runs", "scan_runs", "write_report"]
+__all__ = ["Run", "Scan", "SweepSummary", "build_report", "load_runs", "scan_runs", "write_report", "write_report_plots"]
 
 
 def article_rows(runs: list[Run], ks: list[int]) -> list[dict]:
@@ -293,6 +293,7 @@ class SweepSummary:
     positive_gains: list[dict]
     tuned: list[dict]
     plots: list[Path] = field(default_factory=list)
+    out: Path | None = None  # where write_report wrote it
     scaling: ScalingReport | None = None  # runs that differ by gallery size (fusebench.report.scaling)
     index_effects: IndexEffects | None = None  # runs that differ by search backend (fusebench.report.index_effects)
     damaged: list[str] = field(default_factory=list)  # run dirs of ``reasons`` whose files are damaged (Scan.damaged)
@@ -332,10 +333,12 @@ def build_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
 
 
 def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: float = 0.95,
-                 scan: Scan | None = None, out: str | Path | None = None) -> SweepSummary:
+                 scan: Scan | None = None, out: str | Path | None = None, plots: bool = True) -> SweepSummary:
     """Write summary.md, summary.csv, gains.csv and cost.csv (and positives.csv, scaling_*.csv for a scaling
     study, index_effects.csv for runs that differ by search backend) and the plots for the runs below ``folder``
-    into ``out`` (by default ``folder``), with report.sha256 recording them; return the report.
+    into ``out`` (by default ``folder``), with report.sha256 recording them; return the report (``report.out``:
+    where it was written). ``plots=False``: the tables alone, an earlier report's plots removed; the caller
+    draws them after (:func:`write_report_plots`, the views process: ``app.views``).
 
     Refused before any work (``report_files.ReportBlocked`` naming the file) when it would replace a file
     fusebench did not write; an earlier report's files are replaced (``fusebench.report.report_files``)."""
@@ -344,6 +347,7 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
     out = folder if out is None else Path(out)
     report_files.check(out)
     report = build_report(folder, draws=draws, seed=seed, level=level, scan=scan)
+    report.out = out
     tables = {"summary.md": markdown(report), "summary.csv": csv_text(report.article),
               "gains.csv": csv_text(report.gains), "cost.csv": csv_text(report.cost)}
     if report.positives:
@@ -356,16 +360,43 @@ def write_report(folder: str | Path, draws: int = 2000, seed: int = 0, level: fl
     try:
         for name, text in tables.items():
             atomic_write_text(staging / name, text)
-        plots_dir, plots = report_files.plots_dir(out), []
-        try:
-            plots = sweep_plots(staging, report, plots_dir)
-        except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
-            import logging
-
-            logging.getLogger(__name__).warning("could not draw sweep plots: %s", err)
-        staged = {**{name: staging / name for name in tables}, **{f"{plots_dir}/{p.name}": p for p in plots}}
+        staged = {**{name: staging / name for name in tables}, **(_drawn(staging, report, out) if plots else {})}
         placed = report_files.commit(out, staged)
     finally:
         report_files.discard(staging)
     report.plots = [p for p in placed if p.suffix == ".png"]
     return report
+
+
+def write_report_plots(report: SweepSummary) -> list[Path]:
+    """The plots of a report whose tables :func:`write_report` wrote without them (``plots=False``), drawn into
+    its folder's plots dir and recorded in its report.sha256 beside the tables; ``report.plots`` is set to them."""
+    out = Path(report.out)
+    staging = report_files.staging(out)
+    try:
+        staged = _drawn(staging, report, out)
+        placed = report_files.commit(out, staged, add=True) if staged else []
+    finally:
+        report_files.discard(staging)
+    report.plots = [p for p in placed if p.suffix == ".png"]
+    return report.plots
+
+
+def without_arrays(report: SweepSummary) -> SweepSummary:
+    """The report with its runs' arrays dropped (``Run`` reads them again when asked): what another process is sent
+    (~0.3 MB for a 30-job sweep, against ~22 MB with the ranks each paired gain read)."""
+    return replace(report, runs=[replace(run, _loaded={}) for run in report.runs])
+
+
+def _drawn(staging: Path, report: SweepSummary, out: Path) -> dict[str, Path]:
+    """The report's plots drawn in ``staging`` (relative path in ``out`` -> the file); none when drawing failed (a
+    warning: the tables are the record, plots a view)."""
+    plots_dir = report_files.plots_dir(out)
+    try:
+        plots = sweep_plots(staging, report, plots_dir)
+    except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
+        import logging
+
+        logging.getLogger(__name__).warning("could not draw sweep plots: %s", err)
+        return {}
+    return {f"{plots_dir}/{p.name}": p for p in plots}
