@@ -159,6 +159,30 @@ def test_a_run_waits_for_a_views_process_but_never_for_a_run(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
+def test_a_run_waits_for_a_dir_handed_to_views_even_before_the_views_process_rewrote_its_record(tmp_path):
+    """The lock held by a process whose record still names the run that handed the dir to a live views process (the
+    instant after that process took it, or the run not yet gone) is waited for, not refused as a run's; once that
+    views process has ended, a run holding the dir is refused at once."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    views_proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    code = ("import sys, time\nfrom fusebench.runtime import run_lock\n"
+            f"run_lock.hold({str(folder)!r})\nrun_lock.hand_to_views({str(folder)!r}, {views_proc.pid})\n"
+            "print('held', flush=True)\ntime.sleep(30)\n")
+    run = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        with pytest.raises(run_lock.RunDirInUse):
+            run_lock.hold(folder)
+        assert time.monotonic() - start > 1.0  # waited while the views process lived, then refused: a run holds it
+    finally:
+        for proc in (run, views_proc):
+            proc.kill()
+            proc.wait()
+
+
 def test_the_views_process_never_draws_over_another_runs_record(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

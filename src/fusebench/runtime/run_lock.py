@@ -196,6 +196,24 @@ def drawing_views(run_dir: str | Path) -> bool:
     return str((holder(run_dir) or {}).get("command") or "").startswith(VIEWS_COMMAND)
 
 
+def _views_holding(run_dir: str | Path) -> int | None:
+    """The pid of the views process that holds ``run_dir``'s lock, or is about to: its record names it, or still
+    names the run that handed it the dir (``views_pending``: taken an instant ago, or the run not yet gone); None
+    when a run holds it. A record being rewritten (empty for an instant) is read again."""
+    for _ in range(5):
+        try:
+            data = (Path(run_dir) / LOCK_NAME).read_bytes()
+        except OSError:
+            data = b""
+        if data.strip():
+            info = holder(run_dir) or {}
+            if str(info.get("command") or "").startswith(VIEWS_COMMAND):
+                return info.get("pid")
+            return _pending_views(data)
+        time.sleep(0.01)
+    return None
+
+
 def _acquire(lock, run_dir: str | Path, key: str, what: str | None, wait: float) -> None:
     """Take ``lock`` without waiting, or within ``wait`` seconds. A views process drawing an earlier run's plots
     there, or one that run handed the dir to (``hand_to_views``), is waited for, up to :data:`VIEWS_WAIT_S` (it
@@ -207,9 +225,9 @@ def _acquire(lock, run_dir: str | Path, key: str, what: str | None, wait: float)
         try:
             lock.acquire(timeout=wait) if wait > 0 else lock.acquire(blocking=False)
         except Timeout:
-            if not drawing_views(run_dir):
+            pid = _views_holding(run_dir)
+            if pid is None:
                 raise RunDirInUse(in_use_message(run_dir, key, what)) from None
-            pid = (holder(run_dir) or {}).get("pid")
         else:
             pid = _PENDING.pop(path, None)
             if pid is None:
