@@ -30,12 +30,7 @@ def views_done(run_dirs, timeout: float = 600.0) -> float:
                 break
             time.sleep(0.05)
     for sweep_dir in {Path(run_dir).parent for run_dir in run_dirs if (Path(run_dir).parent / "multirun.yaml").is_file()}:
-        while time.perf_counter() - start < timeout:
-            try:  # waits while the views process draws the report's plots there
-                run_lock.check_free(sweep_dir, key="hydra.sweep.dir")
-                break
-            except run_lock.RunDirInUse:  # taken that instant, its holder not yet written
-                time.sleep(0.05)
+        run_lock.check_free(sweep_dir, key="hydra.sweep.dir")  # waits while the views process draws its report's plots
     return time.perf_counter() - start
 
 
