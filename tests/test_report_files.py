@@ -146,9 +146,10 @@ def test_a_report_drawn_in_two_steps_is_the_report_drawn_in_one(runs, tmp_path):
     """``write_report(plots=False)`` then ``write_report_plots`` (a sweep whose plots the views process draws):
     the same files, the same bytes and the same report.sha256 as one ``write_report``; between the steps an
     earlier report's plots are gone (they described another report) and the tables are recorded."""
+    import pickle
     import shutil
 
-    from fusebench.report.sweep import without_arrays, write_report, write_report_plots
+    from fusebench.report.sweep import write_report, write_report_plots
 
     shutil.copytree(runs, tmp_path / "two")
     whole = write_report(runs, draws=50)
@@ -156,8 +157,9 @@ def test_a_report_drawn_in_two_steps_is_the_report_drawn_in_one(runs, tmp_path):
     tables = write_report(tmp_path / "two", draws=50, plots=False)
     assert tables.plots == [] and not (tmp_path / "two" / "plots").exists()
     assert set(report_files.read_manifest(tmp_path / "two")) == {"summary.md", "summary.csv", "gains.csv", "cost.csv"}
-    sent = without_arrays(tables)  # what the views process is sent: no run's arrays, read again where needed
+    sent = pickle.loads(pickle.dumps(tables))  # what the views process is sent: no run's arrays (read again if asked)
     assert all(run._loaded == {} for run in sent.runs) and any(run._loaded for run in tables.runs)
+    assert all(run._loaded for run in tables.runs)  # this process's runs keep theirs
     plots = write_report_plots(sent)
     assert sorted(p.name for p in plots) == sorted(p.name for p in whole.plots) != []
     assert snapshot(tmp_path / "two", ("plots",)) == snapshot(runs, ("plots",))
@@ -173,16 +175,21 @@ def test_a_report_drawn_in_two_steps_is_the_report_drawn_in_one(runs, tmp_path):
     assert not list((tmp_path / "two").glob(f"{report_files.STAGING}*"))
 
 
-def test_a_report_s_plots_drawn_after_its_tables_never_replace_a_users_file(runs):
+def test_a_report_s_plots_drawn_after_its_tables_never_replace_a_users_file(runs, caplog):
+    """A file put under one plot's name between the tables and the plots is left as it is, with a warning naming
+    it; the report's other plots are drawn and recorded."""
     from fusebench.report.sweep import write_report, write_report_plots
 
     report = write_report(runs, draws=50, plots=False)
     (runs / "plots").mkdir()
     (runs / "plots" / "wins_losses.png").write_bytes(b"\x89PNG mine")
-    with pytest.raises(report_files.ReportBlocked, match="wins_losses.png"):
-        write_report_plots(report)
+    placed = write_report_plots(report)
     assert (runs / "plots" / "wins_losses.png").read_bytes() == b"\x89PNG mine"
-    assert set(report_files.read_manifest(runs)) == {"summary.md", "summary.csv", "gains.csv", "cost.csv"}
+    assert "plots/wins_losses.png not drawn" in caplog.text and "wins_losses.png was not written by fusebench" in \
+        caplog.text
+    manifest = report_files.read_manifest(runs)
+    assert "plots/wins_losses.png" not in manifest and {"plots/paired_gains.png", "summary.md"} <= manifest.keys()
+    assert sorted(p.name for p in placed) == sorted(rel.split("/")[1] for rel in manifest if "/" in rel)
     assert not list(runs.glob(f"{report_files.STAGING}*"))
 
 

@@ -236,9 +236,17 @@ def test_the_views_process_never_draws_a_sweeps_plots_over_another_report(tmp_pa
     report = SweepSummary(folder=tmp_path, runs=[], reasons={}, ks=[1], level=0.95, draws=10, article=[], gains=[],
                           cost=[], beside_article=[], positives=[], positive_gains=[], tuned=[], out=tmp_path)
     job = views.SweepViews(sweep_dir=str(tmp_path), summary_sha256="0" * 64, logger=None)
+    views._Failures.seen = False
     views.serve_sweep(job, report)
     assert not (tmp_path / "plots").exists() and not run_lock.held_here(tmp_path)
     assert "is no longer the report this sweep wrote" in capsys.readouterr().err
+    assert views._Failures.seen  # the views process keeps its errors file, which the command named
+    gone = tmp_path / "moved"
+    report.out = report.folder = gone
+    views.serve_sweep(views.SweepViews(sweep_dir=str(gone), summary_sha256="0" * 64, logger=None), report)
+    assert not gone.exists()  # a sweep dir removed or moved since is never made again (its lock file)
+    assert "is gone" in capsys.readouterr().err
+    views._Failures.seen = False
 
 
 def test_where_a_sweeps_report_plots_are_drawn(monkeypatch):

@@ -223,8 +223,13 @@ def views_module():
 def _views_deferred(config: DictConfig) -> bool:
     """Whether the sweep report's plots go to the views process (``views.sweep_deferred``: a terminal's command
     that will not wait for it)."""
-    mode = _value(config, "views")
-    return isinstance(mode, str) and views_module().sweep_deferred(mode)
+    from fusebench.app.run_config import views_choice  # lazy: Hydra imports the callback at start
+
+    try:
+        mode = views_choice(_value(config, "views"))  # $FUSEBENCH_VIEWS set but empty: unset, as for the jobs
+    except Exception:  # noqa: BLE001 - a bad value: each job refused it already
+        return False
+    return views_module().sweep_deferred(mode)
 
 
 def _hand_to_views(report, logger) -> bool:
@@ -318,8 +323,9 @@ class SweepReport(Callback):
 
             logger = logger_config(OmegaConf.to_container(config.logger, resolve=True)) if "logger" in config else None
             if deferred and _hand_to_views(report, logger):
-                log.info("the sweep's plots%s are being made by the views process", " and W&B summary" if logger
-                         and views_module().logs(logger) else "")
+                log.info("the sweep's plots%s are being made by the views process (what fails is written to %s)",
+                         " and W&B summary" if logger and views_module().logs(logger) else "",
+                         views_module().errors_file())
                 return
             if deferred:  # no views process could take them: drawn here
                 write_report_plots(report)

@@ -169,13 +169,11 @@ def dispatch_sweep(report, logger: LoggerConfig | None) -> bool:
     """Hand a sweep report written without its plots (``report.sweep.write_report(plots=False)``) to the views
     process, which draws them and logs the summary run; False when no process could take it (the caller makes
     them itself)."""
-    from fusebench.report.sweep import without_arrays
-
     sweep_dir = Path(report.folder).resolve()
     job = SweepViews(sweep_dir=str(sweep_dir), summary_sha256=file_sha256(Path(report.out) / "summary.md"),
                      logger=logger, argv=tuple(sys.argv))
     try:
-        pid = _PROCESS.submit(job, without_arrays(report))
+        pid = _PROCESS.submit(job, report)  # its runs pickled without their arrays
     except OSError as err:
         log.warning("could not start the views process (%s); drawing the sweep's plots here instead", err)
         return False
@@ -334,29 +332,58 @@ def make_sweep(job: SweepViews, report) -> None:
     except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
         log.warning("could not draw the sweep's plots in %s: %s (fusebench-report %s draws them)", report.out, err,
                     job.sweep_dir)
-    log_sweep(job.logger, job.sweep_dir, report)
+    log_sweep(job.logger, report.folder, report)  # the sweep dir as the command had it (W&B's config and group)
+
+
+class _Failures(logging.StreamHandler):
+    """This process's warnings to its stderr (the errors file), noting that there were some: a sweep has no log of
+    its own, so the file is kept for the user (``main``)."""
+
+    seen = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:
+            _Failures.seen = True
+            super().emit(record)
+
+
+def _failed(message: str) -> None:
+    _Failures.seen = True
+    print(message, file=sys.stderr, flush=True)
 
 
 def serve_sweep(job: SweepViews, report) -> None:
     """Make a sweep report's views in this process: the sweep dir's lock, its summary.md checked, then
-    ``make_sweep``."""
+    ``make_sweep``; what fails is written to this process's errors file, kept (the command named it)."""
+    handler = _Failures(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        _serve_sweep(job, report)
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+def _serve_sweep(job: SweepViews, report) -> None:
     sweep_dir = Path(job.sweep_dir)
+    if not (Path(report.out) / "summary.md").is_file():  # removed or moved since: nothing of it to draw (and no
+        _failed(f"no sweep plots drawn: {Path(report.out) / 'summary.md'} is gone")  # lock file left in a folder
+        return  # made again)
     try:
         run_lock.hold(sweep_dir, key="hydra.sweep.dir", wait=LOCK_WAIT_S)
     except Exception as err:  # noqa: BLE001 - never taken: the dir is another sweep's now
-        print(f"no sweep plots or log made for {sweep_dir}: {err}", file=sys.stderr, flush=True)
+        _failed(f"no sweep plots or log made for {sweep_dir}: {err}")
         return
     argv = sys.argv[:]
     try:
         summary = Path(report.out) / "summary.md"
         if not summary.is_file() or file_sha256(summary) != job.summary_sha256:
-            print(f"no sweep plots drawn: {summary} is no longer the report this sweep wrote", file=sys.stderr,
-                  flush=True)
+            _failed(f"no sweep plots drawn: {summary} is no longer the report this sweep wrote")
             return
         sys.argv[:] = list(job.argv) or argv
         make_sweep(job, report)
     except Exception as err:  # noqa: BLE001 - a view never fails a sweep
-        print(f"could not make the sweep's plots or log in {sweep_dir}: {err}", file=sys.stderr, flush=True)
+        _failed(f"could not make the sweep's plots or log in {sweep_dir}: {err}")
     finally:
         sys.argv[:] = argv
         run_lock.release(sweep_dir)
@@ -391,10 +418,15 @@ def _yield_to_jobs() -> None:
             return
 
 
+def errors_file() -> Path | None:
+    """Where this command's views process writes what went wrong (kept after it ends when anything did)."""
+    return _PROCESS.errors
+
+
 def main() -> None:
     """``python -m fusebench.app.views ERRORS``: make the views of each run sent on stdin (a pickled
     (ViewsJob, RunRecord) each; a sweep report's: (SweepViews, SweepSummary)), in order, until stdin closes;
-    ERRORS (its stderr) is removed at a clean end."""
+    ERRORS (its stderr) is removed at a clean end, unless a sweep's views failed (a sweep has no log of its own)."""
     errors = Path(sys.argv[1]) if len(sys.argv) > 1 else None
     sys.argv[:] = [run_lock.VIEWS_COMMAND]  # how this process names itself in a run dir's lock (run_lock.describe)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -409,7 +441,7 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - cut short (the command was killed mid-send): nothing more to make
             break
         (serve_sweep if isinstance(job, SweepViews) else serve)(job, record)
-    if errors is not None:
+    if errors is not None and not _Failures.seen:  # a sweep's failure stays there (the command named the file)
         errors.unlink(missing_ok=True)
 
 

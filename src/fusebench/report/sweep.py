@@ -12,7 +12,8 @@ ranks (``ranks/*.npy``), so retrievers from different jobs are compared query by
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -375,17 +376,17 @@ def write_report_plots(report: SweepSummary) -> list[Path]:
     staging = report_files.staging(out)
     try:
         staged = _drawn(staging, report, out)
+        for rel in list(staged):  # a file put there since the tables were written: that plot alone is left out
+            found = report_files.blocker(out, [rel])
+            if found is not None:
+                logging.getLogger(__name__).warning("sweep plot %s not drawn: %s %s; a report replaces only the files "
+                                                    "it wrote", rel, *found)
+                del staged[rel]
         placed = report_files.commit(out, staged, add=True) if staged else []
     finally:
         report_files.discard(staging)
     report.plots = [p for p in placed if p.suffix == ".png"]
     return report.plots
-
-
-def without_arrays(report: SweepSummary) -> SweepSummary:
-    """The report with its runs' arrays dropped (``Run`` reads them again when asked): what another process is sent
-    (~0.3 MB for a 30-job sweep, against ~22 MB with the ranks each paired gain read)."""
-    return replace(report, runs=[replace(run, _loaded={}) for run in report.runs])
 
 
 def _drawn(staging: Path, report: SweepSummary, out: Path) -> dict[str, Path]:
@@ -395,8 +396,6 @@ def _drawn(staging: Path, report: SweepSummary, out: Path) -> dict[str, Path]:
     try:
         plots = sweep_plots(staging, report, plots_dir)
     except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
-        import logging
-
         logging.getLogger(__name__).warning("could not draw sweep plots: %s", err)
         return {}
     return {f"{plots_dir}/{p.name}": p for p in plots}
