@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fusebench import FusebenchError
 from fusebench.app import rundir
+from fusebench.app.run_config import views_choice
 from fusebench.app.tracking import log_sweep
 from fusebench.config.run import logger_config
 from fusebench.config.schema import check_draws
@@ -223,8 +224,6 @@ def views_module():
 def _views_deferred(config: DictConfig) -> bool:
     """Whether the sweep report's plots go to the views process (``views.sweep_deferred``: a terminal's command
     that will not wait for it)."""
-    from fusebench.app.run_config import views_choice  # lazy: Hydra imports the callback at start
-
     try:
         mode = views_choice(_value(config, "views"))  # $FUSEBENCH_VIEWS set but empty: unset, as for the jobs
     except Exception:  # noqa: BLE001 - a bad value: each job refused it already

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fusebench
-from fusebench.app.tracking import job_identity, log_run
+from fusebench.app.tracking import job_identity, log_run, log_sweep
 from fusebench.config.schema import LoggerConfig, WandbConfig
 from fusebench.evaluation.record import RunRecord
 from fusebench.report.plots import run_plots
@@ -324,8 +324,7 @@ def serve(job: ViewsJob, record: RunRecord) -> None:
 
 def make_sweep(job: SweepViews, report) -> None:
     """A sweep report's plots, then its W&B summary run (which logs them): each failure a warning."""
-    from fusebench.app.tracking import log_sweep
-    from fusebench.report.sweep import write_report_plots
+    from fusebench.report.sweep import write_report_plots  # lazy: heavy (scipy); only a sweep's views need it
 
     try:
         write_report_plots(report)
