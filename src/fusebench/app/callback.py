@@ -231,10 +231,6 @@ def _views_deferred(config: DictConfig) -> bool:
     return views_module().sweep_deferred(mode)
 
 
-def _hand_to_views(report, logger) -> bool:
-    return views_module().dispatch_sweep(report, logger)
-
-
 class SweepReport(Callback):
     failed: list[str] | None = None  # set at the end of each multirun in this process
     jobs_failed: list[str] = []  # job dirs (relative to the sweep dir) whose job raised, this multirun
@@ -321,7 +317,7 @@ class SweepReport(Callback):
                           ", ".join(report.damaged))
 
             logger = logger_config(OmegaConf.to_container(config.logger, resolve=True)) if "logger" in config else None
-            if deferred and _hand_to_views(report, logger):
+            if deferred and views_module().dispatch_sweep(report, logger):
                 log.info("the sweep's plots%s are being made by the views process (what fails is written to %s)",
                          " and W&B summary" if logger and views_module().logs(logger) else "",
                          views_module().errors_file())

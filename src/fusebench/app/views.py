@@ -364,10 +364,10 @@ def serve_sweep(job: SweepViews, report) -> None:
 
 
 def _serve_sweep(job: SweepViews, report) -> None:
-    sweep_dir = Path(job.sweep_dir)
-    if not (Path(report.out) / "summary.md").is_file():  # removed or moved since: nothing of it to draw (and no
-        _failed(f"no sweep plots drawn: {Path(report.out) / 'summary.md'} is gone")  # lock file left in a folder
-        return  # made again)
+    sweep_dir, summary = Path(job.sweep_dir), Path(report.out) / "summary.md"
+    if not summary.is_file():  # removed or moved since: nothing of it to draw (and no lock file left in a folder
+        _failed(f"no sweep plots drawn: {summary} is gone")  # made again)
+        return
     try:
         run_lock.hold(sweep_dir, key="hydra.sweep.dir", wait=LOCK_WAIT_S)
     except Exception as err:  # noqa: BLE001 - never taken: the dir is another sweep's now
@@ -375,7 +375,6 @@ def _serve_sweep(job: SweepViews, report) -> None:
         return
     argv = sys.argv[:]
     try:
-        summary = Path(report.out) / "summary.md"
         if not summary.is_file() or file_sha256(summary) != job.summary_sha256:
             _failed(f"no sweep plots drawn: {summary} is no longer the report this sweep wrote")
             return

@@ -206,10 +206,7 @@ def _views_holding(run_dir: str | Path) -> int | None:
         except OSError:
             data = b""
         if data.strip():
-            info = holder(run_dir) or {}
-            if str(info.get("command") or "").startswith(VIEWS_COMMAND):
-                return info.get("pid")
-            return _pending_views(data)
+            return (holder(run_dir) or {}).get("pid") if drawing_views(run_dir) else _pending_views(data)
         time.sleep(0.01)
     return None
 
