@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusebench.search import row_kernels
+from fusebench.search import row_kernels, topk_kernels
 from fusebench.search.exact import topk_stable
 from fusebench.search.row_kernels import gather_rows, row_order, scatter_by_order, stable_ranks
 from fusebench.search.topk_kernels import Heaps
@@ -76,25 +76,48 @@ def test_column_floor_keeps_exactly_enough(k, rows):
     assert np.array_equal(values, expected_values.numpy())
 
 
-def _group_floor_reference(row: np.ndarray, k: int) -> float:
-    """The row floor written the obvious way: the k-th largest of the maxima of 2 k interleaved groups."""
-    if row.size < 4 * k:
-        return -np.inf
-    maxima = [row[g::2 * k].max() for g in range(2 * k)]
-    return sorted(maxima, reverse=True)[k - 1]
+def _group_maxima(row: np.ndarray, k: int) -> np.ndarray:
+    """The maxima of the row's 2 k interleaved groups, written the obvious way."""
+    return np.array([row[g::2 * k].max() for g in range(2 * k)])
+
+
+def _assert_floor_below_kth(floor: float, maxima: np.ndarray, k: int) -> None:
+    """``floor`` is at most the k-th largest of ``maxima`` and within 2^-BISECTION_STEPS of their range of it (one
+    float32 step of slack for the halvings' rounding)."""
+    kth = np.sort(maxima)[::-1][k - 1]
+    gap = (maxima.max() - maxima.min()) * 2.0 ** -topk_kernels.BISECTION_STEPS
+    assert floor <= kth
+    assert kth - floor <= gap + np.spacing(np.float32(abs(kth) + gap))
 
 
 @pytest.mark.parametrize("k", [1, 2, 7, 100])
-def test_row_floor_is_the_kth_group_maximum_and_keeps_enough(k):
-    """The row floor (quickselect over the group maxima) against sorting them, on the blocks above and on rows
-    whose width is not a multiple of 2 k; at least k entries of each row lie at or above it."""
+def test_row_floor_lies_just_below_the_kth_group_maximum_and_keeps_enough(k):
+    """The row floor (a bisection over the group maxima) against sorting them, on the blocks above and on rows
+    whose width is not a multiple of 2 k, ties among the maxima included; at least k entries of each row lie at
+    or above it; under 4 k entries it is -inf."""
     rng = np.random.default_rng(k)
     rows = [row for _, block in _blocks() for row in block[:3]]
     rows += [rng.integers(0, 3, size=width).astype(np.float32) for width in (4 * k, 4 * k + 1, 9 * k + 5)]
+    rows += [np.full(4 * k + 3, 0.25, dtype=np.float32)]
     for row in rows:
         floor = row_kernels._row_floor(np.ascontiguousarray(row), k)
-        assert floor == _group_floor_reference(row, k)
+        _assert_floor_below_kth(floor, _group_maxima(row, k), k)
         assert (row >= floor).sum() >= k
+    assert row_kernels._row_floor(np.zeros(4 * k - 1, dtype=np.float32), k) == -np.inf
+
+
+def test_floor_bisection_keeps_k_entries_at_its_extremes():
+    """The bisection alone on values that sit at the ends of float32's range, spread over many orders of
+    magnitude, or all equal: never a floor with fewer than k values at or above it."""
+    rng = np.random.default_rng(5)
+    cases = [np.array([3e38, -3e38, 1e38, -1e38, 0.0, 2e38], dtype=np.float32),
+             (rng.standard_normal(200) * 10.0 ** rng.integers(-30, 30, 200)).astype(np.float32),
+             np.full(200, -7.5, dtype=np.float32), rng.uniform(-1, 1, 64).astype(np.float32)]
+    for values in cases:
+        for k in (1, 2, len(values) // 2, len(values)):
+            floor = topk_kernels._floor_below_kth(values, k)
+            assert (values >= floor).sum() >= k
+            assert floor <= np.sort(values)[::-1][k - 1]
 
 
 @pytest.mark.parametrize("k,width", [(9, 36), (9, 1000), (100, 5000), (100, 5037)])
@@ -106,7 +129,8 @@ def test_row_floor_keeps_exactly_enough(k, width):
     for row in block:
         groups = rng.choice(2 * k, size=k, replace=False)
         row[groups + 2 * k * rng.integers(0, width // (2 * k), size=k)] = rng.permutation(k) + 1.0
-        assert row_kernels._row_floor(row, k) == 1.0
+        floor = row_kernels._row_floor(row, k)
+        assert 1.0 - (k + 1.0) * 2.0 ** -topk_kernels.BISECTION_STEPS <= floor <= 1.0  # maxima range over (-1, k]
     heaps = Heaps(5, k)
     heaps.offer_rows(block, 0)
     values, ids = heaps.lists()

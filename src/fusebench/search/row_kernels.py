@@ -16,7 +16,7 @@ import numpy as np
 from numba import prange
 
 from fusebench.runtime.jit import kernel
-from fusebench.search.topk_kernels import FAST, _floor_of_kth, _offer
+from fusebench.search.topk_kernels import FAST, _floor_of_kth, _offer_from
 
 
 @kernel(parallel=True, cache=True)
@@ -241,12 +241,6 @@ def affine_count_top(block, low, scale, flat, flat_value, weight, best, best_tb,
                 e = ((s - lo) / sc) * w
                 ahead += (e > b) | ((e == b) & ((s > t) | ((s == t) & (j < i))))
         out[r] = ahead
-        n = counts[r]
-        v, h = vals[r], ids[r]
-        floor = _row_floor(row, k)
-        for j in range(width):
-            s = row[j]
-            if s >= floor and (n < k or s > v[0]):
-                n = _offer(v, h, n, s, j)
-        counts[r] = n
+        counts[r] = _offer_from(row, _row_floor(row, k), 0, vals[r], ids[r], counts[r],
+                                np.empty(width, dtype=np.int64))
     return out

@@ -102,14 +102,44 @@ def _kth_largest(values, k):
     return values[target]
 
 
+BISECTION_STEPS = 16  # halvings of the maxima's range: the floor lies within 2^-16 of that range below the k-th
+
+
+@kernel(inline="always", fastmath=FAST)
+def _count_at_least(values, floor) -> int:
+    """Entries of ``values`` at or above ``floor`` (vectorised)."""
+    count = np.int32(0)
+    for j in range(values.shape[0]):
+        count += np.int32(values[j] >= floor)
+    return count
+
+
+@kernel(inline="always", fastmath=FAST)
+def _floor_below_kth(values, k):
+    """A value ``t`` with at least ``k`` entries of ``values`` at or above it, at most the k-th largest and within
+    ``2^-BISECTION_STEPS`` of the values' range below it: a bisection of the range whose every step is one
+    vectorised count (a quickselect's data-dependent branches cost ~3x more on 2 k entries)."""
+    low = high = values[0]
+    for j in range(values.shape[0]):
+        low = min(low, values[j])
+        high = max(high, values[j])
+    for _ in range(BISECTION_STEPS):  # invariant: at least k entries >= low
+        middle = np.float32(0.5) * low + np.float32(0.5) * high
+        if _count_at_least(values, middle) >= k:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
 @kernel(inline="always", fastmath=FAST)
 def _floor_of_kth(values, k, maxima):
-    """A value with at least ``k`` entries of ``values`` at or above it, close to the k-th largest: the k-th
-    largest of the maxima of 2 k interleaved groups (``values[g::2k]``; one vectorised pass). The k groups with
-    the largest maxima each hold a distinct entry at least that large, so an entry below it cannot be in the top
-    k. With groups of g entries about 1 - 2^(-1/g) of the entries pass (136 of 5,000 for k = 100, against 181 for
-    the sampled guess this replaced, which also needed a counting pass). ``maxima``: scratch of 2 k entries (or
-    more). -inf for inputs under 4 k entries."""
+    """A value with at least ``k`` entries of ``values`` at or above it, close to the k-th largest: at most the
+    k-th largest of the maxima of 2 k interleaved groups (``values[g::2k]``; one vectorised pass), found by
+    ``_floor_below_kth``. The k groups with the largest maxima each hold a distinct entry at least that large, so an
+    entry below it cannot be in the top k. With groups of g entries about 1 - 2^(-1/g) of the entries pass (136 of
+    5,000 for k = 100, against 181 for the sampled guess this replaced, which also needed a counting pass).
+    ``maxima``: scratch of 2 k entries (or more). -inf for inputs under 4 k entries."""
     width = values.shape[0]
     groups = 2 * k
     if width < 2 * groups:
@@ -124,7 +154,26 @@ def _floor_of_kth(values, k, maxima):
     tail = values[whole * groups:]
     for j in range(tail.shape[0]):
         maxima[j] = max(maxima[j], tail[j])
-    return _kth_largest(maxima, k)
+    return _floor_below_kth(maxima, k)
+
+
+@kernel(inline="always")
+def _offer_from(row, floor, first_item, vals, ids, count, positions) -> int:
+    """Offer the entries of ``row`` at or above ``floor`` to one heap (``vals``, ``ids``, holding ``count``), in
+    index order, as items ``first_item + j``; return the new count. Their positions are gathered first in a loop
+    without branches (``positions``: scratch of the row's width), so the heap sees only them (~136 of 5,000 for a
+    COCO row at k = 100) and the scan pays no mispredicted branch."""
+    m = 0
+    for j in range(row.shape[0]):
+        positions[m] = j
+        m += row[j] >= floor
+    k = vals.shape[0]
+    for t in range(m):
+        j = positions[t]
+        s = row[j]
+        if count < k or s > vals[0]:
+            count = _offer(vals, ids, count, s, first_item + j)
+    return count
 
 
 @kernel(inline="always")
@@ -138,22 +187,17 @@ def offer_rows(block, first_item, vals, ids, counts):
     """Row heaps: every entry of row r of ``block`` (items ``first_item + j``) is offered to heap r.
 
     Only entries at or above the row's floor (see ``_floor_of_kth``) can reach the top k: the others are
-    skipped with one comparison each."""
+    skipped (``_offer_from``)."""
     rows, width = block.shape
     k = vals.shape[1]
     chunks = _row_chunks(rows)
     for c in prange(chunks):
         maxima = np.empty(2 * k, dtype=block.dtype)
+        positions = np.empty(width, dtype=np.int64)
         for r in range(c * rows // chunks, (c + 1) * rows // chunks):
-            n = counts[r]
-            v, h = vals[r], ids[r]
             row = block[r]
-            floor = _floor_of_kth(row, k, maxima)
-            for j in range(width):
-                s = row[j]
-                if s >= floor and (n < k or s > v[0]):
-                    n = _offer(v, h, n, s, first_item + j)
-            counts[r] = n
+            counts[r] = _offer_from(row, _floor_of_kth(row, k, maxima), first_item, vals[r], ids[r], counts[r],
+                                    positions)
 
 
 @kernel(inline="always", fastmath=FAST)
@@ -247,12 +291,13 @@ def offer_rows_count(block, first_item, vals, ids, counts, target_score, target_
     The count is one vectorised pass over the row (items past the target, every distractor, take the strict
     test alone); the row then stays in cache for the offers. A full heap tests ``OFFER_CHUNK`` entries at a time
     against its worst and walks only the chunks holding an entry that beats it (late in a stream, few do); a
-    heap still filling walks the entries above the row's floor (see ``_floor_of_kth``)."""
+    heap still filling is offered the entries at or above the row's floor (``_floor_of_kth``, ``_offer_from``)."""
     rows, width = block.shape
     k = vals.shape[1]
     chunks = _row_chunks(rows)
     for c in prange(chunks):
         maxima = np.empty(2 * k, dtype=block.dtype)
+        positions = np.empty(width, dtype=np.int64)
         for r in range(c * rows // chunks, (c + 1) * rows // chunks):
             n = counts[r]
             v, h = vals[r], ids[r]
@@ -260,14 +305,16 @@ def offer_rows_count(block, first_item, vals, ids, counts, target_score, target_
             before = min(max(target_item[r] - first_item, 0), width)  # columns left of the target: ties count
             ahead[r] += (_count_above(row[:before], target_score[r], True)
                          + _count_above(row[before:], target_score[r], False))
-            floor = _floor_of_kth(row, k, maxima) if n < k else np.float32(-np.inf)
+            if n < k:
+                counts[r] = _offer_from(row, _floor_of_kth(row, k, maxima), first_item, v, h, n, positions)
+                continue
             for j0 in range(0, width, OFFER_CHUNK):
                 j1 = min(j0 + OFFER_CHUNK, width)
-                if n == k and _count_above(row[j0:j1], v[0], False) == 0:
+                if _count_above(row[j0:j1], v[0], False) == 0:
                     continue
                 for j in range(j0, j1):
                     s = row[j]
-                    if s >= floor and (n < k or s > v[0]):
+                    if s > v[0]:
                         n = _offer(v, h, n, s, first_item + j)
             counts[r] = n
 
