@@ -5,7 +5,9 @@ For each of the default job's two models (25,010 captions x 5,000 images, d = 1,
 replayed tile by tile as ``search.model_lists.lists_pass`` runs it on the CPU (4,096-caption tiles, every image in
 one tile), each stage timed on its own: the tile's matmul, the rows' heaps with the rank counts
 (``topk_kernels.offer_rows_count``), the columns' heaps (``offer_columns``) and the heaps' final sorts (``finish``).
-Each pass's lists are checked against ``compute_model_lists``. The medians of ``--repeats`` passes are printed in
+Each pass's lists (ids and scores, both directions) and t2i ranks are checked against the pipeline's own
+``compute_model_lists`` (the same kernels: this checks the replay, not the kernels, which tests/ compares with
+``topk_stable``). The medians of ``--repeats`` passes are printed in
 seconds and as a ratio to the model's matmuls ([docs/speed.md](../docs/speed.md#where-a-cold-cli-job-goes)).
 
 Usage: python scripts/bench_selection.py [--repeats 5] [--json FILE]
@@ -35,7 +37,8 @@ STAGES = ("matmul", "rows", "columns", "sorts")
 
 
 def one_pass(text: torch.Tensor, image: torch.Tensor, caption_image: np.ndarray, chunk: int, depth: int = 100):
-    """The lists' pass with a timer around each stage: (seconds per stage, t2i ids, i2t ids)."""
+    """The lists' pass with a timer around each stage: (seconds per stage, {t2i_ids, t2i_scores, t2i_ranks, i2t_ids,
+    i2t_scores}); a t2i rank is the entries counted ahead of the caption's target, plus one."""
     n_captions, n_images = text.shape[0], image.shape[0]
     query_images = np.unique(caption_image)
     slot = np.full(n_images, -1, dtype=np.int64)
@@ -43,7 +46,7 @@ def one_pass(text: torch.Tensor, image: torch.Tensor, caption_image: np.ndarray,
     columns = Heaps(query_images.size, depth)
     buffer = torch.empty(chunk * n_images)
     seconds = dict.fromkeys(STAGES, 0.0)
-    t2i = []
+    t2i_ids, t2i_scores, t2i_ranks = [], [], []
     for r0 in range(0, n_captions, chunk):
         r1 = min(n_captions, r0 + chunk)
         start = time.perf_counter()
@@ -60,12 +63,16 @@ def one_pass(text: torch.Tensor, image: torch.Tensor, caption_image: np.ndarray,
         columns.offer_columns(block, r0, slot)
         seconds["columns"] += time.perf_counter() - start
         start = time.perf_counter()
-        t2i.append(rows.lists()[1].copy())
+        scores, ids = rows.lists()
         seconds["sorts"] += time.perf_counter() - start
+        t2i_ids.append(ids.copy())
+        t2i_scores.append(scores.copy())
+        t2i_ranks.append(ahead + 1)
     start = time.perf_counter()
-    i2t = columns.lists()[1]
+    i2t_scores, i2t_ids = columns.lists()
     seconds["sorts"] += time.perf_counter() - start
-    return seconds, np.concatenate(t2i), i2t
+    return seconds, {"t2i_ids": np.concatenate(t2i_ids), "t2i_scores": np.concatenate(t2i_scores),
+                     "t2i_ranks": np.concatenate(t2i_ranks), "i2t_ids": i2t_ids, "i2t_scores": i2t_scores}
 
 
 def main() -> None:
@@ -81,14 +88,14 @@ def main() -> None:
     for name in ("sim_siglip2_like", "sim_dfn5b_like"):
         model = embed(name, OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml")), corpus)
         text, image = float_rows(model.text, torch.device("cpu")), float_rows(model.image, torch.device("cpu"))
-        reference = compute_model_lists(text, image, caption_image, 100, "cpu", args.chunk_size)
+        reference = compute_model_lists(text, image, caption_image, 100, "cpu", args.chunk_size).arrays()
         one_pass(text, image, caption_image, args.chunk_size)  # warm-up: kernels loaded, buffers touched
         runs = []
         for _ in range(args.repeats):
-            seconds, t2i, i2t = one_pass(text, image, caption_image, args.chunk_size)
-            if not (np.array_equal(t2i, reference["t2i"].ids.numpy())
-                    and np.array_equal(i2t, reference["i2t"].ids.numpy())):
-                raise SystemExit(f"{name}: the replayed pass's lists differ from compute_model_lists'")
+            seconds, arrays = one_pass(text, image, caption_image, args.chunk_size)
+            differ = [key for key, array in arrays.items() if not np.array_equal(array, reference[key])]
+            if differ:
+                raise SystemExit(f"{name}: the replayed pass's {', '.join(differ)} differ from compute_model_lists'")
             runs.append(seconds)
         result["models"][name] = {stage: round(float(np.median([r[stage] for r in runs])), 4) for stage in STAGES}
     print(f"CPU {result['cpu']} ({result['threads']} threads); median of {args.repeats} passes per model, "

@@ -107,17 +107,32 @@ def test_row_floor_lies_just_below_the_kth_group_maximum_and_keeps_enough(k):
 
 
 def test_floor_bisection_keeps_k_entries_at_its_extremes():
-    """The bisection alone on values that sit at the ends of float32's range, spread over many orders of
-    magnitude, or all equal: never a floor with fewer than k values at or above it."""
+    """The bisection alone on values spread over many orders of magnitude, denormal, all equal, or holding -inf and
+    +inf: never a floor with fewer than k values at or above it (nor NaN), and on finite values of a moderate range
+    within 2^-BISECTION_STEPS of it below the k-th largest. Near float32's largest magnitudes the middle may overflow:
+    the floor must stay safe there, not tight."""
     rng = np.random.default_rng(5)
-    cases = [np.array([3e38, -3e38, 1e38, -1e38, 0.0, 2e38], dtype=np.float32),
-             (rng.standard_normal(200) * 10.0 ** rng.integers(-30, 30, 200)).astype(np.float32),
-             np.full(200, -7.5, dtype=np.float32), rng.uniform(-1, 1, 64).astype(np.float32)]
-    for values in cases:
-        for k in (1, 2, len(values) // 2, len(values)):
+    tight = [(rng.standard_normal(200) * 10.0 ** rng.integers(-30, 30, 200)).astype(np.float32),
+             np.full(200, -7.5, dtype=np.float32), rng.uniform(-1, 1, 64).astype(np.float32),
+             (rng.uniform(0, 1, 64) * 1e-40).astype(np.float32)]  # denormals
+    loose = [np.array([3.4e38, 3.39e38, 3.38e38, 3.37e38, -3.4e38, 0.0], dtype=np.float32),
+             np.array([-np.inf, np.inf, -np.inf, -np.inf], dtype=np.float32),
+             np.array([-np.inf, 0.5, np.inf, 0.25, -np.inf, 0.75], dtype=np.float32),
+             np.array([-np.inf] * 3 + [0.1, 0.2, 0.3], dtype=np.float32),
+             np.full(8, np.inf, dtype=np.float32)]
+    for values in tight + loose:
+        for k in sorted({1, 2, len(values) // 2, len(values)}):
             floor = topk_kernels._floor_below_kth(values, k)
+            assert not np.isnan(floor)
             assert (values >= floor).sum() >= k
-            assert floor <= np.sort(values)[::-1][k - 1]
+            if any(values is case for case in tight):
+                _assert_floor_below_kth(floor, values, k)
+            else:
+                assert floor <= np.sort(values)[::-1][k - 1]
+    # a row's floor through the group maxima: [-inf, +inf, -inf, -inf] at k = 1 keeps its +inf entry and only it
+    row = np.array([-np.inf, np.inf, -np.inf, -np.inf], dtype=np.float32)
+    floor = row_kernels._row_floor(row, 1)
+    assert floor > -np.inf and (row >= floor).sum() == 1
 
 
 @pytest.mark.parametrize("k,width", [(9, 36), (9, 1000), (100, 5000), (100, 5037)])

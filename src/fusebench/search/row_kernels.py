@@ -16,7 +16,7 @@ import numpy as np
 from numba import prange
 
 from fusebench.runtime.jit import kernel
-from fusebench.search.topk_kernels import FAST, _floor_of_kth, _offer_from
+from fusebench.search.topk_kernels import FAST, _floor_of_kth, _offer_from, _row_chunks
 
 
 @kernel(parallel=True, cache=True)
@@ -225,22 +225,24 @@ def affine_count_top(block, low, scale, flat, flat_value, weight, best, best_tb,
     k = vals.shape[1]
     w = np.float32(weight)
     out = np.empty(rows, dtype=np.int64)
-    for r in prange(rows):
-        lo, sc = low[r], scale[r]
-        fixed = np.float32(flat_value) * w
-        b, t, i = best[r], best_tb[r], index[r]
-        row = block[r]
-        ahead = 0
-        if flat[r]:
-            for j in range(width):
-                s = row[j]
-                ahead += (fixed > b) | ((fixed == b) & ((s > t) | ((s == t) & (j < i))))
-        else:
-            for j in range(width):
-                s = row[j]
-                e = ((s - lo) / sc) * w
-                ahead += (e > b) | ((e == b) & ((s > t) | ((s == t) & (j < i))))
-        out[r] = ahead
-        counts[r] = _offer_from(row, _row_floor(row, k), 0, vals[r], ids[r], counts[r],
-                                np.empty(width, dtype=np.int64))
+    chunks = _row_chunks(rows)
+    for c in prange(chunks):
+        positions = np.empty(width, dtype=np.int64)
+        for r in range(c * rows // chunks, (c + 1) * rows // chunks):
+            lo, sc = low[r], scale[r]
+            fixed = np.float32(flat_value) * w
+            b, t, i = best[r], best_tb[r], index[r]
+            row = block[r]
+            ahead = 0
+            if flat[r]:
+                for j in range(width):
+                    s = row[j]
+                    ahead += (fixed > b) | ((fixed == b) & ((s > t) | ((s == t) & (j < i))))
+            else:
+                for j in range(width):
+                    s = row[j]
+                    e = ((s - lo) / sc) * w
+                    ahead += (e > b) | ((e == b) & ((s > t) | ((s == t) & (j < i))))
+            out[r] = ahead
+            counts[r] = _offer_from(row, _row_floor(row, k), 0, vals[r], ids[r], counts[r], positions)
     return out

@@ -103,6 +103,7 @@ def _kth_largest(values, k):
 
 
 BISECTION_STEPS = 16  # halvings of the maxima's range: the floor lies within 2^-16 of that range below the k-th
+FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 @kernel(inline="always", fastmath=FAST)
@@ -118,13 +119,17 @@ def _count_at_least(values, floor) -> int:
 def _floor_below_kth(values, k):
     """A value ``t`` with at least ``k`` entries of ``values`` at or above it, at most the k-th largest and within
     ``2^-BISECTION_STEPS`` of the values' range below it: a bisection of the range whose every step is one
-    vectorised count (a quickselect's data-dependent branches cost ~3x more on 2 k entries)."""
+    vectorised count (a quickselect's data-dependent branches cost ~3x more on 2 k entries). ``low`` moves only to a
+    middle whose count was checked, so whatever the middle's rounding the result is safe; the middle is taken between
+    the ends clamped to float32's finite range, so that infinite values never make it NaN (inf - inf). Near float32's
+    largest magnitudes the middle may overflow and the floor stay loose (never wrong)."""
     low = high = values[0]
     for j in range(values.shape[0]):
         low = min(low, values[j])
         high = max(high, values[j])
     for _ in range(BISECTION_STEPS):  # invariant: at least k entries >= low
-        middle = np.float32(0.5) * low + np.float32(0.5) * high
+        middle = (np.float32(0.5) * min(max(low, -FLOAT32_MAX), FLOAT32_MAX)
+                  + np.float32(0.5) * min(max(high, -FLOAT32_MAX), FLOAT32_MAX))
         if _count_at_least(values, middle) >= k:
             low = middle
         else:
