@@ -29,14 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_common import cpu_model, run_fusebench, views_done
+from bench_common import cpu_model, default_job_models, run_fusebench, views_done
 from bench_eval import bare_matmuls, vectors_command
-from omegaconf import OmegaConf
-
-from fusebench.config import CONFIG_DIR
-from fusebench.data.kinds.sim import SimDatasetConfig
-from fusebench.data.simulated import make_sim_corpus
-from fusebench.encoders.models import embed
 
 # The instrumented run: the stages a CLI job goes through, each (row, module, attribute) wrapped in a timer.
 # A stage called inside another is reported on its own and subtracted from its parent (rows never double count).
@@ -150,10 +144,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
     torch.set_float32_matmul_precision("highest")
-    corpus = make_sim_corpus(SimDatasetConfig())  # the default job's: 5,000 images, 25,010 captions
-    specs = {name: OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml"))
-             for name in ("sim_siglip2_like", "sim_dfn5b_like")}
-    models = [embed(name, spec, corpus) for name, spec in specs.items()]
+    corpus, models = default_job_models()
     device = torch.device("cpu")
     bare_matmuls(models, args.chunk_size, device)  # warm-up
     walls, matmuls, breakdowns, views = [], [], [], []

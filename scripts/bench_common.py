@@ -1,4 +1,4 @@
-"""Helpers the benchmark scripts share: the CPU's name and one timed fusebench command."""
+"""Helpers the benchmark scripts share: the CPU's name, one timed fusebench command, the default job's vectors."""
 
 from __future__ import annotations
 
@@ -105,3 +105,23 @@ def run_fusebench(args: list[str], output: Path, terminal: bool = False) -> tupl
     if proc.returncode != 0:
         sys.exit(f"fusebench {' '.join(args)} failed ({proc.returncode}):\n{''.join(stderr)[-3000:]}")
     return seconds, (peak if peak is not None else usage.ru_maxrss) / 1024**2
+
+
+DEFAULT_MODELS = ("sim_siglip2_like", "sim_dfn5b_like")  # the default job's models, d = 1,152 and 1,024
+
+
+def default_job_models(**corpus_settings):
+    """The default job's sim corpus (``SimDatasetConfig(**corpus_settings)``; none: 5,000 images, 25,010 captions)
+    and its two models' embeddings of it, as the job computes them: ``(corpus, [EmbeddedModel, ...])``."""
+    # imported here: scripts that only time commands need not load torch and fusebench
+    from omegaconf import OmegaConf
+
+    from fusebench.config import CONFIG_DIR
+    from fusebench.data.kinds.sim import SimDatasetConfig
+    from fusebench.data.simulated import make_sim_corpus
+    from fusebench.encoders.models import embed
+
+    corpus = make_sim_corpus(SimDatasetConfig(**corpus_settings))
+    models = [embed(name, OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml")), corpus)
+              for name in DEFAULT_MODELS]
+    return corpus, models

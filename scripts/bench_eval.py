@@ -40,16 +40,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_common import cpu_model, run_fusebench
-from omegaconf import OmegaConf
+from bench_common import cpu_model, default_job_models, run_fusebench
 
 from fusebench import FUSED
 from fusebench.backends.retrieval import SearchSettings, retrieve
-from fusebench.config import CONFIG_DIR
-from fusebench.data.kinds.sim import SimDatasetConfig
-from fusebench.data.simulated import make_sim_corpus
 from fusebench.encoders.devices import resolve_device
-from fusebench.encoders.models import embed
 from fusebench.evaluation.comparisons import paired_comparisons, retriever_result
 from fusebench.evaluation.metrics import hits_at_k
 from fusebench.evaluation.stats import paired_bootstrap
@@ -202,10 +197,7 @@ def main() -> None:
     device = resolve_device(args.device)
     torch.set_float32_matmul_precision("highest")
 
-    corpus = make_sim_corpus(SimDatasetConfig())  # the default job's: 5,000 images, 25,010 captions
-    specs = {name: OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml"))
-             for name in ("sim_siglip2_like", "sim_dfn5b_like")}  # the default job's models, d = 1,152 and 1,024
-    models = [embed(name, spec, corpus) for name, spec in specs.items()]
+    corpus, models = default_job_models()
     fusion = FusionConfig(method=args.method, fuse_on="source_object", top_k=100)
 
     bare_matmuls(models, args.chunk_size, device)  # warm-up (thread pools, allocator)

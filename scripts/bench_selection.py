@@ -22,13 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_common import cpu_model
-from omegaconf import OmegaConf
+from bench_common import DEFAULT_MODELS, cpu_model, default_job_models
 
-from fusebench.config import CONFIG_DIR
-from fusebench.data.kinds.sim import SimDatasetConfig
-from fusebench.data.simulated import make_sim_corpus
-from fusebench.encoders.models import embed
 from fusebench.search.exact import float_rows, similarity
 from fusebench.search.model_lists import compute_model_lists
 from fusebench.search.topk_kernels import Heaps, offer_rows_count
@@ -82,11 +77,10 @@ def main() -> None:
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
     torch.set_float32_matmul_precision("highest")
-    corpus = make_sim_corpus(SimDatasetConfig())
+    corpus, models = default_job_models()
     caption_image = np.asarray(corpus.caption_image).astype(np.int64)
     result = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "repeats": args.repeats, "models": {}}
-    for name in ("sim_siglip2_like", "sim_dfn5b_like"):
-        model = embed(name, OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml")), corpus)
+    for name, model in zip(DEFAULT_MODELS, models):
         text, image = float_rows(model.text, torch.device("cpu")), float_rows(model.image, torch.device("cpu"))
         reference = compute_model_lists(text, image, caption_image, 100, "cpu", args.chunk_size).arrays()
         one_pass(text, image, caption_image, args.chunk_size)  # warm-up: kernels loaded, buffers touched

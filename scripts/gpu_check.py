@@ -239,17 +239,10 @@ def torch_import_seconds(repeats: int) -> float:
 
 def job_rows(device: str, n_images: int, n_captions: int, folder: Path) -> list[dict]:
     """Section 4: the cold vectors command on ``device`` against the bare fp32 matmuls of its vectors there."""
+    from bench_common import default_job_models
     from bench_eval import bare_matmuls, vectors_command
-    from omegaconf import OmegaConf
 
-    from fusebench.config import CONFIG_DIR
-    from fusebench.data.kinds.sim import SimDatasetConfig
-    from fusebench.data.simulated import make_sim_corpus
-    from fusebench.encoders.models import embed
-
-    corpus = make_sim_corpus(SimDatasetConfig(n_images=n_images, n_captions=n_captions))
-    models = [embed(name, OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "models" / f"{name}.yaml")), corpus)
-              for name in ("sim_siglip2_like", "sim_dfn5b_like")]  # the default job's models, d = 1,152 and 1,024
+    corpus, models = default_job_models(n_images=n_images, n_captions=n_captions)
     torch_device = torch.device(device)
     bare_matmuls(models, 4096, torch_device)  # warm-up: cuBLAS handles, the allocator
     matmuls = bare_matmuls(models, 4096, torch_device)
