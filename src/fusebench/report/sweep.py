@@ -45,6 +45,7 @@ from fusebench.stores.files import atomic_write_text
 if TYPE_CHECKING:
     from fusebench.report.scaling import ScalingReport
 
+log = logging.getLogger(__name__)
 FACTOR_ORDER = {  # (factor, value): how candidates are oriented against baselines, each from the value's owner
     "method": list(METHODS),  # from the methods' registry: its order attribute (fusebench.fusion.methods)
     "fuse_on": list(FUSE_ON),  # fusion.config's values
@@ -379,8 +380,7 @@ def write_report_plots(report: SweepSummary) -> list[Path]:
         for rel in list(staged):  # a file put there since the tables were written: that plot alone is left out
             found = report_files.blocker(out, [rel])
             if found is not None:
-                logging.getLogger(__name__).warning("sweep plot %s not drawn: %s %s; a report replaces only the files "
-                                                    "it wrote", rel, *found)
+                log.warning("sweep plot %s not drawn: %s %s; a report replaces only the files it wrote", rel, *found)
                 del staged[rel]
         placed = report_files.commit(out, staged, add=True) if staged else []
     finally:
@@ -396,6 +396,6 @@ def _drawn(staging: Path, report: SweepSummary, out: Path) -> dict[str, Path]:
     try:
         plots = sweep_plots(staging, report, plots_dir)
     except Exception as err:  # noqa: BLE001 - the tables are the record; plots are a view
-        logging.getLogger(__name__).warning("could not draw sweep plots: %s", err)
+        log.warning("could not draw sweep plots: %s", err)
         return {}
     return {f"{plots_dir}/{p.name}": p for p in plots}
